@@ -1,0 +1,1 @@
+//! `remat-planner`: ONNX import, shapes, training graph, lowering to `remat-solver`.

@@ -1,0 +1,16 @@
+//! `remat-solver`: checkpoint scheduling as pure optimization.
+//!
+//! A [`Problem`] is a DAG of values in a topological order; a [`Schedule`] is a sequence of
+//! `Compute` / `Free` steps; [`simulate`] is the one function that validates a schedule and
+//! scores it. Every algorithm returns a schedule and every figure comes from `simulate`.
+//!
+//! Architecture invariant: this crate knows nothing of ONNX, tensors or HTTP.
+
+pub mod error;
+pub mod io;
+pub mod problem;
+pub mod schedule;
+
+pub use error::{Result, SolverError};
+pub use problem::{Node, NodeId, NodeKind, Problem};
+pub use schedule::{simulate, store_all, store_all_peak, with_frees, Schedule, Stats, Step};

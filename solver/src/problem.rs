@@ -1,0 +1,171 @@
+//! A checkpointing problem: a DAG of values in a topological order, each with the cost to
+//! compute it and the bytes its output occupies.
+
+use crate::error::{Result, SolverError};
+use serde::{Deserialize, Serialize};
+
+/// Index of a node in [`Problem::nodes`] (its position in the natural topological order).
+pub type NodeId = usize;
+
+/// What a node is in the training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeKind {
+    Forward,
+    Loss,
+    Backward,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    /// The node's id in the input (node-link `id`, or the training node id `planner` assigns).
+    pub id: String,
+    /// A human readable name (layer name, op type).
+    pub name: String,
+    /// Cost of computing the node once (FLOPs, measured seconds or the graph's own unit).
+    pub cost: f64,
+    /// Bytes of the node's output.
+    pub bytes: u64,
+    /// Indices of the nodes whose outputs this node reads; all smaller than its own index.
+    pub deps: Vec<NodeId>,
+    pub kind: NodeKind,
+    /// Whether every schedule must compute this node at least once (backward results,
+    /// parameter gradients). Nodes that are not required exist as intermediates only.
+    pub required: bool,
+}
+
+/// A DAG in a valid topological order plus the bytes every step carries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Problem {
+    pub name: String,
+    pub nodes: Vec<Node>,
+    /// Bytes resident at every step whatever the schedule (parameters, gradients, optimizer state).
+    pub fixed_bytes: u64,
+    #[serde(skip)]
+    users: Vec<Vec<NodeId>>,
+}
+
+impl Problem {
+    /// Builds a problem, checking that the order is topological, that ids are unique and that
+    /// costs are finite and non-negative. Duplicate dependencies are merged.
+    pub fn new(name: impl Into<String>, mut nodes: Vec<Node>, fixed_bytes: u64) -> Result<Self> {
+        if nodes.is_empty() {
+            return Err(SolverError::EmptyProblem);
+        }
+        let mut seen = std::collections::HashSet::with_capacity(nodes.len());
+        for (index, node) in nodes.iter_mut().enumerate() {
+            if !seen.insert(node.id.clone()) {
+                return Err(SolverError::DuplicateNodeId(node.id.clone()));
+            }
+            if !node.cost.is_finite() || node.cost < 0.0 {
+                return Err(SolverError::InvalidNodeField {
+                    node: node.id.clone(),
+                    field: "cost",
+                    value: node.cost.to_string(),
+                });
+            }
+            node.deps.sort_unstable();
+            node.deps.dedup();
+            if let Some(&dep_index) = node.deps.iter().find(|&&d| d >= index) {
+                return Err(SolverError::NotTopological {
+                    node: node.id.clone(),
+                    index,
+                    dep_index,
+                });
+            }
+        }
+        let mut users = vec![Vec::new(); nodes.len()];
+        for (v, node) in nodes.iter().enumerate() {
+            for &d in &node.deps {
+                users[d].push(v);
+            }
+        }
+        Ok(Problem {
+            name: name.into(),
+            nodes,
+            fixed_bytes,
+            users,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Nodes that read `v`'s output, in increasing order.
+    pub fn users(&self, v: NodeId) -> &[NodeId] {
+        &self.users[v]
+    }
+
+    pub fn deps(&self, v: NodeId) -> &[NodeId] {
+        &self.nodes[v].deps
+    }
+
+    pub fn bytes(&self, v: NodeId) -> u64 {
+        self.nodes[v].bytes
+    }
+
+    pub fn cost(&self, v: NodeId) -> f64 {
+        self.nodes[v].cost
+    }
+
+    /// Nodes a complete training step must evaluate: the required ones and their ancestors.
+    /// When no node is marked required, every node is needed.
+    pub fn needed(&self) -> Vec<bool> {
+        let mut needed: Vec<bool> = self.nodes.iter().map(|n| n.required).collect();
+        if !needed.iter().any(|&r| r) {
+            return vec![true; self.len()];
+        }
+        for v in (0..self.len()).rev() {
+            if needed[v] {
+                for &d in &self.nodes[v].deps {
+                    needed[d] = true;
+                }
+            }
+        }
+        needed
+    }
+
+    /// Cost of computing every needed node once: the compute cost of store-all, the
+    /// reference for overhead figures.
+    pub fn base_cost(&self) -> f64 {
+        let needed = self.needed();
+        self.nodes
+            .iter()
+            .zip(needed)
+            .filter(|(_, n)| *n)
+            .map(|(node, _)| node.cost)
+            .sum()
+    }
+
+    /// Position of a node by its external id.
+    pub fn index_of(&self, id: &str) -> Option<NodeId> {
+        self.nodes.iter().position(|n| n.id == id)
+    }
+
+    /// Bytes needed to compute `v` alone: its output and all its dependencies, plus the fixed
+    /// bytes. No schedule can have a peak below the largest of these.
+    pub fn footprint(&self, v: NodeId) -> u64 {
+        self.fixed_bytes
+            + self.nodes[v].bytes
+            + self.nodes[v]
+                .deps
+                .iter()
+                .map(|&d| self.nodes[d].bytes)
+                .sum::<u64>()
+    }
+
+    /// `max_v footprint(v)` over the needed nodes: a lower bound on any schedule's peak.
+    pub fn footprint_lower_bound(&self) -> u64 {
+        let needed = self.needed();
+        (0..self.len())
+            .filter(|&v| needed[v])
+            .map(|v| self.footprint(v))
+            .max()
+            .unwrap_or(self.fixed_bytes)
+    }
+}
