@@ -14,3 +14,13 @@ pub mod schedule;
 pub use error::{Result, SolverError};
 pub use problem::{Node, NodeId, NodeKind, Problem};
 pub use schedule::{simulate, store_all, store_all_peak, with_frees, Schedule, Stats, Step};
+
+// Baselines, chain DP, budget tools (min feasible budget).
+pub mod baselines;
+pub mod budget;
+pub mod dp;
+// The exact MILP (Checkmate) through good_lp + HiGHS.
+#[cfg(feature = "highs")]
+pub mod ilp;
+// Algorithm choice, the plan report, the budget sweep.
+pub mod plan;

@@ -1,0 +1,1 @@
+// generators of random problems for property tests (being written)
