@@ -168,4 +168,18 @@ impl Problem {
             .max()
             .unwrap_or(self.fixed_bytes)
     }
+
+    /// Bytes of the forward values the backward reads when nothing is recomputed (each value
+    /// counted once): what store-all keeps for the backward pass.
+    pub fn saved_for_backward_bytes(&self) -> u64 {
+        (0..self.len())
+            .filter(|&v| self.nodes[v].kind != NodeKind::Backward)
+            .filter(|&v| {
+                self.users(v)
+                    .iter()
+                    .any(|&u| self.nodes[u].kind == NodeKind::Backward)
+            })
+            .map(|v| self.nodes[v].bytes)
+            .sum()
+    }
 }
