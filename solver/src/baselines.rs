@@ -1,1 +1,667 @@
-//! (being written)
+//! Baselines and the generic schedule generator they share.
+//!
+//! Every baseline chooses *what to keep* (a keep-set or a set of checkpoints) and lets one
+//! generator turn that choice into an explicit `Compute` / `Free` schedule, recomputing what is
+//! missing on demand. The generator can only emit valid schedules: a node is computed only
+//! after every dependency has been made resident, and frees come from [`with_frees`].
+//!
+//! Phases. The *forward phase* is every needed node before the first node of kind
+//! [`NodeKind::Backward`]; the rest is the *backward phase*. A problem without backward nodes
+//! (a plain DAG such as Moccasin's random layered graphs) has an empty forward phase: every node
+//! is processed by the on-demand rules of the backward phase.
+
+use crate::error::{Result, SolverError};
+use crate::problem::{NodeId, NodeKind, Problem};
+use crate::schedule::{simulate, store_all as store_all_schedule, with_frees, Schedule, Stats};
+
+/// Store-all: every needed node once in the natural order, each value freed after its last use.
+pub use crate::schedule::store_all;
+
+/// The names [`baselines`] returns, in order.
+pub const BASELINE_NAMES: [&str; 5] = [
+    "store-all",
+    "chen-sqrt",
+    "chen-greedy",
+    "every-k",
+    "revolve",
+];
+
+/// One baseline's schedule, scored by [`simulate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Baseline {
+    pub name: &'static str,
+    pub schedule: Schedule,
+    pub stats: Stats,
+    /// Whether the simulated peak is within the budget.
+    pub feasible: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The builder: a compute sequence plus the set of values it considers resident.
+// ---------------------------------------------------------------------------------------------
+
+/// Builds a compute sequence while tracking which values are resident. Only `Compute` order is
+/// recorded; [`with_frees`] derives the frees, so a value the builder drops is freed right after
+/// its last reader before it is computed again, and a value the builder keeps is freed after
+/// its last reader overall.
+pub(crate) struct Builder<'a> {
+    p: &'a Problem,
+    resident: Vec<bool>,
+    pinned: Vec<bool>,
+    computed: Vec<bool>,
+    seq: Vec<NodeId>,
+    mark: Vec<u64>,
+    epoch: u64,
+    stack: Vec<NodeId>,
+    missing: Vec<NodeId>,
+}
+
+impl<'a> Builder<'a> {
+    pub(crate) fn new(p: &'a Problem) -> Self {
+        let n = p.len();
+        Builder {
+            p,
+            resident: vec![false; n],
+            pinned: vec![false; n],
+            computed: vec![false; n],
+            seq: Vec::with_capacity(2 * n),
+            mark: vec![0; n],
+            epoch: 0,
+            stack: Vec::new(),
+            missing: Vec::new(),
+        }
+    }
+
+    pub(crate) fn is_resident(&self, v: NodeId) -> bool {
+        self.resident[v]
+    }
+
+    /// Makes every node of `targets` resident, computing each missing ancestor once, in
+    /// topological order, from what is resident. Returns the range of `seq` it appended.
+    pub(crate) fn ensure(&mut self, targets: &[NodeId]) -> std::ops::Range<usize> {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        self.missing.clear();
+        for &t in targets {
+            if !self.resident[t] && self.mark[t] != epoch {
+                self.mark[t] = epoch;
+                self.stack.push(t);
+            }
+        }
+        while let Some(v) = self.stack.pop() {
+            self.missing.push(v);
+            for &d in self.p.deps(v) {
+                if !self.resident[d] && self.mark[d] != epoch {
+                    self.mark[d] = epoch;
+                    self.stack.push(d);
+                }
+            }
+        }
+        self.missing.sort_unstable();
+        let start = self.seq.len();
+        for &v in &self.missing {
+            self.seq.push(v);
+            self.resident[v] = true;
+            self.computed[v] = true;
+        }
+        start..self.seq.len()
+    }
+
+    /// Marks `v` as not resident (it will be freed after its last reader so far and computed
+    /// again when needed). Pinned values stay.
+    pub(crate) fn drop_value(&mut self, v: NodeId) {
+        if !self.pinned[v] {
+            self.resident[v] = false;
+        }
+    }
+
+    pub(crate) fn pin(&mut self, v: NodeId) {
+        self.pinned[v] = true;
+    }
+
+    pub(crate) fn unpin(&mut self, v: NodeId) {
+        self.pinned[v] = false;
+    }
+
+    pub(crate) fn seq_slice(&self, r: std::ops::Range<usize>) -> &[NodeId] {
+        &self.seq[r]
+    }
+
+    /// Computes every needed node never computed so far (required outputs no later step
+    /// reads), then returns the schedule with frees.
+    pub(crate) fn finish(mut self, needed: &[bool]) -> Schedule {
+        for (v, &need) in needed.iter().enumerate() {
+            if need && !self.computed[v] {
+                self.ensure(&[v]);
+            }
+        }
+        with_frees(self.p, &self.seq)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Phases and the keep-set generator.
+// ---------------------------------------------------------------------------------------------
+
+/// The phase split of a problem.
+#[derive(Debug, Clone)]
+pub(crate) struct Phases {
+    pub needed: Vec<bool>,
+    /// Needed nodes before the first backward node (empty when there is none).
+    pub forward: Vec<NodeId>,
+    /// The other needed nodes, in natural order.
+    pub backward: Vec<NodeId>,
+}
+
+impl Phases {
+    pub(crate) fn of(p: &Problem) -> Self {
+        let needed = p.needed();
+        let split = p
+            .nodes
+            .iter()
+            .position(|n| n.kind == NodeKind::Backward)
+            .unwrap_or(0);
+        let forward = (0..split).filter(|&v| needed[v]).collect();
+        let backward = (split..p.len()).filter(|&v| needed[v]).collect();
+        Phases {
+            needed,
+            forward,
+            backward,
+        }
+    }
+
+    /// The nodes checkpoint baselines choose from: the forward phase, or every needed node of
+    /// a problem without backward nodes.
+    pub(crate) fn linear(&self) -> &[NodeId] {
+        if self.forward.is_empty() {
+            &self.backward
+        } else {
+            &self.forward
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Lazy,
+    Eager,
+}
+
+fn build_with_keep(p: &Problem, keep: &[bool], mode: Mode) -> Schedule {
+    let ph = Phases::of(p);
+    let kept = |v: NodeId| keep.get(v).copied().unwrap_or(false);
+    let mut b = Builder::new(p);
+    let n = p.len();
+
+    // Forward phase: natural order; a value not kept is freed after its last forward-phase use.
+    let mut in_forward = vec![false; n];
+    for &v in &ph.forward {
+        in_forward[v] = true;
+    }
+    let mut last_fwd_use: Vec<Option<NodeId>> = vec![None; n];
+    for &v in &ph.forward {
+        for &d in p.deps(v) {
+            last_fwd_use[d] = Some(v);
+        }
+    }
+    for &v in &ph.forward {
+        b.ensure(&[v]);
+        for &d in p.deps(v) {
+            if last_fwd_use[d] == Some(v) && !kept(d) {
+                b.drop_value(d);
+            }
+        }
+        if last_fwd_use[v].is_none() && !kept(v) {
+            b.drop_value(v);
+        }
+    }
+
+    // Backward phase: natural order, missing dependencies recomputed from what is resident.
+    let mut next_mark = vec![usize::MAX; n];
+    let mut touched: Vec<NodeId> = Vec::new();
+    for (k, &t) in ph.backward.iter().enumerate() {
+        let r = b.ensure(p.deps(t));
+        b.ensure(&[t]);
+        if mode == Mode::Eager {
+            if let Some(&next) = ph.backward.get(k + 1) {
+                for &d in p.deps(next) {
+                    next_mark[d] = k;
+                }
+            }
+            touched.clear();
+            touched.extend_from_slice(b.seq_slice(r));
+            touched.extend_from_slice(p.deps(t));
+            touched.push(t);
+            for &v in &touched {
+                if !kept(v) && next_mark[v] != k {
+                    b.drop_value(v);
+                }
+            }
+        }
+    }
+    b.finish(&ph.needed)
+}
+
+/// The generic schedule generator from a keep-set (`keep[v]`: hold `v` from its computation to
+/// its last use; missing entries count as `false`).
+///
+/// The forward phase is computed in natural order and a value not kept is freed after its last
+/// use in the forward phase. The backward phase is then processed in natural order: before a
+/// node is computed, every missing dependency is recomputed (with its own missing ancestors,
+/// each once, in topological order) from the resident values. Every value is freed right after
+/// its last use in the final compute sequence ([`with_frees`]), so a recomputed segment stays
+/// only as long as later nodes read it. The result is always valid under [`simulate`].
+///
+/// For a problem without backward nodes nothing is ever freed early here, so this is
+/// store-all; see [`schedule_with_checkpoints_eager`].
+pub fn schedule_with_checkpoints(p: &Problem, keep: &[bool]) -> Schedule {
+    build_with_keep(p, keep, Mode::Lazy)
+}
+
+/// Like [`schedule_with_checkpoints`] but, in the backward phase, drops every value that is not
+/// kept as soon as the next node does not read it (recomputed values included), recomputing it
+/// again on demand: less memory, more compute. On a problem without backward nodes this is the
+/// general "keep-set" semantics: kept values live to their last use, the others only while the
+/// next node reads them.
+pub fn schedule_with_checkpoints_eager(p: &Problem, keep: &[bool]) -> Schedule {
+    build_with_keep(p, keep, Mode::Eager)
+}
+
+/// The budget-aware generator: the lazy schedule when its simulated peak fits `budget`,
+/// otherwise whichever of the lazy and eager schedules has the lower peak (then lower cost).
+pub fn schedule_with_checkpoints_within(p: &Problem, keep: &[bool], budget: u64) -> Schedule {
+    let lazy = schedule_with_checkpoints(p, keep);
+    let lazy_stats = simulate(p, &lazy).ok();
+    if let Some(s) = &lazy_stats {
+        if s.peak_bytes <= budget {
+            return lazy;
+        }
+    }
+    let eager = schedule_with_checkpoints_eager(p, keep);
+    match (lazy_stats, simulate(p, &eager).ok()) {
+        (Some(l), Some(e)) => {
+            if (e.peak_bytes, e.compute_cost) < (l.peak_bytes, l.compute_cost) {
+                eager
+            } else {
+                lazy
+            }
+        }
+        (None, Some(_)) => eager,
+        _ => lazy,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Candidate selection.
+// ---------------------------------------------------------------------------------------------
+
+/// Keeps the cheapest feasible candidate, or the lowest-peak one while none is feasible.
+struct Best {
+    budget: u64,
+    best: Option<(Schedule, Stats)>,
+}
+
+impl Best {
+    fn new(budget: u64) -> Self {
+        Best { budget, best: None }
+    }
+
+    /// Scores `s`; returns whether it is feasible.
+    fn offer(&mut self, p: &Problem, s: Schedule) -> bool {
+        let Ok(stats) = simulate(p, &s) else {
+            return false;
+        };
+        let fits = stats.peak_bytes <= self.budget;
+        let better = match &self.best {
+            None => true,
+            Some((_, b)) => {
+                let b_fits = b.peak_bytes <= self.budget;
+                match (fits, b_fits) {
+                    (true, false) => true,
+                    (false, true) => false,
+                    (true, true) => {
+                        (stats.compute_cost, stats.peak_bytes) < (b.compute_cost, b.peak_bytes)
+                    }
+                    (false, false) => {
+                        (stats.peak_bytes, stats.compute_cost) < (b.peak_bytes, b.compute_cost)
+                    }
+                }
+            }
+        };
+        if better {
+            self.best = Some((s, stats));
+        }
+        fits
+    }
+
+    fn into_baseline(self, p: &Problem, name: &'static str) -> Result<Baseline> {
+        let (schedule, stats) = match self.best {
+            Some(b) => b,
+            None => {
+                let s = store_all_schedule(p);
+                let stats = simulate(p, &s)?;
+                (s, stats)
+            }
+        };
+        Ok(Baseline {
+            name,
+            feasible: stats.peak_bytes <= self.budget,
+            schedule,
+            stats,
+        })
+    }
+}
+
+/// Keep-set with the given linear positions checkpointed, plus every backward-phase value (so
+/// eager mode never recomputes gradients).
+fn keep_from_positions(p: &Problem, ph: &Phases, positions: &[usize]) -> Vec<bool> {
+    let mut keep = vec![false; p.len()];
+    if !ph.forward.is_empty() {
+        for &v in &ph.backward {
+            keep[v] = true;
+        }
+    }
+    let lin = ph.linear();
+    for &i in positions {
+        if let Some(&v) = lin.get(i) {
+            keep[v] = true;
+        }
+    }
+    keep
+}
+
+/// Positions of every k-th linear node (k-1, 2k-1, ...).
+fn every_k_positions(len: usize, k: usize) -> Vec<usize> {
+    if k == 0 {
+        return Vec::new();
+    }
+    (1..=len / k).map(|i| i * k - 1).collect()
+}
+
+/// Linear positions that are split points of the forward graph: no edge from an earlier
+/// position reaches past them (Chen et al.'s "possible split points").
+fn split_points(p: &Problem, lin: &[NodeId]) -> Vec<bool> {
+    let mut pos = vec![usize::MAX; p.len()];
+    for (i, &v) in lin.iter().enumerate() {
+        pos[v] = i;
+    }
+    let mut reach = vec![0usize; lin.len()];
+    for (i, &v) in lin.iter().enumerate() {
+        reach[i] = p
+            .users(v)
+            .iter()
+            .filter_map(|&u| (pos[u] != usize::MAX).then_some(pos[u]))
+            .max()
+            .unwrap_or(i);
+    }
+    let mut out = vec![false; lin.len()];
+    let mut max_before = 0usize;
+    for i in 0..lin.len() {
+        out[i] = i == 0 || max_before <= i;
+        max_before = max_before.max(reach[i]);
+    }
+    out
+}
+
+/// Chen et al. 2016 √n: checkpoint every ⌈√n⌉-th node of the linearized forward graph.
+pub fn chen_sqrt(p: &Problem, budget: u64) -> Result<Baseline> {
+    let ph = Phases::of(p);
+    let n = ph.linear().len();
+    let k = (n as f64).sqrt().ceil().max(1.0) as usize;
+    let keep = keep_from_positions(p, &ph, &every_k_positions(n, k));
+    let mut best = Best::new(budget);
+    best.offer(p, schedule_with_checkpoints_within(p, &keep, budget));
+    best.into_baseline(p, "chen-sqrt")
+}
+
+/// Chen et al. 2016 greedy (their Algorithm 2): walk the forward order accumulating output
+/// bytes and checkpoint the first split point where the running size exceeds a threshold `b`;
+/// `b` is searched over a geometric grid for the cheapest schedule within the budget.
+pub fn chen_greedy(p: &Problem, budget: u64) -> Result<Baseline> {
+    let ph = Phases::of(p);
+    let lin = ph.linear().to_vec();
+    let splits = split_points(p, &lin);
+    let sizes: Vec<u64> = lin.iter().map(|&v| p.bytes(v)).collect();
+    let total: u64 = sizes.iter().sum();
+    let smallest = sizes.iter().copied().filter(|&s| s > 0).min().unwrap_or(1);
+    let mut thresholds = vec![0u64];
+    let steps = 96;
+    let (lo, hi) = (smallest as f64, total.max(smallest) as f64);
+    for i in 0..=steps {
+        let t = lo * (hi / lo).powf(i as f64 / steps as f64);
+        thresholds.push(t as u64);
+    }
+    thresholds.sort_unstable();
+    thresholds.dedup();
+    let mut best = Best::new(budget);
+    let mut seen: Vec<Vec<usize>> = Vec::new();
+    for b in thresholds {
+        let mut temp = 0u64;
+        let mut chosen = Vec::new();
+        for i in 0..lin.len() {
+            temp += sizes[i];
+            if temp > b && splits[i] {
+                chosen.push(i);
+                temp = 0;
+            }
+        }
+        if seen.contains(&chosen) {
+            continue;
+        }
+        let keep = keep_from_positions(p, &ph, &chosen);
+        best.offer(p, schedule_with_checkpoints_within(p, &keep, budget));
+        seen.push(chosen);
+    }
+    best.into_baseline(p, "chen-greedy")
+}
+
+/// Every-k segments: checkpoint every k-th forward node, trying every k (and no checkpoint at
+/// all), keeping the cheapest schedule within the budget.
+pub fn every_k(p: &Problem, budget: u64) -> Result<Baseline> {
+    let ph = Phases::of(p);
+    let n = ph.linear().len();
+    let mut best = Best::new(budget);
+    for k in 1..=n + 1 {
+        let keep = keep_from_positions(p, &ph, &every_k_positions(n, k));
+        best.offer(p, schedule_with_checkpoints_within(p, &keep, budget));
+    }
+    best.into_baseline(p, "every-k")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Revolve.
+// ---------------------------------------------------------------------------------------------
+
+/// Split table of binomial checkpointing for uniform steps: `cost(l, s)` forward steps reverse
+/// `l` stages from a checkpoint with `s` free slots; `split(l, s)` is the best first
+/// checkpoint offset. Columns are added one slot count at a time.
+struct RevolveTable {
+    cost: Vec<Vec<u64>>,
+    split: Vec<Vec<usize>>,
+    len: usize,
+}
+
+impl RevolveTable {
+    fn new(len: usize) -> Self {
+        // s = 0: every stage j is reached by advancing from the checkpoint: 1 + 2 + ... + l.
+        let cost0 = (0..=len as u64).map(|l| l * (l + 1) / 2).collect();
+        RevolveTable {
+            cost: vec![cost0],
+            split: vec![vec![0; len + 1]],
+            len,
+        }
+    }
+
+    fn ensure_slots(&mut self, s: usize) {
+        while self.cost.len() <= s {
+            let prev = self.cost.len() - 1;
+            let mut cost = vec![0u64; self.len + 1];
+            let mut split = vec![0usize; self.len + 1];
+            for l in 1..=self.len {
+                let mut best = (u64::MAX, 1);
+                for i in 1..=l {
+                    let c = i as u64 + self.cost[prev][l - i] + cost[i - 1];
+                    if c < best.0 {
+                        best = (c, i);
+                    }
+                }
+                cost[l] = best.0;
+                split[l] = best.1;
+            }
+            self.cost.push(cost);
+            self.split.push(split);
+        }
+    }
+
+    fn split(&self, l: usize, s: usize) -> usize {
+        self.split
+            .get(s)
+            .and_then(|col| col.get(l))
+            .copied()
+            .unwrap_or(1)
+            .clamp(1, l.max(1))
+    }
+}
+
+/// Revolve with `slots` checkpoint slots on the linearized forward phase: whenever a backward
+/// node needs a forward value that is gone, it advances from the nearest checkpoint below,
+/// placing checkpoints at the binomial split points while slots are free; checkpoints above
+/// the current backward position are released.
+fn revolve_with_slots(p: &Problem, ph: &Phases, table: &RevolveTable, slots: usize) -> Schedule {
+    let lin = &ph.forward;
+    let n = p.len();
+    let mut pos = vec![usize::MAX; n];
+    for (i, &v) in lin.iter().enumerate() {
+        pos[v] = i;
+    }
+    let mut b = Builder::new(p);
+    let mut pinned: Vec<usize> = Vec::new(); // positions, increasing
+    let mut next_mark = vec![usize::MAX; n];
+    let mut touched = Vec::new();
+    let mut key = lin.len();
+    for (k, &t) in ph.backward.iter().enumerate() {
+        let fwd_deps: Vec<usize> = p
+            .deps(t)
+            .iter()
+            .filter_map(|&d| (pos[d] != usize::MAX).then_some(pos[d]))
+            .collect();
+        if let Some(&m) = fwd_deps.iter().max() {
+            key = m;
+        }
+        while pinned.last().is_some_and(|&c| c > key) {
+            if let Some(c) = pinned.pop() {
+                b.unpin(lin[c]);
+            }
+        }
+        let mut wanted = fwd_deps.clone();
+        wanted.sort_unstable_by(|a, b| b.cmp(a));
+        for j in wanted {
+            if b.is_resident(lin[j]) {
+                continue;
+            }
+            // Advance from the nearest checkpoint below j.
+            loop {
+                let c = pinned.iter().rev().find(|&&c| c < j).copied();
+                let from = c.map_or(0, |c| c + 1);
+                let l = j + 1 - from; // stages from..=j still to produce
+                let free = slots.saturating_sub(pinned.len());
+                if free == 0 || l <= 1 {
+                    break;
+                }
+                let at = from + table.split(l, free) - 1;
+                if at >= j {
+                    break;
+                }
+                let r = b.ensure(&[lin[at]]);
+                let stepping: Vec<NodeId> = b.seq_slice(r).to_vec();
+                b.pin(lin[at]);
+                pinned.push(at);
+                pinned.sort_unstable();
+                for v in stepping {
+                    if pos[v] != usize::MAX {
+                        b.drop_value(v);
+                    }
+                }
+            }
+            let r = b.ensure(&[lin[j]]);
+            let stepping: Vec<NodeId> = b.seq_slice(r).to_vec();
+            for v in stepping {
+                if v != lin[j] && pos[v] != usize::MAX {
+                    b.drop_value(v);
+                }
+            }
+        }
+        let r = b.ensure(p.deps(t));
+        b.ensure(&[t]);
+        // Drop forward values the next backward node does not read.
+        if let Some(&next) = ph.backward.get(k + 1) {
+            for &d in p.deps(next) {
+                next_mark[d] = k;
+            }
+        }
+        touched.clear();
+        touched.extend_from_slice(b.seq_slice(r));
+        touched.extend_from_slice(p.deps(t));
+        for &v in &touched {
+            if pos[v] != usize::MAX && next_mark[v] != k {
+                b.drop_value(v);
+            }
+        }
+    }
+    b.finish(&ph.needed)
+}
+
+/// Griewank's revolve (binomial checkpointing) on the linearized forward phase, with the number
+/// of checkpoint slots chosen for the cheapest schedule within the budget. A problem without
+/// backward nodes has nothing to reverse: revolve is store-all there.
+pub fn revolve(p: &Problem, budget: u64) -> Result<Baseline> {
+    let ph = Phases::of(p);
+    let mut best = Best::new(budget);
+    if ph.forward.is_empty() {
+        best.offer(p, store_all_schedule(p));
+        return best.into_baseline(p, "revolve");
+    }
+    let m = ph.forward.len();
+    let mut table = RevolveTable::new(m);
+    let mut was_feasible = false;
+    for slots in 0..=m {
+        table.ensure_slots(slots);
+        let fits = best.offer(p, revolve_with_slots(p, &ph, &table, slots));
+        if was_feasible && !fits {
+            break;
+        }
+        was_feasible |= fits;
+    }
+    best.into_baseline(p, "revolve")
+}
+
+/// Store-all as a baseline.
+pub fn store_all_baseline(p: &Problem, budget: u64) -> Result<Baseline> {
+    let mut best = Best::new(budget);
+    best.offer(p, store_all_schedule(p));
+    best.into_baseline(p, "store-all")
+}
+
+/// One baseline by name: "store-all", "chen-sqrt", "chen-greedy", "every-k" or "revolve".
+pub fn baseline(p: &Problem, name: &str, budget: u64) -> Result<Baseline> {
+    match name {
+        "store-all" => store_all_baseline(p, budget),
+        "chen-sqrt" => chen_sqrt(p, budget),
+        "chen-greedy" => chen_greedy(p, budget),
+        "every-k" => every_k(p, budget),
+        "revolve" => revolve(p, budget),
+        other => Err(SolverError::InvalidArgument(format!(
+            "unknown baseline {other:?}; expected one of {}",
+            BASELINE_NAMES.join(", ")
+        ))),
+    }
+}
+
+/// Every baseline for `budget`, in the order of [`BASELINE_NAMES`]. A budget-driven baseline
+/// that cannot fit the budget returns its lowest-peak schedule with `feasible: false`.
+pub fn baselines(p: &Problem, budget: u64) -> Vec<Baseline> {
+    BASELINE_NAMES
+        .iter()
+        .filter_map(|name| baseline(p, name, budget).ok())
+        .collect()
+}
