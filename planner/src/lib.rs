@@ -1,1 +1,88 @@
-//! `remat-planner`: ONNX import, shapes, training graph, lowering to `remat-solver`.
+//! `remat-planner`: everything about models. ONNX import into a graph IR on `petgraph`,
+//! shape inference at bound dims with constant folding of shape arithmetic, an op registry
+//! (shape rule, FLOPs, gradient rule per op), training-graph derivation and lowering to a
+//! [`remat_solver::Problem`].
+//!
+//! Architecture invariant: this crate knows nothing of HTTP or the plan store.
+//!
+//! # Which graph inputs are parameters
+//! Decided per graph input, first rule that applies:
+//! 1. named in [`ImportOptions::inputs`] (`--input NAME`) → data;
+//! 2. named in [`ImportOptions::params`] (`--param NAME`) → parameter;
+//! 3. has an initializer → parameter;
+//! 4. not floating point → data;
+//! 5. has a symbolic or unknown dim → data;
+//! 6. if rules 1-5 found no data input at all, the first graph input is data;
+//! 7. otherwise (floating point, fully static) → parameter.
+//!
+//! Parameter candidates (and initializers, `Constant` nodes and constant subgraphs such as
+//! `ConstantOfShape` of a constant shape) that the live graph reads become *trainable
+//! parameters* when floating point and read in a differentiable slot (Conv's weight, not
+//! BatchNormalization's running mean), and, unless they are graph inputs, have at least two
+//! elements. Every other constant the live graph reads is a *buffer*. Parameters, their
+//! gradients and buffers are the problem's fixed bytes.
+//!
+//! # The loss
+//! The sum of the means of all floating-point graph outputs. Backward nodes exist for the
+//! ops on a path from a parameter to the loss.
+
+pub mod error;
+pub mod fuse;
+pub mod inspect;
+pub mod model;
+pub mod onnx;
+pub mod ops;
+pub mod tensor;
+pub mod training;
+
+use std::collections::BTreeMap;
+
+pub use error::{PlannerError, Result, UnsupportedNode};
+pub use inspect::{InspectReport, TensorInfo, TrainingNodeInfo};
+pub use model::{Model, ValueKind};
+pub use training::{SavedTensor, TrainingGraph, TrainingNode};
+
+/// How to import a model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Values of the model's symbolic dims (`dim_param` names), e.g. `batch=8`.
+    pub dims: BTreeMap<String, u64>,
+    /// Graph inputs to treat as parameters (`--param NAME`).
+    pub params: Vec<String>,
+    /// Graph inputs to treat as data (`--input NAME`).
+    pub inputs: Vec<String>,
+}
+
+/// Imports a model and checks that every node is supported.
+pub fn load(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
+    let model = model::import(bytes, opts)?;
+    if !model.unsupported.is_empty() {
+        return Err(PlannerError::Unsupported {
+            nodes: model.unsupported.clone(),
+        });
+    }
+    Ok(model)
+}
+
+impl Model {
+    /// The training step at the bound dims (forward, loss, backward).
+    pub fn training_graph(&self) -> Result<TrainingGraph> {
+        let name = if self.producer.is_empty() {
+            "onnx"
+        } else {
+            &self.producer
+        };
+        training::derive(self, name)
+    }
+}
+
+/// Imports a model and reports what the planner sees. Unsupported nodes are listed (all of
+/// them) rather than returned as an error; the training fields are then `None`.
+pub fn inspect(bytes: &[u8], opts: &ImportOptions) -> Result<InspectReport> {
+    let model = model::import(bytes, opts)?;
+    if !model.unsupported.is_empty() {
+        return Ok(InspectReport::build(&model, None));
+    }
+    let training = model.training_graph()?;
+    Ok(InspectReport::build(&model, Some(&training)))
+}

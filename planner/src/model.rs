@@ -1,0 +1,849 @@
+//! Import: ONNX protobuf → graph IR on `petgraph`, with shape inference at the bound dims,
+//! constant folding of shape arithmetic, `If` inlining and the parameter rule.
+
+use crate::error::{PlannerError, Result, UnsupportedNode};
+use crate::onnx::{decode_tensor, parse_model, Attrs};
+use crate::ops::{registry, Ctx, OpSpec};
+use crate::tensor::{numel, DType, Fact};
+use crate::ImportOptions;
+use onnx_protobuf::tensor_shape_proto::dimension::Value as DimValue;
+use onnx_protobuf::type_proto::Value as TypeValue;
+use onnx_protobuf::{AttributeProto, GraphProto, NodeProto, ValueInfoProto};
+use petgraph::graph::{DiGraph, NodeIndex};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Supported opsets of the default domain.
+pub const MIN_OPSET: i64 = 9;
+pub const MAX_OPSET: i64 = 21;
+
+/// Index of a value in [`Model::values`].
+pub type ValueId = usize;
+
+/// What a value is in training.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueKind {
+    /// A graph input that carries data (images, token ids).
+    Data,
+    /// A trainable parameter: its bytes and its gradient's are fixed bytes.
+    Param,
+    /// A constant fed to the live graph that is not trainable (running statistics, masks,
+    /// scalars): fixed bytes.
+    Buffer,
+    /// A constant folded at import time and only read by other folded nodes.
+    Const,
+    /// A constant computed at import from parameters (a transposed or tied weight): it is
+    /// its parameters, counted once under them, and it carries their gradient.
+    Derived,
+    /// The output of a live forward op.
+    Activation,
+}
+
+#[derive(Debug, Clone)]
+pub struct Value {
+    pub name: String,
+    /// `None` when the value is downstream of an unsupported node.
+    pub fact: Option<Fact>,
+    /// The node and output slot producing it.
+    pub producer: Option<(NodeIndex, usize)>,
+    pub kind: ValueKind,
+}
+
+/// One op of the typed graph.
+#[derive(Debug, Clone)]
+pub struct OpNode {
+    /// Unique name (the ONNX name, `<op>_<index>` when empty, `#k` suffixes for duplicates,
+    /// `<if>/` prefixes for inlined branches).
+    pub name: String,
+    pub op_type: String,
+    pub domain: String,
+    pub opset: i64,
+    pub attrs: Vec<AttributeProto>,
+    pub inputs: Vec<Option<ValueId>>,
+    pub outputs: Vec<Option<ValueId>>,
+    /// Every input is a constant: the node is evaluated at import and is not part of the
+    /// training graph.
+    pub folded: bool,
+    /// The op is not supported, or an input is unknown because of one that is not.
+    pub skipped: bool,
+}
+
+/// An imported model: the typed graph at the bound dims.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub opset: i64,
+    pub producer: String,
+    /// Nodes in evaluation (topological) order; edges carry the value id they pass.
+    pub graph: DiGraph<OpNode, ValueId>,
+    pub values: Vec<Value>,
+    /// Graph inputs (data and parameters), in model order.
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+    /// The bound symbolic dims.
+    pub dims: BTreeMap<String, u64>,
+    pub unsupported: Vec<UnsupportedNode>,
+    /// Nodes in the model's top-level graph.
+    pub onnx_nodes: usize,
+    /// Op type → count over the top-level graph.
+    pub op_counts: BTreeMap<String, usize>,
+}
+
+fn malformed(what: impl Into<String>) -> PlannerError {
+    PlannerError::Malformed { what: what.into() }
+}
+
+/// The element type and dims of a graph input as declared.
+struct Declared {
+    dtype: Option<DType>,
+    /// `Ok(d)` for a fixed dim, `Err(name)` for a symbolic one.
+    dims: Option<Vec<std::result::Result<i64, String>>>,
+}
+
+fn declared(v: &ValueInfoProto) -> Declared {
+    let Some(tp) = v.type_.as_ref() else {
+        return Declared {
+            dtype: None,
+            dims: None,
+        };
+    };
+    match &tp.value {
+        Some(TypeValue::TensorType(t)) => Declared {
+            dtype: DType::from_onnx(i64::from(t.elem_type)),
+            dims: t.shape.as_ref().map(|s| {
+                s.dim
+                    .iter()
+                    .enumerate()
+                    .map(|(axis, d)| match &d.value {
+                        Some(DimValue::DimValue(x)) => Ok(*x),
+                        Some(DimValue::DimParam(p)) if !p.is_empty() => Err(p.clone()),
+                        _ => Err(format!("{}.{axis}", v.name)),
+                    })
+                    .collect()
+            }),
+        },
+        _ => Declared {
+            dtype: None,
+            dims: None,
+        },
+    }
+}
+
+/// Names of every value a graph (and its subgraphs, recursively) reads.
+fn names_read(g: &GraphProto, out: &mut HashSet<String>) {
+    for n in &g.node {
+        out.extend(n.input.iter().filter(|s| !s.is_empty()).cloned());
+        for a in &n.attribute {
+            if let Some(sub) = a.g.as_ref() {
+                names_read(sub, out);
+            }
+            for sub in &a.graphs {
+                names_read(sub, out);
+            }
+        }
+    }
+}
+
+/// Nodes of a graph in a topological order (exporters usually sort them; not all do).
+fn topo_order(g: &GraphProto) -> Result<Vec<usize>> {
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in g.node.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            if producer.insert(o.as_str(), i).is_some() {
+                return Err(malformed(format!(
+                    "value {o:?} is produced by more than one node"
+                )));
+            }
+        }
+    }
+    let mut dg: DiGraph<usize, ()> = DiGraph::with_capacity(g.node.len(), g.node.len() * 2);
+    let ix: Vec<NodeIndex> = (0..g.node.len()).map(|i| dg.add_node(i)).collect();
+    for (i, n) in g.node.iter().enumerate() {
+        let mut reads: HashSet<String> =
+            n.input.iter().filter(|s| !s.is_empty()).cloned().collect();
+        for a in &n.attribute {
+            if let Some(sub) = a.g.as_ref() {
+                names_read(sub, &mut reads);
+            }
+            for sub in &a.graphs {
+                names_read(sub, &mut reads);
+            }
+        }
+        for r in reads {
+            if let Some(&p) = producer.get(r.as_str()) {
+                dg.add_edge(ix[p], ix[i], ());
+            }
+        }
+    }
+    match petgraph::algo::toposort(&dg, None) {
+        Ok(order) => Ok(order.into_iter().map(|n| dg[n]).collect()),
+        Err(_) => {
+            let mut nodes: Vec<String> = petgraph::algo::tarjan_scc(&dg)
+                .into_iter()
+                .filter(|scc| scc.len() > 1 || dg.contains_edge(scc[0], scc[0]))
+                .flatten()
+                .map(|n| display_name(&g.node[dg[n]], dg[n]))
+                .collect();
+            nodes.sort();
+            Err(PlannerError::Cycle { nodes })
+        }
+    }
+}
+
+fn display_name(n: &NodeProto, index: usize) -> String {
+    if n.name.is_empty() {
+        format!("{}_{index}", n.op_type)
+    } else {
+        n.name.clone()
+    }
+}
+
+/// Decides which graph inputs are parameters (documented in the crate docs):
+/// 1. `--input NAME` → data; 2. `--param NAME` → parameter; 3. an input with an initializer →
+/// parameter; 4. a non-float input → data; 5. an input with a symbolic or unknown dim → data;
+/// 6. when rules 1-5 found no data input, the first graph input is data; 7. the remaining
+/// float inputs of fully static shape → parameters.
+fn classify_inputs(
+    inputs: &[&ValueInfoProto],
+    initializers: &HashSet<&str>,
+    opts: &ImportOptions,
+) -> Result<HashMap<String, bool>> {
+    let names: Vec<String> = inputs.iter().map(|v| v.name.clone()).collect();
+    for (which, list) in [("--param", &opts.params), ("--input", &opts.inputs)] {
+        for n in list {
+            if !names.contains(n) {
+                return Err(PlannerError::UnknownInput {
+                    which,
+                    name: n.clone(),
+                    inputs: names.clone(),
+                });
+            }
+        }
+    }
+    let mut decided: Vec<Option<bool>> = inputs
+        .iter()
+        .map(|v| {
+            let name = v.name.as_str();
+            if opts.inputs.iter().any(|n| n == name) {
+                return Some(false);
+            }
+            if opts.params.iter().any(|n| n == name) || initializers.contains(name) {
+                return Some(true);
+            }
+            let d = declared(v);
+            if !d.dtype.is_some_and(|t| t.is_float()) {
+                return Some(false);
+            }
+            if d.dims
+                .as_ref()
+                .is_none_or(|dims| dims.iter().any(|x| x.is_err()))
+            {
+                return Some(false);
+            }
+            None
+        })
+        .collect();
+    if !decided.contains(&Some(false)) {
+        if let Some(first) = decided.iter_mut().find(|d| d.is_none()) {
+            *first = Some(false);
+        }
+    }
+    Ok(names
+        .into_iter()
+        .zip(decided)
+        .map(|(n, d)| (n, d.unwrap_or(true)))
+        .collect())
+}
+
+struct Builder<'o> {
+    opts: &'o ImportOptions,
+    opset: i64,
+    graph: DiGraph<OpNode, ValueId>,
+    values: Vec<Value>,
+    /// Whether each value is a constant (not computed from data inputs).
+    is_const: Vec<bool>,
+    scopes: Vec<HashMap<String, ValueId>>,
+    used_names: HashSet<String>,
+    unsupported: Vec<UnsupportedNode>,
+}
+
+impl<'o> Builder<'o> {
+    fn lookup(&self, name: &str) -> Option<ValueId> {
+        self.scopes.iter().rev().find_map(|s| s.get(name).copied())
+    }
+
+    fn add_value(
+        &mut self,
+        name: &str,
+        fact: Option<Fact>,
+        kind: ValueKind,
+        is_const: bool,
+    ) -> ValueId {
+        let id = self.values.len();
+        self.values.push(Value {
+            name: name.to_string(),
+            fact,
+            producer: None,
+            kind,
+        });
+        self.is_const.push(is_const);
+        if let Some(scope) = self.scopes.last_mut() {
+            scope.insert(name.to_string(), id);
+        }
+        id
+    }
+
+    fn unique_name(&mut self, base: String) -> String {
+        let mut name = base.clone();
+        let mut k = 1;
+        while !self.used_names.insert(name.clone()) {
+            k += 1;
+            name = format!("{base}#{k}");
+        }
+        name
+    }
+
+    fn add_initializers(&mut self, g: &GraphProto) -> Result<()> {
+        for t in &g.initializer {
+            if t.name.is_empty() {
+                return Err(malformed("an initializer has no name"));
+            }
+            let d = decode_tensor(t, &t.name)?;
+            let fact = match d.value {
+                Some(v) => Fact::with_value(v),
+                None => Fact::new(d.dtype, d.shape),
+            };
+            self.add_value(&t.name, Some(fact), ValueKind::Const, true);
+        }
+        if !g.sparse_initializer.is_empty() {
+            return Err(malformed("sparse initializers are not supported"));
+        }
+        Ok(())
+    }
+
+    /// Runs the nodes of `g` (the top-level graph or an inlined branch) in topological order.
+    fn run_graph(&mut self, g: &GraphProto, prefix: &str) -> Result<()> {
+        let order = topo_order(g)?;
+        // Every input must be produced somewhere: this graph, an enclosing one, or an input.
+        let produced: HashSet<&str> = g
+            .node
+            .iter()
+            .flat_map(|n| n.output.iter().map(|s| s.as_str()))
+            .collect();
+        for (i, n) in g.node.iter().enumerate() {
+            for inp in n.input.iter().filter(|s| !s.is_empty()) {
+                if !produced.contains(inp.as_str()) && self.lookup(inp).is_none() {
+                    return Err(PlannerError::DanglingInput {
+                        node: format!("{prefix}{}", display_name(n, i)),
+                        input: inp.clone(),
+                    });
+                }
+            }
+        }
+        for i in order {
+            self.run_node(&g.node[i], i, prefix)?;
+        }
+        Ok(())
+    }
+
+    fn unsupported(&mut self, name: &str, n: &NodeProto, reason: &str) {
+        self.unsupported.push(UnsupportedNode {
+            node: name.to_string(),
+            op_type: n.op_type.clone(),
+            domain: n.domain.clone(),
+            reason: reason.to_string(),
+        });
+    }
+
+    fn run_node(&mut self, n: &NodeProto, index: usize, prefix: &str) -> Result<()> {
+        let name = self.unique_name(format!("{prefix}{}", display_name(n, index)));
+        let inputs: Vec<Option<ValueId>> = n
+            .input
+            .iter()
+            .map(|s| if s.is_empty() { None } else { self.lookup(s) })
+            .collect();
+        let facts: Vec<Option<Fact>> = inputs
+            .iter()
+            .map(|v| v.and_then(|v| self.values[v].fact.clone()))
+            .collect();
+        let any_unknown = inputs
+            .iter()
+            .zip(&facts)
+            .any(|(v, f)| v.is_some() && f.is_none());
+        let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
+        let spec: Option<&OpSpec> = if default_domain {
+            registry().get(n.op_type.as_str())
+        } else {
+            None
+        };
+
+        if default_domain && n.op_type == "If" && spec.is_none() {
+            if any_unknown {
+                return self.skip(n, &name, inputs, true);
+            }
+            let cond = facts
+                .first()
+                .and_then(|f| f.as_ref())
+                .and_then(|f| f.value.as_ref())
+                .and_then(|v| v.data.get_i64(0));
+            let Some(cond) = cond else {
+                self.unsupported(&name, n, "If with a data-dependent condition");
+                return self.skip(n, &name, inputs, true);
+            };
+            let attrs = Attrs {
+                node: &name,
+                op: "If",
+                list: &n.attribute,
+            };
+            let branch_name = if cond != 0 {
+                "then_branch"
+            } else {
+                "else_branch"
+            };
+            let branch = attrs
+                .graph(branch_name)?
+                .ok_or_else(|| attrs.err(branch_name, "required attribute is missing"))?;
+            if branch.output.len() != n.output.len() {
+                return Err(attrs.err(
+                    branch_name,
+                    format!(
+                        "branch has {} outputs but the node has {}",
+                        branch.output.len(),
+                        n.output.len()
+                    ),
+                ));
+            }
+            self.scopes.push(HashMap::new());
+            self.add_initializers(branch)?;
+            let r = self.run_graph(branch, &format!("{name}/"));
+            let ids: Vec<Option<ValueId>> =
+                branch.output.iter().map(|o| self.lookup(&o.name)).collect();
+            self.scopes.pop();
+            r?;
+            for (out, id) in n.output.iter().zip(ids) {
+                let id = id.ok_or_else(|| {
+                    malformed(format!("If {name:?}: branch output is not produced"))
+                })?;
+                if !out.is_empty() {
+                    if let Some(scope) = self.scopes.last_mut() {
+                        scope.insert(out.clone(), id);
+                    }
+                }
+            }
+            return Ok(());
+        }
+
+        let Some(spec) = spec else {
+            let reason = if !default_domain {
+                format!("domain {:?} is not supported", n.domain)
+            } else if matches!(n.op_type.as_str(), "Loop" | "Scan") {
+                "data-dependent control flow is not supported".to_string()
+            } else {
+                "unknown op".to_string()
+            };
+            self.unsupported(&name, n, &reason);
+            return self.skip(n, &name, inputs, true);
+        };
+        if any_unknown {
+            return self.skip(n, &name, inputs, true);
+        }
+        let cx = Ctx {
+            node: &name,
+            op: &n.op_type,
+            opset: self.opset,
+            attrs: Attrs {
+                node: &name,
+                op: &n.op_type,
+                list: &n.attribute,
+            },
+            inputs: &facts,
+            n_outputs: n.output.len(),
+        };
+        let out_facts = (spec.infer)(&cx)?;
+        for (k, o) in n.output.iter().enumerate() {
+            if !o.is_empty() && k >= out_facts.len() {
+                return Err(cx.err(format!(
+                    "node declares output {k} ({o:?}), which the op does not have"
+                )));
+            }
+        }
+        for f in &out_facts {
+            if f.dtype.is_float() && numel(&f.shape).is_none() {
+                return Err(cx.err(format!("output shape {:?} overflows", f.shape)));
+            }
+        }
+        let all_const = inputs.iter().flatten().all(|&v| self.is_const[v]);
+        let all_known = !out_facts.is_empty() && out_facts.iter().all(|f| f.value.is_some());
+        let folded = all_const || all_known;
+        let node_ix = self.graph.add_node(OpNode {
+            name: name.clone(),
+            op_type: n.op_type.clone(),
+            domain: n.domain.clone(),
+            opset: self.opset,
+            attrs: n.attribute.clone(),
+            inputs: inputs.clone(),
+            outputs: vec![],
+            folded,
+            skipped: false,
+        });
+        let mut outs = Vec::with_capacity(n.output.len());
+        for (k, o) in n.output.iter().enumerate() {
+            if o.is_empty() {
+                outs.push(None);
+                continue;
+            }
+            let kind = if folded {
+                ValueKind::Const
+            } else {
+                ValueKind::Activation
+            };
+            let id = self.add_value(o, out_facts.get(k).cloned(), kind, folded);
+            self.values[id].producer = Some((node_ix, k));
+            outs.push(Some(id));
+        }
+        self.graph[node_ix].outputs = outs;
+        for v in inputs.into_iter().flatten() {
+            if let Some((p, _)) = self.values[v].producer {
+                self.graph.add_edge(p, node_ix, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a node whose outputs are unknown (unsupported, or downstream of one).
+    fn skip(
+        &mut self,
+        n: &NodeProto,
+        name: &str,
+        inputs: Vec<Option<ValueId>>,
+        skipped: bool,
+    ) -> Result<()> {
+        let node_ix = self.graph.add_node(OpNode {
+            name: name.to_string(),
+            op_type: n.op_type.clone(),
+            domain: n.domain.clone(),
+            opset: self.opset,
+            attrs: vec![],
+            inputs,
+            outputs: vec![],
+            folded: false,
+            skipped,
+        });
+        let mut outs = vec![];
+        for (k, o) in n.output.iter().enumerate() {
+            if o.is_empty() {
+                outs.push(None);
+                continue;
+            }
+            let id = self.add_value(o, None, ValueKind::Activation, false);
+            self.values[id].producer = Some((node_ix, k));
+            outs.push(Some(id));
+        }
+        self.graph[node_ix].outputs = outs;
+        Ok(())
+    }
+}
+
+/// The op spec and context of a node, rebuilt from the typed graph.
+pub fn with_ctx<R>(model: &Model, ix: NodeIndex, f: impl FnOnce(&OpSpec, &Ctx) -> R) -> Option<R> {
+    let node = &model.graph[ix];
+    let spec = registry().get(node.op_type.as_str())?;
+    let facts: Vec<Option<Fact>> = node
+        .inputs
+        .iter()
+        .map(|v| v.and_then(|v| model.values[v].fact.clone()))
+        .collect();
+    let cx = Ctx {
+        node: &node.name,
+        op: &node.op_type,
+        opset: node.opset,
+        attrs: Attrs {
+            node: &node.name,
+            op: &node.op_type,
+            list: &node.attrs,
+        },
+        inputs: &facts,
+        n_outputs: node.outputs.len(),
+    };
+    Some(f(spec, &cx))
+}
+
+/// Imports a model: parse, bind dims, infer shapes, fold constants, classify values.
+/// Unsupported nodes do not stop the import; they are listed in [`Model::unsupported`].
+pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
+    let proto = parse_model(bytes)?;
+    let Some(g) = proto.graph.as_ref() else {
+        return Err(malformed("the protobuf has no graph"));
+    };
+    let opset = proto
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map(|o| o.version)
+        .ok_or_else(|| malformed("the model imports no opset of the default ONNX domain"))?;
+    if !(MIN_OPSET..=MAX_OPSET).contains(&opset) {
+        return Err(PlannerError::UnsupportedOpset {
+            version: opset,
+            min: MIN_OPSET,
+            max: MAX_OPSET,
+        });
+    }
+
+    let init_names: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    let graph_inputs: Vec<&ValueInfoProto> = g.input.iter().collect();
+    let is_param = classify_inputs(&graph_inputs, &init_names, opts)?;
+
+    // Symbolic dims of the data inputs: every one must be bound, every binding must exist.
+    let mut symbolic: Vec<String> = vec![];
+    for v in &graph_inputs {
+        if init_names.contains(v.name.as_str()) {
+            continue;
+        }
+        if let Some(dims) = declared(v).dims {
+            for d in dims.into_iter().filter_map(|d| d.err()) {
+                if !symbolic.contains(&d) {
+                    symbolic.push(d);
+                }
+            }
+        }
+    }
+    for name in opts.dims.keys() {
+        if !symbolic.contains(name) {
+            return Err(PlannerError::UnknownDim {
+                name: name.clone(),
+                known: symbolic.clone(),
+            });
+        }
+    }
+    let mut unbound: Vec<String> = symbolic
+        .iter()
+        .filter(|s| !opts.dims.contains_key(*s))
+        .cloned()
+        .collect();
+    if !unbound.is_empty() {
+        unbound.sort();
+        return Err(PlannerError::UnboundDims { names: unbound });
+    }
+    let mut dims = BTreeMap::new();
+    for (name, &value) in &opts.dims {
+        if value == 0 || value > i64::MAX as u64 {
+            return Err(PlannerError::InvalidDim {
+                what: format!("symbolic dimension {name:?}"),
+                value: value.min(i64::MAX as u64) as i64,
+                message: "bound dims must be positive".into(),
+            });
+        }
+        dims.insert(name.clone(), value);
+    }
+
+    let mut b = Builder {
+        opts,
+        opset,
+        graph: DiGraph::with_capacity(g.node.len(), g.node.len() * 2),
+        values: Vec::with_capacity(g.node.len() * 2),
+        is_const: vec![],
+        scopes: vec![HashMap::new()],
+        used_names: HashSet::new(),
+        unsupported: vec![],
+    };
+    b.add_initializers(g)?;
+    let mut inputs = vec![];
+    for v in &graph_inputs {
+        let param = is_param.get(&v.name).copied().unwrap_or(false);
+        if let Some(id) = b.lookup(&v.name) {
+            // An input with an initializer: the initializer gives its shape.
+            if !param {
+                b.values[id].kind = ValueKind::Data;
+                b.is_const[id] = false;
+                if let Some(f) = b.values[id].fact.as_mut() {
+                    f.value = None;
+                }
+            }
+            inputs.push(id);
+            continue;
+        }
+        let d = declared(v);
+        let dtype = d.dtype.ok_or_else(|| {
+            malformed(format!(
+                "graph input {:?} has no tensor element type",
+                v.name
+            ))
+        })?;
+        let decl = d
+            .dims
+            .ok_or_else(|| malformed(format!("graph input {:?} has no shape", v.name)))?;
+        let mut shape = Vec::with_capacity(decl.len());
+        for dim in decl {
+            let x = match dim {
+                Ok(x) => x,
+                Err(sym) => dims.get(&sym).map(|&x| x as i64).unwrap_or(0),
+            };
+            if x <= 0 {
+                return Err(PlannerError::InvalidDim {
+                    what: format!("graph input {:?}", v.name),
+                    value: x,
+                    message: "input dims must be positive".into(),
+                });
+            }
+            shape.push(x as u64);
+        }
+        if numel(&shape).is_none_or(|n| n.checked_mul(dtype.bits()).is_none()) {
+            return Err(PlannerError::InvalidDim {
+                what: format!("graph input {:?}", v.name),
+                value: i64::MAX,
+                message: "element count overflows".into(),
+            });
+        }
+        let kind = if param {
+            ValueKind::Const
+        } else {
+            ValueKind::Data
+        };
+        let id = b.add_value(&v.name, Some(Fact::new(dtype, shape)), kind, param);
+        inputs.push(id);
+    }
+    let _ = b.opts;
+    b.run_graph(g, "")?;
+
+    let mut outputs = vec![];
+    for o in &g.output {
+        let id = b.lookup(&o.name).ok_or_else(|| {
+            malformed(format!(
+                "graph output {:?} is not produced by any node or input",
+                o.name
+            ))
+        })?;
+        outputs.push(id);
+    }
+    let mut op_counts = BTreeMap::new();
+    for n in &g.node {
+        *op_counts.entry(n.op_type.clone()).or_insert(0) += 1;
+    }
+    let mut model = Model {
+        opset,
+        producer: format!("{} {}", proto.producer_name, proto.producer_version)
+            .trim()
+            .to_string(),
+        graph: b.graph,
+        values: b.values,
+        inputs,
+        outputs,
+        dims,
+        unsupported: b.unsupported,
+        onnx_nodes: g.node.len(),
+        op_counts,
+    };
+    crate::fuse::fuse(&mut model);
+    classify_constants(&mut model, &b.is_const, opts);
+    Ok(model)
+}
+
+/// Constants read by live nodes become parameters when they are floating point, are read in
+/// a differentiable slot, and are either a graph input (or `--param`) or have at least two
+/// elements (scalars such as `0.5` or `eps` are never parameters). Others become buffers.
+/// A constant computed at import from other floating-point constants (a transposed weight,
+/// a tied embedding, an embedding lookup at constant indices) is attributed to its roots:
+/// the parameter is the weight it was computed from, counted once.
+fn classify_constants(model: &mut Model, is_const: &[bool], opts: &ImportOptions) {
+    let n = model.values.len();
+    // Roots of each constant: itself, or the float constants its folded producer read.
+    let mut roots: Vec<Vec<ValueId>> = vec![vec![]; n];
+    for v in 0..n {
+        if !is_const[v] {
+            continue;
+        }
+        let mut r: Vec<ValueId> = vec![];
+        if let Some((p, _)) = model.values[v].producer {
+            let node = &model.graph[p];
+            if node.folded {
+                for &i in node.inputs.iter().flatten() {
+                    let float = model.values[i]
+                        .fact
+                        .as_ref()
+                        .is_some_and(|f| f.dtype.is_float());
+                    if float && is_const[i] && i < v {
+                        r.extend(roots[i].iter().copied());
+                    }
+                }
+            }
+        }
+        if r.is_empty() {
+            r.push(v);
+        }
+        r.sort_unstable();
+        r.dedup();
+        roots[v] = r;
+    }
+    let mut diff_use = vec![false; n];
+    let mut any_use = vec![false; n];
+    let mut mark = |v: ValueId, diff: bool, any_use: &mut Vec<bool>, diff_use: &mut Vec<bool>| {
+        any_use[v] = true;
+        for &r in &roots[v] {
+            any_use[r] = true;
+            if diff {
+                diff_use[r] = true;
+            }
+        }
+    };
+    for ix in model.graph.node_indices() {
+        let node = &model.graph[ix];
+        if node.folded || node.skipped {
+            continue;
+        }
+        let slots: Vec<(usize, ValueId)> = node
+            .inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.map(|v| (i, v)))
+            .filter(|&(_, v)| is_const[v])
+            .collect();
+        if slots.is_empty() {
+            continue;
+        }
+        let diffs = with_ctx(model, ix, |spec, cx| {
+            slots
+                .iter()
+                .map(|&(i, _)| (spec.diff_in)(cx, i))
+                .collect::<Vec<bool>>()
+        })
+        .unwrap_or_default();
+        for (k, &(_, v)) in slots.iter().enumerate() {
+            mark(v, diffs.get(k) == Some(&true), &mut any_use, &mut diff_use);
+        }
+    }
+    for &o in &model.outputs {
+        if is_const[o] {
+            mark(o, false, &mut any_use, &mut diff_use);
+        }
+    }
+    let input_set: HashSet<ValueId> = model.inputs.iter().copied().collect();
+    for (v, value) in model.values.iter_mut().enumerate() {
+        if !is_const[v] || value.kind == ValueKind::Data {
+            continue;
+        }
+        let Some(f) = &value.fact else { continue };
+        let forced = opts.params.contains(&value.name);
+        let is_root = roots[v].len() == 1 && roots[v][0] == v;
+        if !is_root || (!any_use[v] && !forced) {
+            value.kind = ValueKind::Const;
+            continue;
+        }
+        let trainable = f.dtype.is_float()
+            && (forced || (diff_use[v] && (input_set.contains(&v) || f.numel() >= 2)));
+        value.kind = if trainable {
+            ValueKind::Param
+        } else {
+            ValueKind::Buffer
+        };
+    }
+    for v in 0..n {
+        let is_root = roots[v].len() == 1 && roots[v][0] == v;
+        if is_const[v]
+            && !is_root
+            && roots[v]
+                .iter()
+                .any(|&r| model.values[r].kind == ValueKind::Param)
+        {
+            model.values[v].kind = ValueKind::Derived;
+        }
+    }
+}
