@@ -174,9 +174,35 @@ fn topo_order(g: &GraphProto) -> Result<Vec<usize>> {
             }
         }
     }
-    match petgraph::algo::toposort(&dg, None) {
-        Ok(order) => Ok(order.into_iter().map(|n| dg[n]).collect()),
-        Err(_) => {
+    // Kahn's algorithm, smallest model index first: the model's order is kept wherever the
+    // dependencies allow, so evaluation and reports are deterministic.
+    let mut indegree: Vec<usize> = ix
+        .iter()
+        .map(|&n| {
+            dg.neighbors_directed(n, petgraph::Direction::Incoming)
+                .count()
+        })
+        .collect();
+    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = indegree
+        .iter()
+        .enumerate()
+        .filter(|(_, &d)| d == 0)
+        .map(|(i, _)| std::cmp::Reverse(i))
+        .collect();
+    let mut order = Vec::with_capacity(g.node.len());
+    while let Some(std::cmp::Reverse(i)) = ready.pop() {
+        order.push(i);
+        for succ in dg.neighbors_directed(ix[i], petgraph::Direction::Outgoing) {
+            let j = dg[succ];
+            indegree[j] -= 1;
+            if indegree[j] == 0 {
+                ready.push(std::cmp::Reverse(j));
+            }
+        }
+    }
+    match order.len() == g.node.len() {
+        true => Ok(order),
+        false => {
             let mut nodes: Vec<String> = petgraph::algo::tarjan_scc(&dg)
                 .into_iter()
                 .filter(|scc| scc.len() > 1 || dg.contains_edge(scc[0], scc[0]))
@@ -197,11 +223,7 @@ fn display_name(n: &NodeProto, index: usize) -> String {
     }
 }
 
-/// Decides which graph inputs are parameters (documented in the crate docs):
-/// 1. `--input NAME` → data; 2. `--param NAME` → parameter; 3. an input with an initializer →
-/// parameter; 4. a non-float input → data; 5. an input with a symbolic or unknown dim → data;
-/// 6. when rules 1-5 found no data input, the first graph input is data; 7. the remaining
-/// float inputs of fully static shape → parameters.
+/// Decides which graph inputs are parameters (the rule is documented in the crate docs).
 fn classify_inputs(
     inputs: &[&ValueInfoProto],
     initializers: &HashSet<&str>,
@@ -775,7 +797,7 @@ fn classify_constants(model: &mut Model, is_const: &[bool], opts: &ImportOptions
     }
     let mut diff_use = vec![false; n];
     let mut any_use = vec![false; n];
-    let mut mark = |v: ValueId, diff: bool, any_use: &mut Vec<bool>, diff_use: &mut Vec<bool>| {
+    let mark = |v: ValueId, diff: bool, any_use: &mut Vec<bool>, diff_use: &mut Vec<bool>| {
         any_use[v] = true;
         for &r in &roots[v] {
             any_use[r] = true;

@@ -316,7 +316,7 @@ pub fn broadcast_index(src: &[u64], out: &[u64]) -> Vec<usize> {
             let mut idx = 0u64;
             let mut rem = flat as u64;
             for (k, &st) in os.iter().enumerate() {
-                let coord = if st == 0 { 0 } else { rem / st };
+                let coord = rem.checked_div(st).unwrap_or(0);
                 rem -= coord * st;
                 if k >= off {
                     let d = src[k - off];

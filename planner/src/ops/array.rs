@@ -44,7 +44,7 @@ fn coords(shape: &[u64]) -> impl Iterator<Item = Vec<u64>> + '_ {
     (0..n).map(move |mut flat| {
         st.iter()
             .map(|&s| {
-                let c = if s == 0 { 0 } else { flat / s };
+                let c = flat.checked_div(s).unwrap_or(0);
                 flat -= c * s;
                 c
             })
@@ -705,7 +705,7 @@ fn resize_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             }
             for (k, &a) in axes.iter().enumerate() {
                 let v = (shape[a] as f64 * sc[k]).floor();
-                if !(v >= 0.0 && v < 1e15) {
+                if !(0.0..1e15).contains(&v) {
                     return Err(cx.err(format!("scale {} gives an invalid size", sc[k])));
                 }
                 shape[a] = v as u64;
@@ -745,7 +745,7 @@ fn onehot_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         .const_floats(1)?
         .and_then(|v| v.first().copied())
         .ok_or_else(|| cx.err("depth must be a scalar"))?;
-    if !(depth >= 1.0 && depth < 1e12) {
+    if !(1.0..1e12).contains(&depth) {
         return Err(cx.err(format!("invalid depth {depth}")));
     }
     let values = cx.input(2)?;

@@ -61,7 +61,7 @@ fn fold(op: &str, v: &Tensor, axes: &[usize], shape: Vec<u64>) -> Option<Tensor>
         let mut rem = flat as u64;
         let mut out = 0u64;
         for (a, &s) in st.iter().enumerate() {
-            let c = if s == 0 { 0 } else { rem / s };
+            let c = rem.checked_div(s).unwrap_or(0);
             rem -= c * s;
             if let Some(k) = kept.iter().position(|&q| q == a) {
                 out += c * kst[k];

@@ -1,0 +1,222 @@
+//! Bad input gets a structured error naming what is wrong.
+
+use crate::build::*;
+use remat_planner::{inspect, load, ImportOptions, PlannerError};
+
+#[test]
+fn random_and_empty_bytes_are_malformed() {
+    for bytes in [&b""[..], b"\xff\xff\xff\xff", b"hello world, not a model"] {
+        match load(bytes, &ImportOptions::default()) {
+            Err(PlannerError::Malformed { .. }) => {}
+            other => panic!("{bytes:?}: expected Malformed, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn opset_out_of_range_is_reported() {
+    let g = G { opset: 7, ..mlp() };
+    assert!(matches!(
+        load(&g.bytes(), &dims(&[("batch", 1)])),
+        Err(PlannerError::UnsupportedOpset { version: 7, .. })
+    ));
+}
+
+#[test]
+fn unbound_dims_are_all_listed_and_unknown_or_zero_dims_rejected() {
+    let g = G::new(17)
+        .input("a", F32, &[D::P("batch"), D::P("seq")])
+        .input("b", F32, &[D::P("batch"), D::P("seq")])
+        .node("Add", "add", &["a", "b"], &["c"], vec![])
+        .output("c");
+    match load(&g.bytes(), &ImportOptions::default()) {
+        Err(PlannerError::UnboundDims { names }) => assert_eq!(names, vec!["batch", "seq"]),
+        other => panic!("expected UnboundDims, got {other:?}"),
+    }
+    match load(&g.bytes(), &dims(&[("batch", 2), ("seq", 3), ("heads", 4)])) {
+        Err(PlannerError::UnknownDim { name, known }) => {
+            assert_eq!(name, "heads");
+            assert_eq!(known, vec!["batch", "seq"]);
+        }
+        other => panic!("expected UnknownDim, got {other:?}"),
+    }
+    assert!(matches!(
+        load(&g.bytes(), &dims(&[("batch", 0), ("seq", 3)])),
+        Err(PlannerError::InvalidDim { .. })
+    ));
+    let neg = G::new(17)
+        .input("a", F32, &[D::V(-3)])
+        .node("Relu", "r", &["a"], &["c"], vec![])
+        .output("c");
+    match load(&neg.bytes(), &ImportOptions::default()) {
+        Err(PlannerError::InvalidDim {
+            what, value: -3, ..
+        }) => assert!(what.contains("\"a\"")),
+        other => panic!("expected InvalidDim, got {other:?}"),
+    }
+}
+
+#[test]
+fn cycles_and_dangling_inputs_name_the_nodes() {
+    let cyc = G::new(17)
+        .input("x", F32, &[D::V(2)])
+        .node("Add", "a", &["x", "q"], &["p"], vec![])
+        .node("Relu", "b", &["p"], &["q"], vec![])
+        .output("q");
+    match load(&cyc.bytes(), &ImportOptions::default()) {
+        Err(PlannerError::Cycle { nodes }) => assert_eq!(nodes, vec!["a", "b"]),
+        other => panic!("expected Cycle, got {other:?}"),
+    }
+    let dangling = G::new(17)
+        .input("x", F32, &[D::V(2)])
+        .node("Add", "a", &["x", "ghost"], &["p"], vec![])
+        .output("p");
+    match load(&dangling.bytes(), &ImportOptions::default()) {
+        Err(PlannerError::DanglingInput { node, input }) => {
+            assert_eq!((node.as_str(), input.as_str()), ("a", "ghost"))
+        }
+        other => panic!("expected DanglingInput, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_unsupported_node_is_reported_at_once() {
+    let mut body = G::new(17).node("Identity", "inner", &["x"], &["y"], vec![]);
+    body.graph.output.push(value_info("y", F32, &[D::V(2)]));
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2)])
+        .input("c", BOOL, &[])
+        .node("FancyOp", "fancy", &["x"], &["a"], vec![])
+        .node_in("com.microsoft", "FusedGemm", "contrib", &["x"], &["b"])
+        .node(
+            "Loop",
+            "loop",
+            &["", "c", "x"],
+            &["l"],
+            vec![a_graph("body", body.graph.clone())],
+        )
+        .node(
+            "If",
+            "branchy",
+            &["c"],
+            &["i"],
+            vec![
+                a_graph("then_branch", body.graph.clone()),
+                a_graph("else_branch", body.graph),
+            ],
+        )
+        .node("Relu", "after", &["a"], &["r"], vec![])
+        .output("r")
+        .output("b")
+        .output("l")
+        .output("i");
+    let r =
+        inspect(&g.bytes(), &ImportOptions::default()).expect("inspect reports unsupported nodes");
+    let got: Vec<(&str, &str, &str)> = r
+        .unsupported
+        .iter()
+        .map(|u| (u.node.as_str(), u.op_type.as_str(), u.domain.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("fancy", "FancyOp", ""),
+            ("contrib", "FusedGemm", "com.microsoft"),
+            ("loop", "Loop", ""),
+            ("branchy", "If", ""),
+        ]
+    );
+    assert_eq!(r.params_bytes, None);
+    assert_eq!(r.training, None);
+    match load(&g.bytes(), &ImportOptions::default()) {
+        Err(PlannerError::Unsupported { nodes }) => assert_eq!(nodes.len(), 4),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+#[test]
+fn data_dependent_shapes_name_the_node() {
+    let g = G::new(17)
+        .input("x", F32, &[D::V(4)])
+        .node("NonZero", "nz", &["x"], &["i"], vec![])
+        .output("i");
+    match load(&g.bytes(), &ImportOptions::default()) {
+        Err(PlannerError::DataDependent { node, op_type, .. }) => {
+            assert_eq!((node.as_str(), op_type.as_str()), ("nz", "NonZero"))
+        }
+        other => panic!("expected DataDependent, got {other:?}"),
+    }
+    let reshape = G::new(17)
+        .input("x", F32, &[D::V(4)])
+        .input("s", I64, &[D::V(1)])
+        .node("Reshape", "rs", &["x", "s"], &["y"], vec![])
+        .output("y");
+    assert!(matches!(
+        load(&reshape.bytes(), &ImportOptions::default()),
+        Err(PlannerError::DataDependent { .. })
+    ));
+}
+
+#[test]
+fn shape_and_attribute_errors_name_node_and_attribute() {
+    let g = G::new(17)
+        .input("a", F32, &[D::V(2), D::V(3)])
+        .input("b", F32, &[D::V(4)])
+        .node("Add", "bad_add", &["a", "b"], &["c"], vec![])
+        .output("c");
+    match load(&g.bytes(), &ImportOptions::default()) {
+        Err(PlannerError::Shape { node, op_type, .. }) => {
+            assert_eq!((node.as_str(), op_type.as_str()), ("bad_add", "Add"))
+        }
+        other => panic!("expected Shape, got {other:?}"),
+    }
+    let conv = G::new(17)
+        .input("x", F32, &[D::V(1), D::V(2), D::V(5), D::V(5)])
+        .weight("w", &[4, 2, 3, 3])
+        .node("Conv", "conv", &["x", "w"], &["y"], vec![a_int("group", 0)])
+        .output("y");
+    match load(&conv.bytes(), &ImportOptions::default()) {
+        Err(PlannerError::Attribute {
+            node, attribute, ..
+        }) => {
+            assert_eq!((node.as_str(), attribute.as_str()), ("conv", "group"))
+        }
+        other => panic!("expected Attribute, got {other:?}"),
+    }
+    let wrong_type = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(3)])
+        .node("Transpose", "t", &["x"], &["y"], vec![a_str("perm", "1,0")])
+        .output("y");
+    assert!(matches!(
+        load(&wrong_type.bytes(), &ImportOptions::default()),
+        Err(PlannerError::Attribute { .. })
+    ));
+}
+
+#[test]
+fn lying_tensor_lengths_are_malformed() {
+    let mut t = tensor_f32("w", &[4, 4], &[0.0; 16]);
+    t.raw_data.truncate(10);
+    let g = G::new(17)
+        .input("x", F32, &[D::V(4)])
+        .init(t)
+        .node("MatMul", "mm", &["x", "w"], &["y"], vec![])
+        .output("y");
+    assert!(matches!(
+        load(&g.bytes(), &ImportOptions::default()),
+        Err(PlannerError::Malformed { .. })
+    ));
+}
+
+#[test]
+fn option_names_must_be_graph_inputs() {
+    let mut o = dims(&[("batch", 2)]);
+    o.params.push("nope".into());
+    assert!(matches!(
+        load(&mlp().bytes(), &o),
+        Err(PlannerError::UnknownInput {
+            which: "--param",
+            ..
+        })
+    ));
+}

@@ -1,0 +1,86 @@
+//! Import never panics: mutated fixture bytes (truncated, flipped, spliced) give `Ok` or a
+//! `PlannerError`. `catch_unwind` only detects a panic to fail the test.
+
+use proptest::prelude::*;
+use remat_planner::{inspect, ImportOptions};
+use std::path::PathBuf;
+
+fn seeds() -> Vec<(Vec<u8>, ImportOptions)> {
+    let mut out = vec![(
+        crate::build::mlp().bytes(),
+        crate::build::dims(&[("batch", 2)]),
+    )];
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    for (file, dims) in [
+        ("models/resnet18.legacy.onnx", vec![("batch", 1)]),
+        ("models/gpt2.dynamo.onnx", vec![("batch", 1), ("seq", 4)]),
+        ("models/light/light_squeezenet.onnx", vec![]),
+    ] {
+        if let Ok(b) = std::fs::read(dir.join(file)) {
+            out.push((b, crate::build::dims(&dims)));
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Truncate(usize),
+    Flip(usize, u8),
+    Splice(usize, usize, usize),
+    Overwrite(usize, Vec<u8>),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        any::<usize>().prop_map(Mutation::Truncate),
+        (any::<usize>(), 1u8..=255).prop_map(|(i, x)| Mutation::Flip(i, x)),
+        (any::<usize>(), any::<usize>(), 1usize..512)
+            .prop_map(|(a, b, n)| Mutation::Splice(a, b, n)),
+        (
+            any::<usize>(),
+            proptest::collection::vec(any::<u8>(), 1..16)
+        )
+            .prop_map(|(i, v)| Mutation::Overwrite(i, v)),
+    ]
+}
+
+fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
+    let len = bytes.len().max(1);
+    match m {
+        Mutation::Truncate(n) => bytes.truncate(n % len),
+        Mutation::Flip(i, x) => {
+            if let Some(b) = bytes.get_mut(i % len) {
+                *b ^= x;
+            }
+        }
+        Mutation::Splice(from, to, n) => {
+            let from = from % len;
+            let chunk: Vec<u8> = bytes.iter().skip(from).take(*n).copied().collect();
+            let to = (to % len).min(bytes.len());
+            bytes.splice(to..to, chunk);
+        }
+        Mutation::Overwrite(i, v) => {
+            for (k, x) in v.iter().enumerate() {
+                if let Some(b) = bytes.get_mut((i + k) % len) {
+                    *b = *x;
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #[test]
+    fn mutated_models_never_panic(seed in 0usize..4, muts in proptest::collection::vec(mutation(), 1..4)) {
+        let seeds = seeds();
+        let (bytes, opts) = &seeds[seed % seeds.len()];
+        let mut bytes = bytes.clone();
+        for m in &muts {
+            apply(&mut bytes, m);
+        }
+        let result = std::panic::catch_unwind(|| inspect(&bytes, opts).map(|r| r.nodes));
+        prop_assert!(result.is_ok(), "import panicked after {:?}", muts);
+    }
+}

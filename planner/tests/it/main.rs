@@ -1,0 +1,9 @@
+//! The one integration-test binary of `remat-planner`.
+
+mod build;
+mod errors;
+mod fixtures;
+mod fuzz;
+mod ops;
+mod shapes;
+mod training;

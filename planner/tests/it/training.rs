@@ -1,0 +1,259 @@
+//! Training-graph derivation, the parameter rule and lowering.
+
+use crate::build::*;
+use remat_planner::{inspect, load, ImportOptions, ValueKind};
+use remat_solver::{simulate, store_all, NodeKind};
+
+fn ids(g: &remat_planner::TrainingGraph) -> Vec<&str> {
+    g.nodes.iter().map(|n| n.id.as_str()).collect()
+}
+
+#[test]
+fn mlp_training_graph_is_forward_loss_backward_with_saved_edges() {
+    let m = load(&mlp().bytes(), &dims(&[("batch", 2)])).expect("mlp imports");
+    let kinds: Vec<ValueKind> = m.inputs.iter().map(|&v| m.values[v].kind).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ValueKind::Data,
+            ValueKind::Param,
+            ValueKind::Param,
+            ValueKind::Param
+        ]
+    );
+    let t = m.training_graph().expect("training graph");
+    assert_eq!(
+        ids(&t),
+        vec!["i:x", "f:fc1", "f:relu", "f:fc2", "loss", "b:fc2", "b:relu", "b:fc1"]
+    );
+    // Parameters: w1 8×4 + b1 8 + w2 3×8 floats.
+    assert_eq!(t.params_bytes, (32 + 8 + 24) * 4);
+    assert_eq!(t.fixed_bytes(), 2 * t.params_bytes);
+    // Saved: x (fc1 keeps it for dW1) and relu's output (relu's backward and fc2's dW2).
+    assert_eq!(t.saved_activation_bytes, (2 * 4 + 2 * 8) * 4);
+    let by_id = |id: &str| t.nodes.iter().find(|n| n.id == id).expect(id);
+    let dep_ids = |id: &str| -> Vec<&str> {
+        by_id(id)
+            .deps
+            .iter()
+            .map(|&d| t.nodes[d].id.as_str())
+            .collect()
+    };
+    assert_eq!(dep_ids("b:fc2"), vec!["f:relu", "loss"]);
+    assert_eq!(dep_ids("b:relu"), vec!["f:relu", "b:fc2"]);
+    assert_eq!(dep_ids("b:fc1"), vec!["i:x", "b:relu"]);
+    // fc1's backward produces only parameter gradients: no output bytes, required.
+    assert_eq!(by_id("b:fc1").bytes, 0);
+    assert!(by_id("b:fc1").required && by_id("b:fc2").required && !by_id("b:relu").required);
+    assert_eq!(by_id("b:fc2").bytes, 2 * 8 * 4);
+    // Costs are FLOPs: fc1 is 2·2·8·4 multiply-adds plus the bias.
+    assert_eq!(by_id("f:fc1").cost, 2.0 * 2.0 * 8.0 * 4.0 + 16.0);
+    assert_eq!(by_id("b:fc1").cost, 2.0 * by_id("f:fc1").cost);
+
+    let p = t.to_problem();
+    assert_eq!(p.len(), t.nodes.len());
+    assert_eq!(p.fixed_bytes, t.fixed_bytes());
+    assert_eq!(p.nodes[4].kind, NodeKind::Loss);
+    let stats = simulate(&p, &store_all(&p)).expect("store-all is a valid schedule");
+    assert!(stats.peak_bytes >= p.fixed_bytes + t.saved_activation_bytes);
+}
+
+#[test]
+fn weights_as_initializers_constants_or_constant_subgraphs_are_parameters() {
+    // The same MLP three ways: initializers, Paddle-style Constant nodes, and ONNX "light"
+    // style ConstantOfShape of a constant shape.
+    let init = G::new(17)
+        .input("x", F32, &[D::P("batch"), D::V(4)])
+        .weight("w1", &[8, 4])
+        .node(
+            "Gemm",
+            "fc1",
+            &["x", "w1"],
+            &["h"],
+            vec![a_int("transB", 1)],
+        )
+        .node("Relu", "relu", &["h"], &["y"], vec![])
+        .output("y");
+    let constant = G::new(17)
+        .input("x", F32, &[D::P("batch"), D::V(4)])
+        .node(
+            "Constant",
+            "w",
+            &[],
+            &["w1"],
+            vec![a_tensor("value", tensor_f32("w", &[8, 4], &[0.5; 32]))],
+        )
+        .node(
+            "Gemm",
+            "fc1",
+            &["x", "w1"],
+            &["h"],
+            vec![a_int("transB", 1)],
+        )
+        .node("Relu", "relu", &["h"], &["y"], vec![])
+        .output("y");
+    let light = G::new(9)
+        .input("x", F32, &[D::P("batch"), D::V(4)])
+        .node(
+            "Constant",
+            "shape",
+            &[],
+            &["s"],
+            vec![a_tensor("value", tensor_i64("s", &[2], &[8, 4]))],
+        )
+        .node(
+            "ConstantOfShape",
+            "fill",
+            &["s"],
+            &["w1"],
+            vec![a_tensor("value", tensor_f32("v", &[1], &[0.1]))],
+        )
+        .node(
+            "Gemm",
+            "fc1",
+            &["x", "w1"],
+            &["h"],
+            vec![a_int("transB", 1)],
+        )
+        .node("Relu", "relu", &["h"], &["y"], vec![])
+        .output("y");
+    for g in [init, constant, light] {
+        let r = inspect(&g.bytes(), &dims(&[("batch", 3)])).expect("imports");
+        assert_eq!(r.params_bytes, Some(32 * 4));
+        assert_eq!(r.saved_activation_bytes, Some(3 * 4 * 4 + 3 * 8 * 4));
+    }
+}
+
+#[test]
+fn parameter_rule_overrides() {
+    // A static float input first: without data inputs found by rules 1-5, it is data.
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4)])
+        .input("w", F32, &[D::V(4), D::V(4)])
+        .node("MatMul", "mm", &["x", "w"], &["y"], vec![])
+        .output("y");
+    let m = load(&g.bytes(), &ImportOptions::default()).expect("imports");
+    let kinds: Vec<ValueKind> = m.inputs.iter().map(|&v| m.values[v].kind).collect();
+    assert_eq!(kinds, vec![ValueKind::Data, ValueKind::Param]);
+    // --input w --param x swaps them.
+    let opts = ImportOptions {
+        params: vec!["x".into()],
+        inputs: vec!["w".into()],
+        ..Default::default()
+    };
+    let m = load(&g.bytes(), &opts).expect("imports");
+    let kinds: Vec<ValueKind> = m.inputs.iter().map(|&v| m.values[v].kind).collect();
+    assert_eq!(kinds, vec![ValueKind::Param, ValueKind::Data]);
+    let t = m.training_graph().expect("training graph");
+    assert_eq!(t.params_bytes, 2 * 4 * 4);
+}
+
+#[test]
+fn batchnorm_stats_dropout_mask_and_maxpool_indices_are_extra_values() {
+    let g = G::new(17)
+        .input("x", F32, &[D::P("batch"), D::V(3), D::V(8), D::V(8)])
+        .weight("w", &[4, 3, 3, 3])
+        .weight("scale", &[4])
+        .weight("bias", &[4])
+        .input("mean", F32, &[D::V(4)])
+        .input("var", F32, &[D::V(4)])
+        .init(tensor_f32("ratio", &[], &[0.5]))
+        .init(tensor_bool("train", true))
+        .node(
+            "Conv",
+            "conv",
+            &["x", "w"],
+            &["c"],
+            vec![a_ints("pads", &[1, 1, 1, 1])],
+        )
+        .node(
+            "BatchNormalization",
+            "bn",
+            &["c", "scale", "bias", "mean", "var"],
+            &["b", "rm", "rv"],
+            vec![a_int("training_mode", 1)],
+        )
+        .node("Relu", "relu", &["b"], &["r"], vec![])
+        .node(
+            "MaxPool",
+            "pool",
+            &["r"],
+            &["p"],
+            vec![a_ints("kernel_shape", &[2, 2]), a_ints("strides", &[2, 2])],
+        )
+        .node("Dropout", "drop", &["p", "ratio", "train"], &["d"], vec![])
+        .output("d");
+    let m = load(&g.bytes(), &dims(&[("batch", 2)])).expect("imports");
+    let kind = |name: &str| m.values.iter().find(|v| v.name == name).map(|v| v.kind);
+    assert_eq!(kind("mean"), Some(ValueKind::Buffer));
+    assert_eq!(kind("scale"), Some(ValueKind::Param));
+    let t = m.training_graph().expect("training graph");
+    let n = |id: &str| {
+        t.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("{id}: {:?}", ids(&t)))
+    };
+    assert_eq!(n("f:bn:stats").bytes, 2 * 4 * 4);
+    assert_eq!(n("f:pool:indices").bytes, 2 * 4 * 4 * 4 * 8);
+    assert!(n("f:drop:mask").replay_rng && n("f:drop").replay_rng);
+    assert_eq!(n("f:drop:mask").bytes, 2 * 4 * 4 * 4);
+    let deps: Vec<&str> = n("b:bn")
+        .deps
+        .iter()
+        .map(|&d| t.nodes[d].id.as_str())
+        .collect();
+    assert_eq!(deps, vec!["f:conv", "f:bn:stats", "b:relu"]);
+    // Saved: x (1536 floats), conv out (kept by bn), relu out (relu, pool), stats,
+    // indices, mask.
+    let x = 2 * 3 * 8 * 8 * 4;
+    let act = 2 * 4 * 8 * 8 * 4;
+    assert_eq!(
+        t.saved_activation_bytes,
+        x + 2 * act + 32 + 2 * 4 * 4 * 4 * 8 + 2 * 4 * 4 * 4
+    );
+    assert_eq!(t.buffers_bytes, 2 * 4 * 4 + 4 + 1);
+}
+
+#[test]
+fn views_share_storage_and_integer_paths_have_no_backward() {
+    // y = Reshape(Relu(x)); token ids go through an embedding Gather.
+    let g = G::new(17)
+        .input("ids", I64, &[D::P("batch"), D::V(5)])
+        .weight("emb", &[10, 6])
+        .ints("shape", &[-1, 30])
+        .node("Gather", "embed", &["emb", "ids"], &["e"], vec![])
+        .node("Relu", "relu", &["e"], &["r"], vec![])
+        .node("Reshape", "flat", &["r", "shape"], &["f"], vec![])
+        .node("Softmax", "sm", &["f"], &["y"], vec![a_int("axis", -1)])
+        .output("y");
+    let t = load(&g.bytes(), &dims(&[("batch", 2)]))
+        .and_then(|m| m.training_graph())
+        .expect("training graph");
+    assert_eq!(
+        ids(&t),
+        vec!["i:ids", "f:embed", "f:relu", "f:sm", "loss", "b:sm", "b:relu", "b:embed"]
+    );
+    // ids (int64) kept by the embedding, relu's output (its view kept by nobody else),
+    // softmax's output.
+    assert_eq!(
+        t.saved_activation_bytes,
+        2 * 5 * 8 + 2 * 30 * 4 + 2 * 30 * 4
+    );
+    assert!(t.nodes.iter().all(|n| n.id != "b:ids"));
+}
+
+#[test]
+fn inspect_report_serializes_and_displays() {
+    let r = inspect(&mlp().bytes(), &dims(&[("batch", 2)])).expect("inspect");
+    assert_eq!(r.nodes, 3);
+    assert_eq!(r.ops.get("Gemm"), Some(&2));
+    assert_eq!(r.symbolic_dims.get("batch"), Some(&2));
+    assert_eq!(r.training_nodes, Some(8));
+    assert!(r.store_all_peak_bytes.unwrap_or(0) > r.fixed_bytes.unwrap_or(u64::MAX));
+    let json = serde_json::to_value(&r).expect("serializes");
+    assert_eq!(json["unsupported"], serde_json::json!([]));
+    assert_eq!(json["training"][0]["id"], "i:x");
+    let text = r.to_string();
+    assert!(text.contains("Gemm×2") && text.contains("batch=2") && text.contains("store-all peak"));
+}
