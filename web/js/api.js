@@ -1,0 +1,142 @@
+// The remat HTTP API (v1). Every failure becomes an ApiError carrying the server's
+// {error: {code, message, details}} when there is one.
+
+export class ApiError extends Error {
+  constructor(status, code, message, details) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.details = details ?? null;
+  }
+}
+
+const TOKEN_KEY = 'remat.token';
+
+function token() {
+  try {
+    return localStorage.getItem(TOKEN_KEY);
+  } catch {
+    return null;
+  }
+}
+
+/** Stores (or with null, forgets) the bearer token for servers that require one. */
+export function setToken(t) {
+  try {
+    if (t) localStorage.setItem(TOKEN_KEY, t);
+    else localStorage.removeItem(TOKEN_KEY);
+  } catch {
+    // Storage may be disabled; the token then lasts for this request only.
+  }
+}
+
+async function request(method, path, { body, contentType, signal } = {}) {
+  const headers = { Accept: 'application/json' };
+  if (contentType) headers['Content-Type'] = contentType;
+  const t = token();
+  if (t) headers.Authorization = `Bearer ${t}`;
+  let res;
+  try {
+    res = await fetch(path, { method, body, headers, signal });
+  } catch (e) {
+    if (e?.name === 'AbortError') throw e;
+    throw new ApiError(0, 'network', `cannot reach the server: ${e?.message ?? e}`);
+  }
+  const text = await res.text();
+  let json = null;
+  if (text) {
+    try {
+      json = JSON.parse(text);
+    } catch {
+      if (res.ok) throw new ApiError(res.status, 'bad_response', `${method} ${path}: the answer is not JSON`);
+    }
+  }
+  if (!res.ok) {
+    const err = json?.error ?? {};
+    throw new ApiError(res.status, err.code ?? `http_${res.status}`, err.message ?? `${method} ${path} answered ${res.status} ${res.statusText}`, err.details);
+  }
+  return { status: res.status, json };
+}
+
+/** Query string of plan options: {budget, dims: {NAME: VALUE}, solver, time_limit, validate, name, wait, fraction: []}. */
+export function planQuery(opts) {
+  const q = new URLSearchParams();
+  for (const key of ['budget', 'solver', 'time_limit', 'validate', 'name', 'wait']) {
+    const v = opts[key];
+    if (v !== undefined && v !== null && v !== '') q.append(key, String(v));
+  }
+  for (const [name, value] of Object.entries(opts.dims ?? {})) q.append('dim', `${name}=${value}`);
+  for (const f of opts.fraction ?? []) q.append('fraction', String(f));
+  return q.toString();
+}
+
+/** Is the model a graph JSON (first non-blank byte `{`)? Mirrors the server's detection. */
+export function isGraphJson(bytes) {
+  const view = new Uint8Array(bytes);
+  for (const b of view) {
+    if (b === 0x20 || b === 0x0a || b === 0x0d || b === 0x09) continue;
+    return b === 0x7b;
+  }
+  return false;
+}
+
+/** POST /v1/plans: answers {status: 200|201|202, json}. */
+export function postPlan(bytes, opts, signal) {
+  return request('POST', `/v1/plans?${planQuery(opts)}`, {
+    body: bytes,
+    contentType: isGraphJson(bytes) ? 'application/json' : 'application/octet-stream',
+    signal,
+  });
+}
+
+/** POST /v1/sweeps. */
+export function postSweep(bytes, opts, signal) {
+  return request('POST', `/v1/sweeps?${planQuery(opts)}`, {
+    body: bytes,
+    contentType: isGraphJson(bytes) ? 'application/json' : 'application/octet-stream',
+    signal,
+  });
+}
+
+export async function getPlan(id, signal) {
+  return (await request('GET', `/v1/plans/${encodeURIComponent(id)}`, { signal })).json;
+}
+
+export async function getSweep(id, signal) {
+  return (await request('GET', `/v1/sweeps/${encodeURIComponent(id)}`, { signal })).json;
+}
+
+export async function getHistory(hash, signal) {
+  return (await request('GET', `/v1/models/${encodeURIComponent(hash)}/history`, { signal })).json;
+}
+
+export async function listPlans(signal) {
+  return (await request('GET', '/v1/plans?limit=50', { signal })).json;
+}
+
+const sleep = (ms, signal) =>
+  new Promise((resolve, reject) => {
+    const t = setTimeout(resolve, ms);
+    signal?.addEventListener('abort', () => {
+      clearTimeout(t);
+      reject(new DOMException('aborted', 'AbortError'));
+    });
+  });
+
+/**
+ * Polls a job until it is done or failed; `onStatus(status)` on every answer. Resolves with
+ * the final record; a failed job rejects with its error.
+ */
+export async function poll(kind, id, { onStatus, signal, intervalMs = 500 } = {}) {
+  const get = kind === 'sweep' ? getSweep : getPlan;
+  for (;;) {
+    const rec = await get(id, signal);
+    onStatus?.(rec?.status ?? 'unknown', rec);
+    if (rec?.status === 'done') return rec;
+    if (rec?.status === 'failed') {
+      const e = rec.error ?? {};
+      throw new ApiError(422, e.code ?? 'failed', e.message ?? 'the job failed', e.details);
+    }
+    await sleep(intervalMs, signal);
+  }
+}

@@ -1,0 +1,225 @@
+// Charts with uPlot: the memory timeline (predicted and measured bytes per schedule step, the
+// budget as a line) and the Pareto curve (budget -> overhead, every baseline as a point). Each
+// chart comes with a text alternative: a summary sentence and a data table.
+
+import uPlot from '../vendor/uPlot.esm.js';
+import { h } from './dom.js';
+import { fmtBytes, fmtOverhead, isNum } from './format.js';
+import { peakStep } from './model.js';
+
+export const PALETTE = ['#0f766e', '#b45309', '#be185d', '#4d7c0f', '#0369a1', '#7e22ce', '#a16207', '#475569'];
+
+/**
+ * Aligns point series for uPlot's shared x axis: series of [x, y] pairs -> [xs, ys1, ys2, ...]
+ * with null where a series has no point at that x. Non-numeric points are dropped.
+ */
+export function alignSeries(seriesList) {
+  const xs = [...new Set(seriesList.flatMap((s) => s.filter(([x, y]) => isNum(x) && isNum(y)).map(([x]) => x)))].sort((a, b) => a - b);
+  const at = new Map(xs.map((x, i) => [x, i]));
+  const ys = seriesList.map((s) => {
+    const out = new Array(xs.length).fill(null);
+    for (const [x, y] of s) if (isNum(x) && isNum(y)) out[at.get(x)] = y;
+    return out;
+  });
+  return [xs, ...ys];
+}
+
+/** Every `n`-th index so that at most `max` rows remain, always with the first, last and peak. */
+export function sampleIndices(n, max, keep = []) {
+  if (n <= max) return [...Array(n).keys()];
+  const stride = Math.ceil(n / max);
+  const set = new Set([0, n - 1, ...keep.filter((i) => i >= 0 && i < n)]);
+  for (let i = 0; i < n; i += stride) set.add(i);
+  return [...set].sort((a, b) => a - b);
+}
+
+const bytesAxis = (label) => ({
+  label,
+  size: 70,
+  values: (u, vals) => vals.map((v) => fmtBytes(v)),
+  grid: { stroke: '#e2e8f0' },
+});
+
+function responsive(u, el, height) {
+  // Resizing in the next frame, not inside the observer's callback, avoids a resize loop.
+  let frame = 0;
+  const ro = new ResizeObserver(() => {
+    cancelAnimationFrame(frame);
+    frame = requestAnimationFrame(() => {
+      const w = Math.max(280, el.clientWidth);
+      if (Math.abs(w - u.width) > 2) u.setSize({ width: w, height });
+    });
+  });
+  ro.observe(el);
+  u.stopResizing = () => ro.disconnect();
+}
+
+/** Destroys a chart made here (and stops following its container's size). */
+export function destroyChart(u) {
+  u?.stopResizing?.();
+  u?.destroy();
+}
+
+/**
+ * The memory timeline. `memory`: predicted bytes after each step; `measured`: same length, null
+ * where not measured; `budget`, `storeAll`: bytes or null.
+ */
+export function timelineChart(el, { memory, measured, budget, storeAll }) {
+  const steps = memory.map((_, i) => i + 1);
+  const hasMeasured = measured.some((v) => isNum(v));
+  const series = [
+    { label: 'step', value: (u, v) => (v == null ? '—' : `step ${v}`) },
+    { label: 'predicted', stroke: '#1d4ed8', width: 2, fill: 'rgba(29, 78, 216, 0.08)', paths: uPlot.paths.stepped({ align: 1 }), value: (u, v) => fmtBytes(v) },
+  ];
+  const data = [steps, memory];
+  if (hasMeasured) {
+    series.push({ label: 'measured', stroke: '#c2410c', width: 2, paths: uPlot.paths.stepped({ align: 1 }), value: (u, v) => fmtBytes(v), spanGaps: true });
+    data.push(measured);
+  }
+  if (isNum(budget)) {
+    series.push({ label: 'budget', stroke: '#b91c1c', width: 1.5, dash: [6, 4], value: (u, v) => fmtBytes(v), points: { show: false } });
+    data.push(steps.map(() => budget));
+  }
+  if (isNum(storeAll)) {
+    series.push({ label: 'store-all peak', stroke: '#64748b', width: 1, dash: [2, 4], value: (u, v) => fmtBytes(v), points: { show: false } });
+    data.push(steps.map(() => storeAll));
+  }
+  const height = 300;
+  const u = new uPlot(
+    {
+      width: Math.max(280, el.clientWidth),
+      height,
+      scales: { x: { time: false }, y: { range: (u, min, max) => [0, max * 1.05] } },
+      axes: [{ label: 'schedule step', grid: { stroke: '#e2e8f0' } }, bytesAxis('resident memory')],
+      series,
+      cursor: { drag: { x: true, y: false } },
+    },
+    data,
+    el,
+  );
+  responsive(u, el, height);
+  return u;
+}
+
+/** The text alternative of the timeline: a sentence and a (sampled) table. */
+export function timelineText({ memory, measured, budget }) {
+  const peak = peakStep(memory);
+  const mPeak = peakStep(measured.map((v) => (isNum(v) ? v : null)));
+  const parts = [`${memory.length} schedule steps.`];
+  if (peak) parts.push(`Predicted peak ${fmtBytes(peak.bytes)} at step ${peak.step + 1}.`);
+  if (isNum(budget)) parts.push(`Budget ${fmtBytes(budget)}.`);
+  parts.push(mPeak ? `Measured peak ${fmtBytes(mPeak.bytes)} at step ${mPeak.step + 1}.` : 'Not measured (not validated).');
+  const rows = sampleIndices(memory.length, 60, peak ? [peak.step] : []);
+  return h(
+    'div',
+    { class: 'chart-text' },
+    h('p', { class: 'visually-hidden', 'data-testid': 'timeline-summary' }, parts.join(' ')),
+    h(
+      'details',
+      {},
+      h('summary', {}, 'Timeline as a table'),
+      h('p', {}, parts.join(' ')),
+      h(
+        'table',
+        { class: 'data' },
+        h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Step'), h('th', { scope: 'col' }, 'Predicted'), h('th', { scope: 'col' }, 'Measured'))),
+        h('tbody', {}, rows.map((i) => h('tr', {}, h('td', {}, i + 1), h('td', {}, fmtBytes(memory[i])), h('td', {}, isNum(measured[i]) ? fmtBytes(measured[i]) : '—')))),
+      ),
+    ),
+  );
+}
+
+/**
+ * Points of the Pareto chart: {frontier: [[budget, overhead]], baselines: [{name, points,
+ * feasible}], plan: [[x, overhead]], history: [[budget, overhead]]}.
+ */
+export function paretoSeries({ doc, sweep, history, planId }) {
+  const frontier = sweep ? sweep.points.filter((p) => isNum(p.overhead) && p.status !== 'infeasible').map((p) => [p.budgetBytes, p.overhead]) : [];
+  const baselines = new Map();
+  for (const b of doc?.baselines ?? []) {
+    if (!isNum(b.peakBytes) || !isNum(b.overhead)) continue;
+    const e = baselines.get(b.name) ?? { name: b.name, points: [], feasible: b.feasible };
+    e.points.push([b.peakBytes, b.overhead]);
+    baselines.set(b.name, e);
+  }
+  const plan = doc && isNum(doc.budgetBytes) && isNum(doc.predicted.overhead) ? [[doc.budgetBytes, doc.predicted.overhead]] : [];
+  const others = (history ?? [])
+    .filter((e) => e.id !== planId && e.status === 'done' && isNum(e.budgetBytes) && isNum(e.overhead))
+    .map((e) => [e.budgetBytes, e.overhead]);
+  return { frontier, baselines: [...baselines.values()], plan, history: others };
+}
+
+/** The Pareto chart. */
+export function paretoChart(el, pts) {
+  const series = [{ label: 'memory', value: (u, v) => (v == null ? '—' : fmtBytes(v)) }];
+  const lists = [];
+  const pointsOnly = (size, fill, stroke) => ({ paths: () => null, points: { show: true, size, fill, stroke, width: 2 } });
+  if (pts.frontier.length) {
+    series.push({ label: 'frontier (remat)', stroke: '#1d4ed8', width: 2, spanGaps: true, points: { show: true, size: 6, fill: '#1d4ed8' }, value: (u, v) => fmtOverhead(v) });
+    lists.push(pts.frontier);
+  }
+  if (pts.history.length) {
+    series.push({ label: 'other plans', stroke: '#64748b', ...pointsOnly(7, '#ffffff', '#64748b'), value: (u, v) => fmtOverhead(v) });
+    lists.push(pts.history);
+  }
+  pts.baselines.forEach((b, i) => {
+    const c = PALETTE[i % PALETTE.length];
+    series.push({ label: b.feasible ? b.name : `${b.name} (over budget)`, stroke: c, ...pointsOnly(9, b.feasible ? c : '#ffffff', c), value: (u, v) => fmtOverhead(v) });
+    lists.push(b.points);
+  });
+  if (pts.plan.length) {
+    series.push({ label: 'this plan', stroke: '#b91c1c', ...pointsOnly(13, '#b91c1c', '#7f1d1d'), value: (u, v) => fmtOverhead(v) });
+    lists.push(pts.plan);
+  }
+  const data = alignSeries(lists);
+  const height = 300;
+  const u = new uPlot(
+    {
+      width: Math.max(280, el.clientWidth),
+      height,
+      scales: { x: { time: false }, y: { range: (u, min, max) => [Math.min(0, min ?? 0), Math.max(0.01, (max ?? 0) * 1.1)] } },
+      axes: [bytesAxis('memory (budget; baselines at their peak)'), { label: 'compute overhead', size: 64, values: (u, vals) => vals.map((v) => `${(v * 100).toFixed(0)} %`), grid: { stroke: '#e2e8f0' } }],
+      series,
+      legend: { live: true },
+    },
+    data,
+    el,
+  );
+  responsive(u, el, height);
+  return u;
+}
+
+/** The Pareto chart's text alternative: every point as a row. */
+export function paretoText(pts) {
+  const rows = [
+    ...pts.plan.map(([x, y]) => ['this plan', x, y]),
+    ...pts.frontier.map(([x, y]) => ['frontier (remat)', x, y]),
+    ...pts.baselines.flatMap((b) => b.points.map(([x, y]) => [b.feasible ? b.name : `${b.name} (over budget)`, x, y])),
+    ...pts.history.map(([x, y]) => ['other plan', x, y]),
+  ];
+  const best = pts.baselines.filter((b) => b.feasible).flatMap((b) => b.points.map((p) => ({ name: b.name, overhead: p[1] })));
+  best.sort((a, b) => a.overhead - b.overhead);
+  const plan = pts.plan[0];
+  const sentence = [
+    plan ? `This plan: ${fmtOverhead(plan[1])} compute at a budget of ${fmtBytes(plan[0])}.` : 'This plan has no overhead figure.',
+    best.length ? `Best baseline within the budget: ${best[0].name} at ${fmtOverhead(best[0].overhead)}.` : 'No baseline fits the budget.',
+    pts.frontier.length ? `Frontier of ${pts.frontier.length} budgets.` : 'No frontier computed.',
+  ].join(' ');
+  return h(
+    'div',
+    { class: 'chart-text' },
+    h('p', { class: 'visually-hidden', 'data-testid': 'pareto-summary' }, sentence),
+    h(
+      'details',
+      {},
+      h('summary', {}, 'Points as a table'),
+      h('p', {}, sentence),
+      h(
+        'table',
+        { class: 'data' },
+        h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Series'), h('th', { scope: 'col' }, 'Memory'), h('th', { scope: 'col' }, 'Overhead'))),
+        h('tbody', {}, rows.map(([s, x, y]) => h('tr', {}, h('td', {}, s), h('td', {}, fmtBytes(x)), h('td', {}, fmtOverhead(y))))),
+      ),
+    ),
+  );
+}

@@ -1,0 +1,198 @@
+// Normalization of API answers into the shapes the views use. The API is young: every reader
+// here tolerates missing fields and small shape differences (arrays vs. objects, pairs vs.
+// records) and reports what is missing instead of throwing. Pure functions, unit-tested under node.
+
+import { isNum } from './format.js';
+
+const num = (x) => (isNum(x) ? x : null);
+const str = (x) => (typeof x === 'string' ? x : x == null ? null : String(x));
+const arr = (x) => (Array.isArray(x) ? x : []);
+const obj = (x) => (x && typeof x === 'object' && !Array.isArray(x) ? x : {});
+
+/** Node kinds the viewer knows; anything else is shown as "forward". */
+export const KINDS = ['forward', 'loss', 'backward'];
+/** Decisions the viewer colours; anything else is shown as given. */
+export const DECISIONS = ['keep', 'recompute', 'transient', 'backward', 'skipped'];
+
+/** One per-tensor decision. */
+export function normalizeDecision(d, index) {
+  const o = obj(d);
+  const id = str(o.node ?? o.id) ?? String(index);
+  const kind = KINDS.includes(o.kind) ? o.kind : 'forward';
+  return {
+    index,
+    id,
+    name: str(o.name) ?? id,
+    kind,
+    bytes: num(o.bytes),
+    cost: num(o.cost),
+    computes: num(o.computes),
+    decision: str(o.decision) ?? 'unknown',
+    reason: str(o.reason) ?? '',
+    deps: arr(o.deps).map((x) => String(x)),
+  };
+}
+
+/** A baseline of a plan: {name, peak_bytes, compute_cost, overhead, feasible}. */
+export function normalizeBaseline(b) {
+  if (Array.isArray(b)) return { name: str(b[0]) ?? '?', peakBytes: null, computeCost: null, overhead: num(b[1]), feasible: num(b[1]) !== null };
+  const o = obj(b);
+  return {
+    name: str(o.name) ?? '?',
+    peakBytes: num(o.peak_bytes ?? o.peak),
+    computeCost: num(o.compute_cost ?? o.cost),
+    overhead: num(o.overhead),
+    feasible: typeof o.feasible === 'boolean' ? o.feasible : num(o.overhead) !== null,
+  };
+}
+
+/** The plan document (`plan` of a plan record). */
+export function normalizeDoc(doc) {
+  const o = obj(doc);
+  const predicted = obj(o.predicted);
+  const validation = o.validation && typeof o.validation === 'object' ? obj(o.validation) : null;
+  const graph = obj(o.graph);
+  const decisions = arr(o.decisions).map(normalizeDecision);
+  return {
+    status: str(o.status),
+    solver: str(o.solver),
+    budgetBytes: num(o.budget_bytes),
+    storeAllPeakBytes: num(o.store_all_peak_bytes),
+    storeAllCost: num(o.store_all_cost ?? graph.store_all_cost),
+    minFeasibleBudgetBytes: num(o.min_feasible_budget_bytes),
+    predicted: {
+      peakBytes: num(predicted.peak_bytes),
+      computeCost: num(predicted.compute_cost),
+      overhead: num(predicted.overhead),
+      memory: arr(predicted.memory).map((x) => num(x)),
+    },
+    lowerBound: num(obj(o.lower_bound).compute_cost),
+    gap: num(o.gap),
+    solveSeconds: num(o.solve_seconds),
+    baselines: arr(o.baselines).map(normalizeBaseline),
+    schedule: arr(o.schedule).map((s) => ({ op: str(obj(s).op) ?? '?', node: str(obj(s).node) ?? '?' })),
+    decisions,
+    graph: {
+      name: str(graph.name),
+      format: str(graph.format),
+      nodes: num(graph.nodes) ?? decisions.length,
+      fixedBytes: num(graph.fixed_bytes),
+    },
+    model: o.model && typeof o.model === 'object' ? o.model : null,
+    validation: validation && {
+      device: str(validation.device),
+      ok: typeof validation.ok === 'boolean' ? validation.ok : null,
+      measuredPeakBytes: num(validation.measured_peak_bytes),
+      predictedPeakBytes: num(validation.predicted_peak_bytes),
+      heapPeakBytes: num(validation.heap_peak_bytes),
+      gradMaxRelErr: num(validation.grad_max_rel_err),
+      stepSeconds: num(validation.step_seconds),
+      storeAllStepSeconds: num(validation.store_all_step_seconds),
+      measuredOverhead: num(validation.measured_overhead),
+      timeline: arr(validation.timeline).map((t) => ({
+        step: num(obj(t).step),
+        predicted: num(obj(t).predicted_bytes),
+        measured: num(obj(t).measured_bytes),
+      })),
+    },
+  };
+}
+
+/** A plan (or sweep) record: {id, status, model, created_at, options, plan?, sweep?, error?}. */
+export function normalizeRecord(rec) {
+  const o = obj(rec);
+  const model = obj(o.model);
+  const err = o.error && typeof o.error === 'object' ? obj(o.error) : null;
+  return {
+    id: str(o.id),
+    kind: str(o.kind) ?? 'plan',
+    status: str(o.status) ?? 'unknown',
+    model: { hash: str(model.hash), name: str(model.name), format: str(model.format) },
+    createdAt: str(o.created_at),
+    options: obj(o.options),
+    summary: o.summary && typeof o.summary === 'object' ? o.summary : null,
+    doc: o.plan && typeof o.plan === 'object' ? normalizeDoc(o.plan) : null,
+    sweep: o.sweep && typeof o.sweep === 'object' ? normalizeSweep(o.sweep) : null,
+    error: err && { code: str(err.code) ?? 'error', message: str(err.message) ?? '', details: err.details ?? null },
+  };
+}
+
+/** A sweep document: {graph, store_all_peak_bytes, points: [...]}. Baselines as records or pairs. */
+export function normalizeSweep(doc) {
+  const o = obj(doc);
+  const storeAll = num(o.store_all_peak_bytes);
+  const points = arr(o.points).map((p) => {
+    const q = obj(p);
+    const fraction = num(q.fraction);
+    let budget = num(q.budget_bytes ?? q.budget);
+    if (budget === null && fraction !== null && storeAll !== null) budget = fraction * storeAll;
+    return {
+      budgetBytes: budget,
+      fraction: fraction ?? (budget !== null && storeAll ? budget / storeAll : null),
+      status: str(q.status),
+      overhead: num(q.overhead),
+      solver: str(q.solver),
+      gap: num(q.gap),
+      baselines: arr(q.baselines).map(normalizeBaseline),
+    };
+  });
+  points.sort((a, b) => (a.budgetBytes ?? 0) - (b.budgetBytes ?? 0));
+  return { storeAllPeakBytes: storeAll, points, graph: obj(o.graph) };
+}
+
+/** History of a model: `{model, plans: [...]}` or a bare array; oldest first. */
+export function normalizeHistory(h) {
+  const list = Array.isArray(h) ? h : arr(obj(h).plans);
+  const entries = list.map((e) => {
+    const o = obj(e);
+    const s = obj(o.summary);
+    const err = o.error && typeof o.error === 'object' ? obj(o.error) : null;
+    return {
+      id: str(o.id),
+      createdAt: str(o.created_at),
+      status: str(o.status) ?? 'unknown',
+      options: obj(o.options),
+      budget: str(o.budget) ?? str(obj(o.options).budget),
+      budgetBytes: num(s.budget_bytes),
+      peakBytes: num(s.peak_bytes ?? s.predicted_peak_bytes),
+      overhead: num(s.overhead),
+      planStatus: str(s.status),
+      solver: str(s.solver) ?? str(obj(o.options).solver),
+      error: err && { code: str(err.code) ?? 'error', message: str(err.message) ?? '' },
+    };
+  });
+  entries.sort((a, b) => String(a.createdAt ?? '').localeCompare(String(b.createdAt ?? '')));
+  return entries;
+}
+
+/** Counts of decisions, e.g. {keep: 10, recompute: 3, ...}. */
+export function decisionCounts(decisions) {
+  const counts = {};
+  for (const d of decisions) counts[d.decision] = (counts[d.decision] ?? 0) + 1;
+  return counts;
+}
+
+/**
+ * The step at which the predicted memory peaks, and its value: {step, bytes}, or null.
+ */
+export function peakStep(memory) {
+  let best = null;
+  memory.forEach((b, i) => {
+    if (isNum(b) && (best === null || b > best.bytes)) best = { step: i, bytes: b };
+  });
+  return best;
+}
+
+/**
+ * Per step, the measured bytes from a validation timeline (null where not measured), aligned
+ * with the predicted memory array.
+ */
+export function measuredSeries(validation, steps) {
+  const out = new Array(steps).fill(null);
+  if (!validation) return out;
+  validation.timeline.forEach((t, i) => {
+    const s = t.step ?? i;
+    if (Number.isInteger(s) && s >= 0 && s < steps) out[s] = t.measured;
+  });
+  return out;
+}

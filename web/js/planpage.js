@@ -1,0 +1,290 @@
+// The plan page, /plans/{id}: summary cards, memory timeline, Pareto curve, graph, tensor table
+// and the model's history.
+
+import { ApiError, getPlan, getHistory, poll, postSweep } from './api.js';
+import { h, mount } from './dom.js';
+import { fmtBytes, fmtBytesExact, fmtCost, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtTime, isNum } from './format.js';
+import { normalizeRecord, normalizeHistory, normalizeSweep, decisionCounts, measuredSeries } from './model.js';
+import { timelineChart, timelineText, paretoSeries, paretoChart, paretoText, destroyChart } from './charts.js';
+import { GraphView } from './graph.js';
+import { TensorTable } from './table.js';
+import { planUrl, historyUrl } from './router.js';
+import { session, saveSweep, loadSweep } from './session.js';
+import { describeError } from './upload.js';
+
+/** Test and debugging hooks: what the page rendered and how long the layout took. */
+export const viewState = { planId: null, ready: false, layoutMs: null, layoutNodes: null };
+
+function card(testid, title, value, exactValue, ...sub) {
+  return h(
+    'div',
+    { class: 'card', 'data-testid': testid, dataset: exactValue === null || exactValue === undefined ? {} : { value: String(exactValue) } },
+    h('div', { class: 'card-title' }, title),
+    h('div', { class: 'card-value' }, value),
+    sub.filter(Boolean).map((s) => h('div', { class: 'card-sub' }, s)),
+  );
+}
+
+/** The summary cards of a plan document. */
+export function summaryCards(doc) {
+  const p = doc.predicted;
+  const v = doc.validation;
+  const budgetFraction = isNum(doc.budgetBytes) && isNum(doc.storeAllPeakBytes) && doc.storeAllPeakBytes > 0 ? doc.budgetBytes / doc.storeAllPeakBytes : null;
+  const ofBudget = isNum(p.peakBytes) && isNum(doc.budgetBytes) && doc.budgetBytes > 0 ? p.peakBytes / doc.budgetBytes : null;
+  const statusBadge = h('span', { class: `badge status-${doc.status}` }, doc.status ?? 'unknown');
+  let verdict;
+  if (!v) verdict = card('card-validation', 'Validation', 'not validated', null, 'Run with “Validate” to measure on the executor.');
+  else {
+    const okText = v.ok === true ? 'passed' : v.ok === false ? 'failed' : 'unknown';
+    verdict = card(
+      'card-validation',
+      'Validation',
+      h('span', { class: `verdict verdict-${okText}` }, okText),
+      null,
+      v.device ? `on ${v.device}` : null,
+      isNum(v.gradMaxRelErr) ? `max gradient error ${v.gradMaxRelErr.toExponential(2)}` : null,
+      isNum(v.stepSeconds) ? `step ${fmtSeconds(v.stepSeconds)}${isNum(v.storeAllStepSeconds) ? ` (store-all ${fmtSeconds(v.storeAllStepSeconds)})` : ''}` : null,
+    );
+  }
+  return h(
+    'div',
+    { class: 'cards', 'data-testid': 'summary-cards' },
+    card('card-budget', 'Budget', fmtBytes(doc.budgetBytes), doc.budgetBytes, h('span', { class: 'exact' }, fmtBytesExact(doc.budgetBytes)), budgetFraction !== null ? `${fmtRatio(budgetFraction)} of store-all ${fmtBytes(doc.storeAllPeakBytes)}` : null),
+    card('card-predicted', 'Predicted peak', fmtBytes(p.peakBytes), p.peakBytes, h('span', { class: 'exact' }, fmtBytesExact(p.peakBytes)), ofBudget !== null ? `${fmtPct(ofBudget)} of the budget` : null),
+    card(
+      'card-measured',
+      'Measured peak',
+      v && isNum(v.measuredPeakBytes) ? fmtBytes(v.measuredPeakBytes) : 'not measured',
+      v?.measuredPeakBytes ?? null,
+      v && isNum(v.measuredPeakBytes) ? h('span', { class: 'exact' }, fmtBytesExact(v.measuredPeakBytes)) : 'needs validation',
+      v && isNum(v.measuredPeakBytes) && isNum(p.peakBytes) && p.peakBytes > 0 ? `${fmtPct(v.measuredPeakBytes / p.peakBytes)} of predicted` : null,
+    ),
+    card(
+      'card-overhead',
+      'Compute overhead',
+      fmtOverhead(p.overhead),
+      p.overhead,
+      isNum(p.computeCost) ? `cost ${fmtCost(p.computeCost)} vs ${fmtCost(doc.storeAllCost)} store-all` : null,
+      v && isNum(v.measuredOverhead) ? `measured ${fmtOverhead(v.measuredOverhead)}` : null,
+    ),
+    card(
+      'card-solver',
+      'Solver',
+      h('span', {}, doc.solver ?? '—', ' ', statusBadge),
+      doc.gap,
+      `gap ${isNum(doc.gap) ? fmtPct(doc.gap, 2) : '—'}${isNum(doc.lowerBound) ? ` · bound ${fmtCost(doc.lowerBound)}` : ''}`,
+      `solved in ${fmtSeconds(doc.solveSeconds)}`,
+    ),
+    verdict,
+  );
+}
+
+function section(title, id, ...children) {
+  return h('section', { class: 'panel', 'aria-labelledby': id }, h('h2', { id }, title), ...children);
+}
+
+export async function renderPlan(root, id) {
+  viewState.planId = id;
+  viewState.ready = false;
+  viewState.layoutMs = null;
+  const ctrl = new AbortController();
+  const status = h('div', { class: 'status', role: 'status', 'aria-live': 'polite' }, h('span', { class: 'spinner', 'aria-hidden': 'true' }), 'Loading the plan…');
+  mount(root, h('section', { class: 'panel' }, h('h1', {}, 'Plan ', h('code', {}, id)), status));
+  let raw;
+  try {
+    raw = await getPlan(id, ctrl.signal);
+    if (raw?.status !== 'done' && raw?.status !== 'failed') {
+      const t0 = performance.now();
+      raw = await poll('plan', id, {
+        signal: ctrl.signal,
+        onStatus: (s) => mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `The plan is ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`),
+      });
+    }
+  } catch (e) {
+    mount(root, h('section', { class: 'panel' }, h('h1', {}, 'Plan ', h('code', {}, id)), h('div', { class: 'error-box', role: 'alert' }, describeError(e).map((l) => h('div', {}, l))), h('p', {}, h('a', { href: '/', 'data-nav': true }, 'Plan another model'))));
+    viewState.ready = true;
+    return;
+  }
+  const rec = normalizeRecord(raw);
+  if (rec.status === 'failed' || !rec.doc) {
+    const err = rec.error ?? { code: 'missing', message: 'the plan record has no plan document' };
+    mount(root, h('section', { class: 'panel' }, h('h1', {}, 'Plan ', h('code', {}, id)), h('div', { class: 'error-box', role: 'alert' }, describeError(new ApiError(422, err.code, err.message, err.details)).map((l) => h('div', {}, l)))));
+    viewState.ready = true;
+    return;
+  }
+  const doc = rec.doc;
+  const title = rec.model.name ?? doc.graph.name ?? 'model';
+  document.title = `${title} — remat plan`;
+  const counts = decisionCounts(doc.decisions);
+  const countText = Object.entries(counts).map(([k, n]) => `${n} ${k}`).join(' · ');
+
+  const timelineEl = h('div', { class: 'chart', 'data-testid': 'timeline' });
+  const paretoEl = h('div', { class: 'chart', 'data-testid': 'pareto' });
+  const paretoTextEl = h('div');
+  const paretoTools = h('div', { class: 'chart-tools' });
+  const graphEl = h('div', { class: 'graph', 'data-testid': 'graph' });
+  const tableEl = h('div');
+  const historyEl = h('div', { 'data-testid': 'history' }, h('p', { class: 'muted' }, 'Loading…'));
+  const memory = doc.predicted.memory.map((x) => x ?? 0);
+  const measured = measuredSeries(doc.validation, memory.length);
+
+  mount(
+    root,
+    h(
+      'section',
+      { class: 'panel plan-head' },
+      h('div', { class: 'plan-title' }, h('h1', {}, title), h('span', { class: 'muted' }, `plan ${rec.id} · ${fmtTime(rec.createdAt)} · ${doc.graph.nodes} nodes${rec.model.format ? ` · ${rec.model.format}` : ''}`)),
+      h(
+        'nav',
+        { class: 'plan-links', 'aria-label': 'This plan' },
+        rec.model.hash ? h('a', { href: historyUrl(rec.model.hash), 'data-nav': true }, 'History of this model') : null,
+        h('a', { href: `/v1/plans/${encodeURIComponent(rec.id)}`, target: '_blank', rel: 'noopener' }, 'JSON'),
+        h('a', { href: '/', 'data-nav': true }, 'New plan'),
+      ),
+      summaryCards(doc),
+      h('p', { class: 'counts muted' }, countText),
+    ),
+    h(
+      'div',
+      { class: 'two' },
+      section('Memory timeline', 'h-timeline', h('p', { class: 'muted' }, 'Resident bytes after each schedule step; drag to zoom, double-click to reset.'), timelineEl, timelineText({ memory, measured, budget: doc.budgetBytes })),
+      section('Budget vs. overhead', 'h-pareto', paretoTools, paretoEl, paretoTextEl),
+    ),
+    section('Graph', 'h-graph', graphEl),
+    section('Tensors', 'h-tensors', tableEl),
+    section('History of this model', 'h-history', historyEl),
+  );
+
+  if (memory.length) timelineChart(timelineEl, { memory, measured, budget: doc.budgetBytes, storeAll: doc.storeAllPeakBytes });
+  else mount(timelineEl, h('p', { class: 'muted' }, 'The plan has no per-step memory.'));
+
+  let table = null;
+  let graph = null;
+  if (doc.decisions.length) {
+    graph = new GraphView(graphEl, doc.decisions, { onSelect: (i) => table?.highlight(i) });
+    viewState.layoutMs = graph.layout.ms;
+    viewState.layoutNodes = doc.decisions.length;
+    graphEl.dataset.layoutMs = graph.layout.ms.toFixed(1);
+    if (graph.layout.missing.length) graphEl.prepend(h('p', { class: 'warn' }, `${graph.layout.missing.length} dependencies name unknown nodes (first: ${graph.layout.missing[0].node} reads ${graph.layout.missing[0].dep}); they are not drawn.`));
+    table = new TensorTable(tableEl, doc.decisions, {
+      onSelect: (i) => {
+        graph.select(i, { center: true, notify: false });
+        table.highlight(i);
+        graphEl.scrollIntoView({ block: 'nearest', behavior: 'smooth' });
+      },
+    });
+  } else {
+    mount(graphEl, h('p', { class: 'muted' }, 'The plan has no per-tensor decisions.'));
+    mount(tableEl, h('p', { class: 'muted' }, 'No tensors.'));
+  }
+
+  // Pareto: this plan, its baselines, the model's other plans and (when computed) the frontier.
+  let history = [];
+  let sweep = rec.model.hash ? loadSweep(rec.model.hash) : null;
+  let chart = null;
+  const drawPareto = () => {
+    const pts = paretoSeries({ doc, sweep: sweep ? normalizeSweep(sweep) : null, history, planId: rec.id });
+    destroyChart(chart);
+    paretoEl.replaceChildren();
+    chart = paretoChart(paretoEl, pts);
+    mount(paretoTextEl, paretoText(pts));
+    paretoEl.dataset.frontier = String(pts.frontier.length);
+  };
+  const sweepStatus = h('span', { class: 'muted', role: 'status', 'aria-live': 'polite' });
+  const canSweep = () => session.model && (!session.model.hash || session.model.hash === rec.model.hash);
+  const sweepBtn = h('button', { type: 'button', class: 'btn small', 'data-testid': 'sweep-button', onclick: () => runSweep() }, sweep ? 'Recompute the frontier' : 'Compute the frontier');
+  const sweepFile = h('input', { type: 'file', accept: '.onnx,.json', 'aria-label': 'Model file for the frontier', onchange: async () => {
+    const f = sweepFile.files?.[0];
+    if (!f) return;
+    session.model = { bytes: await f.arrayBuffer(), fileName: f.name, name: rec.model.name, dims: rec.options.dims ?? {}, hash: null };
+    runSweep();
+  } });
+  async function runSweep() {
+    if (!canSweep()) return;
+    sweepBtn.disabled = true;
+    const t0 = performance.now();
+    const tick = (s) => mount(sweepStatus, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    try {
+      tick('uploading');
+      const opts = { dims: session.model.dims, name: session.model.name, solver: rec.options.solver, time_limit: Math.min(Number(rec.options.time_limit) || 10, 10), wait: 1 };
+      const res = await postSweep(session.model.bytes, opts);
+      let out = res.json;
+      if (res.status === 202) out = await poll('sweep', out.id, { onStatus: tick });
+      sweep = out?.sweep ?? out;
+      saveSweep(rec.model.hash, sweep);
+      mount(sweepStatus, `frontier of ${normalizeSweep(sweep).points.length} budgets`);
+      drawPareto();
+    } catch (e) {
+      mount(sweepStatus, `frontier failed: ${describeError(e).join('; ')}`);
+    } finally {
+      sweepBtn.disabled = false;
+    }
+  }
+  mount(
+    paretoTools,
+    h('p', { class: 'muted' }, 'Compute overhead by budget: this plan, each baseline at its peak, this model’s other plans, and the frontier when computed.'),
+    canSweep() ? sweepBtn : h('label', { class: 'muted' }, 'To compute the frontier, pick the model file: ', sweepFile),
+    sweepStatus,
+  );
+  drawPareto();
+
+  if (rec.model.hash) {
+    try {
+      history = normalizeHistory(await getHistory(rec.model.hash, ctrl.signal));
+      mount(historyEl, historyTable(history, rec.id));
+      drawPareto();
+    } catch (e) {
+      mount(historyEl, h('p', { class: 'muted' }, `History is not available: ${e.message}`));
+    }
+  } else mount(historyEl, h('p', { class: 'muted' }, 'The plan record has no model hash.'));
+  viewState.ready = true;
+}
+
+/** The table of a model's plans, newest first, the current one marked. */
+export function historyTable(entries, currentId) {
+  if (entries.length === 0) return h('p', { class: 'muted' }, 'No plans.');
+  return h(
+    'table',
+    { class: 'data' },
+    h('thead', {}, h('tr', {}, ['Created', 'Plan', 'Status', 'Solver', 'Budget', 'Peak', 'Overhead'].map((t) => h('th', { scope: 'col' }, t)))),
+    h(
+      'tbody',
+      {},
+      [...entries].reverse().map((e) =>
+        h(
+          'tr',
+          { class: e.id === currentId ? 'selected' : '' },
+          h('td', {}, fmtTime(e.createdAt)),
+          h('td', {}, e.id === currentId ? h('strong', {}, 'this plan') : h('a', { href: planUrl(e.id), 'data-nav': true }, e.id)),
+          h('td', {}, h('span', { class: `badge status-${e.status}` }, e.status), e.error ? h('span', { class: 'muted' }, ` ${e.error.code}`) : ''),
+          h('td', {}, e.solver ?? '—'),
+          h('td', { class: 'num' }, isNum(e.budgetBytes) ? fmtBytes(e.budgetBytes) : e.budget ?? '—'),
+          h('td', { class: 'num' }, fmtBytes(e.peakBytes)),
+          h('td', { class: 'num' }, fmtOverhead(e.overhead)),
+        ),
+      ),
+    ),
+  );
+}
+
+/** The history view, /?model=HASH. */
+export async function renderHistory(root, hash) {
+  mount(root, h('section', { class: 'panel' }, h('h1', {}, 'History'), h('p', { class: 'muted' }, 'Loading…')));
+  try {
+    const entries = normalizeHistory(await getHistory(hash));
+    const done = entries.filter((e) => e.status === 'done' && isNum(e.overhead));
+    mount(
+      root,
+      h(
+        'section',
+        { class: 'panel' },
+        h('h1', {}, 'History of a model'),
+        h('p', { class: 'muted' }, 'Model ', h('code', {}, hash), ` · ${entries.length} plans, ${done.length} done`),
+        historyTable(entries, null),
+      ),
+    );
+  } catch (e) {
+    mount(root, h('section', { class: 'panel' }, h('h1', {}, 'History'), h('div', { class: 'error-box', role: 'alert' }, describeError(e).map((l) => h('div', {}, l)))));
+  }
+  viewState.ready = true;
+}

@@ -1,0 +1,270 @@
+// The upload view: pick a model, bind its symbolic dims, choose a budget between the minimum
+// feasible one and the store-all peak, choose a solver, plan, and follow the job until it is done.
+
+import { ApiError, postPlan, poll, isGraphJson, listPlans } from './api.js';
+import { h, mount } from './dom.js';
+import { fmtBytes, fmtBytesExact, fmtOverhead, fmtRatio, fmtTime, isNum } from './format.js';
+import { normalizeRecord } from './model.js';
+import { navigate, planUrl, historyUrl } from './router.js';
+import { session } from './session.js';
+
+export const SOLVERS = [
+  ['auto', 'auto (best available)'],
+  ['ilp', 'ilp (Checkmate MILP)'],
+  ['dp', 'dp (exact chain DP)'],
+  ['chen-sqrt', 'chen-sqrt (√n segments)'],
+  ['chen-greedy', 'chen-greedy'],
+  ['every-k', 'every-k'],
+  ['revolve', 'revolve'],
+  ['store-all', 'store-all (no recomputation)'],
+];
+
+/** Budget in bytes at slider position `permille` (0..1000) between min and max. */
+export function sliderBytes(min, max, permille) {
+  if (!(max > min)) return Math.round(max);
+  return Math.round(min + ((max - min) * permille) / 1000);
+}
+
+/** Describes an API error for people, with its details (unsupported ops, minimum budget). */
+export function describeError(e) {
+  if (!(e instanceof ApiError)) return [String(e?.message ?? e)];
+  const lines = [`${e.message} (${e.code})`];
+  const d = e.details ?? {};
+  if (Array.isArray(d.unsupported)) for (const u of d.unsupported.slice(0, 20)) lines.push(`unsupported: ${u.node ?? '?'} — ${u.op_type ?? '?'}${u.domain ? ` (${u.domain})` : ''}`);
+  if (isNum(d.min_feasible_budget_bytes)) lines.push(`minimum feasible budget: ${fmtBytes(d.min_feasible_budget_bytes)} (${fmtBytesExact(d.min_feasible_budget_bytes)})`);
+  if (e.status === 401) lines.push('This server requires a token: set it below.');
+  return lines;
+}
+
+export function renderUpload(root) {
+  const state = { bytes: null, fileName: null, baseName: null, dimNames: [], storeAll: null, min: null, hash: null, busy: false, abort: null };
+  const statusBox = h('div', { class: 'status', role: 'status', 'aria-live': 'polite', 'data-testid': 'upload-status' });
+  const errorBox = h('div', { class: 'error-box', role: 'alert', hidden: true });
+  const fileInput = h('input', { type: 'file', id: 'model-file', accept: '.onnx,.json,application/json,application/octet-stream', 'data-testid': 'model-file', onchange: () => onFile() });
+  const nameInput = h('input', { type: 'text', id: 'model-name', placeholder: 'from the file name', autocomplete: 'off' });
+  const dimsBox = h('fieldset', { class: 'dims', hidden: true }, h('legend', {}, 'Symbolic dimensions'));
+  const checkBtn = h('button', { type: 'button', class: 'btn check-model', hidden: true, 'data-testid': 'check-model', onclick: () => probe() }, 'Check the model');
+  const slider = h('input', { type: 'range', id: 'budget', min: '0', max: '1000', step: '1', value: '800', disabled: true, 'aria-describedby': 'budget-out', oninput: () => showBudget() });
+  const budgetOut = h('output', { id: 'budget-out', for: 'budget', class: 'budget-out' }, 'Pick a model first.');
+  const budgetRange = h('div', { class: 'budget-range muted' });
+  const solverSel = h('select', { id: 'solver' }, SOLVERS.map(([v, l]) => h('option', { value: v }, l)));
+  const timeInput = h('input', { type: 'number', id: 'time-limit', min: '1', max: '3600', step: '1', value: '30' });
+  const validateBox = h('input', { type: 'checkbox', id: 'validate' });
+  const planBtn = h('button', { type: 'submit', class: 'btn primary', disabled: true, 'data-testid': 'plan-button' }, 'Plan');
+  const tokenInput = h('input', { type: 'password', id: 'token', autocomplete: 'off', placeholder: 'only if the server asks for one' });
+
+  const setStatus = (...parts) => mount(statusBox, ...parts);
+  const showError = (e) => {
+    errorBox.hidden = !e;
+    if (e) mount(errorBox, describeError(e).map((l) => h('div', {}, l)));
+  };
+  const dims = () => {
+    const out = {};
+    for (const input of dimsBox.querySelectorAll('input[data-dim]')) if (input.value !== '') out[input.dataset.dim] = Number(input.value);
+    return out;
+  };
+  const budgetBytes = () => sliderBytes(state.min, state.storeAll, Number(slider.value));
+
+  function showBudget() {
+    if (!isNum(state.storeAll)) return;
+    const b = budgetBytes();
+    budgetOut.textContent = `${fmtBytes(b)} — ${fmtRatio(b / state.storeAll)} of the store-all peak (${fmtBytesExact(b)})`;
+    slider.setAttribute('aria-valuetext', `${fmtBytes(b)}, ${fmtRatio(b / state.storeAll)} of store-all`);
+  }
+
+  function showDims(names) {
+    state.dimNames = names;
+    const prev = dims();
+    mount(
+      dimsBox,
+      h('legend', {}, 'Symbolic dimensions'),
+      h('p', { class: 'muted' }, 'The model has dimensions without a size. Bind each to a value, then check the model again.'),
+      names.map((n) =>
+        h('label', { class: 'field inline' }, h('span', {}, n), h('input', { type: 'number', min: '1', step: '1', required: true, 'data-dim': n, value: prev[n] ?? '', 'aria-label': `value of dimension ${n}` })),
+      ),
+    );
+    dimsBox.hidden = names.length === 0;
+    checkBtn.hidden = names.length === 0;
+  }
+
+  async function runJob(opts, label) {
+    const t0 = performance.now();
+    const tick = (status) => setStatus(h('span', { class: 'spinner', 'aria-hidden': 'true' }), `${label}: ${status} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    tick('uploading');
+    const res = await postPlan(state.bytes, opts, state.abort.signal);
+    if (res.status === 202) {
+      const id = res.json?.id;
+      if (!id) throw new ApiError(502, 'bad_response', 'the server accepted the job without an id');
+      return poll('plan', id, { onStatus: (s) => tick(s), signal: state.abort.signal });
+    }
+    return res.json;
+  }
+
+  // First contact: a store-all plan gives the store-all peak (and tells which dims to bind);
+  // a one-byte budget is refused with the minimum feasible budget.
+  async function probe() {
+    if (!state.bytes || state.busy) return;
+    state.abort?.abort();
+    state.abort = new AbortController();
+    state.busy = true;
+    showError(null);
+    slider.disabled = true;
+    planBtn.disabled = true;
+    const base = { dims: dims(), name: nameInput.value || state.baseName, wait: 30 };
+    try {
+      const rec = normalizeRecord(await runJob({ ...base, budget: '1.0x', solver: 'store-all' }, 'Reading the model'));
+      state.hash = rec.model.hash;
+      state.storeAll = rec.doc?.storeAllPeakBytes ?? rec.doc?.predicted.peakBytes ?? null;
+      if (!isNum(state.storeAll)) throw new ApiError(502, 'bad_response', 'the store-all plan has no store_all_peak_bytes');
+      showDims(state.dimNames.filter((n) => n in base.dims));
+      try {
+        const low = normalizeRecord(await runJob({ ...base, budget: '1', solver: 'store-all' }, 'Finding the minimum budget'));
+        state.min = low.doc?.predicted.peakBytes ?? state.storeAll;
+      } catch (e) {
+        if (e instanceof ApiError && e.code === 'infeasible_budget' && isNum(e.details?.min_feasible_budget_bytes)) state.min = e.details.min_feasible_budget_bytes;
+        else throw e;
+      }
+      state.min = Math.min(state.min, state.storeAll);
+      session.model = { bytes: state.bytes, fileName: state.fileName, name: base.name, dims: base.dims, hash: state.hash };
+      const nodes = rec.doc?.graph.nodes;
+      setStatus(
+        `${state.fileName}: ${isNum(nodes) ? `${nodes} nodes, ` : ''}store-all peak ${fmtBytes(state.storeAll)}, minimum feasible budget ${fmtBytes(state.min)}. `,
+        state.hash ? h('a', { href: historyUrl(state.hash), 'data-nav': true }, 'Earlier plans of this model') : null,
+      );
+      budgetRange.textContent = `from ${fmtBytes(state.min)} (minimum feasible) to ${fmtBytes(state.storeAll)} (store-all)`;
+      slider.value = String(state.storeAll > state.min ? Math.max(0, Math.min(1000, Math.round((1000 * (0.8 * state.storeAll - state.min)) / (state.storeAll - state.min)))) : 1000);
+      slider.disabled = false;
+      planBtn.disabled = false;
+      showBudget();
+    } catch (e) {
+      if (e?.name === 'AbortError') return;
+      if (e instanceof ApiError && e.code === 'unbound_dims' && Array.isArray(e.details?.names)) {
+        showDims(e.details.names.map(String));
+        setStatus('Bind the symbolic dimensions to continue.');
+        dimsBox.querySelector('input')?.focus();
+      } else {
+        setStatus('');
+        showError(e);
+      }
+    } finally {
+      state.busy = false;
+    }
+  }
+
+  async function onFile() {
+    const file = fileInput.files?.[0];
+    if (!file) return;
+    state.bytes = await file.arrayBuffer();
+    state.fileName = file.name;
+    state.baseName = file.name.replace(/\.(onnx|json)$/i, '');
+    state.storeAll = null;
+    state.min = null;
+    nameInput.placeholder = state.baseName;
+    validateBox.disabled = isGraphJson(state.bytes);
+    validateBox.title = validateBox.disabled ? 'Validation runs ONNX models only' : '';
+    if (validateBox.disabled) validateBox.checked = false;
+    showDims([]);
+    await probe();
+  }
+
+  async function onSubmit(ev) {
+    ev.preventDefault();
+    if (!state.bytes || !isNum(state.storeAll) || state.busy) return;
+    state.abort = new AbortController();
+    state.busy = true;
+    planBtn.disabled = true;
+    showError(null);
+    try {
+      const opts = {
+        budget: String(budgetBytes()),
+        solver: solverSel.value,
+        time_limit: timeInput.value,
+        validate: validateBox.checked ? 'true' : undefined,
+        dims: dims(),
+        name: nameInput.value || state.baseName,
+        wait: 2,
+      };
+      const rec = normalizeRecord(await runJob(opts, 'Planning'));
+      if (!rec.id) throw new ApiError(502, 'bad_response', 'the plan has no id');
+      navigate(planUrl(rec.id));
+    } catch (e) {
+      if (e?.name === 'AbortError') return;
+      setStatus('');
+      showError(e);
+    } finally {
+      state.busy = false;
+      planBtn.disabled = !isNum(state.storeAll);
+    }
+  }
+
+  const recent = h('div', { 'data-testid': 'recent' }, h('p', { class: 'muted' }, 'Loading recent plans…'));
+  mount(
+    root,
+    h(
+      'section',
+      { class: 'panel upload' },
+      h('h1', {}, 'Plan activation checkpointing'),
+      h('p', { class: 'lead' }, 'Upload an ONNX model or a training graph (node-link JSON). remat finds which activations to keep and which to recompute under your memory budget, at the least extra compute.'),
+      h(
+        'form',
+        { onsubmit: onSubmit, novalidate: true },
+        h('div', { class: 'row' }, h('label', { class: 'field grow', for: 'model-file' }, h('span', {}, '1. Model file'), fileInput), h('label', { class: 'field', for: 'model-name' }, h('span', {}, 'Name'), nameInput)),
+        dimsBox,
+        checkBtn,
+        h('div', { class: 'field' }, h('label', { for: 'budget' }, '2. Memory budget'), slider, budgetOut, budgetRange),
+        h(
+          'div',
+          { class: 'row' },
+          h('label', { class: 'field', for: 'solver' }, h('span', {}, '3. Solver'), solverSel),
+          h('label', { class: 'field', for: 'time-limit' }, h('span', {}, 'Time limit (s)'), timeInput),
+          h('label', { class: 'field check', for: 'validate' }, validateBox, h('span', {}, 'Validate (run the plan on the executor)')),
+        ),
+        h('div', { class: 'actions' }, planBtn),
+      ),
+      statusBox,
+      errorBox,
+      h('details', { class: 'token' }, h('summary', {}, 'Server token'), h('label', { class: 'field', for: 'token' }, h('span', {}, 'Bearer token'), tokenInput), h('button', { type: 'button', class: 'btn small', onclick: async () => { (await import('./api.js')).setToken(tokenInput.value); tokenInput.value = ''; } }, 'Save')),
+    ),
+    h('section', { class: 'panel' }, h('h2', {}, 'Recent plans'), recent),
+  );
+  loadRecent(recent);
+}
+
+async function loadRecent(el) {
+  try {
+    const json = await listPlans();
+    const plans = (Array.isArray(json) ? json : json?.plans ?? []).map(normalizeRecord);
+    if (plans.length === 0) {
+      mount(el, h('p', { class: 'muted' }, 'No plans yet.'));
+      return;
+    }
+    mount(
+      el,
+      h(
+        'table',
+        { class: 'data' },
+        h('thead', {}, h('tr', {}, ['Model', 'Created', 'Status', 'Budget', 'Peak', 'Overhead', ''].map((t) => h('th', { scope: 'col' }, t)))),
+        h(
+          'tbody',
+          {},
+          plans.map((p) => {
+            const s = p.summary ?? {};
+            return h(
+              'tr',
+              {},
+              h('td', {}, h('a', { href: planUrl(p.id), 'data-nav': true }, p.model.name ?? p.model.hash?.slice(0, 12) ?? p.id)),
+              h('td', {}, fmtTime(p.createdAt)),
+              h('td', {}, h('span', { class: `badge status-${p.status}` }, p.status), p.error ? h('span', { class: 'muted' }, ` ${p.error.code}`) : ''),
+              h('td', { class: 'num' }, isNum(s.budget_bytes) ? fmtBytes(s.budget_bytes) : p.options.budget ?? '—'),
+              h('td', { class: 'num' }, fmtBytes(s.peak_bytes)),
+              h('td', { class: 'num' }, fmtOverhead(s.overhead)),
+              h('td', {}, p.model.hash ? h('a', { href: historyUrl(p.model.hash), 'data-nav': true }, 'history') : ''),
+            );
+          }),
+        ),
+      ),
+    );
+  } catch (e) {
+    mount(el, h('p', { class: 'muted' }, `Recent plans are not available: ${e.message}`));
+  }
+}

@@ -1,0 +1,277 @@
+// End-to-end test of the viewer in headless Chromium (Debian's /usr/bin/chromium driven by
+// playwright-core). REMAT_URL: the server (real `remat serve` or mock-server.mjs).
+//
+// 1. VGG16 (node-link graph JSON): upload, budget, plan, then the plan page's cards must show
+//    the API's figures; the timeline, Pareto chart and graph must be drawn; table and node
+//    details must work; /plans/{id} must render when loaded directly.
+// 2. resnet18 ONNX (when fixtures/models/resnet18.legacy.onnx exists): the dims form asks for
+//    `batch`, bound to 2, then the same checks.
+// 3. A generated 2,000-node plan: the layout time the page measured is reported (not asserted).
+// No console errors are allowed, except the browser's own log line for the API's expected 422
+// answers while probing a model (unbound dims, infeasible one-byte budget), each matched to a
+// response that carried that error code. Screenshots go to web/tests/out/.
+
+import { chromium } from 'playwright-core';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { makeNodeLink } from './gen-graph.mjs';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const REPO = path.resolve(HERE, '../..');
+const OUT = path.join(HERE, 'out');
+const BASE = (process.env.REMAT_URL ?? 'http://127.0.0.1:8080').replace(/\/$/, '');
+const VGG16 = path.resolve(REPO, '../shared/bench/graphs/VGG16 (MLSys)_256_(224, 224, 3)_train_nx.json');
+const RESNET = path.join(REPO, 'fixtures/models/resnet18.legacy.onnx');
+const LAYOUT_RUNS = Number(process.env.LAYOUT_RUNS ?? 3);
+const SKIP_SWEEP = process.env.E2E_SKIP_SWEEP === '1';
+
+fs.mkdirSync(OUT, { recursive: true });
+const results = { url: BASE, started: new Date().toISOString(), checks: [] };
+const check = (name, detail = '') => {
+  results.checks.push(name);
+  console.log(`ok - ${name}${detail ? ` (${detail})` : ''}`);
+};
+
+// The figures as the cards must print them, computed here independently of the viewer's code.
+const digits = (s) => (s ?? '').replace(/[^0-9]/g, '');
+const pct2 = (x) => `${Math.abs(x * 100).toFixed(2)} %`;
+
+const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'remat-e2e-'));
+// A persistent context is how playwright takes a fresh --user-data-dir.
+const context = await chromium.launchPersistentContext(userDataDir, {
+  executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  viewport: { width: 1440, height: 1000 },
+  deviceScaleFactor: 1,
+});
+const page = await context.newPage();
+page.setDefaultTimeout(60_000);
+
+const consoleErrors = [];
+const expected422 = [];
+page.on('console', (msg) => {
+  if (msg.type() === 'error') consoleErrors.push({ text: msg.text(), url: msg.location()?.url ?? '' });
+});
+page.on('pageerror', (err) => consoleErrors.push({ text: `pageerror: ${err.message}`, url: '' }));
+page.on('response', async (res) => {
+  if (res.status() !== 422 || !res.url().includes('/v1/plans')) return;
+  try {
+    const body = await res.json();
+    const code = body?.error?.code;
+    if ((code === 'unbound_dims' || code === 'infeasible_budget') && res.request().method() === 'POST') expected422.push(res.url());
+  } catch {
+    // Not JSON: stays unexpected.
+  }
+});
+
+async function waitReady() {
+  await page.waitForFunction(() => window.__remat && window.__remat.ready === true, null, { timeout: 300_000 });
+}
+
+/** Number of pixels of a canvas that differ from its top-left pixel (0: blank). */
+async function inkedPixels(selector) {
+  return page.$eval(selector, (c) => {
+    const ctx = c.getContext('2d');
+    const { data } = ctx.getImageData(0, 0, c.width, c.height);
+    let n = 0;
+    for (let i = 0; i < data.length; i += 16) {
+      if (data[i] !== data[0] || data[i + 1] !== data[1] || data[i + 2] !== data[2] || data[i + 3] !== data[3]) n += 1;
+    }
+    return n;
+  });
+}
+
+async function apiPlan(id) {
+  const res = await page.request.get(`${BASE}/v1/plans/${encodeURIComponent(id)}`);
+  assert.equal(res.status(), 200, `GET /v1/plans/${id}`);
+  return res.json();
+}
+
+/** The plan page's cards against the API's record. */
+async function checkPlanPage(id, label) {
+  await waitReady();
+  const rec = await apiPlan(id);
+  assert.equal(rec.status, 'done', `${label}: plan status`);
+  const doc = rec.plan;
+  const cardText = (t) => page.textContent(`[data-testid="${t}"]`);
+  const budgetCard = await cardText('card-budget');
+  assert.ok(digits(budgetCard).includes(String(doc.budget_bytes)), `${label}: budget card "${budgetCard}" lacks ${doc.budget_bytes}`);
+  const predicted = await cardText('card-predicted');
+  assert.ok(digits(predicted).includes(String(doc.predicted.peak_bytes)), `${label}: predicted card "${predicted}" lacks ${doc.predicted.peak_bytes}`);
+  const overhead = await cardText('card-overhead');
+  assert.ok(overhead.includes(pct2(doc.predicted.overhead)), `${label}: overhead card "${overhead}" lacks ${pct2(doc.predicted.overhead)}`);
+  const solver = await cardText('card-solver');
+  assert.ok(solver.includes(doc.solver) && solver.includes(doc.status), `${label}: solver card "${solver}" lacks ${doc.solver} / ${doc.status}`);
+  if (typeof doc.gap === 'number') assert.ok(solver.includes(`gap ${(doc.gap * 100).toFixed(2)} %`), `${label}: solver card "${solver}" lacks the gap ${doc.gap}`);
+  const measured = await cardText('card-measured');
+  const verdict = await cardText('card-validation');
+  if (doc.validation) {
+    assert.ok(digits(measured).includes(String(doc.validation.measured_peak_bytes)), `${label}: measured card "${measured}"`);
+    assert.ok(verdict.includes(doc.validation.ok ? 'passed' : 'failed'), `${label}: validation card "${verdict}"`);
+  } else {
+    assert.ok(measured.includes('not measured'), `${label}: measured card "${measured}"`);
+    assert.ok(verdict.includes('not validated'), `${label}: validation card "${verdict}"`);
+  }
+  check(`${label}: summary cards equal the API's figures`, `budget ${doc.budget_bytes} B, peak ${doc.predicted.peak_bytes} B, overhead ${pct2(doc.predicted.overhead)}, ${doc.solver} ${doc.status}`);
+
+  const tl = await inkedPixels('[data-testid="timeline"] canvas');
+  assert.ok(tl > 100, `${label}: timeline canvas is blank`);
+  const summary = await page.textContent('[data-testid="timeline-summary"]');
+  assert.ok(summary.includes(`${doc.predicted.memory.length} schedule steps`), `${label}: timeline summary "${summary}"`);
+  check(`${label}: memory timeline drawn`, `${tl} inked samples, ${doc.predicted.memory.length} steps`);
+  const pareto = await inkedPixels('[data-testid="pareto"] canvas');
+  assert.ok(pareto > 100, `${label}: Pareto canvas is blank`);
+  check(`${label}: Pareto chart drawn`);
+
+  const drawn = Number(await page.getAttribute('canvas.graph-canvas', 'data-drawn'));
+  const nodes = Number(await page.getAttribute('canvas.graph-canvas', 'data-nodes'));
+  assert.equal(nodes, doc.decisions.length, `${label}: graph nodes`);
+  assert.ok(drawn > 0, `${label}: no graph node drawn`);
+  assert.ok((await inkedPixels('canvas.graph-canvas')) > 100, `${label}: graph canvas is blank`);
+  check(`${label}: DAG drawn`, `${nodes} nodes, ${drawn} visible at fit`);
+
+  // The table: sort by size (descending), select the biggest tensor, see its details.
+  const rows = await page.$$eval('[data-testid="tensor-table"] tbody tr', (trs) => trs.length);
+  assert.equal(rows, Math.min(500, doc.decisions.length), `${label}: table rows`);
+  const biggest = [...doc.decisions].sort((a, b) => b.bytes - a.bytes)[0];
+  const firstName = await page.textContent('[data-testid="tensor-table"] tbody tr:first-child td:first-child');
+  assert.equal(doc.decisions.find((d) => d.name === firstName)?.bytes, biggest.bytes, `${label}: table not sorted by size`);
+  await page.click('[data-testid="tensor-table"] tbody tr:first-child button.link');
+  const details = await page.textContent('[data-testid="node-bytes"]');
+  assert.ok(digits(details).includes(String(biggest.bytes)), `${label}: node details "${details}"`);
+  await page.click('[data-testid="tensor-table"] thead th:nth-child(4) button');
+  const ascFirst = await page.textContent('[data-testid="tensor-table"] tbody tr:first-child td:first-child');
+  const smallest = Math.min(...doc.decisions.map((d) => d.bytes));
+  assert.equal(doc.decisions.find((d) => d.name === ascFirst)?.bytes, smallest, `${label}: sort by size ascending`);
+  check(`${label}: tensor table sorts, a row selects the node and shows its size`);
+
+  // A click on the graph: a table row centres its node in the canvas; click there after
+  // selecting nothing (Escape), and the details must name that node again.
+  await page.click('[data-testid="tensor-table"] tbody tr:nth-child(2) button.link');
+  const name2 = await page.textContent('[data-testid="tensor-table"] tbody tr:nth-child(2) td:first-child');
+  await page.focus('canvas.graph-canvas');
+  await page.keyboard.press('Escape');
+  assert.equal(await page.$('.node-details .node-name'), null, `${label}: Escape clears the selection`);
+  const box = await page.$eval('canvas.graph-canvas', (c) => {
+    const r = c.getBoundingClientRect();
+    return { x: r.left + r.width / 2, y: r.top + r.height / 2 };
+  });
+  await page.mouse.click(box.x, box.y);
+  const shown = await page.textContent('.node-details .node-name');
+  assert.equal(shown, name2, `${label}: clicking the node at the canvas centre`);
+  check(`${label}: a click on a graph node shows its details`);
+  return rec;
+}
+
+async function uploadAndPlan(file, { dims = {}, label, permille }) {
+  await page.goto(`${BASE}/`);
+  await waitReady();
+  await page.setInputFiles('[data-testid="model-file"]', file);
+  if (Object.keys(dims).length) {
+    await page.waitForSelector('input[data-dim]', { timeout: 120_000 });
+    for (const [k, v] of Object.entries(dims)) await page.fill(`input[data-dim="${k}"]`, String(v));
+    check(`${label}: the dims form asks for ${(await page.$$eval('input[data-dim]', (els) => els.map((e) => e.dataset.dim))).join(', ')}`);
+    await page.click('[data-testid="check-model"]');
+  }
+  await page.waitForSelector('#budget:not([disabled])', { timeout: 300_000 });
+  const status = await page.textContent('[data-testid="upload-status"]');
+  assert.ok(/store-all peak/.test(status) && /minimum feasible budget/.test(status), `${label}: upload status "${status}"`);
+  await page.$eval('#budget', (el, v) => {
+    el.value = String(v);
+    el.dispatchEvent(new Event('input', { bubbles: true }));
+  }, permille);
+  const out = await page.textContent('#budget-out');
+  check(`${label}: probed; budget slider at ${out}`);
+  await page.screenshot({ path: path.join(OUT, `${label}-upload.png`), fullPage: true });
+  await page.click('[data-testid="plan-button"]');
+  await page.waitForURL(/\/plans\/[^/]+$/, { timeout: 600_000 });
+  const id = decodeURIComponent(new URL(page.url()).pathname.split('/').pop());
+  check(`${label}: planned, at /plans/${id}`);
+  return id;
+}
+
+try {
+  // 1. VGG16 graph JSON.
+  const vggId = await uploadAndPlan(VGG16, { label: 'vgg16', permille: 500 });
+  const vgg = await checkPlanPage(vggId, 'vgg16');
+  await page.click('.graph-toolbar button[title="Fit the whole graph"]');
+  await page.screenshot({ path: path.join(OUT, 'vgg16-plan.png'), fullPage: true });
+  const historyRows = await page.$$eval('[data-testid="history"] tbody tr', (trs) => trs.length);
+  assert.ok(historyRows >= 1, 'vgg16: history lists the plan');
+  check('vgg16: history of the model listed', `${historyRows} plan(s)`);
+  if (!SKIP_SWEEP) {
+    await page.click('[data-testid="sweep-button"]');
+    await page.waitForFunction(() => Number(document.querySelector('[data-testid="pareto"]')?.dataset.frontier ?? 0) > 0, null, { timeout: 600_000 });
+    check('vgg16: Pareto frontier computed', `${await page.getAttribute('[data-testid="pareto"]', 'data-frontier')} budgets`);
+    await page.screenshot({ path: path.join(OUT, 'vgg16-plan-frontier.png'), fullPage: true });
+  }
+  // The plan's own URL renders it directly.
+  const direct = await context.newPage();
+  direct.on('console', (msg) => msg.type() === 'error' && consoleErrors.push({ text: msg.text(), url: msg.location()?.url ?? '' }));
+  direct.on('pageerror', (err) => consoleErrors.push({ text: `pageerror: ${err.message}`, url: '' }));
+  await direct.goto(`${BASE}/plans/${encodeURIComponent(vggId)}`);
+  await direct.waitForFunction(() => window.__remat && window.__remat.ready === true, null, { timeout: 120_000 });
+  const directBudget = await direct.textContent('[data-testid="card-budget"]');
+  assert.ok(digits(directBudget).includes(String(vgg.plan.budget_bytes)), `/plans/${vggId} loaded directly: "${directBudget}"`);
+  check(`/plans/${vggId} renders when loaded directly`);
+  await direct.close();
+
+  // 2. resnet18 ONNX with dim batch=2.
+  if (fs.existsSync(RESNET)) {
+    const id = await uploadAndPlan(RESNET, { label: 'resnet18', dims: { batch: 2 }, permille: 600 });
+    await checkPlanPage(id, 'resnet18');
+    await page.click('.graph-toolbar button[title="Fit the whole graph"]');
+    await page.screenshot({ path: path.join(OUT, 'resnet18-plan.png'), fullPage: true });
+  } else console.log(`# skip resnet18: ${path.relative(REPO, RESNET)} is not there`);
+
+  // 3. A generated 2,000-node plan: layout time as the page measured it.
+  const big = JSON.stringify(makeNodeLink(2000));
+  const res = await page.request.post(`${BASE}/v1/plans?budget=1.0x&solver=store-all&wait=120&name=generated-2000`, { data: big, headers: { 'Content-Type': 'application/json' } });
+  assert.ok([200, 201, 202].includes(res.status()), `POST 2000-node graph: ${res.status()} ${await res.text()}`);
+  const bigId = (await res.json()).id;
+  const times = [];
+  for (let i = 0; i < LAYOUT_RUNS; i++) {
+    await page.goto(`${BASE}/plans/${encodeURIComponent(bigId)}`);
+    await waitReady();
+    const t = await page.evaluate(() => ({ ms: window.__remat.layoutMs, nodes: window.__remat.layoutNodes }));
+    assert.equal(t.nodes, 2000, '2000-node plan: nodes laid out');
+    times.push(t.ms);
+  }
+  assert.ok(Number(await page.getAttribute('canvas.graph-canvas', 'data-drawn')) > 0, '2000-node graph drawn');
+  await page.screenshot({ path: path.join(OUT, 'generated-2000-plan.png'), fullPage: false });
+  await page.$eval('[data-testid="graph"]', (el) => el.scrollIntoView());
+  await page.screenshot({ path: path.join(OUT, 'generated-2000-graph.png') });
+  times.sort((a, b) => a - b);
+  results.layout2000 = { runsMs: times.map((t) => Math.round(t)), medianMs: Math.round(times[Math.floor(times.length / 2)]), cpus: os.cpus().length, loadavg: os.loadavg().map((l) => l.toFixed(2)) };
+  check('2000-node plan laid out and drawn', `layout ${results.layout2000.runsMs.join(', ')} ms (median ${results.layout2000.medianMs} ms), load average ${results.layout2000.loadavg.join(' ')} on ${os.cpus().length} CPUs`);
+
+  // No console errors, except the browser's log line for each expected 422 of a probe.
+  const unexpected = consoleErrors.filter((e) => {
+    if (/status of 422/.test(e.text)) {
+      const i = expected422.indexOf(e.url);
+      if (i >= 0) {
+        expected422.splice(i, 1);
+        return false;
+      }
+    }
+    return true;
+  });
+  assert.deepEqual(unexpected, [], 'console errors');
+  check('no console errors');
+  results.ok = true;
+} catch (e) {
+  results.ok = false;
+  results.error = String(e?.stack ?? e);
+  await page.screenshot({ path: path.join(OUT, 'failure.png'), fullPage: true }).catch(() => {});
+  console.error(`not ok - ${e?.message ?? e}`);
+  if (consoleErrors.length) console.error('console errors:', consoleErrors);
+  process.exitCode = 1;
+} finally {
+  results.finished = new Date().toISOString();
+  fs.writeFileSync(path.join(OUT, 'e2e-results.json'), `${JSON.stringify(results, null, 2)}\n`);
+  await context.close();
+  fs.rmSync(userDataDir, { recursive: true, force: true });
+}
