@@ -1,1 +1,776 @@
-//! (being written)
+//! The Checkmate MILP (Jain et al., MLSys 2020, section 4) through `good_lp` and HiGHS.
+//!
+//! Stage `t` computes node `t` (in the natural order of the needed nodes) after recomputing
+//! whatever it needs. Variables:
+//! - `R[t,i]` (binary, `i < t`): node `i` is (re)computed in stage `t`; `R[t,t] = 1` is a
+//!   constant, not a variable.
+//! - `S[t,i]` (binary, `i < t`): `i` is resident at the start of stage `t`.
+//! - `FREE[t,i,k]` (continuous in `[0,1]`): `i` (a dependency of `k`, or `k` itself) is freed
+//!   right after `k` is computed in stage `t`.
+//! - `U[t,k]` (continuous in `[0, budget]`): resident bytes right after `k` is computed.
+//!
+//! Constraints: `S[t+1,i] <= S[t,i] + R[t,i]`; `R[t,k] <= R[t,d] + S[t,d]` for every
+//! dependency `d` of `k`; `FREE[t,i,k] <= R[t,k]` and `FREE[t,i,k] <= 1 - h` for every hazard
+//! `h` (`S[t+1,i]`, or `R[t,j]` for a later user `j` of `i` in the stage); the `U` recurrence
+//! `U[t,k0] = Σ S[t,i]·M_i + R[t,k0]·M_k0`, `U[t,k] = U[t,k'] − Σ M_i·FREE[t,i,k'] + R[t,k]·M_k`.
+//! Freeing is only ever *allowed* by the constraints (never forced), so `U` bounds the memory
+//! of the schedule with frees after last use from above; the extracted schedule is always
+//! scored by [`simulate`].
+//!
+//! Model reductions: only needed nodes; `R[t,i]` only when `i` can matter in stage `t` (it
+//! leads to node `t` or to a value a later stage reads); `S[t,i]` only when a stage `>= t`
+//! reads `i` and `i` can be resident at the end of stage `t-1`; `FREE` only when no constant
+//! hazard forbids it. Bytes are scaled so that the largest value is about 1024 units and costs
+//! so that the largest is about 1000; the schedule is checked against the exact byte budget
+//! and the model re-solved with a tightened budget if scaling tolerance let it exceed.
+
+use crate::error::{Result, SolverError};
+use crate::plan::search::Local;
+use crate::problem::Problem;
+use crate::schedule::{simulate, with_frees, Schedule, Stats};
+use good_lp::solvers::highs::highs;
+use good_lp::{variable, Expression, ProblemVariables, SolverModel, Variable};
+use highs::HighsModelStatus;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// How to run the MILP.
+#[derive(Debug, Clone)]
+pub struct IlpOptions {
+    /// Peak byte budget, fixed bytes included.
+    pub budget: u64,
+    pub time_limit: Duration,
+    /// HiGHS threads (at least 1).
+    pub threads: usize,
+    /// Relative MIP gap at which HiGHS stops and reports optimal.
+    pub mip_gap: f64,
+    /// A feasible schedule to start from; ignored unless it is in stage form and fits.
+    pub warm_start: Option<Schedule>,
+}
+
+impl IlpOptions {
+    pub fn new(budget: u64, time_limit: Duration) -> Self {
+        IlpOptions {
+            budget,
+            time_limit,
+            threads: 1,
+            mip_gap: 1e-4,
+            warm_start: None,
+        }
+    }
+}
+
+/// How a MILP (or LP) solve ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IlpStatus {
+    /// Solved to the requested gap.
+    Optimal,
+    /// A solution, not proven optimal (time limit).
+    Feasible,
+    /// Proven infeasible.
+    Infeasible,
+    /// Stopped (time limit) without any solution.
+    NoSolution,
+}
+
+/// The outcome of [`solve`]. `schedule` and `stats` are present with a solution; `stats` is
+/// always what [`simulate`] says of `schedule`.
+#[derive(Debug, Clone)]
+pub struct IlpOutcome {
+    pub status: IlpStatus,
+    pub schedule: Option<Schedule>,
+    pub stats: Option<Stats>,
+    /// The solver's objective (compute cost, in the problem's unit).
+    pub objective: Option<f64>,
+    /// The solver's proven lower bound on the compute cost.
+    pub lower_bound: Option<f64>,
+    /// `(cost − lower_bound) / cost`.
+    pub gap: Option<f64>,
+    pub seconds: f64,
+    pub size: ModelSize,
+    /// Whether HiGHS accepted the warm start.
+    pub warm_started: bool,
+}
+
+/// Size of the MILP after reductions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ModelSize {
+    pub binaries: usize,
+    pub continuous: usize,
+    pub rows: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Free {
+    /// Always allowed: no hazard can forbid it.
+    Always,
+    Var(usize),
+}
+
+/// Index structure of the reduced model (no solver objects).
+struct Layout {
+    g: Local,
+    m: usize,
+    /// `r_at[t*m+i]`: column of `R[t,i]` (`NONE` when absent; `R[t,t]` is the constant 1).
+    r_at: Vec<u32>,
+    s_at: Vec<u32>,
+    /// Per stage: computed positions in increasing order (`R` variables and `t`).
+    comp: Vec<Vec<usize>>,
+    /// Per stage, per computed position: the values that may be freed right after it.
+    frees: Vec<Vec<Vec<FreeSlot>>>,
+    /// Per stage, per computed position: the column of `U`.
+    u_at: Vec<Vec<usize>>,
+    columns: usize,
+    binaries: usize,
+    /// Number of rows before the memory recurrence (which has one row per U).
+    rows: usize,
+}
+
+const NONE: u32 = u32::MAX;
+
+/// A value that may be freed after a computation: (value, FREE, columns of its hazards).
+type FreeSlot = (usize, Free, Vec<usize>);
+
+impl Layout {
+    fn r(&self, t: usize, i: usize) -> Option<usize> {
+        let c = self.r_at[t * self.m + i];
+        (c != NONE).then_some(c as usize)
+    }
+    fn s(&self, t: usize, i: usize) -> Option<usize> {
+        if t >= self.m {
+            return None;
+        }
+        let c = self.s_at[t * self.m + i];
+        (c != NONE).then_some(c as usize)
+    }
+
+    fn new(p: &Problem) -> Result<Self> {
+        let g = Local::new(p);
+        let m = g.len();
+        let cells = m
+            .checked_mul(m)
+            .filter(|&c| c < (NONE as usize))
+            .ok_or_else(|| {
+                SolverError::Ilp(format!(
+                    "graph of {m} needed nodes is too large for the MILP"
+                ))
+            })?;
+        let mut r_at = vec![NONE; cells];
+        let mut s_at = vec![NONE; cells];
+        let mut columns = 0usize;
+        let next = |columns: &mut usize| -> u32 {
+            let c = *columns as u32;
+            *columns += 1;
+            c
+        };
+        let max_user: Vec<usize> = (0..m).map(|i| g.max_user(i)).collect();
+        let mut useful = vec![false; m];
+        for t in 0..m {
+            // R[t,i]: i leads (within the stage) to t or to a value a later stage reads.
+            for x in (0..=t).rev() {
+                useful[x] = x == t || (max_user[x] > t) || useful[x];
+                if useful[x] {
+                    for &d in &g.deps[x] {
+                        useful[d] = true;
+                    }
+                }
+            }
+            for (i, u) in useful.iter_mut().enumerate().take(t) {
+                if *u {
+                    r_at[t * m + i] = next(&mut columns);
+                }
+                *u = false;
+            }
+            useful[t] = false;
+            // S[t,i]: read at a stage >= t and possibly resident at the end of stage t-1.
+            if t > 0 {
+                for i in 0..t {
+                    if max_user[i] < t {
+                        continue;
+                    }
+                    let prev = t - 1;
+                    let can = i == prev
+                        || r_at[prev * m + i] != NONE
+                        || (prev > 0 && s_at[prev * m + i] != NONE);
+                    if can {
+                        s_at[t * m + i] = next(&mut columns);
+                    }
+                }
+            }
+        }
+        let binaries = columns;
+        let mut layout = Layout {
+            g,
+            m,
+            r_at,
+            s_at,
+            comp: Vec::with_capacity(m),
+            frees: Vec::with_capacity(m),
+            u_at: Vec::with_capacity(m),
+            columns,
+            binaries,
+            rows: 0,
+        };
+        let mut rows = 0usize;
+        for t in 0..m {
+            let comp: Vec<usize> = (0..=t)
+                .filter(|&i| i == t || layout.r(t, i).is_some())
+                .collect();
+            let mut stage_frees = Vec::with_capacity(comp.len());
+            for &k in &comp {
+                let mut fk = Vec::new();
+                let candidates = layout.g.deps[k].iter().copied().chain(std::iter::once(k));
+                for i in candidates {
+                    let mut hazards = Vec::new();
+                    let mut constant_hazard = false;
+                    if t + 1 < m {
+                        if let Some(c) = layout.s(t + 1, i) {
+                            hazards.push(c);
+                        }
+                    }
+                    for &j in &layout.g.users[i] {
+                        if j <= k || j > t {
+                            continue;
+                        }
+                        if j == t {
+                            constant_hazard = true;
+                        } else if let Some(c) = layout.r(t, j) {
+                            hazards.push(c);
+                        }
+                    }
+                    if constant_hazard {
+                        continue;
+                    }
+                    let free = if hazards.is_empty() && k == t {
+                        Free::Always
+                    } else {
+                        let c = layout.columns;
+                        layout.columns += 1;
+                        rows += hazards.len() + usize::from(k != t);
+                        Free::Var(c)
+                    };
+                    fk.push((i, free, hazards));
+                }
+                stage_frees.push(fk);
+            }
+            // S[t+1,i] <= S[t,i] + R[t,i]
+            if t + 1 < m {
+                rows += (0..t).filter(|&i| layout.s(t + 1, i).is_some()).count();
+            }
+            // R[t,k] <= R[t,d] + S[t,d]
+            rows += comp.iter().map(|&k| layout.g.deps[k].len()).sum::<usize>();
+            let mut u = Vec::with_capacity(comp.len());
+            for _ in &comp {
+                u.push(layout.columns);
+                layout.columns += 1;
+            }
+            rows += comp.len();
+            layout.comp.push(comp);
+            layout.frees.push(stage_frees);
+            layout.u_at.push(u);
+        }
+        layout.rows = rows;
+        Ok(layout)
+    }
+
+    fn size(&self) -> ModelSize {
+        ModelSize {
+            binaries: self.binaries,
+            continuous: self.columns - self.binaries,
+            rows: self.rows,
+        }
+    }
+
+    /// Column values of a stage-form schedule (stages as from [`Local::stages_of`]), with the
+    /// largest `U` (in scaled bytes). `None` when the stages use a variable the model dropped.
+    fn values_of(&self, stages: &[Vec<usize>], unit: f64) -> Option<(Vec<f64>, f64)> {
+        let m = self.m;
+        let g = &self.g;
+        let mut x = vec![0.0; self.columns];
+        let mut rt = vec![false; m * m];
+        for (t, stage) in stages.iter().enumerate() {
+            rt[t * m + t] = true;
+            for &i in stage {
+                // A recomputation the model dropped cannot matter; skip it.
+                if let Some(c) = self.r(t, i) {
+                    x[c] = 1.0;
+                    rt[t * m + i] = true;
+                }
+            }
+        }
+        // Minimal residency: i is resident at the start of t when a stage >= t reads it
+        // before recomputing it.
+        let mut live = vec![false; m];
+        let mut st = vec![false; m * m];
+        let mut read = vec![false; m];
+        for t in (1..m).rev() {
+            read.iter_mut().for_each(|r| *r = false);
+            for k in 0..=t {
+                if rt[t * m + k] {
+                    for &d in &g.deps[k] {
+                        read[d] = true;
+                    }
+                }
+            }
+            for i in 0..t {
+                live[i] = !rt[t * m + i] && (read[i] || live[i]);
+                if live[i] {
+                    let c = self.s(t, i)?;
+                    x[c] = 1.0;
+                    st[t * m + i] = true;
+                }
+            }
+            live[t] = false;
+        }
+        let mut peak: f64 = 0.0;
+        for t in 0..m {
+            let mut mem: f64 = (0..t)
+                .filter(|&i| st[t * m + i])
+                .map(|i| g.bytes[i] as f64 / unit)
+                .sum();
+            for (pos, &k) in self.comp[t].iter().enumerate() {
+                if rt[t * m + k] {
+                    mem += g.bytes[k] as f64 / unit;
+                }
+                x[self.u_at[t][pos]] = mem;
+                peak = peak.max(mem);
+                for (i, free, hazards) in &self.frees[t][pos] {
+                    let on = rt[t * m + k] && hazards.iter().all(|&h| x[h] < 0.5);
+                    if on {
+                        mem -= g.bytes[*i] as f64 / unit;
+                    }
+                    if let Free::Var(c) = free {
+                        x[*c] = if on { 1.0 } else { 0.0 };
+                    }
+                }
+            }
+        }
+        Some((x, peak))
+    }
+}
+
+/// Size of the reduced MILP for `p`, without building it.
+pub fn model_size(p: &Problem) -> Result<ModelSize> {
+    Ok(Layout::new(p)?.size())
+}
+
+/// Solves the Checkmate MILP for `p` within `opts.budget`. Infeasible budgets and time-outs
+/// are statuses, not errors.
+pub fn solve(p: &Problem, opts: &IlpOptions) -> Result<IlpOutcome> {
+    run(p, opts, false)
+}
+
+/// Solves the LP relaxation: a lower bound on the compute cost of any schedule that fits the
+/// budget (in the stage model). `None` when the time limit cut it short.
+pub fn lp_bound(p: &Problem, budget: u64, time_limit: Duration, threads: usize) -> Result<LpBound> {
+    let mut opts = IlpOptions::new(budget, time_limit);
+    opts.threads = threads;
+    let out = run(p, &opts, true)?;
+    Ok(LpBound {
+        status: out.status,
+        bound: out.lower_bound,
+        seconds: out.seconds,
+    })
+}
+
+/// Result of [`lp_bound`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LpBound {
+    /// `Optimal` with a bound, `Infeasible` (no schedule fits even fractionally), or
+    /// `NoSolution` (time limit).
+    pub status: IlpStatus,
+    pub bound: Option<f64>,
+    pub seconds: f64,
+}
+
+fn run(p: &Problem, opts: &IlpOptions, relax: bool) -> Result<IlpOutcome> {
+    let start = Instant::now();
+    if opts.budget < p.footprint_lower_bound() {
+        return Ok(IlpOutcome {
+            status: IlpStatus::Infeasible,
+            schedule: None,
+            stats: None,
+            objective: None,
+            lower_bound: None,
+            gap: None,
+            seconds: start.elapsed().as_secs_f64(),
+            size: ModelSize::default(),
+            warm_started: false,
+        });
+    }
+    let layout = Layout::new(p)?;
+    let g = &layout.g;
+    let max_bytes = g.bytes.iter().copied().max().unwrap_or(1).max(1) as f64;
+    let unit = (max_bytes / 1024.0).max(1.0);
+    let max_cost = g.cost.iter().copied().fold(0.0, f64::max);
+    let cost_unit = if max_cost > 0.0 {
+        max_cost / 1000.0
+    } else {
+        1.0
+    };
+    let base: f64 = g.cost.iter().sum();
+    let exact_cap = (opts.budget - p.fixed_bytes) as f64 / unit;
+    let mut cap = exact_cap;
+    let warm = match &opts.warm_start {
+        Some(s) if !relax => g.stages_of(s).and_then(|st| layout.values_of(&st, unit)),
+        _ => None,
+    };
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let remaining = opts.time_limit.saturating_sub(start.elapsed());
+        let warm_ok = warm
+            .as_ref()
+            .filter(|(_, peak)| *peak <= cap)
+            .map(|(x, _)| x);
+        let mut out = solve_once(
+            &layout,
+            SolveParams {
+                cap,
+                unit,
+                cost_unit,
+                base,
+                relax,
+                time_limit: remaining,
+                threads: opts.threads.max(1),
+                mip_gap: opts.mip_gap,
+                warm: warm_ok,
+            },
+        )?;
+        out.seconds = start.elapsed().as_secs_f64();
+        if relax {
+            return Ok(out.finish(None));
+        }
+        let Some(stages) = out.stages.take() else {
+            return Ok(out.finish(None));
+        };
+        let schedule = with_frees(p, &g.computes_of(&stages));
+        let stats = simulate(p, &schedule)?;
+        if stats.peak_bytes <= opts.budget {
+            return Ok(out.finish(Some((schedule, stats))));
+        }
+        // Tolerances of the scaled model let it exceed the exact budget: tighten and retry.
+        let excess = (stats.peak_bytes - opts.budget) as f64 / unit;
+        cap -= excess + 1e-6 * exact_cap.max(1.0);
+        if attempts >= 3 || cap <= 0.0 || start.elapsed() >= opts.time_limit {
+            return Err(SolverError::Ilp(format!(
+                "the MILP schedule exceeds the budget of {} bytes by {} bytes after {attempts} attempts",
+                opts.budget,
+                stats.peak_bytes - opts.budget
+            )));
+        }
+    }
+}
+
+struct SolveParams<'a> {
+    cap: f64,
+    unit: f64,
+    cost_unit: f64,
+    base: f64,
+    relax: bool,
+    time_limit: Duration,
+    threads: usize,
+    mip_gap: f64,
+    warm: Option<&'a Vec<f64>>,
+}
+
+struct Raw {
+    status: IlpStatus,
+    stages: Option<Vec<Vec<usize>>>,
+    objective: Option<f64>,
+    lower_bound: Option<f64>,
+    seconds: f64,
+    size: ModelSize,
+    warm_started: bool,
+}
+
+impl Raw {
+    fn finish(self, solution: Option<(Schedule, Stats)>) -> IlpOutcome {
+        let (schedule, stats) = match solution {
+            Some((s, st)) => (Some(s), Some(st)),
+            None => (None, None),
+        };
+        let gap = match (&stats, self.lower_bound) {
+            (Some(st), Some(lb)) if st.compute_cost > 0.0 => {
+                Some(((st.compute_cost - lb) / st.compute_cost).max(0.0))
+            }
+            (Some(_), Some(_)) => Some(0.0),
+            _ => None,
+        };
+        IlpOutcome {
+            status: self.status,
+            schedule,
+            stats,
+            objective: self.objective,
+            lower_bound: self.lower_bound,
+            gap,
+            seconds: self.seconds,
+            size: self.size,
+            warm_started: self.warm_started,
+        }
+    }
+}
+
+fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
+    let g = &layout.g;
+    let m = layout.m;
+    let mut vars = ProblemVariables::new();
+    let mut cols: Vec<Variable> = Vec::with_capacity(layout.columns);
+    // Columns are created in layout order: R and S (interleaved as laid out), then FREE and U.
+    let mut kinds = vec![0u8; layout.columns]; // 0 binary, 1 free in [0,1], 2 U
+    for t in 0..m {
+        for pos in 0..layout.comp[t].len() {
+            for (_, free, _) in &layout.frees[t][pos] {
+                if let Free::Var(c) = free {
+                    kinds[*c] = 1;
+                }
+            }
+            kinds[layout.u_at[t][pos]] = 2;
+        }
+    }
+    for &kind in &kinds {
+        let def = match kind {
+            0 if sp.relax => variable().clamp(0, 1),
+            0 => variable().binary(),
+            1 => variable().clamp(0, 1),
+            _ => variable().clamp(0.0, sp.cap.max(0.0)),
+        };
+        cols.push(vars.add(def));
+    }
+    let mut objective = Expression::with_capacity(layout.binaries);
+    for t in 0..m {
+        for i in 0..t {
+            if let Some(c) = layout.r(t, i) {
+                objective.add_mul(g.cost[i] / sp.cost_unit, cols[c]);
+            }
+        }
+    }
+    let mut model = vars.minimise(objective).using(highs);
+    for t in 0..m {
+        // S[t+1,i] <= S[t,i] + R[t,i]
+        if t + 1 < m {
+            for i in 0..t {
+                if let Some(c) = layout.s(t + 1, i) {
+                    let mut e = Expression::from(cols[c]);
+                    if let Some(s) = layout.s(t, i) {
+                        e.add_mul(-1.0, cols[s]);
+                    }
+                    if let Some(r) = layout.r(t, i) {
+                        e.add_mul(-1.0, cols[r]);
+                    }
+                    model.add_constraint(e.leq(0.0));
+                }
+            }
+        }
+        // R[t,k] <= R[t,d] + S[t,d]
+        for &k in &layout.comp[t] {
+            for &d in &g.deps[k] {
+                let mut e = Expression::with_capacity(3);
+                if let Some(r) = layout.r(t, d) {
+                    e.add_mul(1.0, cols[r]);
+                }
+                if let Some(s) = layout.s(t, d) {
+                    e.add_mul(1.0, cols[s]);
+                }
+                let c = if k == t {
+                    e.geq(1.0)
+                } else {
+                    e.add_mul(-1.0, cols[layout.r(t, k).unwrap_or(0)]);
+                    e.geq(0.0)
+                };
+                model.add_constraint(c);
+            }
+        }
+        // FREE[t,i,k] <= R[t,k], FREE[t,i,k] <= 1 - hazard
+        for (pos, &k) in layout.comp[t].iter().enumerate() {
+            for (_, free, hazards) in &layout.frees[t][pos] {
+                let Free::Var(f) = *free else { continue };
+                if let Some(r) = layout.r(t, k) {
+                    model.add_constraint((cols[f] - cols[r]).leq(0.0));
+                }
+                for &h in hazards {
+                    model.add_constraint((cols[f] + cols[h]).leq(1.0));
+                }
+            }
+        }
+        // Memory recurrence.
+        for (pos, &k) in layout.comp[t].iter().enumerate() {
+            let u = cols[layout.u_at[t][pos]];
+            let mut e = Expression::from(u);
+            if pos == 0 {
+                for i in 0..t {
+                    if let Some(s) = layout.s(t, i) {
+                        e.add_mul(-(g.bytes[i] as f64) / sp.unit, cols[s]);
+                    }
+                }
+            } else {
+                e.add_mul(-1.0, cols[layout.u_at[t][pos - 1]]);
+                for (i, free, _) in &layout.frees[t][pos - 1] {
+                    let w = g.bytes[*i] as f64 / sp.unit;
+                    match free {
+                        Free::Var(f) => e.add_mul(w, cols[*f]),
+                        Free::Always => e -= w,
+                    }
+                }
+            }
+            let w = g.bytes[k] as f64 / sp.unit;
+            match layout.r(t, k) {
+                Some(r) => e.add_mul(-w, cols[r]),
+                None => e -= w,
+            }
+            model.add_constraint(e.eq(0.0));
+        }
+    }
+    let size = layout.size();
+    let mut hm = model
+        .try_into_inner()
+        .map_err(|e| SolverError::Ilp(e.to_string()))?;
+    let opt = |name: &str| SolverError::Ilp(format!("HiGHS rejected option {name}"));
+    hm.try_set_option("time_limit", sp.time_limit.as_secs_f64().max(0.01))
+        .map_err(|_| opt("time_limit"))?;
+    hm.try_set_option("threads", sp.threads as i32)
+        .map_err(|_| opt("threads"))?;
+    if !sp.relax {
+        hm.try_set_option("mip_rel_gap", sp.mip_gap.max(0.0))
+            .map_err(|_| opt("mip_rel_gap"))?;
+    }
+    let mut warm_started = false;
+    if let Some(x) = sp.warm {
+        warm_started = hm.try_set_solution(Some(x), None, None, None).is_ok();
+    }
+    let solved = hm
+        .try_solve()
+        .map_err(|e| SolverError::Ilp(format!("HiGHS failed: {e:?}")))?;
+    let status = solved.status();
+    let has_solution = solved
+        .int_info_value(c"primal_solution_status")
+        .unwrap_or(0)
+        == 2;
+    let to_cost = |obj: f64| obj * sp.cost_unit + sp.base;
+    let mut raw = Raw {
+        status: IlpStatus::NoSolution,
+        stages: None,
+        objective: None,
+        lower_bound: None,
+        seconds: 0.0,
+        size,
+        warm_started,
+    };
+    match status {
+        HighsModelStatus::Infeasible => {
+            raw.status = IlpStatus::Infeasible;
+            return Ok(raw);
+        }
+        HighsModelStatus::Optimal => raw.status = IlpStatus::Optimal,
+        HighsModelStatus::ReachedTimeLimit
+        | HighsModelStatus::ReachedIterationLimit
+        | HighsModelStatus::ReachedSolutionLimit
+        | HighsModelStatus::ReachedInterrupt
+        | HighsModelStatus::ReachedMemoryLimit
+        | HighsModelStatus::ObjectiveBound
+        | HighsModelStatus::ObjectiveTarget => {
+            raw.status = if has_solution && !sp.relax {
+                IlpStatus::Feasible
+            } else {
+                IlpStatus::NoSolution
+            };
+        }
+        other => {
+            return Err(SolverError::Ilp(format!(
+                "HiGHS ended with status {other:?}"
+            )))
+        }
+    }
+    if sp.relax {
+        if raw.status == IlpStatus::Optimal {
+            raw.lower_bound = Some(to_cost(solved.objective_value()));
+        }
+        return Ok(raw);
+    }
+    if let Ok(b) = solved.double_info_value(c"mip_dual_bound") {
+        if b.is_finite() {
+            raw.lower_bound = Some(to_cost(b));
+        }
+    }
+    if !has_solution {
+        if raw.status == IlpStatus::Optimal {
+            raw.status = IlpStatus::NoSolution;
+        }
+        return Ok(raw);
+    }
+    raw.objective = Some(to_cost(solved.objective_value()));
+    let sol = solved.get_solution();
+    let x = sol.columns();
+    let stages: Vec<Vec<usize>> = (0..m)
+        .map(|t| {
+            (0..t)
+                .filter(|&i| layout.r(t, i).is_some_and(|c| x[c] > 0.5))
+                .collect()
+        })
+        .collect();
+    raw.stages = Some(stages);
+    Ok(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{Node, NodeKind};
+    use crate::schedule::{store_all, store_all_peak};
+
+    fn training_chain(k: usize) -> Problem {
+        let mut nodes = Vec::new();
+        for i in 0..k {
+            nodes.push(Node {
+                id: format!("f{i}"),
+                name: String::new(),
+                cost: 1.0 + i as f64,
+                bytes: 100 + 10 * i as u64,
+                deps: if i == 0 { vec![] } else { vec![i - 1] },
+                kind: NodeKind::Forward,
+                required: false,
+            });
+        }
+        for j in 0..k {
+            let f = k - 1 - j;
+            let mut deps = vec![f];
+            if j > 0 {
+                deps.push(k + j - 1);
+            } else if k > 1 {
+                deps.push(k - 2);
+            }
+            nodes.push(Node {
+                id: format!("b{j}"),
+                name: String::new(),
+                cost: 2.0,
+                bytes: 100,
+                deps,
+                kind: NodeKind::Backward,
+                required: true,
+            });
+        }
+        Problem::new("train", nodes, 0).unwrap()
+    }
+
+    #[test]
+    fn warm_start_values_reproduce_simulated_memory() {
+        let p = training_chain(6);
+        let layout = Layout::new(&p).unwrap();
+        let stages = layout.g.stages_of(&store_all(&p)).unwrap();
+        let (_, peak) = layout.values_of(&stages, 1.0).unwrap();
+        assert_eq!(peak as u64, store_all_peak(&p));
+    }
+
+    #[test]
+    fn store_all_budget_is_solved_without_recomputation() {
+        let p = training_chain(5);
+        let out = solve(
+            &p,
+            &IlpOptions::new(store_all_peak(&p), Duration::from_secs(20)),
+        )
+        .unwrap();
+        assert_eq!(out.status, IlpStatus::Optimal);
+        assert_eq!(out.stats.unwrap().compute_cost, p.base_cost());
+    }
+}

@@ -1,1 +1,617 @@
-//! (being written)
+//! Algorithm choice, the plan report, the budget sweep: the API the CLI and the HTTP service
+//! call.
+//!
+//! Every figure in a [`PlanReport`] comes from [`simulate`]. `auto` runs the baselines, the
+//! exact chain DP when the problem is a training chain, the horizon local search
+//! ([`search::horizon_search`]) and, with the `highs` feature, the Checkmate MILP when its
+//! reduced model is small enough to be useful within the time limit (else the LP relaxation
+//! for a lower bound), and returns the cheapest schedule within the budget among everything it
+//! ran.
+
+pub mod search;
+
+use crate::baselines::{self, Baseline};
+use crate::error::{Result, SolverError};
+use crate::problem::Problem;
+use crate::schedule::{self, simulate, store_all, Schedule, Stats};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+/// The algorithms a plan can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    Auto,
+    Ilp,
+    Dp,
+    ChenSqrt,
+    ChenGreedy,
+    EveryK,
+    Revolve,
+    StoreAll,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 8] = [
+        Algorithm::Auto,
+        Algorithm::Ilp,
+        Algorithm::Dp,
+        Algorithm::ChenSqrt,
+        Algorithm::ChenGreedy,
+        Algorithm::EveryK,
+        Algorithm::Revolve,
+        Algorithm::StoreAll,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Auto => "auto",
+            Algorithm::Ilp => "ilp",
+            Algorithm::Dp => "dp",
+            Algorithm::ChenSqrt => "chen-sqrt",
+            Algorithm::ChenGreedy => "chen-greedy",
+            Algorithm::EveryK => "every-k",
+            Algorithm::Revolve => "revolve",
+            Algorithm::StoreAll => "store-all",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = SolverError;
+    fn from_str(s: &str) -> Result<Self> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| {
+                SolverError::InvalidArgument(format!(
+                    "unknown algorithm {s:?}; expected one of {}",
+                    Algorithm::ALL.map(|a| a.as_str()).join(", ")
+                ))
+            })
+    }
+}
+
+/// What to plan for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanOptions {
+    /// Peak byte budget, fixed bytes included.
+    pub budget: u64,
+    pub algorithm: Algorithm,
+    /// Wall-clock limit for the search and the MILP (baselines and the DP are not cut).
+    pub time_limit: Duration,
+    /// Threads the MILP may use (at least 1).
+    pub threads: usize,
+}
+
+impl PlanOptions {
+    /// `auto`, 10 s, 1 thread.
+    pub fn new(budget: u64) -> Self {
+        PlanOptions {
+            budget,
+            algorithm: Algorithm::Auto,
+            time_limit: Duration::from_secs(10),
+            threads: 1,
+        }
+    }
+}
+
+/// How good the returned schedule is known to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Proven optimal (the chain DP, or a lower bound within 0.01% of the cost).
+    Optimal,
+    /// Within the budget, optimality not proven.
+    Feasible,
+    /// No schedule within the budget was found.
+    Infeasible,
+}
+
+/// What the returned schedule does, as [`simulate`] measures it. All zero, with no per-step
+/// memory, when the plan is infeasible.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Predicted {
+    pub peak_bytes: u64,
+    pub compute_cost: f64,
+    /// `compute_cost / store_all_cost − 1`.
+    pub overhead: f64,
+    /// Resident bytes after every step (fixed bytes included).
+    pub memory: Vec<u64>,
+}
+
+/// A proven lower bound on the compute cost of any schedule within the budget (in Checkmate's
+/// stage model for MILP/LP bounds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LowerBound {
+    pub compute_cost: f64,
+}
+
+/// One baseline beside the plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BaselineReport {
+    pub name: String,
+    pub peak_bytes: u64,
+    pub compute_cost: f64,
+    pub overhead: f64,
+    /// Whether its peak is within the budget.
+    pub feasible: bool,
+}
+
+/// The answer to a plan request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanReport {
+    pub status: Status,
+    /// The algorithm that produced the returned schedule.
+    pub solver: String,
+    pub budget_bytes: u64,
+    pub store_all_peak_bytes: u64,
+    pub store_all_cost: f64,
+    /// The least peak this crate can reach; set at least when the plan is infeasible.
+    pub min_feasible_budget_bytes: Option<u64>,
+    pub predicted: Predicted,
+    pub lower_bound: Option<LowerBound>,
+    /// `(cost − bound) / cost`.
+    pub gap: Option<f64>,
+    pub solve_seconds: f64,
+    pub baselines: Vec<BaselineReport>,
+    pub schedule: Vec<schedule::StepJson>,
+}
+
+/// One point of a budget sweep.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ParetoPoint {
+    pub budget_bytes: u64,
+    /// Budget as a fraction of the store-all peak.
+    pub fraction: f64,
+    pub status: Status,
+    /// Overhead of the plan; `None` when infeasible.
+    pub overhead: Option<f64>,
+    pub solver: String,
+    pub gap: Option<f64>,
+    /// Each baseline's overhead, `None` where it does not fit the budget.
+    pub baselines: Vec<(String, Option<f64>)>,
+}
+
+/// Relative gap under which a bound proves a schedule optimal (HiGHS's default MIP gap).
+const OPTIMAL_GAP: f64 = 1e-4;
+/// Largest reduced MILP (binaries) `auto` hands to HiGHS as an exact solve.
+const EXACT_BINARIES: usize = 40_000;
+/// Largest model whose LP relaxation `auto` solves for a bound.
+const LP_BINARIES: usize = 400_000;
+
+/// The best schedule found so far and who found it.
+struct Candidate {
+    solver: String,
+    schedule: Schedule,
+    stats: Stats,
+}
+
+struct Pool {
+    budget: u64,
+    best: Option<Candidate>,
+    lower_bound: Option<f64>,
+    /// Solvers whose result is optimal by construction (the chain DP, a MILP solved to gap).
+    proven: Option<f64>,
+}
+
+impl Pool {
+    fn offer(&mut self, solver: &str, schedule: Schedule, stats: Stats) {
+        if stats.peak_bytes > self.budget {
+            return;
+        }
+        if self
+            .best
+            .as_ref()
+            .is_none_or(|b| stats.compute_cost < b.stats.compute_cost)
+        {
+            self.best = Some(Candidate {
+                solver: solver.to_string(),
+                schedule,
+                stats,
+            });
+        }
+    }
+
+    fn offer_schedule(&mut self, p: &Problem, solver: &str, schedule: Schedule) -> Result<()> {
+        let stats = simulate(p, &schedule)?;
+        self.offer(solver, schedule, stats);
+        Ok(())
+    }
+
+    #[cfg_attr(not(feature = "highs"), allow(dead_code))]
+    fn bound(&mut self, b: f64) {
+        self.lower_bound = Some(self.lower_bound.map_or(b, |x| x.max(b)));
+    }
+
+    /// A schedule to warm-start from: the cheapest feasible one.
+    #[cfg_attr(not(feature = "highs"), allow(dead_code))]
+    fn warm(&self) -> Option<Schedule> {
+        self.best.as_ref().map(|c| c.schedule.clone())
+    }
+}
+
+/// Plans a schedule for `p` within `opts.budget`. An infeasible budget is `Ok` with status
+/// [`Status::Infeasible`], an empty schedule and `min_feasible_budget_bytes` set.
+pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
+    let start = Instant::now();
+    let full = simulate(p, &store_all(p))?;
+    let budget = opts.budget;
+    let base = baselines::baselines(p, budget);
+    let mut pool = Pool {
+        budget,
+        best: None,
+        lower_bound: None,
+        proven: None,
+    };
+    match opts.algorithm {
+        Algorithm::StoreAll
+        | Algorithm::ChenSqrt
+        | Algorithm::ChenGreedy
+        | Algorithm::EveryK
+        | Algorithm::Revolve => {
+            let b = baselines::baseline(p, opts.algorithm.as_str(), budget)?;
+            pool.offer(b.name, b.schedule, b.stats);
+        }
+        Algorithm::Dp => {
+            if let Some(s) = crate::dp::solve_chain(p, budget)? {
+                pool.offer_schedule(p, "dp", s)?;
+                if let Some(b) = &pool.best {
+                    pool.proven = Some(b.stats.compute_cost);
+                }
+            }
+        }
+        Algorithm::Ilp => {
+            offer_baselines(&mut pool, &base);
+            run_ilp(p, opts, &mut pool, opts.time_limit, true)?;
+        }
+        Algorithm::Auto => auto(p, opts, &base, &mut pool, start)?,
+    }
+    let solve_seconds = start.elapsed().as_secs_f64();
+    let baselines: Vec<BaselineReport> = base
+        .iter()
+        .map(|b| BaselineReport {
+            name: b.name.to_string(),
+            peak_bytes: b.stats.peak_bytes,
+            compute_cost: b.stats.compute_cost,
+            overhead: overhead(b.stats.compute_cost, full.compute_cost),
+            feasible: b.feasible,
+        })
+        .collect();
+    let mut report = PlanReport {
+        status: Status::Infeasible,
+        solver: opts.algorithm.to_string(),
+        budget_bytes: budget,
+        store_all_peak_bytes: full.peak_bytes,
+        store_all_cost: full.compute_cost,
+        min_feasible_budget_bytes: None,
+        predicted: Predicted {
+            peak_bytes: 0,
+            compute_cost: 0.0,
+            overhead: 0.0,
+            memory: Vec::new(),
+        },
+        lower_bound: pool.lower_bound.map(|c| LowerBound { compute_cost: c }),
+        gap: None,
+        solve_seconds,
+        baselines,
+        schedule: Vec::new(),
+    };
+    let Some(best) = pool.best else {
+        report.min_feasible_budget_bytes = Some(crate::budget::min_feasible_budget(p).bytes);
+        return Ok((Schedule::default(), report));
+    };
+    let cost = best.stats.compute_cost;
+    let mut gap = pool.lower_bound.map(|lb| {
+        if cost > 0.0 {
+            ((cost - lb) / cost).max(0.0)
+        } else {
+            0.0
+        }
+    });
+    if pool.proven.is_some_and(|c| cost <= c * (1.0 + 1e-12)) {
+        gap = Some(0.0);
+        report.lower_bound = Some(LowerBound {
+            compute_cost: pool.lower_bound.map_or(cost, |lb| lb.max(cost)),
+        });
+    }
+    report.status = if gap.is_some_and(|g| g <= OPTIMAL_GAP) {
+        Status::Optimal
+    } else {
+        Status::Feasible
+    };
+    report.gap = gap;
+    report.solver = best.solver;
+    report.predicted = Predicted {
+        peak_bytes: best.stats.peak_bytes,
+        compute_cost: cost,
+        overhead: overhead(cost, full.compute_cost),
+        memory: best.stats.memory,
+    };
+    report.schedule = best.schedule.to_json_steps(p);
+    Ok((best.schedule, report))
+}
+
+fn overhead(cost: f64, base: f64) -> f64 {
+    if base > 0.0 {
+        cost / base - 1.0
+    } else {
+        0.0
+    }
+}
+
+fn offer_baselines(pool: &mut Pool, base: &[Baseline]) {
+    for b in base {
+        pool.offer(b.name, b.schedule.clone(), b.stats.clone());
+    }
+}
+
+fn auto(
+    p: &Problem,
+    opts: &PlanOptions,
+    base: &[Baseline],
+    pool: &mut Pool,
+    start: Instant,
+) -> Result<()> {
+    offer_baselines(pool, base);
+    if opts.budget < p.footprint_lower_bound() {
+        return Ok(());
+    }
+    if crate::dp::as_training_chain(p).is_some() {
+        if let Some(s) = crate::dp::solve_chain(p, opts.budget)? {
+            let stats = simulate(p, &s)?;
+            pool.proven = Some(stats.compute_cost);
+            pool.offer("dp", s, stats);
+            return Ok(());
+        }
+    }
+    let total = opts.time_limit;
+    let left = |start: Instant| total.saturating_sub(start.elapsed());
+    let binaries = ilp_binaries(p)?;
+    let exact = binaries.is_some_and(|b| b <= EXACT_BINARIES);
+    // The search gets a slice before an exact MILP (to warm-start it), the whole time otherwise.
+    let search_time = if exact {
+        left(start).mul_f64(0.15).min(Duration::from_secs(3))
+    } else {
+        left(start).mul_f64(0.5)
+    };
+    let found = search::horizon_search(p, opts.budget, search_time, 0x5EED)?;
+    if let Some((s, st)) = found.best {
+        pool.offer("search", s, st);
+    }
+    if exact {
+        run_ilp(p, opts, pool, left(start), false)?;
+    } else if binaries.is_some_and(|b| b <= LP_BINARIES) {
+        lp_bound(p, opts, pool, left(start))?;
+    }
+    let rest = left(start);
+    if !exact && !rest.is_zero() && pool.best.is_some() {
+        let more = search::horizon_search(p, opts.budget, rest, 0xC0FFEE)?;
+        if let Some((s, st)) = more.best {
+            pool.offer("search", s, st);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(feature = "highs")]
+fn ilp_binaries(p: &Problem) -> Result<Option<usize>> {
+    if p.len() > 4000 {
+        return Ok(None);
+    }
+    Ok(Some(crate::ilp::model_size(p)?.binaries))
+}
+
+#[cfg(not(feature = "highs"))]
+fn ilp_binaries(_p: &Problem) -> Result<Option<usize>> {
+    Ok(None)
+}
+
+#[cfg(feature = "highs")]
+fn run_ilp(
+    p: &Problem,
+    opts: &PlanOptions,
+    pool: &mut Pool,
+    time: Duration,
+    _explicit: bool,
+) -> Result<()> {
+    use crate::ilp::{self, IlpOptions, IlpStatus};
+    let mut o = IlpOptions::new(opts.budget, time);
+    o.threads = opts.threads.max(1);
+    o.mip_gap = OPTIMAL_GAP;
+    o.warm_start = pool.warm();
+    let out = ilp::solve(p, &o)?;
+    if let Some(lb) = out.lower_bound {
+        pool.bound(lb);
+    }
+    if let (Some(s), Some(st)) = (out.schedule, out.stats) {
+        if out.status == IlpStatus::Optimal {
+            pool.proven = Some(st.compute_cost);
+        }
+        pool.offer("ilp", s, st);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "highs"))]
+fn run_ilp(
+    _p: &Problem,
+    _opts: &PlanOptions,
+    _pool: &mut Pool,
+    _time: Duration,
+    explicit: bool,
+) -> Result<()> {
+    if explicit {
+        return Err(SolverError::Unavailable {
+            solver: "ilp".to_string(),
+            why: "remat-solver was built without the `highs` feature".to_string(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(feature = "highs")]
+fn lp_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool, time: Duration) -> Result<()> {
+    let out = crate::ilp::lp_bound(p, opts.budget, time, opts.threads.max(1))?;
+    if let Some(b) = out.bound {
+        pool.bound(b);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "highs"))]
+fn lp_bound(_p: &Problem, _opts: &PlanOptions, _pool: &mut Pool, _time: Duration) -> Result<()> {
+    Ok(())
+}
+
+/// Plans at each budget `fraction × store-all peak` (rounded up to whole bytes): the frontier
+/// budget → overhead, with every baseline's overhead beside it.
+pub fn sweep(p: &Problem, fractions: &[f64], opts: &PlanOptions) -> Result<Vec<ParetoPoint>> {
+    let peak = schedule::store_all_peak(p);
+    fractions
+        .iter()
+        .map(|&f| {
+            if !f.is_finite() || f <= 0.0 {
+                return Err(SolverError::InvalidArgument(format!(
+                    "sweep fraction {f} must be a positive number"
+                )));
+            }
+            let budget = (f * peak as f64).ceil() as u64;
+            let (_, r) = plan(
+                p,
+                &PlanOptions {
+                    budget,
+                    ..opts.clone()
+                },
+            )?;
+            let feasible = r.status != Status::Infeasible;
+            Ok(ParetoPoint {
+                budget_bytes: budget,
+                fraction: f,
+                status: r.status,
+                overhead: feasible.then_some(r.predicted.overhead),
+                solver: r.solver,
+                gap: r.gap,
+                baselines: r
+                    .baselines
+                    .into_iter()
+                    .map(|b| (b.name, b.feasible.then_some(b.overhead)))
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// Parses a budget: `"123"` (bytes), `"12GiB"`, `"800MB"`, `"1.5 GB"` (B, KB, MB, GB, TB are
+/// powers of 1000; KiB, MiB, GiB, TiB powers of 1024; case-insensitive), or `"0.8x"` (a
+/// fraction of `store_all_peak`, rounded up). Byte counts are rounded down.
+pub fn parse_budget(s: &str, store_all_peak: u64) -> Result<u64> {
+    let bad = |why: &str| SolverError::InvalidArgument(format!("budget {s:?}: {why}"));
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(bad("empty"));
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    if num.is_empty() {
+        return Err(bad("expected a number first, such as 12GiB, 800MB or 0.8x"));
+    }
+    let value: f64 = num
+        .parse()
+        .map_err(|_| bad(&format!("{num:?} is not a number")))?;
+    let scale: f64 = match unit.as_str() {
+        "x" => {
+            let b = (value * store_all_peak as f64).ceil();
+            return if b.is_finite() && b <= u64::MAX as f64 {
+                Ok(b as u64)
+            } else {
+                Err(bad("too large"))
+            };
+        }
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0f64.powi(2),
+        "gib" => 1024.0f64.powi(3),
+        "tib" => 1024.0f64.powi(4),
+        other => {
+            return Err(bad(&format!(
+                "unknown unit {other:?}; use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB or x"
+            )))
+        }
+    };
+    if unit.is_empty() || unit == "b" {
+        if num.contains('.') {
+            return Err(bad("a byte count must be a whole number"));
+        }
+        return num.parse::<u64>().map_err(|_| bad("too large"));
+    }
+    let b = (value * scale).floor();
+    if b.is_finite() && b <= u64::MAX as f64 {
+        Ok(b as u64)
+    } else {
+        Err(bad("too large"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_budgets() {
+        let cases: [(&str, u64); 9] = [
+            ("123", 123),
+            ("12GiB", 12 * 1024 * 1024 * 1024),
+            ("800MB", 800_000_000),
+            ("1.5 GB", 1_500_000_000),
+            ("0.8x", 800),
+            ("0.25X", 250),
+            ("2 kib", 2048),
+            (" 7b ", 7),
+            ("1.0001x", 1001),
+        ];
+        for (s, want) in cases {
+            assert_eq!(parse_budget(s, 1000).unwrap(), want, "{s}");
+        }
+    }
+
+    #[test]
+    fn budget_errors_name_the_input() {
+        for s in [
+            "",
+            "GiB",
+            "12 parsecs",
+            "1.5",
+            "-3",
+            "1.2.3MB",
+            "99999999999999999999",
+        ] {
+            let e = parse_budget(s, 1000).unwrap_err().to_string();
+            assert!(e.contains(&format!("{s:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn algorithm_names_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.to_string().parse::<Algorithm>().unwrap(), a);
+            assert_eq!(serde_json::to_string(&a).unwrap(), format!("\"{a}\""));
+        }
+        assert!("simplex".parse::<Algorithm>().is_err());
+    }
+}

@@ -1,0 +1,456 @@
+//! Stage-form schedules and a local search that scales to thousands of nodes.
+//!
+//! Checkmate's schedules are made of stages: stage `t` recomputes some earlier values and ends
+//! with the first computation of node `t`. Here a stage-form schedule is described by a
+//! *retention horizon* per value: `h[i]` is the last stage at whose start `i` is still
+//! resident (`h[i] == i` drops it right after its own stage). Given the horizons, each stage
+//! recomputes exactly the values it needs that are not resident (Checkmate's "R given S"), in
+//! topological order, and frees follow from [`with_frees`]. The search moves horizons between
+//! the stages that read the value (greedy descent to feasibility, then simulated annealing on
+//! cost plus a penalty on bytes over budget); every candidate is scored by [`simulate`].
+
+use crate::error::Result;
+use crate::problem::{NodeId, Problem};
+use crate::schedule::{simulate, with_frees, Schedule, Stats, Step};
+use std::time::{Duration, Instant};
+
+/// The needed nodes of a problem renumbered `0..m` in their natural order (stage `t` computes
+/// local node `t`), with dependencies and users restricted to them.
+#[derive(Debug, Clone)]
+pub(crate) struct Local {
+    /// Local index to problem index.
+    pub nodes: Vec<NodeId>,
+    /// Problem index to local index (`None` for nodes no training step needs).
+    pub local: Vec<Option<usize>>,
+    pub deps: Vec<Vec<usize>>,
+    /// Users in increasing order.
+    pub users: Vec<Vec<usize>>,
+    pub bytes: Vec<u64>,
+    #[cfg_attr(not(feature = "highs"), allow(dead_code))]
+    pub cost: Vec<f64>,
+}
+
+impl Local {
+    pub fn new(p: &Problem) -> Self {
+        let needed = p.needed();
+        let nodes: Vec<NodeId> = (0..p.len()).filter(|&v| needed[v]).collect();
+        let mut local = vec![None; p.len()];
+        for (l, &v) in nodes.iter().enumerate() {
+            local[v] = Some(l);
+        }
+        // Dependencies of a needed node are needed, so every lookup succeeds; a missing one
+        // is skipped rather than trusted.
+        let deps: Vec<Vec<usize>> = nodes
+            .iter()
+            .map(|&v| p.deps(v).iter().filter_map(|&d| local[d]).collect())
+            .collect();
+        let mut users = vec![Vec::new(); nodes.len()];
+        for (l, ds) in deps.iter().enumerate() {
+            for &d in ds {
+                users[d].push(l);
+            }
+        }
+        Local {
+            bytes: nodes.iter().map(|&v| p.bytes(v)).collect(),
+            cost: nodes.iter().map(|&v| p.cost(v)).collect(),
+            nodes,
+            local,
+            deps,
+            users,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The last stage that reads `i` (its own stage when nothing does).
+    pub fn max_user(&self, i: usize) -> usize {
+        self.users[i].last().copied().unwrap_or(i)
+    }
+
+    #[cfg_attr(not(feature = "highs"), allow(dead_code))]
+    /// Splits a schedule's compute steps into stages: for each stage `t`, the local nodes
+    /// (all `< t`) recomputed before node `t` is computed for the first time. `None` when the
+    /// schedule is not in stage form (first computations out of the natural order, a node
+    /// computed twice in one stage, or a node no training step needs).
+    pub fn stages_of(&self, schedule: &Schedule) -> Option<Vec<Vec<usize>>> {
+        let m = self.len();
+        let mut stages: Vec<Vec<usize>> = Vec::with_capacity(m);
+        let mut current: Vec<usize> = Vec::new();
+        let mut seen_in_stage = vec![usize::MAX; m];
+        for s in &schedule.steps {
+            let Step::Compute(v) = *s else { continue };
+            let l = (*self.local.get(v)?)?;
+            let t = stages.len();
+            if l == t {
+                current.sort_unstable();
+                stages.push(std::mem::take(&mut current));
+            } else if l < t {
+                if seen_in_stage[l] == t {
+                    return None;
+                }
+                seen_in_stage[l] = t;
+                current.push(l);
+            } else {
+                return None;
+            }
+        }
+        (stages.len() == m && current.is_empty()).then_some(stages)
+    }
+
+    /// The compute order of a stage-form schedule (problem indices).
+    #[cfg_attr(not(feature = "highs"), allow(dead_code))]
+    pub fn computes_of(&self, stages: &[Vec<usize>]) -> Vec<NodeId> {
+        let mut out = Vec::with_capacity(stages.iter().map(|s| s.len() + 1).sum());
+        for (t, stage) in stages.iter().enumerate() {
+            out.extend(stage.iter().map(|&i| self.nodes[i]));
+            out.push(self.nodes[t]);
+        }
+        out
+    }
+}
+
+/// Builds stage-form schedules from retention horizons.
+struct Builder<'a> {
+    g: &'a Local,
+    mark: Vec<u32>,
+    epoch: u32,
+    stack: Vec<usize>,
+    stage: Vec<usize>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(g: &'a Local) -> Self {
+        Builder {
+            g,
+            mark: vec![0; g.len()],
+            epoch: 0,
+            stack: Vec::new(),
+            stage: Vec::new(),
+        }
+    }
+
+    /// Compute order (problem indices) for horizons `h`.
+    fn computes(&mut self, h: &[usize]) -> Vec<NodeId> {
+        let g = self.g;
+        let mut out = Vec::with_capacity(2 * g.len());
+        for t in 0..g.len() {
+            self.epoch = self.epoch.wrapping_add(1);
+            if self.epoch == 0 {
+                self.mark.iter_mut().for_each(|m| *m = 0);
+                self.epoch = 1;
+            }
+            self.stage.clear();
+            self.stack.clear();
+            self.stack.push(t);
+            self.mark[t] = self.epoch;
+            while let Some(x) = self.stack.pop() {
+                for &d in &g.deps[x] {
+                    // Resident at the start of stage t: computed at stage d < t, kept through t.
+                    if h[d] >= t || self.mark[d] == self.epoch {
+                        continue;
+                    }
+                    self.mark[d] = self.epoch;
+                    self.stage.push(d);
+                    self.stack.push(d);
+                }
+            }
+            self.stage.sort_unstable();
+            out.extend(self.stage.iter().map(|&i| g.nodes[i]));
+            out.push(g.nodes[t]);
+        }
+        out
+    }
+}
+
+/// Small deterministic generator (xorshift64*), so the search needs no dependency and runs
+/// are reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// What the local search found.
+#[derive(Debug, Clone)]
+pub struct SearchOutcome {
+    /// The best schedule within the budget, if any was found.
+    pub best: Option<(Schedule, Stats)>,
+    /// Schedules built and simulated.
+    pub evaluations: usize,
+}
+
+struct Scored {
+    cost: f64,
+    peak: u64,
+}
+
+/// Local search over retention horizons for a schedule within `budget` bytes (fixed bytes
+/// included) of least compute cost, for at most `time_limit`. Deterministic for a given seed
+/// apart from where the time limit cuts it.
+pub fn horizon_search(
+    p: &Problem,
+    budget: u64,
+    time_limit: Duration,
+    seed: u64,
+) -> Result<SearchOutcome> {
+    let start = Instant::now();
+    let g = Local::new(p);
+    let m = g.len();
+    let mut builder = Builder::new(&g);
+    let mut evaluations = 0usize;
+    // Horizon options per value: its own stage, then each stage that reads it.
+    let options: Vec<Vec<usize>> = (0..m)
+        .map(|i| {
+            let mut o = vec![i];
+            for &u in &g.users[i] {
+                if o.last() != Some(&u) {
+                    o.push(u);
+                }
+            }
+            o
+        })
+        .collect();
+    let movable: Vec<usize> = (0..m).filter(|&i| options[i].len() > 1).collect();
+    let mut h: Vec<usize> = (0..m).map(|i| g.max_user(i)).collect();
+
+    let mut eval = |h: &[usize], evaluations: &mut usize| -> Result<(Schedule, Stats)> {
+        *evaluations += 1;
+        let schedule = with_frees(p, &builder.computes(h));
+        let stats = simulate(p, &schedule)?;
+        Ok((schedule, stats))
+    };
+    let score = |s: &Stats| Scored {
+        cost: s.compute_cost,
+        peak: s.peak_bytes,
+    };
+
+    let (mut cur_sched, mut cur_stats) = eval(&h, &mut evaluations)?;
+    let mut best: Option<(Schedule, Stats)> = None;
+    let consider = |best: &mut Option<(Schedule, Stats)>, sched: &Schedule, stats: &Stats| {
+        if stats.peak_bytes <= budget
+            && best
+                .as_ref()
+                .is_none_or(|(_, b)| stats.compute_cost < b.compute_cost)
+        {
+            *best = Some((sched.clone(), stats.clone()));
+        }
+    };
+    consider(&mut best, &cur_sched, &cur_stats);
+    if best.is_some() || movable.is_empty() {
+        // Store-all fits (nothing to improve: it computes everything once), or nothing moves.
+        return Ok(SearchOutcome { best, evaluations });
+    }
+
+    // Phase 1: greedy descent on the peak. At each round, try lowering the horizon of the
+    // largest values resident at the peak and keep the move with the best peak reduction per
+    // unit of extra cost.
+    const CANDIDATES: usize = 24;
+    let mut rng = Rng(seed | 1);
+    while cur_stats.peak_bytes > budget && start.elapsed() < time_limit {
+        let resident = resident_at(p, &cur_sched, cur_stats.peak_step);
+        let mut cands: Vec<usize> = resident
+            .iter()
+            .filter_map(|&v| g.local[v])
+            .filter(|&i| h[i] > i)
+            .collect();
+        cands.sort_by_key(|&i| std::cmp::Reverse(g.bytes[i]));
+        cands.truncate(CANDIDATES);
+        let mut choice: Option<(f64, usize, usize, Schedule, Stats)> = None;
+        for &i in &cands {
+            let pos = options[i].iter().position(|&o| o == h[i]).unwrap_or(0);
+            let mut tried = vec![options[i][pos.saturating_sub(1)]];
+            if options[i][0] != tried[0] {
+                tried.push(options[i][0]);
+            }
+            for new_h in tried {
+                let old = h[i];
+                h[i] = new_h;
+                let (s, st) = eval(&h, &mut evaluations)?;
+                h[i] = old;
+                if st.peak_bytes >= cur_stats.peak_bytes {
+                    continue;
+                }
+                let gain = (cur_stats.peak_bytes - st.peak_bytes) as f64;
+                let extra = (st.compute_cost - cur_stats.compute_cost).max(0.0);
+                let ratio = gain / (extra + 1e-9 * (1.0 + cur_stats.compute_cost));
+                if choice.as_ref().is_none_or(|c| ratio > c.0) {
+                    choice = Some((ratio, i, new_h, s, st));
+                }
+            }
+        }
+        match choice {
+            Some((_, i, new_h, s, st)) => {
+                h[i] = new_h;
+                cur_sched = s;
+                cur_stats = st;
+            }
+            None => {
+                // No single move lowers the peak: drop a random resident value entirely.
+                let Some(&i) = cands.get(rng.below(cands.len())) else {
+                    break;
+                };
+                h[i] = i;
+                let (s, st) = eval(&h, &mut evaluations)?;
+                cur_sched = s;
+                cur_stats = st;
+            }
+        }
+        consider(&mut best, &cur_sched, &cur_stats);
+    }
+
+    // Phase 2: simulated annealing on cost + penalty * excess bytes.
+    let base = p.base_cost().max(f64::MIN_POSITIVE);
+    let span = budget.saturating_sub(p.fixed_bytes).max(1) as f64;
+    let penalty = 4.0 * base / span;
+    let energy = |s: &Scored| s.cost + penalty * s.peak.saturating_sub(budget) as f64;
+    let mut cur_e = energy(&score(&cur_stats));
+    let t0 = 0.02 * base;
+    let anneal_start = Instant::now();
+    let anneal_total = time_limit.saturating_sub(start.elapsed());
+    while start.elapsed() < time_limit {
+        let frac = anneal_start.elapsed().as_secs_f64() / anneal_total.as_secs_f64().max(1e-9);
+        let temp = t0 * (1.0 - frac).max(0.0).powi(2) + 1e-12 * base;
+        let i = movable[rng.below(movable.len())];
+        let opts = &options[i];
+        let new_h = opts[rng.below(opts.len())];
+        if new_h == h[i] {
+            continue;
+        }
+        let old = h[i];
+        h[i] = new_h;
+        let (s, st) = eval(&h, &mut evaluations)?;
+        let e = energy(&score(&st));
+        if e <= cur_e || rng.unit() < ((cur_e - e) / temp).exp() {
+            cur_e = e;
+            consider(&mut best, &s, &st);
+        } else {
+            h[i] = old;
+        }
+    }
+    Ok(SearchOutcome { best, evaluations })
+}
+
+/// Problem indices resident right after `step` of a valid schedule.
+fn resident_at(p: &Problem, schedule: &Schedule, step: usize) -> Vec<NodeId> {
+    let mut resident = vec![false; p.len()];
+    for s in schedule.steps.iter().take(step + 1) {
+        match *s {
+            Step::Compute(v) => resident[v] = true,
+            Step::Free(v) => resident[v] = false,
+        }
+    }
+    (0..p.len()).filter(|&v| resident[v]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::{Node, NodeKind};
+    use crate::schedule::store_all;
+
+    fn chain(n: usize) -> Problem {
+        let nodes = (0..n)
+            .map(|i| Node {
+                id: i.to_string(),
+                name: format!("n{i}"),
+                cost: 1.0 + (i % 3) as f64,
+                bytes: 10 + (i as u64 * 7) % 13,
+                deps: if i == 0 { vec![] } else { vec![i - 1] },
+                kind: NodeKind::Forward,
+                required: true,
+            })
+            .collect();
+        Problem::new("chain", nodes, 0).unwrap()
+    }
+
+    /// A forward chain and its mirrored backward chain, as in training.
+    fn training_chain(k: usize) -> Problem {
+        let mut nodes = Vec::new();
+        for i in 0..k {
+            nodes.push(Node {
+                id: format!("f{i}"),
+                name: String::new(),
+                cost: 1.0,
+                bytes: 100,
+                deps: if i == 0 { vec![] } else { vec![i - 1] },
+                kind: NodeKind::Forward,
+                required: false,
+            });
+        }
+        for j in 0..k {
+            let f = k - 1 - j;
+            let mut deps = vec![f];
+            if j > 0 {
+                deps.push(k + j - 1);
+            } else if k > 1 {
+                deps.push(k - 2);
+            }
+            nodes.push(Node {
+                id: format!("b{j}"),
+                name: String::new(),
+                cost: 2.0,
+                bytes: 100,
+                deps,
+                kind: NodeKind::Backward,
+                required: true,
+            });
+        }
+        Problem::new("train", nodes, 0).unwrap()
+    }
+
+    #[test]
+    fn store_all_is_stage_form_and_round_trips() {
+        let p = training_chain(6);
+        let g = Local::new(&p);
+        let stages = g.stages_of(&store_all(&p)).unwrap();
+        assert!(stages.iter().all(|s| s.is_empty()));
+        let computes = g.computes_of(&stages);
+        assert_eq!(with_frees(&p, &computes), store_all(&p));
+    }
+
+    #[test]
+    fn horizons_schedule_is_stage_form() {
+        let p = training_chain(8);
+        let g = Local::new(&p);
+        let mut b = Builder::new(&g);
+        let h: Vec<usize> = (0..g.len()).map(|i| i.min(g.max_user(i))).collect();
+        let sched = with_frees(&p, &b.computes(&h));
+        let stats = simulate(&p, &sched).unwrap();
+        assert!(stats.recomputations > 0);
+        let stages = g.stages_of(&sched).unwrap();
+        assert_eq!(with_frees(&p, &g.computes_of(&stages)), sched);
+    }
+
+    #[test]
+    fn search_meets_a_tight_budget_on_a_training_chain() {
+        let p = training_chain(12);
+        let full = simulate(&p, &store_all(&p)).unwrap();
+        let budget = full.peak_bytes / 2;
+        let out = horizon_search(&p, budget, Duration::from_millis(300), 7).unwrap();
+        let (sched, stats) = out.best.expect("a schedule within half the store-all peak");
+        assert!(stats.peak_bytes <= budget);
+        assert_eq!(simulate(&p, &sched).unwrap(), stats);
+        assert!(stats.compute_cost > full.compute_cost);
+    }
+
+    #[test]
+    fn search_returns_store_all_when_it_fits() {
+        let p = chain(10);
+        let full = simulate(&p, &store_all(&p)).unwrap();
+        let out = horizon_search(&p, full.peak_bytes, Duration::from_millis(100), 1).unwrap();
+        assert_eq!(out.best.unwrap().1.compute_cost, full.compute_cost);
+    }
+}

@@ -1,0 +1,342 @@
+//! The Checkmate MILP and the `plan` API: agreement with the exact chain DP, with the
+//! baselines, with `simulate`; infeasible budgets; the schedule interchange format.
+#![cfg(feature = "highs")]
+
+mod common;
+
+use common::{arb_chain, arb_plain_dag, arb_training_dag, brute_force, chain};
+use proptest::prelude::*;
+use remat_solver::baselines::baselines;
+use remat_solver::ilp::{self, IlpOptions, IlpStatus};
+use remat_solver::plan::{self, parse_budget, plan, sweep, Algorithm, PlanOptions, Status};
+use remat_solver::{io::read_node_link, simulate, store_all_peak, Problem, Schedule};
+use std::path::PathBuf;
+use std::time::Duration;
+
+const TIME: Duration = Duration::from_secs(60);
+
+fn solve(p: &Problem, budget: u64) -> ilp::IlpOutcome {
+    ilp::solve(p, &IlpOptions::new(budget, TIME)).expect("the MILP runs")
+}
+
+/// A budget between the footprint lower bound and the store-all peak, `f` of the way.
+fn budget_at(p: &Problem, f: f64) -> u64 {
+    let lo = p.footprint_lower_bound();
+    let hi = store_all_peak(p);
+    lo + ((hi - lo) as f64 * f).round() as u64
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// On training chains the MILP's optimum is the exact DP's optimum.
+    #[test]
+    fn ilp_matches_chain_dp(p in arb_chain(6), f in 0.0f64..1.0) {
+        let budget = budget_at(&p, f);
+        let dp = remat_solver::dp::solve_chain(&p, budget).unwrap();
+        let out = solve(&p, budget);
+        match dp {
+            None => prop_assert_eq!(out.status, IlpStatus::Infeasible),
+            Some(s) => {
+                let dp_cost = simulate(&p, &s).unwrap().compute_cost;
+                prop_assert_eq!(out.status, IlpStatus::Optimal);
+                let stats = out.stats.unwrap();
+                prop_assert!(stats.peak_bytes <= budget);
+                prop_assert!(close(stats.compute_cost, dp_cost),
+                    "ilp {} dp {}", stats.compute_cost, dp_cost);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// The MILP is never worse than any baseline that fits, and its objective is what
+    /// `simulate` measures of its schedule.
+    #[test]
+    fn ilp_beats_feasible_baselines_on_training_dags(p in arb_training_dag(5), f in 0.0f64..1.0) {
+        let budget = budget_at(&p, f);
+        let out = solve(&p, budget);
+        for b in baselines(&p, budget).iter().filter(|b| b.feasible) {
+            prop_assert_eq!(out.status, IlpStatus::Optimal, "{} fits", b.name);
+            let cost = out.stats.as_ref().unwrap().compute_cost;
+            prop_assert!(cost <= b.stats.compute_cost * (1.0 + 1e-9),
+                "ilp {} > {} {}", cost, b.name, b.stats.compute_cost);
+        }
+        if let (Some(obj), Some(stats)) = (out.objective, &out.stats) {
+            prop_assert!(close(obj, stats.compute_cost), "objective {} simulate {}", obj, stats.compute_cost);
+            prop_assert!(stats.peak_bytes <= budget);
+        }
+    }
+
+    /// On tiny plain DAGs the MILP never beats exhaustive search (which sees every schedule),
+    /// and it finds a schedule whenever the budget admits one in stage form.
+    #[test]
+    fn ilp_is_bounded_by_brute_force_on_plain_dags(p in arb_plain_dag(7), f in 0.0f64..1.0) {
+        let budget = budget_at(&p, f);
+        let bf = brute_force(&p, budget);
+        let out = solve(&p, budget);
+        match (bf.min_cost, &out.stats) {
+            (None, s) => prop_assert!(s.is_none()),
+            (Some(best), Some(stats)) => {
+                prop_assert!(stats.compute_cost >= best - 1e-9);
+                prop_assert!(stats.peak_bytes <= budget);
+                prop_assert!(close(out.objective.unwrap(), stats.compute_cost));
+            }
+            (Some(_), None) => prop_assert_eq!(out.status, IlpStatus::Infeasible),
+        }
+    }
+}
+
+#[test]
+fn objective_equals_simulated_cost_under_recomputation() {
+    // Costs with fractions and bytes with large magnitudes exercise both scalings.
+    let fwd: Vec<(f64, u64)> = (0..8)
+        .map(|i| (0.5 + i as f64 * 1.25, (3 + i % 4) * 1_000_000_007))
+        .collect();
+    let bwd: Vec<(f64, u64)> = (0..7)
+        .map(|i| (2.0 + i as f64, 1_000_000_007 * (1 + i % 2)))
+        .collect();
+    let p = chain(&fwd, &bwd, 123_456);
+    for f in [0.2, 0.5, 0.8] {
+        let budget = budget_at(&p, f);
+        let out = solve(&p, budget);
+        let stats = out.stats.expect("feasible");
+        assert!(stats.recomputations > 0 || f > 0.5);
+        assert!(close(out.objective.unwrap(), stats.compute_cost));
+        assert!(stats.peak_bytes <= budget);
+        assert_eq!(simulate(&p, out.schedule.as_ref().unwrap()).unwrap(), stats);
+        let lb = out.lower_bound.expect("bound");
+        assert!(lb <= stats.compute_cost * (1.0 + 1e-9));
+    }
+}
+
+#[test]
+fn infeasible_budget_is_reported_with_the_minimum() {
+    let fwd = [(1.0, 10), (2.0, 20), (3.0, 30), (1.0, 10)];
+    let bwd = [(2.0, 10), (2.0, 20), (2.0, 30)];
+    let p = chain(&fwd, &bwd, 5);
+    let (min_peak, _) = remat_solver::dp::min_peak_chain(&p).unwrap();
+    let out = solve(&p, min_peak - 1);
+    assert_eq!(out.status, IlpStatus::Infeasible);
+    assert!(out.schedule.is_none());
+    assert_eq!(solve(&p, min_peak).status, IlpStatus::Optimal);
+
+    let (schedule, report) = plan(&p, &PlanOptions::new(min_peak - 1)).unwrap();
+    assert_eq!(report.status, Status::Infeasible);
+    assert!(schedule.steps.is_empty() && report.schedule.is_empty());
+    assert_eq!(report.min_feasible_budget_bytes, Some(min_peak));
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["status"], "infeasible");
+    assert_eq!(json["min_feasible_budget_bytes"], min_peak);
+}
+
+#[test]
+fn time_out_without_solution_is_a_status() {
+    let fwd: Vec<(f64, u64)> = (0..30)
+        .map(|i| (1.0 + (i % 5) as f64, 10 + i % 7))
+        .collect();
+    let bwd: Vec<(f64, u64)> = (0..29).map(|i| (2.0, 10 + i % 3)).collect();
+    let p = chain(&fwd, &bwd, 0);
+    let mut o = IlpOptions::new(budget_at(&p, 0.1), Duration::from_millis(1));
+    o.threads = 1;
+    let out = ilp::solve(&p, &o).unwrap();
+    match out.status {
+        IlpStatus::NoSolution => assert!(out.schedule.is_none()),
+        IlpStatus::Feasible | IlpStatus::Optimal => {
+            assert!(out.stats.unwrap().peak_bytes <= o.budget)
+        }
+        IlpStatus::Infeasible => panic!("a feasible budget reported infeasible"),
+    }
+}
+
+/// Every algorithm through `plan`: the report's figures are what `simulate` says of the
+/// schedule, the steps round-trip through the interchange format, and `auto` is never worse
+/// than any feasible baseline.
+#[test]
+fn plan_reports_round_trip_for_every_algorithm() {
+    let fwd: Vec<(f64, u64)> = (0..7).map(|i| (1.0 + i as f64, 10 + 3 * i)).collect();
+    let bwd: Vec<(f64, u64)> = (0..6).map(|i| (2.0 + i as f64, 10 + i)).collect();
+    let p = chain(&fwd, &bwd, 7);
+    let budget = budget_at(&p, 0.5);
+    let mut auto_cost = None;
+    for algorithm in Algorithm::ALL {
+        let opts = PlanOptions {
+            budget,
+            algorithm,
+            time_limit: Duration::from_secs(10),
+            threads: 1,
+        };
+        let (schedule, report) = plan(&p, &opts).unwrap();
+        if report.status == Status::Infeasible {
+            assert!(matches!(
+                algorithm,
+                Algorithm::StoreAll
+                    | Algorithm::ChenSqrt
+                    | Algorithm::ChenGreedy
+                    | Algorithm::EveryK
+                    | Algorithm::Revolve
+            ));
+            continue;
+        }
+        let back = Schedule::from_json_steps(&p, &report.schedule).unwrap();
+        assert_eq!(back, schedule);
+        let text = serde_json::to_string(&report.schedule).unwrap();
+        let parsed: Vec<remat_solver::schedule::StepJson> = serde_json::from_str(&text).unwrap();
+        let stats = simulate(&p, &Schedule::from_json_steps(&p, &parsed).unwrap()).unwrap();
+        assert_eq!(stats.peak_bytes, report.predicted.peak_bytes);
+        assert_eq!(stats.compute_cost, report.predicted.compute_cost);
+        assert_eq!(stats.memory, report.predicted.memory);
+        assert!(stats.peak_bytes <= budget);
+        assert!(close(
+            report.predicted.overhead,
+            stats.compute_cost / report.store_all_cost - 1.0
+        ));
+        if algorithm == Algorithm::Auto {
+            auto_cost = Some(stats.compute_cost);
+            assert_eq!(report.status, Status::Optimal, "a chain is solved exactly");
+        }
+        if algorithm == Algorithm::Ilp || algorithm == Algorithm::Dp {
+            assert_eq!(report.status, Status::Optimal, "{algorithm}");
+        }
+    }
+    let auto_cost = auto_cost.unwrap();
+    for b in baselines(&p, budget).iter().filter(|b| b.feasible) {
+        assert!(auto_cost <= b.stats.compute_cost + 1e-9, "{}", b.name);
+    }
+}
+
+#[test]
+fn auto_on_a_training_dag_is_at_least_as_good_as_the_baselines() {
+    // Forward DAG with skip connections (not a chain, so the DP does not apply).
+    let fwd: Vec<(f64, u64)> = (0..10)
+        .map(|i| (1.0 + (i % 4) as f64, 20 + 5 * (i % 3)))
+        .collect();
+    let deps: Vec<Vec<usize>> = (0..10)
+        .map(|j| match j {
+            0 => vec![],
+            j if j >= 3 && j % 3 == 0 => vec![j - 1, j - 3],
+            j => vec![j - 1],
+        })
+        .collect();
+    let bwd: Vec<(f64, u64)> = (0..10).map(|i| (2.0, 15 + (i % 2) * 10)).collect();
+    let p = common::training_dag(&fwd, &deps, &bwd);
+    for f in [0.3, 0.6, 0.9] {
+        let budget = budget_at(&p, f);
+        let opts = PlanOptions {
+            budget,
+            algorithm: Algorithm::Auto,
+            time_limit: Duration::from_secs(20),
+            threads: 1,
+        };
+        let (schedule, report) = plan(&p, &opts).unwrap();
+        let stats = simulate(&p, &schedule).unwrap();
+        assert!(stats.peak_bytes <= budget);
+        assert_eq!(report.status, Status::Optimal, "small: proven by the MILP");
+        assert!(report.gap.unwrap() <= 1e-4);
+        for b in report.baselines.iter().filter(|b| b.feasible) {
+            assert!(stats.compute_cost <= b.compute_cost + 1e-9, "{}", b.name);
+        }
+    }
+}
+
+#[test]
+fn sweep_is_monotone_and_names_every_baseline() {
+    let fwd: Vec<(f64, u64)> = (0..6).map(|i| (1.0 + i as f64, 10 + 4 * i)).collect();
+    let bwd: Vec<(f64, u64)> = (0..5).map(|_| (2.0, 12)).collect();
+    let p = chain(&fwd, &bwd, 0);
+    let points = sweep(&p, &[1.0, 0.8, 0.6, 0.4, 0.05], &PlanOptions::new(0)).unwrap();
+    assert_eq!(points.len(), 5);
+    assert_eq!(points[0].overhead, Some(0.0));
+    let last = points.last().unwrap();
+    assert_eq!(last.status, Status::Infeasible);
+    assert_eq!(last.overhead, None);
+    let feasible: Vec<f64> = points.iter().filter_map(|q| q.overhead).collect();
+    assert!(
+        feasible.windows(2).all(|w| w[0] <= w[1] + 1e-12),
+        "{feasible:?}"
+    );
+    for q in &points {
+        assert_eq!(
+            q.budget_bytes,
+            parse_budget(&format!("{}x", q.fraction), store_all_peak(&p)).unwrap()
+        );
+        assert_eq!(
+            q.baselines.iter().map(|b| b.0.as_str()).collect::<Vec<_>>(),
+            remat_solver::baselines::BASELINE_NAMES.to_vec()
+        );
+    }
+    assert!(sweep(&p, &[0.0], &PlanOptions::new(0)).is_err());
+}
+
+fn graph(prefix: &str) -> Problem {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/bench/graphs");
+    let path = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("shared graphs at {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            let f = p.file_name().unwrap().to_string_lossy().to_string();
+            f.starts_with(prefix) && !f.contains("_test_")
+        })
+        .unwrap_or_else(|| panic!("no graph for {prefix}"));
+    read_node_link(&path).unwrap()
+}
+
+/// Data-driven: published graphs at published budgets. The plan must fit, beat or match every
+/// feasible baseline, and report a gap when a bound is known.
+#[test]
+fn published_graphs_plan_within_budget() {
+    // (graph, M, published budget)
+    let cases = [
+        ("VGG16 (MLSys)", 0.9, 14242598093u64),
+        ("fcn_8_vgg (MLSys)", 0.8, 10787836416),
+        ("random_layered_n100_", 0.8, 37056),
+    ];
+    for (prefix, m, published) in cases {
+        let p = graph(prefix);
+        let budget = parse_budget(&format!("{m}x"), store_all_peak(&p)).unwrap();
+        assert_eq!(budget, published, "{prefix}");
+        let opts = PlanOptions {
+            budget,
+            algorithm: Algorithm::Auto,
+            time_limit: Duration::from_secs(15),
+            threads: 1,
+        };
+        let (schedule, report) = plan(&p, &opts).unwrap();
+        let stats = simulate(&p, &schedule).unwrap();
+        assert!(stats.peak_bytes <= budget, "{prefix}");
+        assert_ne!(report.status, Status::Infeasible, "{prefix}");
+        for b in report.baselines.iter().filter(|b| b.feasible) {
+            assert!(
+                stats.compute_cost <= b.compute_cost + 1e-9,
+                "{prefix}: {}",
+                b.name
+            );
+        }
+        if let (Some(lb), Some(gap)) = (report.lower_bound, report.gap) {
+            assert!(
+                lb.compute_cost <= stats.compute_cost * (1.0 + 1e-9),
+                "{prefix}"
+            );
+            assert!((0.0..=1.0).contains(&gap), "{prefix}");
+        }
+    }
+}
+
+#[test]
+fn ilp_is_unavailable_only_without_highs() {
+    // With the feature on, the explicit algorithm runs.
+    let p = chain(&[(1.0, 5), (1.0, 5), (1.0, 5)], &[(1.0, 5), (1.0, 5)], 0);
+    let opts = PlanOptions {
+        algorithm: Algorithm::Ilp,
+        ..PlanOptions::new(store_all_peak(&p))
+    };
+    let (_, report) = plan::plan(&p, &opts).unwrap();
+    assert_eq!(report.status, Status::Optimal);
+    assert_eq!(report.predicted.overhead, 0.0);
+}
