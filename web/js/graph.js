@@ -96,6 +96,10 @@ export class GraphView {
       h('div', { class: 'graph-body' }, this.wrap, this.details),
     );
     this.attach();
+    // As tall as the graph needs at a width-filling zoom, within bounds.
+    const width = this.wrap.clientWidth || 800;
+    const k = Math.min(width / Math.max(this.layout.width, 1), 2);
+    this.wrap.style.height = `${Math.round(Math.max(260, Math.min(560, this.layout.height * k + 40)))}px`;
     let frame = 0;
     this.resizeObserver = new ResizeObserver(() => {
       cancelAnimationFrame(frame);
