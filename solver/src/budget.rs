@@ -43,22 +43,26 @@ impl Lowest {
 
 /// The minimum feasible budget: the least peak of the schedules this crate can construct.
 ///
-/// For a training chain ([`crate::dp::as_training_chain`]) the exact DP gives the true minimum.
-/// Otherwise: store-all, "recompute everything" (the eager generator with nothing but gradients
+/// For a training chain ([`crate::dp::as_training_chain`]) of up to 30 forward nodes the exact
+/// DP gives the true minimum. Otherwise (longer chains also start from the restricted DP): store-all, "recompute everything" (the eager generator with nothing but gradients
 /// kept), the lowest-peak schedules of every baseline (each searched with a zero budget, so it
 /// minimizes peak), then a greedy descent over single-node changes of the keep-set.
 pub fn min_feasible_budget(p: &Problem) -> MinBudget {
     let lower_bound = p.footprint_lower_bound();
-    if let Some((bytes, schedule)) = crate::dp::min_peak_chain(p) {
+    let chain = crate::dp::min_peak_chain(p);
+    if let Some((bytes, schedule, true)) = &chain {
         return MinBudget {
-            bytes,
+            bytes: *bytes,
             lower_bound,
             exact: true,
-            schedule,
+            schedule: schedule.clone(),
         };
     }
     let mut low = Lowest { best: None };
     low.offer(p, store_all(p));
+    if let Some((_, schedule, _)) = chain {
+        low.offer(p, schedule);
+    }
     let ph = Phases::of(p);
     let mut keep = vec![false; p.len()];
     if !ph.forward.is_empty() {

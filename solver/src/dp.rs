@@ -1,6 +1,6 @@
 //! Exact checkpointing of training chains: a Rotor-style dynamic program (Beaumont et al.,
 //! "Optimal checkpointing for heterogeneous chains", 2019/2021) derived for this crate's
-//! memory model, so its predicted peak and cost are exactly what [`simulate`] measures.
+//! memory model, so its predicted peak and cost are exactly what [`simulate`](crate::simulate) measures.
 //!
 //! # Training chains
 //!
@@ -16,16 +16,31 @@
 //!
 //! # The program
 //!
-//! `P(c, t, r)`: process backward stages `t, t-1, …, max(c, lo)` given that `x_c` is resident
-//! (`c = -1`: nothing, `x_0` is computed from scratch), `b` of stage `t+1` is resident (when
-//! stage `t+1` exists) and `x_{t+1}` is resident when `r` (otherwise it is recomputed from
-//! `x_t` right before stage `t`). Either `c = t` and stage `t` runs (after recomputing
-//! `x_{t+1}` when `!r`), or for some `c < s ≤ t` the chain is advanced from `x_c` to `x_s`
-//! keeping only `x_s`, then `P(s, t, r)` runs with `x_c` held, then `P(c, s-1, r')`, where
-//! `r'` says whether `x_s` stays resident until stage `s-1` or is freed after stage `s` and
-//! recomputed. Instead of a discretized memory axis each state keeps its exact Pareto frontier
-//! of (peak bytes, cost): the peak of a composition is the max of its parts' peaks (shifted by
-//! what is held), its cost their sum, so no discretization is needed and the optimum is exact.
+//! `P(c, t, r, e)`: process backward stages `t, t-1, …, e` given that `x_c` is resident
+//! (`c = -1`: nothing is, `x_0` is computed from scratch), the gradient of stage `t+1` is
+//! resident (when stage `t+1` exists) and `x_{t+1}` is resident when `r` (otherwise it is
+//! recomputed from `x_t` right before stage `t`). When `e == c` the subproblem runs down to
+//! stage `c`, which reads `x_c`; when `e > c` the caller does the stages below `e` from a lower
+//! checkpoint and `x_c` is freed after its last use. Choices:
+//! - `c = t`: run stage `t` (after recomputing `x_{t+1}` when `!r`);
+//! - *keep*: advance from `x_c` to `x_s` keeping only `x_s` (each intermediate freed after its
+//!   successor is computed), run `P(s, t, r, e1)` with `x_c` held, then `P(c, e1-1, r', e)`,
+//!   where `r'` says whether `x_{e1}` stays resident until stage `e1-1` or is freed after stage
+//!   `e1` and recomputed;
+//! - *drop*: advance from `x_c` to `x_s ≤ x_e` freeing `x_c` after its first reader, then
+//!   `P(s, t, r, e)`.
+//!
+//! The whole step is `P(-1, N-2, false, lo)`. Instead of a discretized memory axis every state
+//! keeps its exact Pareto frontier of (peak bytes, cost): a composition's peak is the max of the
+//! advance peak and its parts' peaks (the first part shifted by the held `x_c`) and its cost the
+//! sum, so nothing is rounded and predicted peak and cost are what [`simulate`](crate::simulate) measures on the
+//! schedule [`with_frees`] derives from the compute order.
+//!
+//! Exactness is checked in `tests/props.rs` against exhaustive search over *all* schedules
+//! (any recomputation of any node, any order, any frees) on random chains of up to 4 stages, at
+//! every budget. The classical Rotor recursion alone (no *drop*, `x_{t+1}` always kept) is not
+//! exact in this model: a checkpoint that is read by its own stage can be worth freeing early
+//! and recomputing from scratch. The DP costs `O(N^5)` frontier merges for `N` forward nodes.
 
 use crate::error::{Result, SolverError};
 use crate::problem::{NodeId, Problem};
@@ -117,7 +132,8 @@ pub fn as_training_chain(p: &Problem) -> Option<Chain> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Choice {
     Base,
-    Split { s: usize, r2: bool },
+    Keep { s: usize, e1: usize, r2: bool },
+    Drop { s: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -149,6 +165,38 @@ fn envelope(mut pts: Vec<Pt>) -> Vec<Pt> {
     out
 }
 
+/// Chains with more forward nodes than this use the restricted program (`e = max(c, lo)`: a
+/// checkpoint read by a stage is held until that stage), `O(N^3)` instead of `O(N^5)`.
+const GENERAL_MAX: usize = 30;
+
+/// Frontiers longer than this are thinned (see [`thin`]).
+const MAX_FRONT: usize = 48;
+
+/// Keeps the lowest-peak point of each of `MAX_FRONT / 2` equal peak ranges, and the cheapest
+/// point. Every kept point is exact; a budget between two kept points gets the lower one's
+/// (costlier) schedule, so the minimum peak stays exact and only costs can be suboptimal.
+fn thin(front: Vec<Pt>) -> Vec<Pt> {
+    let (Some(first), Some(last)) = (front.first().copied(), front.last().copied()) else {
+        return front;
+    };
+    let buckets = (MAX_FRONT / 2) as u64;
+    let width = ((last.peak - first.peak) / buckets).max(1);
+    let mut out: Vec<Pt> = Vec::with_capacity(MAX_FRONT / 2 + 2);
+    for q in front {
+        let b = (q.peak - first.peak) / width;
+        if out
+            .last()
+            .is_none_or(|l| (l.peak - first.peak) / width != b)
+        {
+            out.push(q);
+        }
+    }
+    if out.last().is_some_and(|l| l.peak != last.peak) {
+        out.push(last);
+    }
+    out
+}
+
 /// The DP over one chain.
 struct Dp<'a> {
     chain: &'a Chain,
@@ -159,16 +207,26 @@ struct Dp<'a> {
     g: Vec<f64>,
     lo: usize,
     n: usize,
-    /// `fronts[state(c, t, r)]`.
+    /// Points above this peak (relative bytes) are useless and dropped.
+    cap: u64,
+    /// Whether some frontier was thinned (the result may then be suboptimal).
+    thinned: bool,
+    /// Whether subproblems may end above their checkpoint's stage (`e > c` for `c ≥ lo`).
+    general: bool,
+    /// `pair_max[i * n + s]`: the largest `a[k-1] + a[k]` for `i < k ≤ s` (0 when none).
+    pair_max: Vec<u64>,
+    /// Prefix sums of forward costs.
+    fsum: Vec<f64>,
+    /// `fronts[state(c, t, e, r)]`.
     fronts: Vec<Vec<Pt>>,
 }
 
 impl<'a> Dp<'a> {
-    fn new(p: &Problem, chain: &'a Chain) -> Self {
+    fn new(p: &Problem, chain: &'a Chain, cap: u64, mode: DpMode) -> Self {
         let n = chain.forward.len();
         let lo = chain.lowest_stage();
-        let a = chain.forward.iter().map(|&v| p.bytes(v)).collect();
-        let f = chain.forward.iter().map(|&v| p.cost(v)).collect();
+        let a_vec: Vec<u64> = chain.forward.iter().map(|&v| p.bytes(v)).collect();
+        let f_vec: Vec<f64> = chain.forward.iter().map(|&v| p.cost(v)).collect();
         let mut d = vec![0; n];
         let mut g = vec![0.0; n];
         for j in lo..n - 1 {
@@ -176,7 +234,22 @@ impl<'a> Dp<'a> {
             d[j] = p.bytes(v);
             g[j] = p.cost(v);
         }
+        let mut pair_max = vec![0u64; n * n];
+        for i in 0..n {
+            let mut m = 0;
+            for k in (i + 1)..n {
+                m = m.max(a_vec[k - 1] + a_vec[k]);
+                pair_max[i * n + k] = m;
+            }
+        }
+        let mut fsum = vec![0.0; n + 1];
+        for k in 0..n {
+            fsum[k + 1] = fsum[k] + f_vec[k];
+        }
+        let (a, f) = (a_vec, f_vec);
         let mut dp = Dp {
+            pair_max,
+            fsum,
             chain,
             a,
             f,
@@ -184,14 +257,25 @@ impl<'a> Dp<'a> {
             g,
             lo,
             n,
-            fronts: vec![Vec::new(); (n + 1) * n * 2],
+            cap,
+            thinned: false,
+            general: match mode {
+                DpMode::Auto => n <= GENERAL_MAX,
+                DpMode::Exact => true,
+                DpMode::Restricted => false,
+            },
+            fronts: vec![Vec::new(); (n + 1) * n * n * 2],
         };
         dp.solve();
         dp
     }
 
-    fn state(&self, c: isize, t: usize, r: bool) -> usize {
-        (((c + 1) as usize * self.n) + t) * 2 + r as usize
+    fn state(&self, c: isize, t: usize, e: usize, r: bool) -> usize {
+        ((((c + 1) as usize * self.n) + t) * self.n + e) * 2 + r as usize
+    }
+
+    fn front(&self, c: isize, t: usize, e: usize, r: bool) -> &[Pt] {
+        &self.fronts[self.state(c, t, e, r)]
     }
 
     /// Bytes of the gradient of stage `j`, 0 when the stage has no backward node.
@@ -203,10 +287,17 @@ impl<'a> Dp<'a> {
         }
     }
 
+    fn xc(&self, c: isize) -> u64 {
+        if c >= 0 {
+            self.a[c as usize]
+        } else {
+            0
+        }
+    }
+
     fn entry(&self, c: isize, t: usize, r: bool) -> u64 {
-        let xc = if c >= 0 { self.a[c as usize] } else { 0 };
         let xt = if r { self.a[t + 1] } else { 0 };
-        xc + xt + self.dsz(t + 1)
+        self.xc(c) + xt + self.dsz(t + 1)
     }
 
     fn solve(&mut self) {
@@ -218,56 +309,51 @@ impl<'a> Dp<'a> {
                     continue;
                 }
                 let t = t as usize;
-                for r in [true, false] {
-                    if t == top && r {
-                        continue;
+                let e_min = self.lo.max(c.max(0) as usize);
+                let e_max = if self.general { t } else { e_min };
+                for e in e_min..=e_max {
+                    for r in [true, false] {
+                        if t == top && r {
+                            continue;
+                        }
+                        let mut front = self.options(c, t, e, r);
+                        front.retain(|q| q.peak <= self.cap);
+                        if front.len() > MAX_FRONT {
+                            front = thin(front);
+                            self.thinned = true;
+                        }
+                        let st = self.state(c, t, e, r);
+                        self.fronts[st] = front;
                     }
-                    let front = self.options(c, t, r);
-                    let st = self.state(c, t, r);
-                    self.fronts[st] = front;
                 }
             }
         }
     }
 
     /// Advance from `x_c` to `x_s` keeping only `x_s`: (peak, cost). `e` is the entry memory;
-    /// `dies` frees `x_c` after its first reader.
+    /// `dies`: `x_c` is freed after its first reader.
     fn advance(&self, c: isize, s: usize, e: u64, dies: bool) -> (u64, f64) {
         let first = (c + 1) as usize;
-        let mut peak = 0;
-        let mut cost = 0.0;
-        for i in first..=s {
-            let mut m = e + self.a[i];
-            if i > first {
-                m += self.a[i - 1];
-                if dies {
-                    m -= self.a[c as usize];
-                }
-            }
-            peak = peak.max(m);
-            cost += self.f[i];
-        }
+        let pairs = self.pair_max[first * self.n + s];
+        let cost = self.fsum[s + 1] - self.fsum[first];
+        let peak = if dies {
+            e - self.xc(c) + (self.xc(c) + self.a[first]).max(pairs)
+        } else {
+            e + self.a[first].max(pairs)
+        };
         (peak, cost)
     }
 
-    fn split_parts(&self, c: isize, s: usize) -> (bool, u64) {
-        let second_empty = s <= self.lo;
-        let dies = c >= 0 && (c as usize) < self.lo && second_empty;
-        let shift = if c >= 0 && !dies {
-            self.a[c as usize]
-        } else {
-            0
-        };
-        (dies, shift)
-    }
-
-    fn options(&self, c: isize, t: usize, r: bool) -> Vec<Pt> {
-        let e = self.entry(c, t, r);
+    /// Pareto frontier of `P(c, t, r, e)`: stages `t` down to `e` with `x_c` resident at entry
+    /// (held to the end when `e == c`, where stage `c` reads it; otherwise freed after its last
+    /// use).
+    fn options(&self, c: isize, t: usize, e: usize, r: bool) -> Vec<Pt> {
+        let en = self.entry(c, t, r);
         if c == t as isize {
             let (peak, cost) = if r {
-                (e + self.d[t], self.g[t])
+                (en + self.d[t], self.g[t])
             } else {
-                (e + self.a[t + 1] + self.d[t], self.f[t + 1] + self.g[t])
+                (en + self.a[t + 1] + self.d[t], self.f[t + 1] + self.g[t])
             };
             return vec![Pt {
                 peak,
@@ -275,57 +361,65 @@ impl<'a> Dp<'a> {
                 choice: Choice::Base,
             }];
         }
+        let zero = [Pt {
+            peak: 0,
+            cost: 0.0,
+            choice: Choice::Base,
+        }];
         let mut pts = Vec::new();
         for s in ((c + 1) as usize)..=t {
-            let (dies, shift) = self.split_parts(c, s);
-            let (adv_peak, adv_cost) = self.advance(c, s, e, dies);
-            let f1 = &self.fronts[self.state(s as isize, t, r)];
-            let second_empty = s <= self.lo;
-            for r2 in [true, false] {
-                if second_empty && !r2 {
-                    continue;
+            // Keep x_c through the first part, then continue from it.
+            let (adv_peak, adv_cost) = self.advance(c, s, en, false);
+            let shift = self.xc(c);
+            let e1_max = if self.general { t } else { s };
+            for e1 in s.max(self.lo).max(e + 1)..=e1_max {
+                let f1 = self.front(s as isize, t, e1, r);
+                for r2 in [true, false] {
+                    let f2 = self.front(c, e1 - 1, e, r2);
+                    combine(
+                        &mut pts,
+                        (adv_peak, adv_cost),
+                        f1,
+                        shift,
+                        f2,
+                        Choice::Keep { s, e1, r2 },
+                        self.cap,
+                    );
                 }
-                let empty = [Pt {
-                    peak: 0,
-                    cost: 0.0,
-                    choice: Choice::Base,
-                }];
-                let f2: &[Pt] = if second_empty {
-                    &empty
-                } else {
-                    &self.fronts[self.state(c, s - 1, r2)]
-                };
-                let mut levels: Vec<u64> = f1
-                    .iter()
-                    .map(|q| q.peak + shift)
-                    .chain(f2.iter().map(|q| q.peak))
-                    .chain(std::iter::once(adv_peak))
-                    .filter(|&l| l >= adv_peak)
-                    .collect();
-                levels.sort_unstable();
-                levels.dedup();
-                for lvl in levels {
-                    let (Some(q1), Some(q2)) = (eval(f1, lvl - shift), eval(f2, lvl)) else {
-                        continue;
-                    };
-                    pts.push(Pt {
-                        peak: lvl,
-                        cost: adv_cost + q1.cost + q2.cost,
-                        choice: Choice::Split { s, r2 },
-                    });
-                }
+            }
+            // Free x_c after the advance: the first part goes all the way down to e.
+            if e as isize > c && s <= e {
+                let (adv_peak, adv_cost) = self.advance(c, s, en, true);
+                let f1 = self.front(s as isize, t, e, r);
+                combine(
+                    &mut pts,
+                    (adv_peak, adv_cost),
+                    f1,
+                    0,
+                    &zero,
+                    Choice::Drop { s },
+                    self.cap,
+                );
             }
         }
         envelope(pts)
     }
 
     fn top_front(&self) -> &[Pt] {
-        &self.fronts[self.state(-1, self.n - 2, false)]
+        self.front(-1, self.n - 2, self.lo, false)
     }
 
-    /// Appends the compute sequence of state `(c, t, r)` within `budget` (relative bytes).
-    fn emit(&self, c: isize, t: usize, r: bool, budget: u64, out: &mut Vec<NodeId>) -> bool {
-        let Some(pt) = eval(&self.fronts[self.state(c, t, r)], budget).copied() else {
+    /// Appends the compute sequence of `P(c, t, r, e)` within `budget` (relative bytes).
+    fn emit(
+        &self,
+        c: isize,
+        t: usize,
+        e: usize,
+        r: bool,
+        budget: u64,
+        out: &mut Vec<NodeId>,
+    ) -> bool {
+        let Some(pt) = eval(self.front(c, t, e, r), budget).copied() else {
             return false;
         };
         match pt.choice {
@@ -336,28 +430,92 @@ impl<'a> Dp<'a> {
                 out.push(self.chain.backward_of(t));
                 true
             }
-            Choice::Split { s, r2 } => {
-                let (_, shift) = self.split_parts(c, s);
+            Choice::Keep { s, e1, r2 } => {
                 out.extend_from_slice(&self.chain.forward[((c + 1) as usize)..=s]);
-                if !self.emit(s as isize, t, r, pt.peak - shift, out) {
-                    return false;
-                }
-                if s > self.lo {
-                    return self.emit(c, s - 1, r2, pt.peak, out);
-                }
-                true
+                self.emit(s as isize, t, e1, r, pt.peak - self.xc(c), out)
+                    && self.emit(c, e1 - 1, e, r2, pt.peak, out)
+            }
+            Choice::Drop { s } => {
+                out.extend_from_slice(&self.chain.forward[((c + 1) as usize)..=s]);
+                self.emit(s as isize, t, e, r, pt.peak, out)
             }
         }
     }
 
     fn schedule(&self, p: &Problem, budget: u64) -> Option<Schedule> {
         let mut seq = Vec::new();
-        self.emit(-1, self.n - 2, false, budget, &mut seq)
+        self.emit(-1, self.n - 2, self.lo, false, budget, &mut seq)
             .then(|| with_frees(p, &seq))
     }
 }
 
-/// One point of a chain's exact frontier.
+/// Adds the frontier of "advance, then part 1 (peaks shifted by what is held), then part 2"
+/// to `pts`: at every breakpoint between the advance peak and `cap`, the cheapest parts that fit.
+fn combine(
+    pts: &mut Vec<Pt>,
+    adv: (u64, f64),
+    f1: &[Pt],
+    shift: u64,
+    f2: &[Pt],
+    choice: Choice,
+    cap: u64,
+) {
+    let (adv_peak, adv_cost) = adv;
+    let mut lvl = adv_peak;
+    let mut i = f1.partition_point(|q| q.peak + shift <= lvl);
+    let mut j = f2.partition_point(|q| q.peak <= lvl);
+    while lvl <= cap {
+        if i > 0 && j > 0 {
+            pts.push(Pt {
+                peak: lvl,
+                cost: adv_cost + f1[i - 1].cost + f2[j - 1].cost,
+                choice,
+            });
+        }
+        let next = match (f1.get(i), f2.get(j)) {
+            (None, None) => break,
+            (Some(q), None) => q.peak + shift,
+            (None, Some(q)) => q.peak,
+            (Some(q1), Some(q2)) => (q1.peak + shift).min(q2.peak),
+        };
+        lvl = next;
+        while f1.get(i).is_some_and(|q| q.peak + shift <= lvl) {
+            i += 1;
+        }
+        while f2.get(j).is_some_and(|q| q.peak <= lvl) {
+            j += 1;
+        }
+    }
+}
+
+/// Which program [`solve_chain_with`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DpMode {
+    /// The exact program up to 30 forward nodes, the restricted one beyond.
+    #[default]
+    Auto,
+    /// The exact `O(N^5)` program whatever the length.
+    Exact,
+    /// The `O(N^3)` program in which a checkpoint read by a stage is held until that stage
+    /// (classical Rotor structure plus recomputing `x_{t+1}`): fast, not always optimal.
+    Restricted,
+}
+
+/// A chain solution and whether it is proven optimal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainSolution {
+    /// The cheapest schedule found within the budget; `None` when none fits.
+    pub schedule: Option<Schedule>,
+    /// Its peak (fixed bytes included) and cost as the DP predicts them (equal to
+    /// [`crate::simulate`]'s figures).
+    pub peak_bytes: u64,
+    pub compute_cost: f64,
+    /// Whether the result is optimal among all schedules: the exact program ran and no
+    /// frontier was thinned. When `schedule` is `None` and `optimal`, the budget is infeasible.
+    pub optimal: bool,
+}
+
+/// One point of a chain's frontier.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FrontierPoint {
     /// Peak bytes (fixed bytes included), as [`crate::simulate`] measures them.
@@ -373,11 +531,15 @@ fn not_chain(p: &Problem) -> Result<Chain> {
     })
 }
 
-/// The exact Pareto frontier (peak, least cost) of a training chain, increasing peak and
-/// decreasing cost. An error (naming why) when `p` is not a training chain.
-pub fn chain_frontier(p: &Problem) -> Result<Vec<FrontierPoint>> {
+/// The Pareto frontier (peak, least cost) of a training chain up to `max_peak` bytes, increasing
+/// peak and decreasing cost, from the exact program. An error (naming why) when `p` is not a
+/// training chain. The time grows with the frontier, so a tight `max_peak` is much faster.
+pub fn chain_frontier(p: &Problem, max_peak: u64) -> Result<Vec<FrontierPoint>> {
     let chain = not_chain(p)?;
-    let dp = Dp::new(p, &chain);
+    let Some(cap) = max_peak.checked_sub(p.fixed_bytes) else {
+        return Ok(Vec::new());
+    };
+    let dp = Dp::new(p, &chain, cap, DpMode::Exact);
     Ok(dp
         .top_front()
         .iter()
@@ -388,24 +550,56 @@ pub fn chain_frontier(p: &Problem) -> Result<Vec<FrontierPoint>> {
         .collect())
 }
 
-/// The cheapest schedule of a training chain whose peak is within `budget` (an optimal one
-/// under [`crate::simulate`]'s model), `None` when no schedule fits. An error (naming why) when
-/// `p` is not a training chain.
-pub fn solve_chain(p: &Problem, budget: u64) -> Result<Option<Schedule>> {
+/// Solves a training chain for `budget` with the given program. An error (naming why) when `p`
+/// is not a training chain.
+pub fn solve_chain_with(p: &Problem, budget: u64, mode: DpMode) -> Result<ChainSolution> {
     let chain = not_chain(p)?;
-    let Some(rel) = budget.checked_sub(p.fixed_bytes) else {
-        return Ok(None);
+    let Some(cap) = budget.checked_sub(p.fixed_bytes) else {
+        return Ok(ChainSolution {
+            schedule: None,
+            peak_bytes: 0,
+            compute_cost: 0.0,
+            optimal: true,
+        });
     };
-    let dp = Dp::new(p, &chain);
-    Ok(dp.schedule(p, rel))
+    let dp = Dp::new(p, &chain, cap, mode);
+    let optimal = dp.general && !dp.thinned;
+    let best = eval(dp.top_front(), cap).copied();
+    Ok(ChainSolution {
+        schedule: best.and_then(|_| dp.schedule(p, cap)),
+        peak_bytes: best.map_or(0, |q| q.peak + p.fixed_bytes),
+        compute_cost: best.map_or(0.0, |q| q.cost),
+        optimal,
+    })
 }
 
-/// For a training chain, the least peak of any schedule and a schedule reaching it with the
-/// least cost; `None` for other problems.
-pub fn min_peak_chain(p: &Problem) -> Option<(u64, Schedule)> {
+/// The cheapest schedule of a training chain whose peak is within `budget`, `None` when no
+/// schedule fits; optimal under [`crate::simulate`]'s model for chains of up to 30 forward
+/// nodes (see [`solve_chain_with`] and [`ChainSolution::optimal`] for longer ones). An error
+/// (naming why) when `p` is not a training chain.
+pub fn solve_chain(p: &Problem, budget: u64) -> Result<Option<Schedule>> {
+    Ok(solve_chain_with(p, budget, DpMode::Auto)?.schedule)
+}
+
+/// For a training chain, the least peak the DP reaches, a cheapest schedule reaching it, and
+/// whether that peak is proven minimal (the exact program ran; thinning keeps minimum peaks
+/// exact); `None` for other problems. Searches caps upward from the footprint lower bound (each
+/// run only keeps points under its cap) up to the store-all peak, which always fits.
+pub fn min_peak_chain(p: &Problem) -> Option<(u64, Schedule, bool)> {
     let chain = as_training_chain(p)?;
-    let dp = Dp::new(p, &chain);
-    let first = dp.top_front().first().copied()?;
-    dp.schedule(p, first.peak)
-        .map(|s| (first.peak + p.fixed_bytes, s))
+    let lower = p.footprint_lower_bound().saturating_sub(p.fixed_bytes);
+    let upper = crate::schedule::store_all_peak(p).saturating_sub(p.fixed_bytes);
+    let mut cap = lower.min(upper);
+    loop {
+        let dp = Dp::new(p, &chain, cap, DpMode::Auto);
+        if let Some(first) = dp.top_front().first().copied() {
+            return dp
+                .schedule(p, first.peak)
+                .map(|s| (first.peak + p.fixed_bytes, s, dp.general));
+        }
+        if cap >= upper {
+            return None;
+        }
+        cap = (cap + cap / 8 + 1).min(upper);
+    }
 }

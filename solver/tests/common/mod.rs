@@ -223,11 +223,11 @@ pub fn brute_force(p: &Problem, budget: u64) -> BruteForce {
             min_peak = pk;
             break;
         }
-        for v in 0..n {
+        for (v, &dv) in deps.iter().enumerate() {
             let bit = 1u32 << v;
             let (nres, ndone, npk) = if res & bit != 0 {
                 (res & !bit, done, pk)
-            } else if deps[v] & !res == 0 {
+            } else if dv & !res == 0 {
                 (res | bit, done | bit, pk.max(mem(res | bit)))
             } else {
                 continue;
@@ -255,11 +255,11 @@ pub fn brute_force(p: &Problem, budget: u64) -> BruteForce {
             min_cost = Some(c);
             break;
         }
-        for v in 0..n {
+        for (v, &dv) in deps.iter().enumerate() {
             let bit = 1u32 << v;
             let (nres, ndone, nc) = if res & bit != 0 {
                 (res & !bit, done, c)
-            } else if deps[v] & !res == 0 && mem(res | bit) <= budget {
+            } else if dv & !res == 0 && mem(res | bit) <= budget {
                 (res | bit, done | bit, c + p.cost(v))
             } else {
                 continue;

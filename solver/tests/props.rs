@@ -1,0 +1,237 @@
+//! Property tests: every schedule every algorithm returns is valid; the chain DP is exact.
+
+mod common;
+
+use common::{arb_chain, arb_plain_dag, arb_training_dag, brute_force, chain};
+use proptest::prelude::*;
+use remat_solver::baselines::{
+    baselines, schedule_with_checkpoints, schedule_with_checkpoints_eager,
+    schedule_with_checkpoints_within, BASELINE_NAMES,
+};
+use remat_solver::budget::min_feasible_budget;
+use remat_solver::dp::{
+    as_training_chain, chain_frontier, min_peak_chain, solve_chain, solve_chain_with, DpMode,
+};
+use remat_solver::{simulate, store_all_peak, Problem};
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+fn budget_of(p: &Problem, frac: f64) -> u64 {
+    (frac * store_all_peak(p) as f64).ceil() as u64
+}
+
+fn check_baselines(p: &Problem, budget: u64) -> Result<(), TestCaseError> {
+    let all = baselines(p, budget);
+    let names: Vec<&str> = all.iter().map(|b| b.name).collect();
+    prop_assert_eq!(names, BASELINE_NAMES.to_vec());
+    for b in &all {
+        let stats = simulate(p, &b.schedule)
+            .map_err(|e| TestCaseError::fail(format!("{}: invalid schedule: {e}", b.name)))?;
+        prop_assert_eq!(&stats, &b.stats, "{} stats", b.name);
+        prop_assert_eq!(
+            b.feasible,
+            stats.peak_bytes <= budget,
+            "{} feasible flag",
+            b.name
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn baselines_valid_on_training_dags(p in arb_training_dag(12), frac in 0.2f64..1.1) {
+        check_baselines(&p, budget_of(&p, frac))?;
+    }
+
+    #[test]
+    fn baselines_valid_on_chains(p in arb_chain(12), frac in 0.2f64..1.1) {
+        check_baselines(&p, budget_of(&p, frac))?;
+    }
+
+    #[test]
+    fn baselines_valid_on_plain_dags(p in arb_plain_dag(20), frac in 0.2f64..1.1) {
+        check_baselines(&p, budget_of(&p, frac))?;
+    }
+
+    #[test]
+    fn keep_set_generators_are_valid(
+        p in arb_training_dag(12),
+        keep in prop::collection::vec(any::<bool>(), 0..40),
+        budget in 0u64..400,
+    ) {
+        for s in [
+            schedule_with_checkpoints(&p, &keep),
+            schedule_with_checkpoints_eager(&p, &keep),
+            schedule_with_checkpoints_within(&p, &keep, budget),
+        ] {
+            simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+    }
+
+    #[test]
+    fn keep_set_generators_are_valid_on_plain_dags(
+        p in arb_plain_dag(20),
+        keep in prop::collection::vec(any::<bool>(), 0..20),
+    ) {
+        for s in [schedule_with_checkpoints(&p, &keep), schedule_with_checkpoints_eager(&p, &keep)] {
+            simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+    }
+
+    #[test]
+    fn generated_chains_are_chains(p in arb_chain(12)) {
+        prop_assert!(as_training_chain(&p).is_some());
+    }
+
+    #[test]
+    fn dp_predictions_equal_simulate(p in arb_chain(10)) {
+        let front = chain_frontier(&p, u64::MAX).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(!front.is_empty());
+        for w in front.windows(2) {
+            prop_assert!(w[0].peak_bytes < w[1].peak_bytes && w[0].compute_cost > w[1].compute_cost);
+        }
+        for pt in &front {
+            let s = solve_chain(&p, pt.peak_bytes).unwrap().expect("frontier point is feasible");
+            let st = simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(st.peak_bytes, pt.peak_bytes);
+            prop_assert!(close(st.compute_cost, pt.compute_cost), "{} vs {}", st.compute_cost, pt.compute_cost);
+        }
+        // Below the first point nothing fits.
+        let first = front[0].peak_bytes;
+        prop_assert_eq!(solve_chain(&p, first - 1).unwrap(), None);
+        // Enough memory for store-all: the DP computes every node once.
+        let last = front[front.len() - 1];
+        prop_assert!(close(last.compute_cost, p.base_cost()));
+        prop_assert!(last.peak_bytes <= store_all_peak(&p));
+    }
+
+    #[test]
+    fn dp_beats_every_feasible_baseline(p in arb_chain(12), frac in 0.2f64..1.1) {
+        let budget = budget_of(&p, frac);
+        let dp = solve_chain(&p, budget).unwrap();
+        let dp_stats = dp.as_ref().map(|s| simulate(&p, s).unwrap());
+        if let Some(st) = &dp_stats {
+            prop_assert!(st.peak_bytes <= budget);
+        }
+        for b in baselines(&p, budget) {
+            if b.feasible {
+                let st = dp_stats.as_ref().ok_or_else(|| TestCaseError::fail(format!(
+                    "{} is feasible at {budget} but the DP found nothing", b.name)))?;
+                prop_assert!(st.compute_cost <= b.stats.compute_cost + 1e-9,
+                    "dp {} > {} {}", st.compute_cost, b.name, b.stats.compute_cost);
+            }
+        }
+    }
+
+    #[test]
+    fn restricted_dp_is_valid_and_never_beats_the_exact_one(p in arb_chain(12), frac in 0.2f64..1.1) {
+        let budget = budget_of(&p, frac);
+        let exact = solve_chain_with(&p, budget, DpMode::Exact).unwrap();
+        let fast = solve_chain_with(&p, budget, DpMode::Restricted).unwrap();
+        prop_assert!(exact.optimal);
+        for sol in [&exact, &fast] {
+            if let Some(s) = &sol.schedule {
+                let st = simulate(&p, s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert!(st.peak_bytes <= budget);
+                prop_assert_eq!(st.peak_bytes, sol.peak_bytes);
+                prop_assert!(close(st.compute_cost, sol.compute_cost));
+            }
+        }
+        match (&exact.schedule, &fast.schedule) {
+            (None, Some(_)) => prop_assert!(false, "restricted DP fits a budget the exact one does not"),
+            (Some(_), Some(_)) => prop_assert!(exact.compute_cost <= fast.compute_cost + 1e-9),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn dp_equals_brute_force_on_tiny_chains(p in arb_chain(5), fracs in prop::collection::vec(0.0f64..1.0, 3)) {
+        let chain = as_training_chain(&p).unwrap();
+        prop_assert!(chain.forward.len() - 1 <= 4);
+        let sa = store_all_peak(&p);
+        let exact = brute_force(&p, 0).min_peak;
+        let (dp_min, _, exact_dp) = min_peak_chain(&p).unwrap();
+        prop_assert!(exact_dp);
+        prop_assert_eq!(dp_min, exact);
+        let mut budgets: Vec<u64> = fracs.iter().map(|f| exact + (f * (sa - exact) as f64) as u64).collect();
+        budgets.extend([exact.saturating_sub(1), exact, sa]);
+        for budget in budgets {
+            let bf = brute_force(&p, budget);
+            let dp = solve_chain(&p, budget).unwrap().map(|s| simulate(&p, &s).unwrap());
+            match (&bf.min_cost, &dp) {
+                (None, None) => {}
+                (Some(c), Some(st)) => {
+                    prop_assert!(st.peak_bytes <= budget);
+                    prop_assert!(close(*c, st.compute_cost), "budget {budget}: brute {c} vs dp {}", st.compute_cost);
+                }
+                _ => prop_assert!(false, "budget {budget}: brute {:?} vs dp {:?}", bf.min_cost, dp.map(|s| s.compute_cost)),
+            }
+        }
+    }
+
+    #[test]
+    fn min_budget_sound(p in arb_training_dag(10)) {
+        let mb = min_feasible_budget(&p);
+        prop_assert!(mb.bytes >= mb.lower_bound);
+        let st = simulate(&p, &mb.schedule).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(st.peak_bytes, mb.bytes);
+        prop_assert!(mb.bytes <= store_all_peak(&p));
+        if mb.exact {
+            prop_assert!(mb.bytes == mb.lower_bound || as_training_chain(&p).is_some());
+        }
+    }
+
+    #[test]
+    fn min_budget_sound_on_plain_dags(p in arb_plain_dag(14)) {
+        let mb = min_feasible_budget(&p);
+        let st = simulate(&p, &mb.schedule).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(st.peak_bytes, mb.bytes);
+        prop_assert!(mb.bytes >= mb.lower_bound && mb.bytes <= store_all_peak(&p));
+    }
+
+    #[test]
+    fn min_budget_at_least_brute_force(p in arb_training_dag(3)) {
+        prop_assume!(p.len() <= 16);
+        let mb = min_feasible_budget(&p);
+        let bf = brute_force(&p, 0);
+        prop_assert!(mb.bytes >= bf.min_peak);
+        prop_assert!(bf.min_peak >= mb.lower_bound);
+    }
+
+    #[test]
+    fn min_budget_exact_on_chains(p in arb_chain(5)) {
+        let mb = min_feasible_budget(&p);
+        prop_assert!(mb.exact);
+        prop_assert_eq!(mb.bytes, brute_force(&p, 0).min_peak);
+    }
+}
+
+#[test]
+fn dp_handles_a_hand_checked_chain() {
+    // x0 -> x1 -> x2, backward b1 (reads x1, x2), b0 (reads x0, x1, b1). Sizes 10, 1, 1; grads 1.
+    let p = chain(&[(1.0, 10), (1.0, 1), (1.0, 1)], &[(1.0, 1), (1.0, 1)], 0);
+    let front = chain_frontier(&p, u64::MAX).unwrap();
+    let bf = brute_force(&p, u64::MAX);
+    assert_eq!(front[0].peak_bytes, brute_force(&p, 0).min_peak);
+    assert!(close(
+        front[front.len() - 1].compute_cost,
+        bf.min_cost.unwrap()
+    ));
+    assert!(close(front[front.len() - 1].compute_cost, 5.0));
+}
+
+#[test]
+fn solve_chain_rejects_non_chains_naming_why() {
+    let p = common::training_dag(
+        &[(1.0, 1), (1.0, 1), (1.0, 1)],
+        &[vec![], vec![0], vec![0, 1]],
+        &[],
+    );
+    let err = solve_chain(&p, u64::MAX).unwrap_err().to_string();
+    assert!(err.contains("not a training chain"), "{err}");
+}
