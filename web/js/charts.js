@@ -36,6 +36,7 @@ export function sampleIndices(n, max, keep = []) {
 const bytesAxis = (label) => ({
   label,
   size: 70,
+  space: 70,
   values: (u, vals) => vals.map((v) => fmtBytes(v)),
   grid: { stroke: '#e2e8f0' },
 });

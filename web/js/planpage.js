@@ -12,6 +12,16 @@ import { planUrl, historyUrl } from './router.js';
 import { session, saveSweep, loadSweep } from './session.js';
 import { describeError } from './upload.js';
 
+/**
+ * Budget fractions for a sweep: 8 from the minimum feasible budget to the store-all peak, or
+ * none (the server's default grid) when the minimum is unknown.
+ */
+export function sweepFractions(min, storeAll, count = 8) {
+  if (!isNum(min) || !isNum(storeAll) || storeAll <= 0 || min >= storeAll) return [];
+  const lo = Math.max(0.01, Math.ceil((min / storeAll) * 1000) / 1000);
+  return [...Array(count).keys()].map((i) => Math.round((lo + ((1 - lo) * i) / (count - 1)) * 1000) / 1000);
+}
+
 /** Test and debugging hooks: what the page rendered and how long the layout took. */
 export const viewState = { planId: null, ready: false, layoutMs: null, layoutNodes: null };
 
@@ -206,7 +216,7 @@ export async function renderPlan(root, id) {
     const tick = (s) => mount(sweepStatus, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     try {
       tick('uploading');
-      const opts = { dims: session.model.dims, name: session.model.name, solver: rec.options.solver, time_limit: Math.min(Number(rec.options.time_limit) || 10, 10), wait: 1 };
+      const opts = { dims: session.model.dims, name: session.model.name, solver: rec.options.solver, time_limit: Math.min(Number(rec.options.time_limit) || 10, 10), wait: 1, fraction: sweepFractions(session.model.min, doc.storeAllPeakBytes) };
       const res = await postSweep(session.model.bytes, opts);
       let out = res.json;
       if (res.status === 202) out = await poll('sweep', out.id, { onStatus: tick });
@@ -231,6 +241,7 @@ export async function renderPlan(root, id) {
   if (rec.model.hash) {
     try {
       history = normalizeHistory(await getHistory(rec.model.hash, ctrl.signal));
+      await fillFigures(history, rec.id, doc, ctrl.signal);
       mount(historyEl, historyTable(history, rec.id));
       drawPareto();
     } catch (e) {
@@ -238,6 +249,32 @@ export async function renderPlan(root, id) {
     }
   } else mount(historyEl, h('p', { class: 'muted' }, 'The plan record has no model hash.'));
   viewState.ready = true;
+}
+
+/**
+ * History entries without summary figures get them from their plan records (the 20 newest),
+ * the current plan from its document.
+ */
+export async function fillFigures(entries, currentId, doc, signal) {
+  const apply = (e, d) => {
+    e.budgetBytes = e.budgetBytes ?? d.budgetBytes;
+    e.peakBytes = e.peakBytes ?? d.predicted.peakBytes;
+    e.overhead = e.overhead ?? d.predicted.overhead;
+    e.solver = d.solver ?? e.solver;
+  };
+  const missing = entries.filter((e) => e.status === 'done' && !isNum(e.overhead));
+  for (const e of missing) if (e.id === currentId && doc) apply(e, doc);
+  const fetchable = missing.filter((e) => e.id !== currentId).slice(-20);
+  await Promise.all(
+    fetchable.map(async (e) => {
+      try {
+        const r = normalizeRecord(await getPlan(e.id, signal));
+        if (r.doc) apply(e, r.doc);
+      } catch {
+        // The entry keeps "—" for its figures; the history itself is still shown.
+      }
+    }),
+  );
 }
 
 /** The table of a model's plans, newest first, the current one marked. */

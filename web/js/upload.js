@@ -125,7 +125,7 @@ export function renderUpload(root) {
         else throw e;
       }
       state.min = Math.min(state.min, state.storeAll);
-      session.model = { bytes: state.bytes, fileName: state.fileName, name: base.name, dims: base.dims, hash: state.hash };
+      session.model = { bytes: state.bytes, fileName: state.fileName, name: base.name, dims: base.dims, hash: state.hash, min: state.min, storeAll: state.storeAll };
       const nodes = rec.doc?.graph.nodes;
       setStatus(
         `${state.fileName}: ${isNum(nodes) ? `${nodes} nodes, ` : ''}store-all peak ${fmtBytes(state.storeAll)}, minimum feasible budget ${fmtBytes(state.min)}. `,

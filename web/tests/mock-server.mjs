@@ -5,6 +5,8 @@
 // `batch` dimension and planned as a generated graph scaled by it.
 //
 //   node mock-server.mjs [port]      (MOCK_JOB_SECONDS: how long a job "solves", default 2.5)
+//   MOCK_PROXY=http://127.0.0.1:8080 node mock-server.mjs [port]
+//                                    (web/ from disk, the API forwarded to a real server)
 
 import http from 'node:http';
 import fs from 'node:fs';
@@ -309,9 +311,26 @@ function serveStatic(res, urlPath) {
   });
 }
 
-export function createMockServer() {
+/** Forwards a request to `target` (a real `remat serve`) and streams the answer back. */
+function proxy(target, req, res) {
+  const up = new URL(req.url, target);
+  const fwd = http.request(up, { method: req.method, headers: { ...req.headers, host: up.host } }, (answer) => {
+    res.writeHead(answer.statusCode ?? 502, answer.headers);
+    answer.pipe(res);
+  });
+  fwd.on('error', (e) => sendError(res, apiError(502, 'bad_gateway', `proxy to ${target}: ${e.message}`)));
+  req.pipe(fwd);
+}
+
+/**
+ * The server. With `proxyTo` (a real server's URL), the API is forwarded there and only the
+ * viewer's files are served from disk: the current web/ against the real planner, without
+ * rebuilding the binary that embeds web/.
+ */
+export function createMockServer({ proxyTo = null } = {}) {
   return http.createServer(async (req, res) => {
     const url = new URL(req.url, 'http://localhost');
+    if (proxyTo && (url.pathname.startsWith('/v1/') || url.pathname === '/healthz')) return proxy(proxyTo, req, res);
     const chunks = [];
     for await (const c of req) chunks.push(c);
     const body = Buffer.concat(chunks);
@@ -346,5 +365,6 @@ export function createMockServer() {
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const port = Number(process.argv[2] ?? 8099);
-  createMockServer().listen(port, '127.0.0.1', () => console.log(`mock remat on http://127.0.0.1:${port}`));
+  const proxyTo = process.env.MOCK_PROXY || null;
+  createMockServer({ proxyTo }).listen(port, '127.0.0.1', () => console.log(`${proxyTo ? `web/ from disk, API of ${proxyTo},` : 'mock remat'} on http://127.0.0.1:${port}`));
 }

@@ -6,6 +6,8 @@
 #   web/tests/run-e2e.sh            # against the real server: $REMAT_BIN, else
 #                                   # $CARGO_TARGET_DIR/release/remat, else target/release/remat
 #   web/tests/run-e2e.sh --mock     # against web/tests/mock-server.mjs (no Rust build needed)
+#   web/tests/run-e2e.sh --live-web # the real server's API, but web/ served from disk through
+#                                   # the mock server's proxy (the binary embeds web/ at build time)
 #
 # Screenshots and e2e-results.json go to web/tests/out/.
 set -euo pipefail
@@ -13,7 +15,12 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 mode=real
-[[ "${1:-}" == "--mock" ]] && mode=mock
+case "${1:-}" in
+  --mock) mode=mock ;;
+  --live-web) mode=live-web ;;
+  "") ;;
+  *) echo "usage: $0 [--mock | --live-web]" >&2; exit 2 ;;
+esac
 
 if ! command -v node >/dev/null; then
   echo "run-e2e: node (>= 18) is required" >&2
@@ -31,7 +38,11 @@ fi
 port="$(node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})")"
 tmp="$(mktemp -d -t remat-e2e-XXXXXX)"
 server_pid=""
+proxy_pid=""
 cleanup() {
+  if [[ -n "$proxy_pid" ]] && kill -0 "$proxy_pid" 2>/dev/null; then
+    kill "$proxy_pid" 2>/dev/null || true
+  fi
   if [[ -n "$server_pid" ]] && kill -0 "$server_pid" 2>/dev/null; then
     kill "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
@@ -54,6 +65,17 @@ else
   env -u REMAT_TOKEN "$bin" serve --addr "127.0.0.1:$port" --db "$tmp/remat.db" >"$tmp/server.log" 2>&1 &
   server_pid=$!
   ready_path=/healthz
+fi
+
+if [[ "$mode" == live-web ]]; then
+  for _ in $(seq 1 120); do
+    curl -fsS -o /dev/null "http://127.0.0.1:$port/healthz" 2>/dev/null && break
+    sleep 0.5
+  done
+  api_port="$port"
+  port="$(node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})")"
+  MOCK_PROXY="http://127.0.0.1:$api_port" node "$here/mock-server.mjs" "$port" >"$tmp/proxy.log" 2>&1 &
+  proxy_pid=$!
 fi
 
 for _ in $(seq 1 120); do

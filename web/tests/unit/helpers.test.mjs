@@ -66,3 +66,23 @@ test('the budget slider maps 0..1000 onto [min, max]', () => {
   assert.equal(sliderBytes(100, 200, 500), 150);
   assert.equal(sliderBytes(200, 200, 300), 200);
 });
+
+test('sweep fractions run from the minimum feasible budget to store-all', async () => {
+  const { sweepFractions } = await import('../../js/planpage.js');
+  assert.deepEqual(sweepFractions(831, 1000, 3), [0.831, 0.916, 1]);
+  assert.deepEqual(sweepFractions(null, 1000), []);
+  assert.deepEqual(sweepFractions(1000, 1000), []);
+  const f = sweepFractions(13153337344, 15825108992);
+  assert.equal(f.length, 8);
+  assert.ok(f[0] * 15825108992 >= 13153337344, 'the lowest fraction is feasible');
+  assert.equal(f[7], 1);
+});
+
+test('history entries without a summary take figures from the plan document', async () => {
+  const { fillFigures } = await import('../../js/planpage.js');
+  const doc = normalizeDoc({ budget_bytes: 10, solver: 'dp', predicted: { peak_bytes: 9, overhead: 0.05 } });
+  const entries = [{ id: 'me', status: 'done', budgetBytes: null, peakBytes: null, overhead: null, solver: null }, { id: 'x', status: 'failed', overhead: null }];
+  await fillFigures(entries, 'me', doc);
+  assert.deepEqual([entries[0].budgetBytes, entries[0].peakBytes, entries[0].overhead, entries[0].solver], [10, 9, 0.05, 'dp']);
+  assert.equal(entries[1].overhead, null);
+});
