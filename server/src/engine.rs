@@ -114,13 +114,8 @@ pub trait Engine: Send + Sync + 'static {
         request: &PlanRequest,
     ) -> Result<serde_json::Value, EngineError>;
 
-    /// Which format the bytes are in, or a 400-kind error when neither.
+    /// Which format the bytes are in: graph JSON when the first non-blank byte is `{`, else ONNX.
     fn detect(&self, model: &[u8]) -> ModelFormat {
-        let first = model.iter().find(|b| !b.is_ascii_whitespace());
-        if first == Some(&b'{') {
-            ModelFormat::GraphJson
-        } else {
-            ModelFormat::Onnx
-        }
+        crate::pipeline::detect(model)
     }
 }

@@ -1,0 +1,532 @@
+//! `remat gate`: fail CI when a change makes training memory worse.
+//!
+//! Per model of the config the gate measures five figures, compares them with the baseline file and
+//! reports each change. Every figure is deterministic — the same inputs give the same figures on
+//! every run and machine:
+//! - `store_all_peak_bytes`, `saved_activation_bytes`: pure functions of the graph;
+//! - `min_feasible_budget_bytes`: a deterministic search (chain DP, checkpoint heuristics);
+//! - `best_peak_within_overhead_bytes`: the least peak a deterministic algorithm (the baselines and
+//!   the chain DP, no time limit involved) reaches within `max_overhead`, found by bisection on
+//!   the budget;
+//! - `planned_overhead`: the configured solver at the device budget. An exact solver with a time
+//!   limit is the one figure that can depend on the machine's speed: when the plan is not proven
+//!   optimal, the comparison widens the tolerance by the solver's reported gap (the largest amount
+//!   by which a better schedule could lower the figure), so a gated change is never timing noise.
+
+use crate::engine::PlanRequest;
+use crate::pipeline;
+use remat_solver::plan::{self, Status};
+use remat_solver::{baselines, budget, dp, simulate, Problem};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Relative tolerance on byte figures when the config gives none.
+pub const DEFAULT_TOLERANCE: f64 = 0.01;
+/// Overhead cap for `best_peak_within_overhead_bytes` when the config gives none.
+pub const DEFAULT_MAX_OVERHEAD: f64 = 0.2;
+/// Solver time limit (seconds) when the config gives none.
+pub const DEFAULT_TIME_LIMIT: f64 = 10.0;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("{file}: {message}")]
+    Config { file: PathBuf, message: String },
+    #[error("{file}: {message}")]
+    Baseline { file: PathBuf, message: String },
+    #[error("model {name:?}: {message}")]
+    Model { name: String, message: String },
+    #[error("{file}: {message}")]
+    Write { file: PathBuf, message: String },
+}
+
+/// `remat.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateConfig {
+    #[serde(rename = "model", default)]
+    pub models: Vec<ModelConfig>,
+}
+
+/// One `[[model]]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: String,
+    /// ONNX model or node-link graph JSON, relative to the config file.
+    pub path: PathBuf,
+    /// The device memory budget: bytes, "14GiB", "800MB" or a fraction of store-all ("0.5x").
+    pub budget: String,
+    #[serde(default)]
+    pub dims: BTreeMap<String, u64>,
+    /// Largest acceptable overhead (fraction, 0.2 = +20% compute) for `best_peak_within_overhead`.
+    pub max_overhead: Option<f64>,
+    /// Relative tolerance: a figure regresses when it grows by more than this fraction (bytes) or
+    /// this many overhead points (planned overhead).
+    pub tolerance: Option<f64>,
+    /// Solver for the plan at the device budget (default auto).
+    pub solver: Option<String>,
+    /// Seconds the solver may spend (default 10).
+    pub time_limit: Option<f64>,
+    #[serde(default)]
+    pub params: Vec<String>,
+    #[serde(default)]
+    pub inputs: Vec<String>,
+}
+
+/// The figures of one model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Figures {
+    pub store_all_peak_bytes: u64,
+    pub saved_activation_bytes: u64,
+    pub min_feasible_budget_bytes: u64,
+    pub max_overhead: f64,
+    /// `None` when even store-all exceeds what the deterministic algorithms reach within the cap
+    /// (cannot happen: store-all has no overhead), kept optional for forward compatibility.
+    pub best_peak_within_overhead_bytes: Option<u64>,
+    pub budget_bytes: u64,
+    /// `None` when the device budget is infeasible.
+    pub planned_overhead: Option<f64>,
+    pub planned_status: String,
+    pub planned_solver: String,
+    /// The solver's gap to its lower bound (0 when proven optimal).
+    pub planned_gap: Option<f64>,
+}
+
+/// `remat-baseline.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BaselineFile {
+    pub version: u32,
+    pub models: BTreeMap<String, Figures>,
+}
+
+/// One compared figure.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub model: String,
+    pub figure: &'static str,
+    pub old: Option<f64>,
+    pub new: Option<f64>,
+    /// Relative change in percent (bytes) or the change in overhead points.
+    pub change: Option<f64>,
+    pub unit: &'static str,
+    pub regression: bool,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub rows: Vec<Row>,
+    pub figures: BTreeMap<String, Figures>,
+    /// Models in the config that the baseline does not have yet.
+    pub new_models: Vec<String>,
+    /// Models in the baseline that the config no longer lists.
+    pub dropped_models: Vec<String>,
+}
+
+impl Outcome {
+    pub fn regressions(&self) -> impl Iterator<Item = &Row> {
+        self.rows.iter().filter(|r| r.regression)
+    }
+}
+
+pub fn read_config(path: &Path) -> Result<GateConfig, GateError> {
+    let text = std::fs::read_to_string(path).map_err(|e| GateError::Config {
+        file: path.to_path_buf(),
+        message: format!("cannot read: {e}"),
+    })?;
+    let config: GateConfig = toml::from_str(&text).map_err(|e| GateError::Config {
+        file: path.to_path_buf(),
+        message: e.to_string().trim().to_string(),
+    })?;
+    if config.models.is_empty() {
+        return Err(GateError::Config {
+            file: path.to_path_buf(),
+            message: "no [[model]] tables".into(),
+        });
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, m) in config.models.iter().enumerate() {
+        let field_err = |field: &str, why: String| GateError::Config {
+            file: path.to_path_buf(),
+            message: format!("model[{i}] ({:?}): field `{field}`: {why}", m.name),
+        };
+        if m.name.trim().is_empty() {
+            return Err(field_err("name", "must not be empty".into()));
+        }
+        if !names.insert(m.name.clone()) {
+            return Err(field_err("name", "appears twice".into()));
+        }
+        if let Some(x) = m.max_overhead {
+            if !(x.is_finite() && x >= 0.0) {
+                return Err(field_err("max_overhead", format!("must be a fraction ≥ 0, got {x}")));
+            }
+        }
+        if let Some(x) = m.tolerance {
+            if !(x.is_finite() && (0.0..1.0).contains(&x)) {
+                return Err(field_err("tolerance", format!("must be a fraction in [0, 1), got {x}")));
+            }
+        }
+        if let Some(x) = m.time_limit {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(field_err("time_limit", format!("must be positive seconds, got {x}")));
+            }
+        }
+        if let Some((k, _)) = m.dims.iter().find(|(_, v)| **v == 0) {
+            return Err(field_err("dims", format!("{k} must be at least 1")));
+        }
+    }
+    Ok(config)
+}
+
+pub fn read_baseline(path: &Path) -> Result<Option<BaselineFile>, GateError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(GateError::Baseline {
+                file: path.to_path_buf(),
+                message: format!("cannot read: {e}"),
+            })
+        }
+    };
+    let de = &mut serde_json::Deserializer::from_str(&text);
+    let file: BaselineFile = serde_path_to_error::deserialize(de).map_err(|e| GateError::Baseline {
+        file: path.to_path_buf(),
+        message: format!("field `{}`: {}", e.path(), e.inner()),
+    })?;
+    if file.version != 1 {
+        return Err(GateError::Baseline {
+            file: path.to_path_buf(),
+            message: format!("field `version`: unsupported version {}", file.version),
+        });
+    }
+    Ok(Some(file))
+}
+
+pub fn write_baseline(path: &Path, figures: &BTreeMap<String, Figures>) -> Result<(), GateError> {
+    let file = BaselineFile {
+        version: 1,
+        models: figures.clone(),
+    };
+    let text = serde_json::to_string_pretty(&file).map_err(|e| GateError::Write {
+        file: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    std::fs::write(path, text + "\n").map_err(|e| GateError::Write {
+        file: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// The cheapest schedule the deterministic algorithms (baselines, chain DP) find within `budget`:
+/// (peak, overhead).
+fn deterministic_best(p: &Problem, budget: u64) -> Option<(u64, f64)> {
+    let mut best: Option<(u64, f64)> = None;
+    let mut consider = |peak: u64, overhead: f64| {
+        if peak <= budget && best.is_none_or(|(_, o)| overhead < o) {
+            best = Some((peak, overhead));
+        }
+    };
+    for b in baselines::baselines(p, budget) {
+        if b.feasible {
+            consider(b.stats.peak_bytes, b.stats.overhead(p));
+        }
+    }
+    if dp::as_training_chain(p).is_some() {
+        if let Ok(Some(schedule)) = dp::solve_chain(p, budget) {
+            if let Ok(stats) = simulate(p, &schedule) {
+                consider(stats.peak_bytes, stats.overhead(p));
+            }
+        }
+    }
+    best
+}
+
+/// The least peak a deterministic algorithm reaches with overhead ≤ `cap`, by bisection on the
+/// budget between the minimum feasible budget and the store-all peak.
+fn best_peak_within_overhead(p: &Problem, min_budget: u64, store_all: u64, cap: f64) -> Option<u64> {
+    let ok = |b: u64| deterministic_best(p, b).filter(|&(_, o)| o <= cap + 1e-12);
+    let mut hi = store_all;
+    let mut best = ok(hi)?.0;
+    let mut lo = min_budget.min(hi);
+    if let Some((peak, _)) = ok(lo) {
+        return Some(peak);
+    }
+    // Invariant: ok(hi) holds, ok(lo) does not. Stop at 0.1% of the store-all peak.
+    let resolution = (store_all / 1000).max(1);
+    while hi - lo > resolution {
+        let mid = lo + (hi - lo) / 2;
+        match ok(mid) {
+            Some((peak, _)) => {
+                best = best.min(peak);
+                hi = mid;
+            }
+            None => lo = mid,
+        }
+    }
+    Some(best)
+}
+
+/// Measures one model's figures.
+pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateError> {
+    let err = |message: String| GateError::Model {
+        name: model.name.clone(),
+        message,
+    };
+    let path = base_dir.join(&model.path);
+    let bytes = std::fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+    let req = PlanRequest {
+        budget: Some(model.budget.clone()),
+        dims: model.dims.clone(),
+        solver: model.solver.clone(),
+        time_limit: Some(model.time_limit.unwrap_or(DEFAULT_TIME_LIMIT)),
+        name: Some(model.name.clone()),
+        params: model.params.clone(),
+        inputs: model.inputs.clone(),
+        ..PlanRequest::default()
+    };
+    let loaded = pipeline::load(&bytes, pipeline::detect(&bytes), &req).map_err(|e| err(e.message))?;
+    let p = &loaded.problem;
+    let store_all = remat_solver::store_all_peak(p);
+    let min_budget = budget::min_feasible_budget(p).bytes;
+    let cap = model.max_overhead.unwrap_or(DEFAULT_MAX_OVERHEAD);
+    // One thread: HiGHS's result may depend on the thread count.
+    let opts = pipeline::plan_options(p, &req, 1).map_err(|e| err(e.message))?;
+    let (_, report) = plan::plan(p, &opts).map_err(|e| err(e.to_string()))?;
+    let feasible = report.status != Status::Infeasible;
+    Ok(Figures {
+        store_all_peak_bytes: store_all,
+        saved_activation_bytes: p.saved_for_backward_bytes(),
+        min_feasible_budget_bytes: min_budget,
+        max_overhead: cap,
+        best_peak_within_overhead_bytes: best_peak_within_overhead(p, min_budget, store_all, cap),
+        budget_bytes: opts.budget,
+        planned_overhead: feasible.then_some(report.predicted.overhead),
+        planned_status: serde_json::to_value(report.status)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        planned_solver: report.solver.clone(),
+        planned_gap: if report.status == Status::Optimal {
+            Some(0.0)
+        } else {
+            report.gap
+        },
+    })
+}
+
+fn bytes_row(model: &str, figure: &'static str, old: Option<u64>, new: Option<u64>, tol: f64) -> Row {
+    let (change, regression, note) = match (old, new) {
+        (Some(o), Some(n)) => {
+            let change = if o > 0 {
+                100.0 * (n as f64 - o as f64) / o as f64
+            } else if n > 0 {
+                f64::INFINITY
+            } else {
+                0.0
+            };
+            let regression = n as f64 > o as f64 * (1.0 + tol);
+            let note = if regression {
+                format!("grew by more than the {:.1}% tolerance", 100.0 * tol)
+            } else {
+                String::new()
+            };
+            (Some(change), regression, note)
+        }
+        (Some(_), None) => (None, true, "no longer reachable".to_string()),
+        (None, Some(_)) => (None, false, "now reachable".to_string()),
+        (None, None) => (None, false, String::new()),
+    };
+    Row {
+        model: model.to_string(),
+        figure,
+        old: old.map(|x| x as f64),
+        new: new.map(|x| x as f64),
+        change,
+        unit: "bytes",
+        regression,
+        note,
+    }
+}
+
+/// Compares new figures with the baseline's.
+pub fn compare(config: &GateConfig, figures: &BTreeMap<String, Figures>, baseline: Option<&BaselineFile>) -> Outcome {
+    let mut rows = Vec::new();
+    let mut new_models = Vec::new();
+    for m in &config.models {
+        let Some(new) = figures.get(&m.name) else { continue };
+        let Some(old) = baseline.and_then(|b| b.models.get(&m.name)) else {
+            new_models.push(m.name.clone());
+            continue;
+        };
+        let tol = m.tolerance.unwrap_or(DEFAULT_TOLERANCE);
+        let name = m.name.as_str();
+        rows.push(bytes_row(name, "store_all_peak_bytes", Some(old.store_all_peak_bytes), Some(new.store_all_peak_bytes), tol));
+        rows.push(bytes_row(name, "saved_activation_bytes", Some(old.saved_activation_bytes), Some(new.saved_activation_bytes), tol));
+        rows.push(bytes_row(name, "min_feasible_budget_bytes", Some(old.min_feasible_budget_bytes), Some(new.min_feasible_budget_bytes), tol));
+        let mut row = bytes_row(name, "best_peak_within_overhead_bytes", old.best_peak_within_overhead_bytes, new.best_peak_within_overhead_bytes, tol);
+        if (old.max_overhead - new.max_overhead).abs() > 1e-12 {
+            row.regression = false;
+            row.note = format!("max_overhead changed {} → {}: not compared", old.max_overhead, new.max_overhead);
+        }
+        rows.push(row);
+        // Planned overhead at the device budget, in overhead points.
+        let (change, regression, note) = match (old.planned_overhead, new.planned_overhead) {
+            (Some(o), Some(n)) => {
+                // A plan not proven optimal could be up to gap·cost cheaper: widen by that much.
+                let slack = new.planned_gap.unwrap_or(0.0) * (1.0 + n) + old.planned_gap.unwrap_or(0.0) * (1.0 + o);
+                let allowed = tol + slack;
+                let regression = n - o > allowed;
+                let note = if regression {
+                    format!("grew by more than the allowed {:.2} points (tolerance + solver gap)", 100.0 * allowed)
+                } else if slack > 0.0 {
+                    format!("not proven optimal: allowed {:.2} points", 100.0 * allowed)
+                } else {
+                    String::new()
+                };
+                (Some(100.0 * (n - o)), regression, note)
+            }
+            (Some(_), None) => (None, true, format!("the device budget ({} bytes) became infeasible", new.budget_bytes)),
+            (None, Some(_)) => (None, false, "the device budget became feasible".to_string()),
+            (None, None) => (None, false, "infeasible before and after".to_string()),
+        };
+        let note = if old.budget_bytes != new.budget_bytes {
+            format!("{note}{}budget changed {} → {} bytes", if note.is_empty() { "" } else { "; " }, old.budget_bytes, new.budget_bytes)
+        } else {
+            note
+        };
+        rows.push(Row {
+            model: m.name.clone(),
+            figure: "planned_overhead",
+            old: old.planned_overhead,
+            new: new.planned_overhead,
+            change,
+            unit: "fraction",
+            regression,
+            note,
+        });
+    }
+    let dropped_models = baseline
+        .map(|b| {
+            b.models
+                .keys()
+                .filter(|k| !config.models.iter().any(|m| &m.name == *k))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    Outcome {
+        rows,
+        figures: figures.clone(),
+        new_models,
+        dropped_models,
+    }
+}
+
+fn show(value: Option<f64>, unit: &str) -> String {
+    match value {
+        None => "–".to_string(),
+        Some(v) if unit == "fraction" => format!("{:+.2}%", 100.0 * v),
+        Some(v) => crate::human_bytes(v as u64),
+    }
+}
+
+fn show_change(row: &Row) -> String {
+    match row.change {
+        None => "–".to_string(),
+        Some(c) if row.unit == "fraction" => format!("{c:+.2} pts"),
+        Some(c) => format!("{c:+.2}%"),
+    }
+}
+
+/// The comparison as a plain-text table.
+pub fn render_text(outcome: &Outcome) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{:<20} {:<34} {:>14} {:>14} {:>10}  verdict", "model", "figure", "baseline", "now", "change");
+    for r in &outcome.rows {
+        let _ = writeln!(
+            s,
+            "{:<20} {:<34} {:>14} {:>14} {:>10}  {}{}",
+            r.model,
+            r.figure,
+            show(r.old, r.unit),
+            show(r.new, r.unit),
+            show_change(r),
+            if r.regression { "REGRESSION" } else { "ok" },
+            if r.note.is_empty() { String::new() } else { format!(" ({})", r.note) }
+        );
+    }
+    for m in &outcome.new_models {
+        let _ = writeln!(s, "{m:<20} not in the baseline: run with --update to record it");
+    }
+    for m in &outcome.dropped_models {
+        let _ = writeln!(s, "{m:<20} in the baseline but no longer in the config");
+    }
+    let n = outcome.regressions().count();
+    let _ = writeln!(s, "{}", if n == 0 { "no regression".to_string() } else { format!("{n} regression(s)") });
+    s
+}
+
+/// The comparison as a Markdown table (for pull-request summaries).
+pub fn render_markdown(outcome: &Outcome) -> String {
+    let mut s = String::new();
+    let n = outcome.regressions().count();
+    let _ = writeln!(s, "### remat gate: {}\n", if n == 0 { "no memory regression".to_string() } else { format!("{n} regression(s)") });
+    let _ = writeln!(s, "| model | figure | baseline | now | change | verdict |");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---|");
+    for r in &outcome.rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {}{} |",
+            r.model,
+            r.figure,
+            show(r.old, r.unit),
+            show(r.new, r.unit),
+            show_change(r),
+            if r.regression { "❌ regression" } else { "✅" },
+            if r.note.is_empty() { String::new() } else { format!(" ({})", r.note) }
+        );
+    }
+    for m in &outcome.new_models {
+        let _ = writeln!(s, "\n{m}: not in the baseline yet (`remat gate --update` records it).");
+    }
+    s
+}
+
+/// GitHub Actions workflow commands: one `::error` annotation per regression.
+pub fn render_github(outcome: &Outcome, config_path: &Path) -> String {
+    let mut s = String::new();
+    for r in outcome.regressions() {
+        let _ = writeln!(
+            s,
+            "::error file={},title=remat gate: {} {}::{} {} → {} ({}){}",
+            config_path.display(),
+            r.model,
+            r.figure,
+            r.figure,
+            show(r.old, r.unit),
+            show(r.new, r.unit),
+            show_change(r),
+            if r.note.is_empty() { String::new() } else { format!(": {}", r.note) }
+        );
+    }
+    for m in &outcome.new_models {
+        let _ = writeln!(s, "::warning file={},title=remat gate: {m}::not in the baseline; run remat gate --update", config_path.display());
+    }
+    s.push_str(&render_text(outcome));
+    s
+}
+
+/// Measures every model of the config (relative paths resolve against the config's folder).
+pub fn measure_all(config: &GateConfig, config_path: &Path) -> Result<BTreeMap<String, Figures>, GateError> {
+    let base = config_path.parent().unwrap_or_else(|| Path::new("."));
+    let mut out = BTreeMap::new();
+    for m in &config.models {
+        out.insert(m.name.clone(), measure(m, base)?);
+    }
+    Ok(out)
+}
