@@ -64,7 +64,8 @@ pub struct OpNode {
     /// Every input is a constant: the node is evaluated at import and is not part of the
     /// training graph.
     pub folded: bool,
-    /// The op is not supported, or an input is unknown because of one that is not.
+    /// Not part of the forward graph: the op is not supported, an input is unknown because
+    /// of one that is not, or the node was fused into another (see [`crate::fuse`]).
     pub skipped: bool,
 }
 
@@ -276,8 +277,7 @@ fn classify_inputs(
         .collect())
 }
 
-struct Builder<'o> {
-    opts: &'o ImportOptions,
+struct Builder {
     opset: i64,
     graph: DiGraph<OpNode, ValueId>,
     values: Vec<Value>,
@@ -288,7 +288,7 @@ struct Builder<'o> {
     unsupported: Vec<UnsupportedNode>,
 }
 
-impl<'o> Builder<'o> {
+impl Builder {
     fn lookup(&self, name: &str) -> Option<ValueId> {
         self.scopes.iter().rev().find_map(|s| s.get(name).copied())
     }
@@ -658,7 +658,6 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
     }
 
     let mut b = Builder {
-        opts,
         opset,
         graph: DiGraph::with_capacity(g.node.len(), g.node.len() * 2),
         values: Vec::with_capacity(g.node.len() * 2),
@@ -723,7 +722,6 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
         let id = b.add_value(&v.name, Some(Fact::new(dtype, shape)), kind, param);
         inputs.push(id);
     }
-    let _ = b.opts;
     b.run_graph(g, "")?;
 
     let mut outputs = vec![];

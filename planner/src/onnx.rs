@@ -3,7 +3,7 @@
 //! must never see untrusted bytes.
 
 use crate::error::{PlannerError, Result};
-use crate::tensor::{bytes_of, numel, DType, Data, Tensor, FOLD_LIMIT};
+use crate::tensor::{bytes_of, keep_value, numel, DType, Data, Tensor};
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::{AttributeProto, GraphProto, Message, ModelProto, TensorProto};
 
@@ -186,7 +186,7 @@ pub fn decode_tensor(t: &TensorProto, what: &str) -> Result<Decoded> {
             shape,
         });
     }
-    if !has_data || n > FOLD_LIMIT || dtype == DType::String {
+    if !has_data || !keep_value(dtype, n) || dtype == DType::String {
         return Ok(Decoded {
             dtype,
             shape,

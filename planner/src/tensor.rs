@@ -9,6 +9,20 @@ use std::sync::Arc;
 /// from allocating.
 pub const FOLD_LIMIT: u64 = 1 << 20;
 
+/// Floating-point constants are kept only up to this many elements: shapes never depend on
+/// large float tensors (only on scalars such as Resize scales or Range bounds), and weights
+/// must not be copied into the IR.
+pub const FLOAT_FOLD_LIMIT: u64 = 4096;
+
+/// Whether a constant of `n` elements of `dtype` is small enough to keep its values.
+pub fn keep_value(dtype: DType, n: u64) -> bool {
+    if dtype.is_float() {
+        n <= FLOAT_FOLD_LIMIT
+    } else {
+        n <= FOLD_LIMIT
+    }
+}
+
 /// ONNX element types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
@@ -114,6 +128,11 @@ impl DType {
 /// Number of elements of a shape, `None` on overflow.
 pub fn numel(shape: &[u64]) -> Option<u64> {
     shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+}
+
+/// Product of dims, saturating (a zero dim elsewhere can hide an overflowing partial product).
+pub fn prod_sat(dims: &[u64]) -> u64 {
+    dims.iter().fold(1u64, |a, &d| a.saturating_mul(d))
 }
 
 /// Bytes of `n` elements of `dtype`.
@@ -249,7 +268,11 @@ impl Fact {
         }
     }
 
+    /// A fact carrying `t`'s values when they are small enough to keep (see [`keep_value`]).
     pub fn with_value(t: Tensor) -> Fact {
+        if !keep_value(t.dtype, t.len() as u64) {
+            return Fact::new(t.dtype, t.shape);
+        }
         Fact {
             dtype: t.dtype,
             shape: t.shape.clone(),

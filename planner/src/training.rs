@@ -299,8 +299,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
             .outputs
             .iter()
             .flatten()
-            .map(|&v| fact_bytes(model, v))
-            .sum();
+            .fold(0u64, |a, &v| a.saturating_add(fact_bytes(model, v)));
         let f = push(
             &mut nodes,
             TrainingNode {
@@ -483,8 +482,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
         let bytes = grad_values
             .iter()
             .filter(|&&v| !is_param(v))
-            .map(|&v| fact_bytes(model, v))
-            .sum();
+            .fold(0u64, |a, &v| a.saturating_add(fact_bytes(model, v)));
         let cost = g.bwd_factor * ni.flops;
         let b = push(
             &mut nodes,

@@ -6,7 +6,7 @@
 use super::{first, none, nonneg, view0, zero_flops, Ctx, GradRule, OpSpec, Registry, Saved};
 use crate::error::Result;
 use crate::onnx::decode_tensor;
-use crate::tensor::{numel, strides, DType, Data, Fact, Tensor, FOLD_LIMIT};
+use crate::tensor::{numel, prod_sat, strides, DType, Data, Fact, Tensor};
 
 /// Output 0 = input 0 with another shape, keeping a known value.
 fn reshaped(cx: &Ctx, shape: Vec<u64>) -> Result<Vec<Fact>> {
@@ -52,8 +52,8 @@ fn coords(shape: &[u64]) -> impl Iterator<Item = Vec<u64>> + '_ {
     })
 }
 
-fn small(shape: &[u64]) -> bool {
-    numel(shape).is_some_and(|n| n <= FOLD_LIMIT)
+fn small(dtype: DType, shape: &[u64]) -> bool {
+    numel(shape).is_some_and(|n| crate::tensor::keep_value(dtype, n))
 }
 
 fn reshape_infer(cx: &Ctx) -> Result<Vec<Fact>> {
@@ -105,8 +105,8 @@ fn flatten_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         return Err(cx.attrs.err("axis", format!("out of range for rank {r}")));
     }
     let a = a as usize;
-    let outer: u64 = x.shape[..a].iter().product();
-    let inner: u64 = x.shape[a..].iter().product();
+    let outer = prod_sat(&x.shape[..a]);
+    let inner = prod_sat(&x.shape[a..]);
     reshaped(cx, vec![outer, inner])
 }
 
@@ -225,9 +225,9 @@ fn concat_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         .iter()
         .map(|f| f.as_ref().and_then(|f| f.value.as_deref()))
         .collect();
-    if let (Some(values), true) = (values, small(&shape)) {
-        let outer: u64 = shape[..axis].iter().product();
-        let inner: u64 = shape[axis + 1..].iter().product();
+    if let (Some(values), true) = (values, small(x.dtype, &shape)) {
+        let outer = prod_sat(&shape[..axis]);
+        let inner = prod_sat(&shape[axis + 1..]);
         let mut ints = vec![];
         let mut floats = vec![];
         for o in 0..outer {
@@ -279,7 +279,9 @@ fn split_infer(cx: &Ctx) -> Result<Vec<Fact>> {
                 .collect()
         }
     };
-    if split.len() != cx.n_outputs || split.iter().sum::<u64>() != x.shape[axis] {
+    if split.len() != cx.n_outputs
+        || split.iter().fold(0u64, |a, &b| a.saturating_add(b)) != x.shape[axis]
+    {
         return Err(cx.err(format!(
             "split {split:?} does not divide axis {axis} of size {} into {} outputs",
             x.shape[axis], cx.n_outputs
@@ -360,17 +362,15 @@ fn slice_ranges(cx: &Ctx, shape: &[u64]) -> Result<Vec<(i64, i64, u64)>> {
                 clamp(norm(spec.ends[k]), -1, d - 1),
             )
         };
-        let count = if step > 0 {
-            if e > s {
-                (e - s + step - 1) / step
-            } else {
-                0
-            }
-        } else if s > e {
-            (s - e + (-step) - 1) / (-step)
+        let (s128, e128, st128) = (i128::from(s), i128::from(e), i128::from(step));
+        let count = if step > 0 && e > s {
+            (e128 - s128 + st128 - 1) / st128
+        } else if step < 0 && s > e {
+            (s128 - e128 - st128 - 1) / -st128
         } else {
             0
         };
+        let count = i64::try_from(count).unwrap_or(0);
         r[a] = (s, step, count as u64);
     }
     Ok(r)
@@ -403,7 +403,7 @@ fn gather_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let mut shape = x.shape[..axis].to_vec();
     shape.extend(&ind.shape);
     shape.extend(&x.shape[axis + 1..]);
-    if let (Some(v), Some(iv), true) = (&x.value, &ind.value, small(&shape)) {
+    if let (Some(v), Some(iv), true) = (&x.value, &ind.value, small(x.dtype, &shape)) {
         let d = x.shape[axis] as i64;
         let idx: Vec<i64> = iv.as_i64();
         if let Some(bad) = idx.iter().find(|&&i| i < -d || i >= d) {
@@ -415,8 +415,8 @@ fn gather_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             .iter()
             .map(|&i| if i < 0 { (i + d) as u64 } else { i as u64 })
             .collect();
-        let outer: u64 = x.shape[..axis].iter().product();
-        let inner: u64 = x.shape[axis + 1..].iter().product();
+        let outer = prod_sat(&x.shape[..axis]);
+        let inner = prod_sat(&x.shape[axis + 1..]);
         let flat = (0..outer).flat_map(|o| {
             let idx = &idx;
             idx.iter().flat_map(move |&i| {
@@ -458,7 +458,7 @@ fn expand_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let target = nonneg(cx, "shape", &target)?;
     let shape = crate::tensor::broadcast(&x.shape, &target)
         .ok_or_else(|| cx.err(format!("cannot expand {:?} to {target:?}", x.shape)))?;
-    if let (Some(v), true) = (&x.value, small(&shape)) {
+    if let (Some(v), true) = (&x.value, small(x.dtype, &shape)) {
         let idx = crate::tensor::broadcast_index(&x.shape, &shape);
         if let Some(t) = pick(v, shape.clone(), idx.into_iter()) {
             return Ok(vec![Fact::with_value(t)]);
@@ -482,7 +482,7 @@ fn tile_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         .zip(&reps)
         .map(|(a, b)| a.saturating_mul(*b))
         .collect();
-    if let (Some(v), true) = (&x.value, small(&shape)) {
+    if let (Some(v), true) = (&x.value, small(x.dtype, &shape)) {
         let st = strides(&x.shape);
         let xs = x.shape.clone();
         let idx = coords(&shape).map(|c| {
@@ -607,7 +607,7 @@ fn constant_of_shape_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     };
     let n =
         numel(&shape).ok_or_else(|| cx.err(format!("shape {shape:?} has too many elements")))?;
-    if n <= FOLD_LIMIT {
+    if crate::tensor::keep_value(fill.0, n) {
         let t = Tensor::new(fill.0, shape, Data::F(vec![fill.1; n as usize]));
         return Ok(vec![Fact::with_value(t)]);
     }
@@ -630,7 +630,7 @@ fn range_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         return Err(cx.err(format!("range of {n} elements is too large")));
     }
     let n = n as u64;
-    if n <= FOLD_LIMIT {
+    if crate::tensor::keep_value(dtype, n) {
         let v: Vec<f64> = (0..n).map(|i| start + i as f64 * delta).collect();
         return Ok(vec![Fact::with_value(Tensor::new(
             dtype,
@@ -663,7 +663,10 @@ fn pad_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     }
     let mut shape = x.shape.clone();
     for (k, &a) in axes.iter().enumerate() {
-        let d = shape[a] as i64 + pads[k] + pads[k + axes.len()];
+        let d = (shape[a] as i64)
+            .checked_add(pads[k])
+            .and_then(|d| d.checked_add(pads[k + axes.len()]))
+            .unwrap_or(-1);
         if d < 0 {
             return Err(cx.err(format!("pads {pads:?} make axis {a} negative")));
         }

@@ -3,7 +3,9 @@
 
 use super::{first, none, save_x, save_y, Ctx, GradRule, OpSpec, Registry, Saved};
 use crate::error::Result;
-use crate::tensor::{broadcast_index, numel, DType, Data, Fact, Tensor, FOLD_LIMIT};
+use crate::tensor::{
+    broadcast_index, numel, DType, Data, Fact, Tensor, FLOAT_FOLD_LIMIT, FOLD_LIMIT,
+};
 
 /// Output of a unary op: same type and shape as the input, folded when the input is known.
 fn unary(cx: &Ctx, f: fn(f64) -> f64, out_dtype: Option<DType>) -> Result<Vec<Fact>> {
@@ -27,7 +29,7 @@ fn unary_float(cx: &Ctx, f: fn(f64) -> f64) -> Result<Vec<Fact>> {
 /// Values of all inputs broadcast to `shape`, when every input is a known constant.
 fn broadcast_values(cx: &Ctx, shape: &[u64]) -> Option<Vec<Vec<f64>>> {
     let n = numel(shape)?;
-    if n > FOLD_LIMIT {
+    if n > FLOAT_FOLD_LIMIT {
         return None;
     }
     cx.inputs

@@ -4,7 +4,7 @@
 
 use crate::error::{PlannerError, Result};
 use crate::onnx::Attrs;
-use crate::tensor::{broadcast, numel, DType, Fact, Tensor, FOLD_LIMIT};
+use crate::tensor::{broadcast, numel, DType, Fact, Tensor};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -111,11 +111,7 @@ impl<'a> Ctx<'a> {
 
     /// A fact carrying a folded value when it is small enough to keep.
     pub fn folded(&self, t: Tensor) -> Fact {
-        if t.len() as u64 <= FOLD_LIMIT {
-            Fact::with_value(t)
-        } else {
-            Fact::new(t.dtype, t.shape)
-        }
+        Fact::with_value(t)
     }
 
     pub fn broadcast_all(&self) -> Result<Vec<u64>> {
@@ -290,7 +286,7 @@ pub fn window_out(
                 span / stride + 1
             };
             // With ceil_mode the last window must start inside the input or left padding.
-            if ceil_mode && (out - 1) * stride >= input + pad_begin {
+            if ceil_mode && (out - 1).saturating_mul(stride) >= input.saturating_add(pad_begin) {
                 out -= 1;
             }
             Ok(out)

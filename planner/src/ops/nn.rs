@@ -281,7 +281,7 @@ fn batch_norm_grad(cx: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
 fn instance_norm_grad(cx: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
     let x = cx.opt(0);
     let nc = x
-        .map(|x| x.shape.iter().take(2).product::<u64>())
+        .map(|x| crate::tensor::prod_sat(&x.shape[..x.rank().min(2)]))
         .unwrap_or(1);
     GradRule::saves(
         vec![
@@ -315,7 +315,7 @@ fn layer_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
 
 fn layer_norm_grad(cx: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
     let outer = match (cx.opt(0), layer_norm_axis(cx)) {
-        (Some(x), Ok(axis)) => x.shape[..axis].iter().product::<u64>(),
+        (Some(x), Ok(axis)) => crate::tensor::prod_sat(&x.shape[..axis]),
         _ => 1,
     };
     GradRule::saves(

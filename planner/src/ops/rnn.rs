@@ -59,7 +59,10 @@ fn dims(cx: &Ctx) -> Result<Dims> {
         }
         None => w.shape[1] / gates(cx.op),
     };
-    if w.shape[0] != dirs || w.shape[1] != gates(cx.op) * hidden || w.shape[2] != x.shape[2] {
+    if w.shape[0] != dirs
+        || Some(w.shape[1]) != gates(cx.op).checked_mul(hidden)
+        || w.shape[2] != x.shape[2]
+    {
         return Err(cx.err(format!(
             "W of shape {:?} does not match {dirs} direction(s), hidden size {hidden} and input size {}",
             w.shape, x.shape[2]
@@ -118,7 +121,7 @@ fn rnn_grad(cx: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
         .map(|x| x.dtype)
         .unwrap_or(crate::tensor::DType::F32);
     let states = if cx.op == "LSTM" { 2 } else { 1 };
-    let per = d.seq * d.batch * d.hidden * d.dirs;
+    let per = crate::tensor::prod_sat(&[d.seq, d.batch, d.hidden, d.dirs]);
     let work = per.saturating_mul(gates(cx.op) + states);
     GradRule::saves(
         vec![
@@ -126,7 +129,7 @@ fn rnn_grad(cx: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
             Saved::Extra {
                 tag: "workspace",
                 bytes: bytes_of(dtype, work),
-                cost: 0.0,
+                cost: rnn_flops(cx, &[]),
             },
         ],
         2.0,
