@@ -184,7 +184,8 @@ impl Phases {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Lazy,
-    Eager,
+    /// Drop values not kept unless one of the next `window` nodes reads them.
+    Eager(usize),
 }
 
 fn build_with_keep(p: &Problem, keep: &[bool], mode: Mode) -> Schedule {
@@ -217,23 +218,28 @@ fn build_with_keep(p: &Problem, keep: &[bool], mode: Mode) -> Schedule {
     }
 
     // Backward phase: natural order, missing dependencies recomputed from what is resident.
-    let mut next_mark = vec![usize::MAX; n];
+    let mut tpos = vec![usize::MAX; n];
+    for (k, &t) in ph.backward.iter().enumerate() {
+        tpos[t] = k;
+    }
     let mut touched: Vec<NodeId> = Vec::new();
     for (k, &t) in ph.backward.iter().enumerate() {
         let r = b.ensure(p.deps(t));
         b.ensure(&[t]);
-        if mode == Mode::Eager {
-            if let Some(&next) = ph.backward.get(k + 1) {
-                for &d in p.deps(next) {
-                    next_mark[d] = k;
-                }
-            }
+        if let Mode::Eager(window) = mode {
             touched.clear();
             touched.extend_from_slice(b.seq_slice(r));
             touched.extend_from_slice(p.deps(t));
             touched.push(t);
             for &v in &touched {
-                if !kept(v) && next_mark[v] != k {
+                if kept(v) {
+                    continue;
+                }
+                let soon = p
+                    .users(v)
+                    .iter()
+                    .any(|&u| tpos[u] != usize::MAX && tpos[u] > k && tpos[u] <= k + window);
+                if !soon {
                     b.drop_value(v);
                 }
             }
@@ -264,50 +270,79 @@ pub fn schedule_with_checkpoints(p: &Problem, keep: &[bool]) -> Schedule {
 /// general "keep-set" semantics: kept values live to their last use, the others only while the
 /// next node reads them.
 pub fn schedule_with_checkpoints_eager(p: &Problem, keep: &[bool]) -> Schedule {
-    build_with_keep(p, keep, Mode::Eager)
+    build_with_keep(p, keep, Mode::Eager(1))
 }
 
-/// The budget-aware generator: the lazy schedule when its simulated peak fits `budget`,
-/// otherwise whichever of the lazy and eager schedules has the lower peak (then lower cost).
+/// [`schedule_with_checkpoints_eager`] with a lookahead: a value not kept is dropped only when
+/// none of the next `window` nodes of the backward phase reads it (`window = 1` is the eager
+/// generator; a window as long as the phase is the lazy one).
+pub fn schedule_with_lookahead(p: &Problem, keep: &[bool], window: usize) -> Schedule {
+    build_with_keep(p, keep, Mode::Eager(window.max(1)))
+}
+
+/// The budget-aware generator: the lazy schedule when its simulated peak fits `budget`;
+/// otherwise the cheapest fitting schedule among lookahead windows 32, 8, 2 and 1 (shorter
+/// windows drop values sooner: less memory, more recomputation), or the lowest-peak one when
+/// none fits.
 pub fn schedule_with_checkpoints_within(p: &Problem, keep: &[bool], budget: u64) -> Schedule {
-    let lazy = schedule_with_checkpoints(p, keep);
-    let lazy_stats = simulate(p, &lazy).ok();
-    if let Some(s) = &lazy_stats {
-        if s.peak_bytes <= budget {
-            return lazy;
-        }
-    }
-    let eager = schedule_with_checkpoints_eager(p, keep);
-    match (lazy_stats, simulate(p, &eager).ok()) {
-        (Some(l), Some(e)) => {
-            if (e.peak_bytes, e.compute_cost) < (l.peak_bytes, l.compute_cost) {
-                eager
-            } else {
-                lazy
-            }
-        }
-        (None, Some(_)) => eager,
-        _ => lazy,
+    let mut best = Best::new(budget);
+    offer_within(p, keep, &mut best);
+    match best.best {
+        Some((s, _)) => s,
+        None => schedule_with_checkpoints(p, keep),
     }
 }
+
+/// Offers the lazy schedule of `keep` and, when it does not fit, the lookahead ones (longest
+/// window first, stopping at the first that fits or when the search is spent).
+fn offer_within(p: &Problem, keep: &[bool], best: &mut Best) {
+    if best.offer(p, schedule_with_checkpoints(p, keep)) {
+        return;
+    }
+    for window in WINDOWS {
+        if best.offer(p, schedule_with_lookahead(p, keep, window)) || best.spent() {
+            return;
+        }
+    }
+}
+
+/// Lookahead windows [`schedule_with_checkpoints_within`] tries, longest (cheapest) first.
+const WINDOWS: [usize; 4] = [32, 8, 2, 1];
 
 // ---------------------------------------------------------------------------------------------
 // Candidate selection.
 // ---------------------------------------------------------------------------------------------
 
 /// Keeps the cheapest feasible candidate, or the lowest-peak one while none is feasible.
-struct Best {
+/// Also counts the schedule steps generated, so that searches stop after [`WORK_LIMIT`].
+pub(crate) struct Best {
     budget: u64,
-    best: Option<(Schedule, Stats)>,
+    pub(crate) best: Option<(Schedule, Stats)>,
+    work: usize,
 }
 
+/// Schedule steps a baseline's candidate search may generate before it stops trying further
+/// candidates (keeps every baseline well under a second on 1,000-node graphs, where the
+/// recompute-on-demand schedules of plain DAGs run to hundreds of thousands of steps).
+pub(crate) const WORK_LIMIT: usize = 3_000_000;
+
 impl Best {
-    fn new(budget: u64) -> Self {
-        Best { budget, best: None }
+    pub(crate) fn new(budget: u64) -> Self {
+        Best {
+            budget,
+            best: None,
+            work: 0,
+        }
+    }
+
+    /// Whether the search has generated more than [`WORK_LIMIT`] steps.
+    pub(crate) fn spent(&self) -> bool {
+        self.work > WORK_LIMIT
     }
 
     /// Scores `s`; returns whether it is feasible.
-    fn offer(&mut self, p: &Problem, s: Schedule) -> bool {
+    pub(crate) fn offer(&mut self, p: &Problem, s: Schedule) -> bool {
+        self.work += s.steps.len();
         let Ok(stats) = simulate(p, &s) else {
             return false;
         };
@@ -410,7 +445,7 @@ pub fn chen_sqrt(p: &Problem, budget: u64) -> Result<Baseline> {
     let k = (n as f64).sqrt().ceil().max(1.0) as usize;
     let keep = keep_from_positions(p, &ph, &every_k_positions(n, k));
     let mut best = Best::new(budget);
-    best.offer(p, schedule_with_checkpoints_within(p, &keep, budget));
+    offer_within(p, &keep, &mut best);
     best.into_baseline(p, "chen-sqrt")
 }
 
@@ -449,21 +484,49 @@ pub fn chen_greedy(p: &Problem, budget: u64) -> Result<Baseline> {
             continue;
         }
         let keep = keep_from_positions(p, &ph, &chosen);
-        best.offer(p, schedule_with_checkpoints_within(p, &keep, budget));
+        offer_within(p, &keep, &mut best);
         seen.push(chosen);
+        if best.spent() {
+            break;
+        }
     }
     best.into_baseline(p, "chen-greedy")
 }
 
+/// The k every-k tries: ⌈√n⌉ first, then every k up to 256 forward nodes and every k up to 16
+/// plus a geometric progression (×1.25) beyond; `n + 1` means no checkpoint.
+fn every_k_candidates(n: usize) -> Vec<usize> {
+    let root = (n as f64).sqrt().ceil().max(1.0) as usize;
+    let mut ks = vec![root];
+    if n <= 256 {
+        ks.extend(1..=n + 1);
+    } else {
+        ks.extend(1..=16);
+        let mut k = 16.0f64;
+        while (k as usize) <= n {
+            ks.push(k as usize);
+            k *= 1.25;
+        }
+        ks.push(n + 1);
+    }
+    let mut seen = vec![false; n + 2];
+    ks.retain(|&k| !std::mem::replace(&mut seen[k], true));
+    ks
+}
+
 /// Every-k segments: checkpoint every k-th forward node, trying every k (and no checkpoint at
-/// all), keeping the cheapest schedule within the budget.
+/// all; see `every_k_candidates` for long graphs), keeping the cheapest schedule within the
+/// budget. All searches stop after generating [`WORK_LIMIT`] schedule steps.
 pub fn every_k(p: &Problem, budget: u64) -> Result<Baseline> {
     let ph = Phases::of(p);
     let n = ph.linear().len();
     let mut best = Best::new(budget);
-    for k in 1..=n + 1 {
+    for k in every_k_candidates(n) {
         let keep = keep_from_positions(p, &ph, &every_k_positions(n, k));
-        best.offer(p, schedule_with_checkpoints_within(p, &keep, budget));
+        offer_within(p, &keep, &mut best);
+        if best.spent() {
+            break;
+        }
     }
     best.into_baseline(p, "every-k")
 }
@@ -627,7 +690,7 @@ pub fn revolve(p: &Problem, budget: u64) -> Result<Baseline> {
     for slots in 0..=m {
         table.ensure_slots(slots);
         let fits = best.offer(p, revolve_with_slots(p, &ph, &table, slots));
-        if was_feasible && !fits {
+        if (was_feasible && !fits) || best.spent() {
             break;
         }
         was_feasible |= fits;

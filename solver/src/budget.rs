@@ -4,6 +4,9 @@ use crate::baselines::{self, schedule_with_checkpoints_eager, Phases};
 use crate::problem::Problem;
 use crate::schedule::{simulate, store_all, Schedule, Stats};
 
+/// Schedule steps the greedy descent of [`min_feasible_budget`] may generate.
+const DESCENT_WORK: usize = 5_000_000;
+
 /// The least peak found for a problem.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MinBudget {
@@ -46,7 +49,8 @@ impl Lowest {
 /// For a training chain ([`crate::dp::as_training_chain`]) of up to 30 forward nodes the exact
 /// DP gives the true minimum. Otherwise (longer chains also start from the restricted DP): store-all, "recompute everything" (the eager generator with nothing but gradients
 /// kept), the lowest-peak schedules of every baseline (each searched with a zero budget, so it
-/// minimizes peak), then a greedy descent over single-node changes of the keep-set.
+/// minimizes peak), then a greedy descent over single-node changes of the keep-set (at most
+/// `4n + 64` evaluations and 5 million generated schedule steps).
 pub fn min_feasible_budget(p: &Problem) -> MinBudget {
     let lower_bound = p.footprint_lower_bound();
     let chain = crate::dp::min_peak_chain(p);
@@ -87,16 +91,18 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
             .map_or(u64::MAX, |s| s.peak_bytes);
         let max_evals = 4 * lin.len() + 64;
         let mut evals = 0;
+        let mut work = 0usize;
         let mut improved = true;
-        while improved && evals < max_evals && cur_peak > lower_bound {
+        while improved && evals < max_evals && work <= DESCENT_WORK && cur_peak > lower_bound {
             improved = false;
             for &v in &lin {
-                if evals >= max_evals {
+                if evals >= max_evals || work > DESCENT_WORK {
                     break;
                 }
                 evals += 1;
                 cur_keep[v] = !cur_keep[v];
                 let s = schedule_with_checkpoints_eager(p, &cur_keep);
+                work += s.steps.len();
                 match simulate(p, &s) {
                     Ok(st) if st.peak_bytes < cur_peak => {
                         cur_peak = st.peak_bytes;
