@@ -324,7 +324,7 @@ fn slice_spec(cx: &Ctx, rank: usize) -> Result<SliceSpec> {
     let ends = ends.ok_or_else(|| cx.err("ends are required"))?;
     let axes = match axes {
         Some(a) => cx.axes(&a, rank)?,
-        None => (0..starts.len()).collect(),
+        None => cx.axes(&(0..starts.len() as i64).collect::<Vec<_>>(), rank)?,
     };
     let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
@@ -772,22 +772,22 @@ fn space_depth_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         )));
     }
     let b = b as u64;
+    let bb = b
+        .checked_mul(b)
+        .ok_or_else(|| cx.attrs.err("blocksize", format!("{b} is too large")))?;
     let (n, c, h, w) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
     let shape = if cx.op == "DepthToSpace" {
-        if c % (b * b) != 0 {
-            return Err(cx.err(format!(
-                "channels {c} not divisible by blocksize² {}",
-                b * b
-            )));
+        if c % bb != 0 {
+            return Err(cx.err(format!("channels {c} not divisible by blocksize² {bb}")));
         }
-        vec![n, c / (b * b), h * b, w * b]
+        vec![n, c / bb, h.saturating_mul(b), w.saturating_mul(b)]
     } else {
         if h % b != 0 || w % b != 0 {
             return Err(cx.err(format!(
                 "spatial dims {h}x{w} not divisible by blocksize {b}"
             )));
         }
-        vec![n, c * b * b, h / b, w / b]
+        vec![n, c.saturating_mul(bb), h / b, w / b]
     };
     Ok(vec![cx.fact(x.dtype, shape)?])
 }

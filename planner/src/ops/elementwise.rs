@@ -70,6 +70,15 @@ fn nary(
     fi: fn(&[i64]) -> Option<i64>,
     ff: fn(&[f64]) -> f64,
 ) -> Result<Vec<Fact>> {
+    let variadic = matches!(cx.op, "Sum" | "Max" | "Min" | "Mean");
+    let present = cx.inputs.iter().filter(|f| f.is_some()).count();
+    if present != cx.inputs.len() || (!variadic && present != 2) || present == 0 {
+        return Err(cx.err(format!(
+            "expects {} inputs, got {present} of {}",
+            if variadic { "one or more" } else { "two" },
+            cx.inputs.len()
+        )));
+    }
     let in_dtype = cx.input(0)?.dtype;
     let dtype = out_dtype.unwrap_or(in_dtype);
     let shape = cx.broadcast_all()?;
@@ -116,6 +125,9 @@ fn bf(x: bool) -> f64 {
 
 /// `Where(cond, a, b)`: broadcast of all three; folded when all are known.
 fn where_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+    if cx.inputs.len() != 3 || cx.inputs.iter().any(|f| f.is_none()) {
+        return Err(cx.err("expects three inputs: condition, X, Y"));
+    }
     let dtype = cx.input(1)?.dtype;
     let shape = cx.broadcast_all()?;
     if dtype.is_int() {

@@ -4,6 +4,7 @@ mod build;
 mod errors;
 mod fixtures;
 mod fuzz;
+mod hostile;
 mod ops;
 mod shapes;
 mod training;

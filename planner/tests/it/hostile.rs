@@ -1,0 +1,179 @@
+//! Random graphs of registry ops with random (often invalid) attributes, constant inputs and
+//! dims: import returns `Ok` or a `PlannerError`, never panics.
+
+use crate::build::*;
+use onnx_protobuf::AttributeProto;
+use proptest::prelude::*;
+use remat_planner::inspect;
+
+const OPS: &[&str] = &[
+    "Relu",
+    "Add",
+    "Mul",
+    "Div",
+    "Pow",
+    "MatMul",
+    "Gemm",
+    "Conv",
+    "ConvTranspose",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "BatchNormalization",
+    "LayerNormalization",
+    "Softmax",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "Expand",
+    "Tile",
+    "Pad",
+    "Resize",
+    "ReduceMean",
+    "ReduceSum",
+    "ArgMax",
+    "Cast",
+    "Shape",
+    "ConstantOfShape",
+    "Range",
+    "Where",
+    "Equal",
+    "TopK",
+    "OneHot",
+    "Einsum",
+    "LSTM",
+    "DepthToSpace",
+    "CumSum",
+    "Trilu",
+    "Clip",
+    "Dropout",
+    "Sum",
+    "Max",
+    "GatherElements",
+    "ScatterND",
+    "NonZero",
+    "Upsample",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "LRN",
+];
+
+const ATTRS: &[&str] = &[
+    "axis",
+    "axes",
+    "perm",
+    "pads",
+    "kernel_shape",
+    "strides",
+    "dilations",
+    "group",
+    "to",
+    "keepdims",
+    "transA",
+    "transB",
+    "split",
+    "blocksize",
+    "hidden_size",
+    "num_outputs",
+    "k",
+    "starts",
+    "ends",
+    "training_mode",
+    "num_groups",
+    "allowzero",
+    "ceil_mode",
+    "output_padding",
+];
+
+fn int_value() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        -3i64..6,
+        Just(i64::MAX),
+        Just(i64::MIN),
+        Just(1 << 40),
+        Just(-(1 << 40)),
+    ]
+}
+
+fn attr() -> impl Strategy<Value = AttributeProto> {
+    (
+        proptest::sample::select(ATTRS),
+        prop_oneof![int_value().prop_map(Some), Just(None),],
+        proptest::collection::vec(int_value(), 0..5),
+    )
+        .prop_map(|(name, single, list)| match single {
+            Some(v) => a_int(name, v),
+            None => a_ints(name, &list),
+        })
+}
+
+#[derive(Debug, Clone)]
+struct NodeSpec {
+    op: &'static str,
+    inputs: Vec<usize>,
+    consts: Vec<Vec<i64>>,
+    attrs: Vec<AttributeProto>,
+    outputs: usize,
+}
+
+fn node() -> impl Strategy<Value = NodeSpec> {
+    (
+        proptest::sample::select(OPS),
+        proptest::collection::vec(0usize..64, 1..3),
+        proptest::collection::vec(proptest::collection::vec(int_value(), 0..5), 0..3),
+        proptest::collection::vec(attr(), 0..4),
+        1usize..3,
+    )
+        .prop_map(|(op, inputs, consts, attrs, outputs)| NodeSpec {
+            op,
+            inputs,
+            consts,
+            attrs,
+            outputs,
+        })
+}
+
+fn build(dims: &[i64], nodes: &[NodeSpec], opset: i64) -> G {
+    let d: Vec<D> = dims.iter().map(|&x| D::V(x)).collect();
+    let mut g = G::new(opset).input("x", F32, &d);
+    let mut values = vec!["x".to_string()];
+    for (k, n) in nodes.iter().enumerate() {
+        let mut inputs: Vec<String> = n
+            .inputs
+            .iter()
+            .map(|&i| values[i % values.len()].clone())
+            .collect();
+        for (c, v) in n.consts.iter().enumerate() {
+            let name = format!("c{k}_{c}");
+            g = g.ints(&name, v);
+            inputs.push(name);
+        }
+        let outs: Vec<String> = (0..n.outputs).map(|o| format!("v{k}_{o}")).collect();
+        let in_refs: Vec<&str> = inputs.iter().map(|s| s.as_str()).collect();
+        let out_refs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+        g = g.node(n.op, &format!("n{k}"), &in_refs, &out_refs, n.attrs.clone());
+        values.extend(outs);
+    }
+    let last = values.last().cloned().unwrap_or_default();
+    g.output(&last)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+    #[test]
+    fn random_graphs_never_panic(
+        dims in proptest::collection::vec(1i64..6, 0..5),
+        nodes in proptest::collection::vec(node(), 1..6),
+        opset in 9i64..22,
+    ) {
+        let bytes = build(&dims, &nodes, opset).bytes();
+        let result = std::panic::catch_unwind(|| inspect(&bytes, &Default::default()).map(|r| r.nodes));
+        prop_assert!(result.is_ok(), "import panicked on {:?}", nodes);
+    }
+}
