@@ -71,7 +71,10 @@ fn tensor_info(model: &Model, v: ValueId) -> TensorInfo {
 }
 
 impl InspectReport {
-    pub(crate) fn build(model: &Model, training: Option<&TrainingGraph>) -> InspectReport {
+    /// The report of an imported model and, when every node is supported, its training
+    /// graph: what [`crate::inspect`] returns, for callers that also need the model (no
+    /// second import).
+    pub fn new(model: &Model, training: Option<&TrainingGraph>) -> InspectReport {
         let t = training;
         InspectReport {
             producer: model.producer.clone(),

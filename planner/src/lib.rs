@@ -81,8 +81,8 @@ impl Model {
 pub fn inspect(bytes: &[u8], opts: &ImportOptions) -> Result<InspectReport> {
     let model = model::import(bytes, opts)?;
     if !model.unsupported.is_empty() {
-        return Ok(InspectReport::build(&model, None));
+        return Ok(InspectReport::new(&model, None));
     }
     let training = model.training_graph()?;
-    Ok(InspectReport::build(&model, Some(&training)))
+    Ok(InspectReport::new(&model, Some(&training)))
 }

@@ -8,7 +8,7 @@ use crate::tensor::{numel, DType, Fact};
 use crate::ImportOptions;
 use onnx_protobuf::tensor_shape_proto::dimension::Value as DimValue;
 use onnx_protobuf::type_proto::Value as TypeValue;
-use onnx_protobuf::{AttributeProto, GraphProto, NodeProto, ValueInfoProto};
+use onnx_protobuf::{AttributeProto, FunctionProto, GraphProto, NodeProto, ValueInfoProto};
 use petgraph::graph::{DiGraph, NodeIndex};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -286,6 +286,10 @@ struct Builder {
     scopes: Vec<HashMap<String, ValueId>>,
     used_names: HashSet<String>,
     unsupported: Vec<UnsupportedNode>,
+    /// Model-local functions by (domain, name), inlined where they are called.
+    functions: HashMap<(String, String), FunctionProto>,
+    /// Nesting of inlined functions (a recursive function is an error, not a hang).
+    depth: usize,
 }
 
 impl Builder {
@@ -454,6 +458,15 @@ impl Builder {
             return Ok(());
         }
 
+        if spec.is_none() {
+            let key = (n.domain.clone(), n.op_type.clone());
+            if let Some(f) = self.functions.get(&key).cloned() {
+                if any_unknown {
+                    return self.skip(n, &name, inputs, true);
+                }
+                return self.inline_function(&f, n, &name);
+            }
+        }
         let Some(spec) = spec else {
             let reason = if !default_domain {
                 format!("domain {:?} is not supported", n.domain)
@@ -526,6 +539,79 @@ impl Builder {
         for v in inputs.into_iter().flatten() {
             if let Some((p, _)) = self.values[v].producer {
                 self.graph.add_edge(p, node_ix, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Inlines a call of a model-local function: formal inputs bind to the call's values,
+    /// attribute references (`ref_attr_name`) to the call's attributes or the defaults.
+    fn inline_function(&mut self, f: &FunctionProto, n: &NodeProto, name: &str) -> Result<()> {
+        if self.depth >= 32 {
+            return Err(malformed(format!(
+                "node {name:?}: function {:?} nests more than 32 levels (recursive?)",
+                f.name
+            )));
+        }
+        let mut scope = HashMap::new();
+        for (formal, actual) in f.input.iter().zip(&n.input) {
+            if actual.is_empty() {
+                continue;
+            }
+            let id = self
+                .lookup(actual)
+                .ok_or_else(|| PlannerError::DanglingInput {
+                    node: name.to_string(),
+                    input: actual.clone(),
+                })?;
+            scope.insert(formal.clone(), id);
+        }
+        let mut attrs: HashMap<&str, &AttributeProto> = f
+            .attribute_proto
+            .iter()
+            .map(|a| (a.name.as_str(), a))
+            .collect();
+        for a in &n.attribute {
+            attrs.insert(a.name.as_str(), a);
+        }
+        let mut body = GraphProto::new();
+        for bn in &f.node {
+            let mut bn = bn.clone();
+            bn.attribute = bn
+                .attribute
+                .into_iter()
+                .filter_map(|a| {
+                    if a.ref_attr_name.is_empty() {
+                        return Some(a);
+                    }
+                    attrs.get(a.ref_attr_name.as_str()).map(|v| {
+                        let mut v = (*v).clone();
+                        v.name = a.name.clone();
+                        v
+                    })
+                })
+                .collect();
+            body.node.push(bn);
+        }
+        self.scopes.push(scope);
+        self.depth += 1;
+        let r = self.run_graph(&body, &format!("{name}/"));
+        self.depth -= 1;
+        let ids: Vec<Option<ValueId>> = f.output.iter().map(|o| self.lookup(o)).collect();
+        self.scopes.pop();
+        r?;
+        for (k, out) in n.output.iter().enumerate() {
+            if out.is_empty() {
+                continue;
+            }
+            let id = ids.get(k).copied().flatten().ok_or_else(|| {
+                malformed(format!(
+                    "node {name:?}: function {:?} does not produce output {k}",
+                    f.name
+                ))
+            })?;
+            if let Some(scope) = self.scopes.last_mut() {
+                scope.insert(out.clone(), id);
             }
         }
         Ok(())
@@ -665,6 +751,12 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
         scopes: vec![HashMap::new()],
         used_names: HashSet::new(),
         unsupported: vec![],
+        functions: proto
+            .functions
+            .iter()
+            .map(|f| ((f.domain.clone(), f.name.clone()), f.clone()))
+            .collect(),
+        depth: 0,
     };
     b.add_initializers(g)?;
     let mut inputs = vec![];

@@ -326,3 +326,66 @@ fn conv_pool_resize_shapes() {
     assert_eq!(out_shape(&m, 0), vec![2, 4, 32, 32]);
     assert_eq!(out_shape(&m, 1), vec![2, 4, 1, 1]);
 }
+
+#[test]
+fn model_local_functions_are_inlined_with_attribute_references() {
+    use onnx_protobuf::{FunctionProto, NodeProto};
+    let mut f = FunctionProto::new();
+    f.name = "ScaledRelu".into();
+    f.domain = "local".into();
+    f.input = vec!["a".into()];
+    f.output = vec!["b".into()];
+    f.attribute_proto = vec![a_float("alpha", 2.0)];
+    let mut relu = NodeProto::new();
+    relu.op_type = "Relu".into();
+    relu.name = "relu".into();
+    relu.input = vec!["a".into()];
+    relu.output = vec!["r".into()];
+    let mut k = NodeProto::new();
+    k.op_type = "Constant".into();
+    k.name = "k".into();
+    k.output = vec!["c".into()];
+    let mut reference = a_float("value_float", 0.0);
+    reference.ref_attr_name = "alpha".into();
+    k.attribute = vec![reference];
+    let mut mul = NodeProto::new();
+    mul.op_type = "Mul".into();
+    mul.name = "mul".into();
+    mul.input = vec!["r".into(), "c".into()];
+    mul.output = vec!["b".into()];
+    f.node = vec![relu, k, mul];
+
+    let g = G::new(18)
+        .input("x", F32, &[D::V(2), D::V(3)])
+        .weight("w", &[3, 3])
+        .node("MatMul", "mm", &["x", "w"], &["h"], vec![])
+        .node_in("local", "ScaledRelu", "call", &["h"], &["y"])
+        .output("y");
+    let mut model = g.model();
+    model.functions.push(f);
+    let bytes = onnx_protobuf::Message::write_to_bytes(&model).unwrap_or_default();
+    let m = load(&bytes, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out_shape(&m, 0), vec![2, 3]);
+    let c = m
+        .values
+        .iter()
+        .find(|v| v.name == "c")
+        .and_then(|v| v.fact.clone());
+    let alpha = c.and_then(|f| f.value).map(|t| t.as_f64());
+    assert_eq!(alpha, Some(vec![2.0]));
+    let t = m.training_graph().unwrap_or_else(|e| panic!("{e}"));
+    let ids: Vec<&str> = t.nodes.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec![
+            "i:x",
+            "f:mm",
+            "f:call/relu",
+            "f:call/mul",
+            "loss",
+            "b:call/mul",
+            "b:call/relu",
+            "b:mm"
+        ]
+    );
+}
