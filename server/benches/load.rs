@@ -1,0 +1,402 @@
+//! Load test of the planning service on loopback.
+//!
+//! Starts the service in-process on 127.0.0.1 (a temporary SQLite store, its own runtime),
+//! seeds it with plans of the training graphs in `../shared/bench/graphs`, then runs `--readers`
+//! clients that read stored plans (`GET /v1/plans/{id}`, each one request every `--interval-ms`)
+//! and `--writers` clients that post models (`POST /v1/plans` with a random graph and budget,
+//! one every `--write-interval-ms`) for `--seconds`. Every response other than 2xx (and a
+//! deliberate 503 from the full queue) counts as an error; the run fails if there is one.
+//! It stops by itself: after `--seconds`, or after `--max-requests` in all.
+//!
+//! The engine here is the store-all baseline of `remat-solver` (parse the node-link graph,
+//! build the store-all schedule, `simulate` it): real work with a real plan document, so that
+//! the figures measure the service (HTTP, store, jobs), not a solver.
+//!
+//!     cargo bench -p remat-server --no-default-features --bench load -- --seconds 10
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use remat_server::engine::{Engine, EngineError, ErrorKind, ModelFormat, Phase, PlanRequest};
+use remat_server::http::{serve_on, AppState, Config, Store};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+struct Options {
+    seconds: f64,
+    readers: usize,
+    writers: usize,
+    interval_ms: u64,
+    write_interval_ms: u64,
+    workers: usize,
+    queue: usize,
+    max_requests: u64,
+    graphs: std::path::PathBuf,
+}
+
+fn parse_options() -> Result<Options, String> {
+    let mut o = Options {
+        seconds: 60.0,
+        readers: 200,
+        writers: 10,
+        interval_ms: 20,
+        write_interval_ms: 200,
+        workers: 1,
+        queue: 16,
+        max_requests: 10_000_000,
+        graphs: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/bench/graphs"),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let flag = args[i].as_str();
+        if flag == "--bench" {
+            i += 1;
+            continue;
+        }
+        let value = args
+            .get(i + 1)
+            .ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
+        match flag {
+            "--seconds" => o.seconds = value.parse().map_err(|e| bad(&e))?,
+            "--readers" => o.readers = value.parse().map_err(|e| bad(&e))?,
+            "--writers" => o.writers = value.parse().map_err(|e| bad(&e))?,
+            "--interval-ms" => o.interval_ms = value.parse().map_err(|e| bad(&e))?,
+            "--write-interval-ms" => o.write_interval_ms = value.parse().map_err(|e| bad(&e))?,
+            "--workers" => o.workers = value.parse().map_err(|e| bad(&e))?,
+            "--queue" => o.queue = value.parse().map_err(|e| bad(&e))?,
+            "--max-requests" => o.max_requests = value.parse().map_err(|e| bad(&e))?,
+            "--graphs" => o.graphs = value.into(),
+            other => return Err(format!("unknown flag {other}")),
+        }
+        i += 2;
+    }
+    if !(o.seconds > 0.0 && o.seconds <= 3600.0) {
+        return Err("--seconds must be in (0, 3600]".to_string());
+    }
+    Ok(o)
+}
+
+/// The store-all baseline as an engine: a real plan of a node-link graph.
+struct StoreAllEngine;
+
+impl Engine for StoreAllEngine {
+    fn plan(
+        &self,
+        model: &[u8],
+        format: ModelFormat,
+        request: &PlanRequest,
+        progress: &dyn Fn(Phase),
+    ) -> Result<serde_json::Value, EngineError> {
+        if format != ModelFormat::GraphJson {
+            return Err(EngineError::new(
+                ErrorKind::Unprocessable,
+                "unsupported_format",
+                "the load-test engine plans graph JSON only",
+            ));
+        }
+        progress(Phase::Solving);
+        let text = std::str::from_utf8(model)
+            .map_err(|e| EngineError::new(ErrorKind::BadInput, "malformed_model", e.to_string()))?;
+        let problem =
+            remat_solver::io::parse_node_link(text, request.name.as_deref().unwrap_or("model"))
+                .map_err(|e| {
+                    EngineError::new(ErrorKind::BadInput, "malformed_model", e.to_string())
+                })?;
+        let schedule = remat_solver::schedule::store_all(&problem);
+        let stats = remat_solver::schedule::simulate(&problem, &schedule)
+            .map_err(|e| EngineError::new(ErrorKind::Internal, "internal", e.to_string()))?;
+        Ok(serde_json::json!({
+            "summary": {
+                "budget": request.budget,
+                "peak_bytes": stats.peak_bytes,
+                "overhead": stats.overhead(&problem),
+                "solver": "store-all",
+            },
+            "schedule": schedule.to_json_steps(&problem),
+            "memory": stats.memory,
+        }))
+    }
+
+    fn sweep(
+        &self,
+        _: &[u8],
+        _: ModelFormat,
+        _: &PlanRequest,
+    ) -> Result<serde_json::Value, EngineError> {
+        Err(EngineError::new(
+            ErrorKind::Unprocessable,
+            "unsupported",
+            "the load-test engine does not sweep",
+        ))
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    latencies_us: Mutex<Vec<u64>>,
+    by_status: Mutex<std::collections::BTreeMap<u16, u64>>,
+    errors: AtomicU64,
+    rejected: AtomicU64,
+}
+
+impl Tally {
+    fn record(&self, status: u16, micros: u64) {
+        self.latencies_us.lock().unwrap().push(micros);
+        *self.by_status.lock().unwrap().entry(status).or_default() += 1;
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)] as f64 / 1000.0
+}
+
+fn report(name: &str, tally: &Tally, seconds: f64) -> bool {
+    let mut l = tally.latencies_us.lock().unwrap().clone();
+    l.sort_unstable();
+    let statuses: Vec<String> = tally
+        .by_status
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(s, n)| format!("{s}: {n}"))
+        .collect();
+    let errors = tally.errors.load(Ordering::SeqCst);
+    println!(
+        "| {name} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {errors} |",
+        l.len(),
+        l.len() as f64 / seconds,
+        percentile(&l, 50.0),
+        percentile(&l, 90.0),
+        percentile(&l, 99.0),
+        l.last().map_or(f64::NAN, |m| *m as f64 / 1000.0),
+        statuses.join(", "),
+    );
+    errors == 0
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+async fn request(
+    client: &HttpClient,
+    method: &str,
+    uri: &str,
+    body: Option<Bytes>,
+) -> Result<(u16, Bytes), String> {
+    let mut b = hyper::Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        b = b.header("content-type", "application/json");
+    }
+    let req = b
+        .body(Full::new(body.unwrap_or_default()))
+        .map_err(|e| e.to_string())?;
+    let resp = client.request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, bytes))
+}
+
+fn main() {
+    let o = match parse_options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("load: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut graphs: Vec<(String, Bytes)> = Vec::new();
+    let entries = std::fs::read_dir(&o.graphs)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", o.graphs.display()));
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        if name.ends_with("_train_nx.json") {
+            graphs.push((name, Bytes::from(std::fs::read(&path).expect("graph"))));
+        }
+    }
+    graphs.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(
+        !graphs.is_empty(),
+        "no *_train_nx.json in {}",
+        o.graphs.display()
+    );
+
+    // The server: its own runtime with two threads, as `remat serve` would have on this machine.
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(&dir.path().join("load.db")).unwrap());
+    let config = Config {
+        workers: o.workers,
+        queue: o.queue,
+        ..Config::default()
+    };
+    let state = AppState::new(Arc::new(StoreAllEngine), store, config).unwrap();
+    let listener = server_rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = server_rt.spawn(serve_on(listener, state, async move {
+        let _ = stop_rx.await;
+    }));
+
+    let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ok = client_rt.block_on(async {
+        let client: HttpClient = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(1024).build_http();
+        // Seed: every train graph at two budgets.
+        let mut ids = Vec::new();
+        let mut plan_bytes = Vec::new();
+        for (name, body) in &graphs {
+            for budget in ["0.5x", "0.8x"] {
+                let uri = format!("{base}/v1/plans?budget={budget}&name={}", name.replace(' ', "%20").replace(['(', ')', ','], ""));
+                let (status, bytes) = request(&client, "POST", &uri, Some(body.clone())).await.expect("seed");
+                assert!(status == 201 || status == 200, "seeding {name}: {status} {}", String::from_utf8_lossy(&bytes));
+                let v: serde_json::Value = serde_json::from_slice(&bytes).expect("seed JSON");
+                ids.push(v["id"].as_str().expect("id").to_string());
+                plan_bytes.push(bytes.len());
+            }
+        }
+        println!(
+            "seeded {} plans of {} graphs (plan documents {}..{} bytes); {} readers every {} ms, {} writers every {} ms, {} s, {} worker(s), queue {}",
+            ids.len(),
+            graphs.len(),
+            plan_bytes.iter().min().unwrap_or(&0),
+            plan_bytes.iter().max().unwrap_or(&0),
+            o.readers,
+            o.interval_ms,
+            o.writers,
+            o.write_interval_ms,
+            o.seconds,
+            o.workers,
+            o.queue
+        );
+        let ids = Arc::new(ids);
+        let graphs = Arc::new(graphs);
+        let reads = Arc::new(Tally::default());
+        let writes = Arc::new(Tally::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs_f64(o.seconds);
+        let mut tasks = Vec::new();
+        for r in 0..o.readers {
+            let (client, ids, tally, stop, sent, base) = (client.clone(), ids.clone(), reads.clone(), stop.clone(), sent.clone(), base.clone());
+            let interval = Duration::from_millis(o.interval_ms);
+            let max = o.max_requests;
+            tasks.push(tokio::spawn(async move {
+                // Spread the readers over the interval.
+                tokio::time::sleep(interval.mul_f64(r as f64 / 200.0 % 1.0)).await;
+                let mut tick = tokio::time::interval(interval.max(Duration::from_micros(1)));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut n = r;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline && sent.fetch_add(1, Ordering::Relaxed) < max {
+                    if !interval.is_zero() {
+                        tick.tick().await;
+                    }
+                    n = n.wrapping_mul(31).wrapping_add(7);
+                    let uri = format!("{base}/v1/plans/{}", ids[n % ids.len()]);
+                    let t0 = Instant::now();
+                    match request(&client, "GET", &uri, None).await {
+                        Ok((status, _)) => {
+                            tally.record(status, t0.elapsed().as_micros() as u64);
+                            if status != 200 {
+                                tally.errors.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("read error: {e}");
+                            tally.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+        for w in 0..o.writers {
+            let (client, graphs, tally, stop, sent, base) = (client.clone(), graphs.clone(), writes.clone(), stop.clone(), sent.clone(), base.clone());
+            let interval = Duration::from_millis(o.write_interval_ms);
+            let max = o.max_requests;
+            tasks.push(tokio::spawn(async move {
+                let mut n: usize = w * 7919 + 1;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline && sent.fetch_add(1, Ordering::Relaxed) < max {
+                    tokio::time::sleep(interval).await;
+                    n = n.wrapping_mul(1_103_515_245).wrapping_add(12_345) % (1 << 31);
+                    let (name, body) = &graphs[n % graphs.len()];
+                    // Budgets from a grid of 100 fractions: some repeat (200 from the store), some are new (a job).
+                    let fraction = 0.3 + (n / graphs.len() % 100) as f64 * 0.007;
+                    let uri = format!("{base}/v1/plans?budget={fraction:.3}x&wait=5&name={}", name.len());
+                    let t0 = Instant::now();
+                    match request(&client, "POST", &uri, Some(body.clone())).await {
+                        Ok((status, bytes)) => {
+                            tally.record(status, t0.elapsed().as_micros() as u64);
+                            match status {
+                                200 | 201 | 202 => {}
+                                503 => {
+                                    tally.rejected.fetch_add(1, Ordering::Relaxed);
+                                }
+                                _ => {
+                                    eprintln!("post {status}: {}", String::from_utf8_lossy(&bytes));
+                                    tally.errors.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("post error: {e}");
+                            tally.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("client task");
+        }
+        stop.store(true, Ordering::SeqCst);
+        let seconds = started.elapsed().as_secs_f64();
+        println!();
+        println!("| requests | count | req/s | p50 ms | p90 ms | p99 ms | max ms | statuses | errors |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---|---:|");
+        let r_ok = report("GET /v1/plans/{id} (stored plan)", &reads, seconds);
+        let w_ok = report("POST /v1/plans (graph JSON)", &writes, seconds);
+        println!();
+        println!("deliberate 503s (queue full): {}", writes.rejected.load(Ordering::SeqCst));
+        let (_, metrics) = request(&client, "GET", &format!("{base}/metrics"), None).await.expect("metrics");
+        let text = String::from_utf8_lossy(&metrics);
+        for line in text.lines().filter(|l| l.starts_with("remat_solve_seconds_sum") || l.starts_with("remat_solve_seconds_count") || l.starts_with("remat_jobs_total")) {
+            println!("{line}");
+        }
+        r_ok && w_ok
+    });
+    let _ = stop_tx.send(());
+    server_rt
+        .block_on(server)
+        .expect("server task")
+        .expect("server");
+    if !ok {
+        eprintln!("load: errors other than deliberate 503s");
+        std::process::exit(1);
+    }
+}

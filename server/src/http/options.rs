@@ -1,0 +1,367 @@
+//! Plan options: parsed from the query string and the JSON envelope, merged, checked, clamped
+//! to the server's caps, and put in canonical form for the plan cache key.
+
+use super::error::ApiError;
+use super::store::Kind;
+use crate::engine::PlanRequest;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use utoipa::{IntoParams, ToSchema};
+
+/// Options in a JSON envelope (`{"model": ..., "options": {...}}`): the fields of a plan
+/// request plus `wait` and `refresh`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlanOptions {
+    /// Budget: bytes (a number or "123"), a size ("2GiB", "800MB") or a fraction of the
+    /// store-all peak ("0.6x").
+    #[schema(value_type = Option<String>, example = "0.6x")]
+    pub budget: Option<serde_json::Value>,
+    /// Symbolic dimensions to bind, NAME -> VALUE.
+    #[serde(default)]
+    pub dims: BTreeMap<String, u64>,
+    /// auto (default), ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
+    pub solver: Option<String>,
+    /// Seconds the solver may spend (clamped to the server's cap).
+    pub time_limit: Option<f64>,
+    /// Run the executor on the plan (ONNX models only).
+    pub validate: Option<bool>,
+    /// A display name for the model.
+    pub name: Option<String>,
+    /// Graph inputs to treat as parameters.
+    #[serde(default)]
+    pub params: Vec<String>,
+    /// Graph inputs to treat as data.
+    #[serde(default)]
+    pub inputs: Vec<String>,
+    /// Budget fractions of a sweep.
+    #[serde(default)]
+    pub fractions: Vec<f64>,
+    /// Seconds to wait for the job before answering 202 (default 30).
+    pub wait: Option<f64>,
+    /// Plan again even when the same model and options were planned before.
+    pub refresh: Option<bool>,
+}
+
+/// Options as query parameters (they override the envelope's).
+#[derive(Debug, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PlanQuery {
+    /// Budget: bytes, a size ("2GiB") or a fraction of the store-all peak ("0.6x").
+    pub budget: Option<String>,
+    /// A symbolic dimension binding NAME=VALUE; repeatable (`dim=batch=2&dim=seq=128`).
+    pub dim: Vec<String>,
+    /// auto (default), ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
+    pub solver: Option<String>,
+    /// Seconds the solver may spend (clamped to the server's cap).
+    pub time_limit: Option<f64>,
+    /// Run the executor on the plan (ONNX models only).
+    pub validate: Option<bool>,
+    /// A display name for the model.
+    pub name: Option<String>,
+    /// Seconds to wait for the job before answering 202 (default 30).
+    pub wait: Option<f64>,
+    /// Plan again even when the same model and options were planned before.
+    pub refresh: Option<bool>,
+    /// A graph input to treat as a parameter; repeatable.
+    pub param: Vec<String>,
+    /// A graph input to treat as data; repeatable.
+    pub input: Vec<String>,
+    /// A budget fraction of a sweep; repeatable.
+    pub fraction: Vec<f64>,
+}
+
+/// Splits a query string into pairs, with a 400 naming the fault.
+pub fn query_pairs(query: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
+    match query {
+        None | Some("") => Ok(Vec::new()),
+        Some(q) => serde_urlencoded::from_str(q).map_err(|e| {
+            ApiError::bad_request(
+                "invalid_query",
+                format!("cannot parse the query string: {e}"),
+            )
+        }),
+    }
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::bad_request("invalid_option", message)
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, ApiError> {
+    match value {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        _ => Err(invalid(format!(
+            "query parameter `{key}`: expected true or false, got {value:?}"
+        ))),
+    }
+}
+
+fn parse_f64(key: &str, value: &str) -> Result<f64, ApiError> {
+    value.parse::<f64>().map_err(|_| {
+        invalid(format!(
+            "query parameter `{key}`: expected a number, got {value:?}"
+        ))
+    })
+}
+
+impl PlanQuery {
+    /// Reads the plan options of a query string; unknown parameters are an error.
+    pub fn parse(pairs: &[(String, String)]) -> Result<PlanQuery, ApiError> {
+        let mut q = PlanQuery::default();
+        for (key, value) in pairs {
+            match key.as_str() {
+                "budget" => q.budget = Some(value.clone()),
+                "dim" => q.dim.push(value.clone()),
+                "solver" => q.solver = Some(value.clone()),
+                "time_limit" => q.time_limit = Some(parse_f64(key, value)?),
+                "validate" => q.validate = Some(parse_bool(key, value)?),
+                "name" => q.name = Some(value.clone()),
+                "wait" => q.wait = Some(parse_f64(key, value)?),
+                "refresh" => q.refresh = Some(parse_bool(key, value)?),
+                "param" => q.param.push(value.clone()),
+                "input" => q.input.push(value.clone()),
+                "fraction" => q.fraction.push(parse_f64(key, value)?),
+                other => {
+                    return Err(invalid(format!(
+                        "unknown query parameter `{other}`; known: budget, dim, solver, time_limit, validate, \
+                         name, wait, refresh, param, input, fraction"
+                    )))
+                }
+            }
+        }
+        Ok(q)
+    }
+}
+
+/// Server limits that shape the options.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    pub max_time_limit: f64,
+    pub default_wait: Duration,
+    pub max_wait: Duration,
+}
+
+/// The options of one submission, ready to use.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub request: PlanRequest,
+    /// The options as applied (with a note when a value was clamped), stored with the plan.
+    pub applied: serde_json::Value,
+    pub wait: Duration,
+    pub refresh: bool,
+}
+
+/// Merges envelope and query options (the query wins), checks and clamps them.
+pub fn resolve(
+    body: Option<PlanOptions>,
+    query: PlanQuery,
+    caps: Caps,
+) -> Result<Resolved, ApiError> {
+    let body = body.unwrap_or_default();
+    let budget = match body.budget {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(serde_json::Value::Number(n)) if n.is_u64() => Some(n.to_string()),
+        Some(other) => {
+            return Err(invalid(format!(
+                "options.budget: expected a string (\"2GiB\", \"0.6x\") or a whole number of bytes, got {other}"
+            )))
+        }
+    };
+    let mut request = PlanRequest {
+        budget: query.budget.or(budget),
+        dims: body.dims,
+        solver: query.solver.or(body.solver),
+        time_limit: query.time_limit.or(body.time_limit),
+        validate: query.validate.or(body.validate),
+        name: query.name.or(body.name),
+        params: body.params,
+        inputs: body.inputs,
+        fractions: body.fractions,
+    };
+    for binding in &query.dim {
+        let (name, value) = binding.split_once('=').ok_or_else(|| {
+            invalid(format!(
+                "dim {binding:?}: expected NAME=VALUE, e.g. dim=batch=8"
+            ))
+        })?;
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(invalid(format!(
+                "dim {binding:?}: the dimension name is empty"
+            )));
+        }
+        let value = value.trim().parse::<u64>().map_err(|_| {
+            invalid(format!(
+                "dim {binding:?}: value {value:?} of `{name}` is not a non-negative integer"
+            ))
+        })?;
+        request.dims.insert(name.to_string(), value);
+    }
+    if request.dims.keys().any(|k| k.trim().is_empty()) {
+        return Err(invalid("options.dims: a dimension name is empty"));
+    }
+    request.params.extend(query.param);
+    request.inputs.extend(query.input);
+    request.fractions.extend(query.fraction);
+    if let Some(f) = request
+        .fractions
+        .iter()
+        .find(|f| !(f.is_finite() && **f > 0.0))
+    {
+        return Err(invalid(format!("fraction {f}: expected a positive number")));
+    }
+
+    let mut clamped = serde_json::Map::new();
+    if let Some(t) = request.time_limit {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(invalid(format!(
+                "time_limit {t}: expected a positive number of seconds"
+            )));
+        }
+        if t > caps.max_time_limit {
+            request.time_limit = Some(caps.max_time_limit);
+            clamped.insert(
+                "time_limit".to_string(),
+                serde_json::json!({
+                    "requested": t,
+                    "applied": caps.max_time_limit,
+                    "reason": format!("the server caps the solver time at {} s", caps.max_time_limit),
+                }),
+            );
+        }
+    }
+    let wait = match query.wait.or(body.wait) {
+        None => caps.default_wait,
+        Some(w) if w.is_finite() && w >= 0.0 => {
+            Duration::from_secs_f64(w.min(caps.max_wait.as_secs_f64()))
+        }
+        Some(w) => {
+            return Err(invalid(format!(
+                "wait {w}: expected a non-negative number of seconds"
+            )))
+        }
+    };
+    let refresh = query.refresh.or(body.refresh).unwrap_or(false);
+
+    let mut applied = serde_json::to_value(&request)
+        .map_err(ApiError::internal)?
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    if !clamped.is_empty() {
+        applied.insert("clamped".to_string(), serde_json::Value::Object(clamped));
+    }
+    Ok(Resolved {
+        request,
+        applied: serde_json::Value::Object(applied),
+        wait,
+        refresh,
+    })
+}
+
+/// The options that decide the result, in one canonical text: the display name is left out,
+/// parameter and input lists are sorted, and fractions only count for sweeps.
+pub fn canonical(kind: Kind, request: &PlanRequest) -> String {
+    let mut c = request.clone();
+    c.name = None;
+    c.params.sort();
+    c.params.dedup();
+    c.inputs.sort();
+    c.inputs.dedup();
+    if kind == Kind::Plan {
+        c.fractions.clear();
+    }
+    serde_json::to_string(&c).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps() -> Caps {
+        Caps {
+            max_time_limit: 300.0,
+            default_wait: Duration::from_secs(30),
+            max_wait: Duration::from_secs(60),
+        }
+    }
+
+    fn pairs(q: &str) -> Vec<(String, String)> {
+        query_pairs(Some(q)).unwrap()
+    }
+
+    #[test]
+    fn query_overrides_envelope_and_dims_merge() {
+        let body: PlanOptions = serde_json::from_str(
+            r#"{"budget": 1000, "dims": {"batch": 1, "seq": 4}, "solver": "dp"}"#,
+        )
+        .unwrap();
+        let q = PlanQuery::parse(&pairs("budget=0.6x&dim=batch=2&wait=0")).unwrap();
+        let r = resolve(Some(body), q, caps()).unwrap();
+        assert_eq!(r.request.budget.as_deref(), Some("0.6x"));
+        assert_eq!(r.request.dims.get("batch"), Some(&2));
+        assert_eq!(r.request.dims.get("seq"), Some(&4));
+        assert_eq!(r.request.solver.as_deref(), Some("dp"));
+        assert_eq!(r.wait, Duration::ZERO);
+    }
+
+    #[test]
+    fn bad_values_name_the_parameter() {
+        let cases = [
+            ("dim=batch", "dim \"batch\""),
+            ("dim==3", "name is empty"),
+            ("dim=batch=x", "`batch`"),
+            ("time_limit=abc", "`time_limit`"),
+            ("validate=maybe", "`validate`"),
+            ("colour=red", "`colour`"),
+            ("time_limit=-1", "time_limit -1"),
+            ("wait=-3", "wait -3"),
+            ("fraction=0", "fraction 0"),
+        ];
+        for (q, needle) in cases {
+            let err = PlanQuery::parse(&pairs(q))
+                .and_then(|q| resolve(None, q, caps()))
+                .unwrap_err();
+            assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST, "{q}");
+            assert!(
+                err.error.message.contains(needle),
+                "{q}: {}",
+                err.error.message
+            );
+        }
+    }
+
+    #[test]
+    fn time_limit_is_clamped_and_says_so() {
+        let r = resolve(
+            None,
+            PlanQuery::parse(&pairs("time_limit=1000&wait=999")).unwrap(),
+            caps(),
+        )
+        .unwrap();
+        assert_eq!(r.request.time_limit, Some(300.0));
+        assert_eq!(r.applied["clamped"]["time_limit"]["requested"], 1000.0);
+        assert_eq!(r.wait, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn canonical_ignores_name_and_list_order() {
+        let a = PlanRequest {
+            name: Some("a".into()),
+            params: vec!["w2".into(), "w1".into()],
+            ..Default::default()
+        };
+        let b = PlanRequest {
+            name: Some("b".into()),
+            params: vec!["w1".into(), "w2".into(), "w1".into()],
+            fractions: vec![0.5],
+            ..Default::default()
+        };
+        assert_eq!(canonical(Kind::Plan, &a), canonical(Kind::Plan, &b));
+        assert_ne!(canonical(Kind::Sweep, &a), canonical(Kind::Sweep, &b));
+    }
+}

@@ -1,0 +1,433 @@
+//! The plan store: one SQLite file (WAL) holding every plan and sweep job, its options, its
+//! status and its result.
+//!
+//! Writes go through one connection; reads use a small pool of connections so that many
+//! readers do not wait on each other (WAL lets them read while a job writes).
+
+use super::error::ErrorObject;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Queued,
+    Solving,
+    Validating,
+    Done,
+    Failed,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Solving => "solving",
+            Status::Validating => "validating",
+            Status::Done => "done",
+            Status::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Status> {
+        Some(match text {
+            "queued" => Status::Queued,
+            "solving" => Status::Solving,
+            "validating" => Status::Validating,
+            "done" => Status::Done,
+            "failed" => Status::Failed,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Done | Status::Failed)
+    }
+}
+
+/// What a job computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Plan,
+    Sweep,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Plan => "plan",
+            Kind::Sweep => "sweep",
+        }
+    }
+
+    /// The key under which the engine's document appears in a record.
+    pub fn result_key(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+/// A job as it is created.
+#[derive(Debug, Clone)]
+pub struct NewJob<'a> {
+    pub id: &'a str,
+    pub kind: Kind,
+    pub model_hash: &'a str,
+    pub model_name: Option<&'a str>,
+    pub model_format: &'a str,
+    /// The options as applied, a JSON object.
+    pub options: &'a str,
+    pub cache_key: &'a str,
+    pub created_at: &'a str,
+}
+
+/// A summary row: everything but the engine's full document.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub id: String,
+    pub status: Status,
+    pub model_hash: String,
+    pub model_name: Option<String>,
+    pub model_format: String,
+    pub options: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub summary: Option<String>,
+    pub error: Option<String>,
+    pub error_status: Option<u16>,
+}
+
+/// A full record: the row and the engine's document, as JSON text.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub row: Row,
+    pub result: Option<String>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS jobs (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id           TEXT NOT NULL UNIQUE,
+    kind         TEXT NOT NULL,
+    model_hash   TEXT NOT NULL,
+    model_name   TEXT,
+    model_format TEXT NOT NULL,
+    options      TEXT NOT NULL,
+    cache_key    TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    created_at   TEXT NOT NULL,
+    updated_at   TEXT NOT NULL,
+    summary      TEXT,
+    result       TEXT,
+    error        TEXT,
+    error_status INTEGER
+);
+CREATE INDEX IF NOT EXISTS jobs_model ON jobs(model_hash, kind, seq);
+CREATE INDEX IF NOT EXISTS jobs_cache ON jobs(cache_key, seq);
+";
+
+const ROW_COLUMNS: &str = "id, status, model_hash, model_name, model_format, options, created_at, \
+                           updated_at, summary, error, error_status";
+
+/// The error a job in flight gets when the server restarts under it.
+pub fn interrupted_error() -> ErrorObject {
+    ErrorObject {
+        code: "interrupted".to_string(),
+        message: "interrupted by a restart: the server stopped while this job was in flight; \
+                  post the model again"
+            .to_string(),
+        details: serde_json::Value::Null,
+    }
+}
+
+/// The SQLite plan store.
+pub struct Store {
+    writer: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+    next_reader: AtomicUsize,
+    closed: AtomicBool,
+    interrupted: usize,
+}
+
+fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    // A panic while holding the lock cannot leave SQLite inconsistent (statements are atomic).
+    conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`, in WAL mode, and marks the jobs a
+    /// previous run left in flight as failed ("interrupted by a restart").
+    pub fn open(path: &Path) -> Result<Store, rusqlite::Error> {
+        let writer = Connection::open(path)?;
+        writer.pragma_update(None, "journal_mode", "WAL")?;
+        Self::configure(&writer)?;
+        writer.execute_batch(SCHEMA)?;
+        let mut readers = Vec::new();
+        for _ in 0..4 {
+            let reader = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                    | OpenFlags::SQLITE_OPEN_URI,
+            )?;
+            Self::configure(&reader)?;
+            readers.push(Mutex::new(reader));
+        }
+        Self::finish_open(writer, readers)
+    }
+
+    /// A store in memory (for tests): one connection for reads and writes.
+    pub fn open_in_memory() -> Result<Store, rusqlite::Error> {
+        let writer = Connection::open_in_memory()?;
+        Self::configure(&writer)?;
+        writer.execute_batch(SCHEMA)?;
+        Self::finish_open(writer, Vec::new())
+    }
+
+    fn configure(conn: &Connection) -> Result<(), rusqlite::Error> {
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        Ok(())
+    }
+
+    fn finish_open(
+        writer: Connection,
+        readers: Vec<Mutex<Connection>>,
+    ) -> Result<Store, rusqlite::Error> {
+        let error = serde_json::to_string(&interrupted_error()).unwrap_or_default();
+        let interrupted = writer.execute(
+            "UPDATE jobs SET status = 'failed', error = ?1, error_status = 500, updated_at = ?2
+             WHERE status IN ('queued', 'solving', 'validating')",
+            params![error, now()],
+        )?;
+        if interrupted > 0 {
+            tracing::warn!(
+                jobs = interrupted,
+                "marked jobs left in flight by the last run as failed"
+            );
+        }
+        Ok(Store {
+            writer: Mutex::new(writer),
+            readers,
+            next_reader: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            interrupted,
+        })
+    }
+
+    /// How many in-flight jobs opening this store marked as interrupted.
+    pub fn interrupted_on_open(&self) -> usize {
+        self.interrupted
+    }
+
+    /// Refuses every later write (jobs still running after a shutdown must not write: the next
+    /// run owns the file and has marked them interrupted).
+    pub fn close(&self) {
+        let _guard = lock(&self.writer);
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    fn reader(&self) -> MutexGuard<'_, Connection> {
+        if self.readers.is_empty() {
+            return lock(&self.writer);
+        }
+        let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
+        for i in 0..self.readers.len() {
+            let conn = &self.readers[(start + i) % self.readers.len()];
+            if let Ok(guard) = conn.try_lock() {
+                return guard;
+            }
+        }
+        lock(&self.readers[start % self.readers.len()])
+    }
+
+    /// Runs a write unless the store is closed; `Ok(None)` when it is.
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error>,
+    ) -> Result<Option<T>, rusqlite::Error> {
+        let conn = lock(&self.writer);
+        if self.closed.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        f(&conn).map(Some)
+    }
+
+    pub fn insert(&self, job: &NewJob<'_>) -> Result<(), rusqlite::Error> {
+        self.write(|c| {
+            c.execute(
+                "INSERT INTO jobs (id, kind, model_hash, model_name, model_format, options, cache_key,
+                                   status, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', ?8, ?8)",
+                params![
+                    job.id,
+                    job.kind.as_str(),
+                    job.model_hash,
+                    job.model_name,
+                    job.model_format,
+                    job.options,
+                    job.cache_key,
+                    job.created_at
+                ],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// The newest job of `kind` with this cache key that is done or still in flight.
+    pub fn find_cached(
+        &self,
+        kind: Kind,
+        cache_key: &str,
+    ) -> Result<Option<String>, rusqlite::Error> {
+        self.reader()
+            .query_row(
+                "SELECT id FROM jobs WHERE cache_key = ?1 AND kind = ?2 AND status != 'failed'
+                 ORDER BY seq DESC LIMIT 1",
+                params![cache_key, kind.as_str()],
+                |r| r.get(0),
+            )
+            .optional()
+    }
+
+    pub fn set_status(&self, id: &str, status: Status) -> Result<(), rusqlite::Error> {
+        self.write(|c| {
+            c.execute(
+                "UPDATE jobs SET status = ?2, updated_at = ?3 WHERE id = ?1 AND status NOT IN ('done', 'failed')",
+                params![id, status.as_str(), now()],
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn finish(
+        &self,
+        id: &str,
+        result: &str,
+        summary: Option<&str>,
+    ) -> Result<(), rusqlite::Error> {
+        self.write(|c| {
+            c.execute(
+                "UPDATE jobs SET status = 'done', result = ?2, summary = ?3, updated_at = ?4 WHERE id = ?1",
+                params![id, result, summary, now()],
+            )
+        })?;
+        Ok(())
+    }
+
+    pub fn fail(&self, id: &str, status: u16, error: &ErrorObject) -> Result<(), rusqlite::Error> {
+        let text = serde_json::to_string(error)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        self.write(|c| {
+            c.execute(
+                "UPDATE jobs SET status = 'failed', error = ?2, error_status = ?3, updated_at = ?4 WHERE id = ?1",
+                params![id, text, status, now()],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Deletes a job of `kind`; false when there is none.
+    pub fn delete(&self, kind: Kind, id: &str) -> Result<bool, rusqlite::Error> {
+        let n = self.write(|c| {
+            c.execute(
+                "DELETE FROM jobs WHERE id = ?1 AND kind = ?2",
+                params![id, kind.as_str()],
+            )
+        })?;
+        Ok(n.unwrap_or(0) > 0)
+    }
+
+    fn row(r: &rusqlite::Row<'_>) -> Result<Row, rusqlite::Error> {
+        let status: String = r.get(1)?;
+        Ok(Row {
+            id: r.get(0)?,
+            status: Status::parse(&status).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    1,
+                    rusqlite::types::Type::Text,
+                    format!("unknown status {status:?}").into(),
+                )
+            })?,
+            model_hash: r.get(2)?,
+            model_name: r.get(3)?,
+            model_format: r.get(4)?,
+            options: r.get(5)?,
+            created_at: r.get(6)?,
+            updated_at: r.get(7)?,
+            summary: r.get(8)?,
+            error: r.get(9)?,
+            error_status: r.get(10)?,
+        })
+    }
+
+    /// One job of `kind`, with its engine document.
+    pub fn get(&self, kind: Kind, id: &str) -> Result<Option<Record>, rusqlite::Error> {
+        let sql = format!("SELECT {ROW_COLUMNS}, result FROM jobs WHERE id = ?1 AND kind = ?2");
+        self.reader()
+            .prepare_cached(&sql)?
+            .query_row(params![id, kind.as_str()], |r| {
+                Ok(Record {
+                    row: Self::row(r)?,
+                    result: r.get(11)?,
+                })
+            })
+            .optional()
+    }
+
+    /// Jobs of `kind`, newest first, optionally of one model.
+    pub fn list(
+        &self,
+        kind: Kind,
+        model: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Row>, rusqlite::Error> {
+        let conn = self.reader();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match model {
+            Some(hash) => {
+                let sql = format!(
+                    "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = ?1 AND model_hash = ?2 ORDER BY seq DESC LIMIT ?3"
+                );
+                let mut stmt = conn.prepare_cached(&sql)?;
+                let rows = stmt.query_map(params![kind.as_str(), hash, limit], Self::row)?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            }
+            None => {
+                let sql = format!(
+                    "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = ?1 ORDER BY seq DESC LIMIT ?2"
+                );
+                let mut stmt = conn.prepare_cached(&sql)?;
+                let rows = stmt.query_map(params![kind.as_str(), limit], Self::row)?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            }
+        };
+        Ok(rows)
+    }
+
+    /// Every plan of one model, oldest first.
+    pub fn history(&self, model_hash: &str) -> Result<Vec<Row>, rusqlite::Error> {
+        let conn = self.reader();
+        let sql = format!("SELECT {ROW_COLUMNS} FROM jobs WHERE kind = 'plan' AND model_hash = ?1 ORDER BY seq ASC");
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map(params![model_hash], Self::row)?;
+        rows.collect()
+    }
+
+    /// A cheap liveness query.
+    pub fn ping(&self) -> Result<(), rusqlite::Error> {
+        self.reader().query_row("SELECT 1", [], |_| Ok(()))
+    }
+}
