@@ -25,6 +25,31 @@
 //! # The loss
 //! The sum of the means of all floating-point graph outputs. Backward nodes exist for the
 //! ops on a path from a parameter to the loss.
+//!
+//! # The training graph
+//! - Nodes, in order: `i:<input>` for data inputs the forward reads; per forward op its
+//!   extra saved values `f:<node>:<tag>` (BatchNormalization/LayerNormalization/
+//!   InstanceNormalization/GroupNormalization batch statistics `stats`, MaxPool `indices`,
+//!   Dropout `mask` (marked `replay_rng`), RNN `workspace`) then `f:<node>`; `loss`; then
+//!   `b:<node>` in reverse forward order. Ids are unique.
+//! - Views (Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand, Identity, Slice with
+//!   positive steps, Split, inactive Dropout, same-type Cast, Gather of a scalar index)
+//!   share their input's storage, as in PyTorch: they get no node of their own; readers of
+//!   a view depend on the node holding its base, and each storage is counted once in
+//!   `saved_activation_bytes`.
+//! - What each backward keeps follows PyTorch's autograd formulas (`derivatives.yaml`):
+//!   ReLU its output, Conv/MatMul/Gemm the operand needed for the other's gradient,
+//!   BatchNormalization (training) its input and statistics, Softmax its output, GELU and
+//!   LayerNormalization their input (+ statistics), Add nothing... See each op's `grad` in
+//!   `ops/`. Exporters' decompositions of single PyTorch ops are fused back first
+//!   ([`fuse`]: the erf GELU).
+//! - A backward node's deps are the backward nodes of the consumers of its op's outputs
+//!   (gradient sources; `loss` for graph outputs) and the forward nodes holding what it
+//!   keeps; its bytes are the gradients w.r.t. its float non-parameter inputs; it is
+//!   `required` when it produces a parameter gradient. Costs are FLOPs.
+//! - Dropout counts as active (a mask is kept) when its ratio is positive; with ratio 0 it
+//!   is a view. BatchNormalization is in training mode when `training_mode = 1` (opset 14+)
+//!   or when it has more than one output (opsets 9-13).
 
 pub mod error;
 pub mod fuse;

@@ -86,8 +86,10 @@ fn nary(
         if let Some(cols) = broadcast_ints(cx, &shape) {
             let n = cols.first().map(|c| c.len()).unwrap_or(0);
             let mut out = Vec::with_capacity(n);
+            let mut args: Vec<i64> = Vec::with_capacity(cols.len());
             for i in 0..n {
-                let args: Vec<i64> = cols.iter().map(|c| c[i]).collect();
+                args.clear();
+                args.extend(cols.iter().map(|c| c[i]));
                 match fi(&args) {
                     Some(v) => out.push(v),
                     None => return Ok(vec![cx.fact(dtype, shape)?]),
@@ -97,9 +99,11 @@ fn nary(
         }
     } else if let Some(cols) = broadcast_values(cx, &shape) {
         let n = cols.first().map(|c| c.len()).unwrap_or(0);
+        let mut args: Vec<f64> = Vec::with_capacity(cols.len());
         let out: Vec<f64> = (0..n)
             .map(|i| {
-                let args: Vec<f64> = cols.iter().map(|c| c[i]).collect();
+                args.clear();
+                args.extend(cols.iter().map(|c| c[i]));
                 ff(&args)
             })
             .collect();

@@ -78,6 +78,23 @@ fn every_manifest_model_matches_pytorch() {
                 ));
             }
         }
+        if let Some(training) = &r.training {
+            let ids: std::collections::HashSet<&str> =
+                training.iter().map(|n| n.id.as_str()).collect();
+            if ids.len() != training.len() {
+                failures.push(format!("{name}: duplicate training node ids"));
+            }
+            for n in training.iter().filter(|n| n.id.starts_with("b:")) {
+                if !ids.contains(format!("f:{}", &n.id[2..]).as_str()) {
+                    failures.push(format!("{name}: {} has no forward node", n.id));
+                }
+            }
+            if r.params_bytes.unwrap_or(0) > 0 && !training.iter().any(|n| n.required) {
+                failures.push(format!(
+                    "{name}: no backward node produces a parameter gradient"
+                ));
+            }
+        }
         let peak = r.store_all_peak_bytes.unwrap_or(0);
         if peak < r.fixed_bytes.unwrap_or(0) {
             failures.push(format!(
