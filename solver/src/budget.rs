@@ -1,8 +1,8 @@
 //! Budget tools: the least peak a schedule can reach.
 
 use crate::baselines::{self, schedule_with_checkpoints_eager, Phases};
-use crate::problem::Problem;
-use crate::schedule::{simulate, store_all, Schedule, Stats};
+use crate::problem::{NodeId, Problem};
+use crate::schedule::{simulate, store_all, with_frees, Schedule, Stats, Step};
 
 /// Schedule steps the greedy descent of [`min_feasible_budget`] may generate.
 const DESCENT_WORK: usize = 5_000_000;
@@ -48,9 +48,11 @@ impl Lowest {
 ///
 /// For a training chain ([`crate::dp::as_training_chain`]) of up to 30 forward nodes the exact
 /// DP gives the true minimum. Otherwise (longer chains also start from the restricted DP): store-all, "recompute everything" (the eager generator with nothing but gradients
-/// kept), the lowest-peak schedules of every baseline (each searched with a zero budget, so it
-/// minimizes peak), then a greedy descent over single-node changes of the keep-set (at most
-/// `4n + 64` evaluations and 5 million generated schedule steps).
+/// kept), for training graphs the lowest-peak schedules of every baseline (each searched with a
+/// zero budget, so it minimizes peak), for training graphs a greedy descent over single-node changes of the
+/// keep-set (at most `4n + 64` evaluations and 5 million generated schedule steps), and finally
+/// a peak descent on store-all's compute order and on the best one found (recompute a value
+/// held across the peak right before its next reader while that lowers the peak; same limit).
 pub fn min_feasible_budget(p: &Problem) -> MinBudget {
     let lower_bound = p.footprint_lower_bound();
     let chain = crate::dp::min_peak_chain(p);
@@ -76,15 +78,16 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
     }
     low.offer(p, schedule_with_checkpoints_eager(p, &keep));
     for name in baselines::BASELINE_NAMES {
-        if low.peak() <= lower_bound {
+        if low.peak() <= lower_bound || ph.forward.is_empty() {
             break;
         }
         if let Ok(b) = baselines::baseline(p, name, 0) {
             low.offer(p, b.schedule);
         }
     }
-    // Greedy descent: toggle single checkpoints of the linear order while the peak drops.
-    if low.peak() > lower_bound {
+    // Greedy descent: toggle single checkpoints of the forward phase while the peak drops
+    // (training graphs only: on plain DAGs eager schedules recompute too much to be useful).
+    if low.peak() > lower_bound && !ph.forward.is_empty() {
         let lin = ph.linear().to_vec();
         let mut cur_keep = keep.clone();
         let mut cur_peak = simulate(p, &schedule_with_checkpoints_eager(p, &cur_keep))
@@ -114,6 +117,24 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
             }
         }
     }
+    // Peak descent from store-all's compute order (short, so moves are cheap to score), and
+    // from the best order so far when it is not much longer.
+    if low.peak() > lower_bound {
+        let seq = computes(&store_all(p));
+        if let Some(better) = peak_descent(p, seq, DESCENT_WORK) {
+            low.offer(p, better);
+        }
+    }
+    if low.peak() > lower_bound {
+        if let Some((sched, _)) = &low.best {
+            let seq = computes(sched);
+            if seq.len() <= 4 * p.len() {
+                if let Some(better) = peak_descent(p, seq, DESCENT_WORK) {
+                    low.offer(p, better);
+                }
+            }
+        }
+    }
     let (schedule, stats) = match low.best {
         Some(b) => b,
         None => {
@@ -138,4 +159,88 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
         exact: stats.peak_bytes == lower_bound,
         schedule,
     }
+}
+
+/// The compute order of a schedule.
+fn computes(s: &Schedule) -> Vec<NodeId> {
+    s.steps
+        .iter()
+        .filter_map(|st| match *st {
+            Step::Compute(v) => Some(v),
+            Step::Free(_) => None,
+        })
+        .collect()
+}
+
+/// (peak, number of steps at the peak, index in the compute order of the first peak compute).
+fn peak_profile(p: &Problem, seq: &[NodeId]) -> Option<(u64, usize, usize, Schedule)> {
+    let s = with_frees(p, seq);
+    let st = simulate(p, &s).ok()?;
+    let at_peak = st.memory.iter().filter(|&&m| m == st.peak_bytes).count();
+    let compute_index = s.steps[..=st.peak_step.min(s.steps.len().saturating_sub(1))]
+        .iter()
+        .filter(|x| matches!(x, Step::Compute(_)))
+        .count()
+        .saturating_sub(1);
+    Some((st.peak_bytes, at_peak, compute_index, s))
+}
+
+/// Greedy peak reduction on a compute order: at the first peak compute, take a value resident
+/// there but not read by it, and recompute it right before its next reader instead of holding
+/// it (its dependencies then live until that reader: [`with_frees`] keeps the order valid).
+/// A move is kept when (peak, steps at the peak) decreases; stops when no resident value
+/// helps or after `work` generated steps. Returns the improved schedule, if any move helped.
+fn peak_descent(p: &Problem, mut seq: Vec<NodeId>, work: usize) -> Option<Schedule> {
+    let (mut peak, mut count, mut at, mut sched) = peak_profile(p, &seq)?;
+    let mut improved_any = false;
+    let mut spent = 0usize;
+    let n = p.len();
+    'outer: while spent <= work {
+        // Values resident at compute `at`: the latest instance before `at` read at or after it.
+        let mut latest: Vec<Option<usize>> = vec![None; n];
+        for (i, &v) in seq.iter().enumerate().take(at) {
+            latest[v] = Some(i);
+        }
+        let target = seq[at];
+        let mut cands: Vec<(u64, NodeId, usize)> = Vec::new();
+        for (v, lat) in latest.iter().enumerate() {
+            if lat.is_none() || v == target || p.deps(target).contains(&v) {
+                continue;
+            }
+            spent += seq.len() - at;
+            // Next reader of this instance after `at` (before v is computed again).
+            let mut next = None;
+            for (j, &u) in seq.iter().enumerate().skip(at + 1) {
+                if u == v {
+                    break;
+                }
+                if p.deps(u).contains(&v) {
+                    next = Some(j);
+                    break;
+                }
+            }
+            if let Some(j) = next {
+                cands.push((p.bytes(v), v, j));
+            }
+        }
+        cands.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, v, j) in cands {
+            let mut trial = seq.clone();
+            trial.insert(j, v);
+            spent += trial.len() * 2;
+            if let Some((pk, ct, a, s)) = peak_profile(p, &trial) {
+                if (pk, ct) < (peak, count) {
+                    (peak, count, at, sched) = (pk, ct, a, s);
+                    seq = trial;
+                    improved_any = true;
+                    continue 'outer;
+                }
+            }
+            if spent > work {
+                break 'outer;
+            }
+        }
+        break;
+    }
+    improved_any.then_some(sched)
 }
