@@ -92,6 +92,12 @@ fn conv_transpose_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         None => w.shape[2..].to_vec(),
     };
     let n = kernel.len();
+    if n != x.rank() - 2 {
+        return Err(cx.attrs.err(
+            "kernel_shape",
+            format!("{n} dims for an input with {} spatial dims", x.rank() - 2),
+        ));
+    }
     let win = Window::read(cx, kernel)?;
     let out_pad = match cx.attrs.ints("output_padding")? {
         Some(p) => nonneg(cx, "output_padding", p)?,

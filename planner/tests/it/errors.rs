@@ -220,3 +220,29 @@ fn option_names_must_be_graph_inputs() {
         })
     ));
 }
+
+#[test]
+fn kernel_shape_longer_than_the_input_is_an_attribute_error() {
+    let g = G::new(17)
+        .input("x", F32, &[D::V(1), D::V(2), D::V(5), D::V(5)])
+        .weight("w", &[2, 4, 3, 3])
+        .node(
+            "ConvTranspose",
+            "deconv",
+            &["x", "w"],
+            &["y"],
+            vec![a_ints("kernel_shape", &[3, 3, 3])],
+        )
+        .output("y");
+    match load(&g.bytes(), &ImportOptions::default()) {
+        Err(PlannerError::Attribute {
+            node, attribute, ..
+        }) => {
+            assert_eq!(
+                (node.as_str(), attribute.as_str()),
+                ("deconv", "kernel_shape")
+            )
+        }
+        other => panic!("expected Attribute, got {other:?}"),
+    }
+}
