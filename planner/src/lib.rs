@@ -70,7 +70,8 @@ pub use training::{SavedTensor, TrainingGraph, TrainingNode};
 /// How to import a model.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImportOptions {
-    /// Values of the model's symbolic dims (`dim_param` names), e.g. `batch=8`.
+    /// Values of the model's symbolic dims (`dim_param` names), e.g. `batch=8`. A dynamic
+    /// dim without a name is called `<input>.<axis>` (e.g. `pixel_values.0`).
     pub dims: BTreeMap<String, u64>,
     /// Graph inputs to treat as parameters (`--param NAME`).
     pub params: Vec<String>,
