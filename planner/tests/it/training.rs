@@ -257,3 +257,53 @@ fn inspect_report_serializes_and_displays() {
     let text = r.to_string();
     assert!(text.contains("Gemm×2") && text.contains("batch=2") && text.contains("store-all peak"));
 }
+
+#[test]
+fn unnamed_dynamic_dims_are_bound_by_input_and_axis() {
+    let mut g = G::new(17)
+        .input("x", F32, &[D::V(1), D::V(4)])
+        .weight("w", &[4, 4])
+        .node("MatMul", "mm", &["x", "w"], &["y"], vec![])
+        .output("y");
+    // Clear the first dim: neither a value nor a name.
+    if let Some(onnx_protobuf::type_proto::Value::TensorType(t)) = g.graph.input[0]
+        .type_
+        .as_mut()
+        .and_then(|t| t.value.as_mut())
+    {
+        if let Some(s) = t.shape.as_mut() {
+            s.dim[0].value = None;
+        }
+    }
+    match load(&g.bytes(), &ImportOptions::default()) {
+        Err(remat_planner::PlannerError::UnboundDims { names }) => assert_eq!(names, vec!["x.0"]),
+        other => panic!("expected UnboundDims, got {other:?}"),
+    }
+    let t = load(&g.bytes(), &dims(&[("x.0", 3)]))
+        .and_then(|m| m.training_graph())
+        .expect("binds");
+    assert_eq!(t.saved_activation_bytes, 3 * 4 * 4);
+}
+
+#[test]
+fn dropout_with_ratio_zero_is_a_view_and_positive_ratio_keeps_a_mask() {
+    for (ratio, mask) in [(0.0f32, false), (0.1, true)] {
+        let g = G::new(13)
+            .input("x", F32, &[D::V(2), D::V(4)])
+            .weight("w", &[4, 4])
+            .init(tensor_f32("ratio", &[], &[ratio]))
+            .node("MatMul", "mm", &["x", "w"], &["h"], vec![])
+            .node("Dropout", "drop", &["h", "ratio"], &["d"], vec![])
+            .node("Tanh", "tanh", &["d"], &["y"], vec![])
+            .output("y");
+        let t = load(&g.bytes(), &ImportOptions::default())
+            .and_then(|m| m.training_graph())
+            .expect("training graph");
+        let has = |id: &str| t.nodes.iter().any(|n| n.id == id);
+        assert_eq!(has("f:drop"), mask, "ratio {ratio}");
+        assert_eq!(has("f:drop:mask"), mask, "ratio {ratio}");
+        // x (for dW) and tanh's output, plus the mask when active.
+        let expect = 2 * 4 * 4 + 2 * 4 * 4 + if mask { 2 * 4 } else { 0 };
+        assert_eq!(t.saved_activation_bytes, expect, "ratio {ratio}");
+    }
+}
