@@ -210,7 +210,7 @@ fn run(job: &Job, shared: &Shared) -> Status {
 
     let final_status = match outcome {
         Ok(Ok(document)) => {
-            let summary = document.get("summary").map(|s| s.to_string());
+            let summary = summarize(&document).map(|s| s.to_string());
             match serde_json::to_string(&document) {
                 Ok(text) => {
                     log_store_error(id, shared.store.finish(id, &text, summary.as_deref()));
@@ -257,5 +257,63 @@ fn internal_error() -> ErrorObject {
         code: "internal".to_string(),
         message: INTERNAL_MESSAGE.to_string(),
         details: serde_json::Value::Null,
+    }
+}
+
+/// The summary figures of an engine document: its own `summary` object when it has one, else
+/// the headline fields of a plan report (budget, store-all peak, predicted peak and overhead,
+/// solver and its status, gap, minimum feasible budget).
+pub fn summarize(document: &serde_json::Value) -> Option<serde_json::Value> {
+    if let Some(summary) = document.get("summary") {
+        return Some(summary.clone());
+    }
+    let doc = document.as_object()?;
+    let mut out = serde_json::Map::new();
+    let top = [
+        "budget_bytes",
+        "store_all_peak_bytes",
+        "solver",
+        "status",
+        "gap",
+        "min_feasible_budget_bytes",
+    ];
+    for key in top {
+        if let Some(v) = doc.get(key) {
+            out.insert(key.to_string(), v.clone());
+        }
+    }
+    if let Some(predicted) = doc.get("predicted") {
+        for key in ["peak_bytes", "overhead", "compute_cost"] {
+            if let Some(v) = predicted.get(key) {
+                out.insert(key.to_string(), v.clone());
+            }
+        }
+    }
+    (!out.is_empty()).then_some(serde_json::Value::Object(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summarize;
+    use serde_json::json;
+
+    #[test]
+    fn summaries_prefer_the_engines_own_and_else_pick_the_report_headlines() {
+        let own = json!({"summary": {"peak": 1}, "budget_bytes": 5});
+        assert_eq!(summarize(&own), Some(json!({"peak": 1})));
+        let report = json!({
+            "status": "optimal", "solver": "dp", "budget_bytes": 100, "store_all_peak_bytes": 160,
+            "gap": null, "predicted": {"peak_bytes": 96, "overhead": 0.2, "compute_cost": 12.0, "memory": [1, 2]},
+            "schedule": [], "decisions": []
+        });
+        assert_eq!(
+            summarize(&report),
+            Some(json!({
+                "status": "optimal", "solver": "dp", "budget_bytes": 100, "store_all_peak_bytes": 160,
+                "gap": null, "peak_bytes": 96, "overhead": 0.2, "compute_cost": 12.0
+            }))
+        );
+        assert_eq!(summarize(&json!([1, 2])), None);
+        assert_eq!(summarize(&json!({"points": []})), None);
     }
 }

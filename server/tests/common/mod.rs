@@ -229,7 +229,12 @@ impl Reply {
 
 impl TestApp {
     pub async fn send(&self, request: Request<Body>) -> Reply {
-        let response = self.router.clone().oneshot(request).await.unwrap();
+        Self::send_to(&self.router, request).await
+    }
+
+    /// Sends one request through any router.
+    pub async fn send_to(router: &axum::Router, request: Request<Body>) -> Reply {
+        let response = router.clone().oneshot(request).await.unwrap();
         let status = response.status();
         let headers = response.headers().clone();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();

@@ -1,0 +1,205 @@
+//! The API over the real engine (`Pipeline`): a Checkmate training graph from
+//! `../shared/bench/graphs` and an ONNX fixture from `fixtures/models`, and the errors a client
+//! can act on as the pipeline reports them.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::{Reply, TestApp};
+use remat_server::http::{app, AppState, Config, Store};
+use remat_server::pipeline::Pipeline;
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+
+struct Real {
+    router: axum::Router,
+}
+
+fn real_app() -> Real {
+    let store = Arc::new(Store::open_in_memory().unwrap());
+    let config = Config {
+        workers: 2,
+        ..Config::default()
+    };
+    let state = AppState::new(Arc::new(Pipeline::new()), store, config).unwrap();
+    Real { router: app(state) }
+}
+
+impl Real {
+    async fn send(&self, request: Request<Body>) -> Reply {
+        // The helpers of `TestApp` work on any router.
+        TestApp::send_to(&self.router, request).await
+    }
+
+    async fn post(&self, uri: &str, content_type: &str, body: Vec<u8>) -> Reply {
+        self.send(
+            Request::post(uri)
+                .header("content-type", content_type)
+                .body(Body::from(body))
+                .unwrap(),
+        )
+        .await
+    }
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+fn vgg16_train() -> Vec<u8> {
+    let path = root().join("../shared/bench/graphs/VGG16 (MLSys)_256_(224, 224, 3)_train_nx.json");
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn resnet18() -> Vec<u8> {
+    let path = root().join("fixtures/models/resnet18.legacy.onnx");
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vgg16_training_graph_plans_within_its_budget() {
+    let t = real_app();
+    let r = t
+        .post(
+            "/v1/plans?budget=0.9x&wait=120&name=vgg16",
+            "application/json",
+            vgg16_train(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let v = r.json();
+    assert_eq!(v["status"], "done");
+    assert_eq!(v["model"]["format"], "graph_json");
+    let plan = &v["plan"];
+    let budget = plan["budget_bytes"].as_u64().unwrap();
+    let store_all = plan["store_all_peak_bytes"].as_u64().unwrap();
+    let peak = plan["predicted"]["peak_bytes"].as_u64().unwrap();
+    assert!(peak <= budget, "peak {peak} over budget {budget}");
+    assert!(
+        (budget as f64 - 0.9 * store_all as f64).abs() <= 1.0 + 1e-9 * store_all as f64,
+        "{budget} vs {store_all}"
+    );
+    assert!(!plan["schedule"].as_array().unwrap().is_empty());
+    assert!(!plan["decisions"].as_array().unwrap().is_empty());
+    assert_eq!(v["summary"]["peak_bytes"], plan["predicted"]["peak_bytes"]);
+    assert_eq!(v["summary"]["budget_bytes"], plan["budget_bytes"]);
+
+    let hash = v["model"]["hash"].as_str().unwrap();
+    let h = t
+        .send(
+            Request::get(format!("/v1/models/{hash}/history"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(h.status, StatusCode::OK);
+    assert_eq!(
+        h.json()["plans"][0]["summary"]["overhead"],
+        plan["predicted"]["overhead"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resnet18_onnx_plans_with_a_bound_batch() {
+    let t = real_app();
+    let r = t
+        .post(
+            "/v1/plans?dim=batch=2&budget=0.9x&wait=300",
+            "application/octet-stream",
+            resnet18(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let v: Value = r.json();
+    assert_eq!(v["model"]["format"], "onnx");
+    assert_eq!(v["options"]["dims"]["batch"], 2);
+    let peak = v["plan"]["predicted"]["peak_bytes"].as_u64().unwrap();
+    assert!(peak <= v["plan"]["budget_bytes"].as_u64().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipelines_errors_reach_the_client() {
+    let t = real_app();
+    let malformed = t
+        .post(
+            "/v1/plans",
+            "application/octet-stream",
+            b"\x08\x07not an onnx model".to_vec(),
+        )
+        .await;
+    assert_eq!(
+        malformed.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        malformed.text
+    );
+    assert_eq!(malformed.error()["code"], "malformed_model");
+
+    let unbound = t
+        .post(
+            "/v1/plans?budget=0.6x&wait=120",
+            "application/octet-stream",
+            resnet18(),
+        )
+        .await;
+    assert_eq!(
+        unbound.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        unbound.text
+    );
+    let e = unbound.error();
+    assert_eq!(e["code"], "unbound_dims");
+    assert!(e["details"].to_string().contains("batch"), "{e}");
+
+    let infeasible = t
+        .post(
+            "/v1/plans?budget=1&wait=120",
+            "application/json",
+            vgg16_train(),
+        )
+        .await;
+    assert_eq!(
+        infeasible.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        infeasible.text
+    );
+    let e = infeasible.error();
+    assert_eq!(e["code"], "infeasible_budget");
+    assert!(
+        e["details"]["min_feasible_budget_bytes"].as_u64().unwrap() > 1,
+        "{e}"
+    );
+
+    let bad_graph = t
+        .post("/v1/plans", "application/json", br#"{"nodes": 3}"#.to_vec())
+        .await;
+    assert_eq!(
+        bad_graph.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        bad_graph.text
+    );
+    assert!(bad_graph.error()["message"]
+        .as_str()
+        .unwrap()
+        .contains("nodes"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_of_vgg16() {
+    let t = real_app();
+    let r = t
+        .post(
+            "/v1/sweeps?fraction=1&fraction=0.7&fraction=0.5&wait=120",
+            "application/json",
+            vgg16_train(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let points = r.json()["sweep"]["points"].as_array().unwrap().clone();
+    assert_eq!(points.len(), 3);
+}
