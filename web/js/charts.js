@@ -33,10 +33,10 @@ export function sampleIndices(n, max, keep = []) {
   return [...set].sort((a, b) => a - b);
 }
 
-const bytesAxis = (label) => ({
+const bytesAxis = (label, space = 40) => ({
   label,
   size: 70,
-  space: 70,
+  space,
   values: (u, vals) => vals.map((v) => fmtBytes(v)),
   grid: { stroke: '#e2e8f0' },
 });
@@ -179,7 +179,7 @@ export function paretoChart(el, pts) {
       width: Math.max(280, el.clientWidth),
       height,
       scales: { x: { time: false }, y: { range: (u, min, max) => [Math.min(0, min ?? 0), Math.max(0.01, (max ?? 0) * 1.1)] } },
-      axes: [bytesAxis('memory (budget; baselines at their peak)'), { label: 'compute overhead', size: 64, values: (u, vals) => vals.map((v) => `${(v * 100).toFixed(0)} %`), grid: { stroke: '#e2e8f0' } }],
+      axes: [bytesAxis('memory (budget; baselines at their peak)', 80), { label: 'compute overhead', size: 64, values: (u, vals) => vals.map((v) => `${(v * 100).toFixed(0)} %`), grid: { stroke: '#e2e8f0' } }],
       series,
       legend: { live: true },
     },

@@ -58,10 +58,10 @@ export function layoutEdges(edges) {
 
 /**
  * Maximal chains of the layout graph: groups of node indices, each a path u1 -> u2 -> ... where
- * every inner link is the only way out of its source and the only way into its target. Every
- * node is in exactly one group (most groups have one node).
+ * every inner link is the only way out of its source and the only way into its target, cut
+ * into pieces of at most `maxLength`. Every node is in exactly one group.
  */
-export function chains(n, pairs) {
+export function chains(n, pairs, maxLength = Infinity) {
   const outs = Array.from({ length: n }, () => []);
   const ins = Array.from({ length: n }, () => []);
   const seen = new Set();
@@ -77,12 +77,17 @@ export function chains(n, pairs) {
   const group = new Int32Array(n).fill(-1);
   for (let v = 0; v < n; v++) {
     if (group[v] !== -1 || linkedFromPrev(v)) continue;
-    const g = [v];
+    let g = [v];
     group[v] = groups.length;
     let cur = v;
     while (outs[cur].length === 1) {
       const next = outs[cur][0];
       if (ins[next].length !== 1 || group[next] !== -1) break;
+      if (g.length >= maxLength) {
+        // A long chain is cut into pieces, so that no box is wider than a screen.
+        groups.push(g);
+        g = [];
+      }
       g.push(next);
       group[next] = groups.length;
       cur = next;
@@ -136,19 +141,23 @@ function dagreBoxes(sizes, links) {
   return { cx, cy, width: graph.width ?? 0, height: graph.height ?? 0 };
 }
 
+/** Longest chain laid out as one box. */
+const MAX_CHAIN = 10;
 /** Default: graphs bigger than this are compressed (chains) and laid out in bands. */
 export const BIG_GRAPH = 400;
 /** Boxes (chains) per band of a big graph. */
-export const BAND = { boxes: 120 };
+/** Limits of one band of a big graph: boxes (chains) and width in layout pixels. */
+export const BAND = { boxes: 120, width: 2400 };
 
 /**
  * Lays out nodes `{id, kind, deps}`. Returns {x, y (Float64Array centres), width, height,
  * edges, missing, compressed, groups, bands, ms}.
  *
- * Graphs over `BIG_GRAPH` nodes: chains become one box each, the boxes are cut by rank into
- * bands of about 120, dagre lays out each band, and the bands are placed left to right in rows
- * (edges between bands are drawn but not laid out). dagre's ordering and positioning grow with
- * ranks times nodes, so this keeps a 2,000-node graph well under a second of CPU.
+ * Graphs over `BIG_GRAPH` nodes: chains become boxes (of at most 10 nodes), the boxes are cut
+ * by rank into bands (at most 120 boxes and 2,400 px each), dagre lays out each band, and the
+ * bands are placed left to right in rows (edges between bands are drawn, not laid out). dagre's
+ * ordering and positioning grow with ranks times nodes; bands keep that product small
+ * (docs/viewer.md has the measurements).
  */
 export function layoutGraph(nodes, { big } = {}) {
   const t0 = performance.now();
@@ -157,7 +166,7 @@ export function layoutGraph(nodes, { big } = {}) {
   const pairs = layoutEdges(edges);
   const isBig = big ?? n > BIG_GRAPH;
   const { groups, group } = isBig
-    ? chains(n, pairs)
+    ? chains(n, pairs, MAX_CHAIN)
     : { groups: nodes.map((_, i) => [i]), group: Int32Array.from(nodes.keys()) };
   const m = groups.length;
   const sizes = groups.map((members) => [members.length * NODE_W + (members.length - 1) * GAP, NODE_H]);
@@ -171,29 +180,38 @@ export function layoutGraph(nodes, { big } = {}) {
     glinks.push([ga, gb]);
   }
 
-  // Bands: consecutive ranks holding about BAND_BOXES boxes each (one band for small graphs).
+  // Bands: consecutive ranks holding at most BAND.boxes boxes and BAND.width pixels (one band
+  // for small graphs).
   const band = new Int32Array(m);
   let bands = 1;
   if (isBig && m > BAND.boxes) {
-    const outs = Array.from({ length: m }, () => []);
-    for (const [a, b] of glinks) outs[a].push(b);
-    const rank = ranks(m, outs);
+    // Ranks of nodes (not boxes): a forward value and its gradient share a rank in the U, so
+    // they land in the same band however their chains were cut.
+    const outs = Array.from({ length: n }, () => []);
+    for (const [a, b] of pairs) outs[a].push(b);
+    const rank = ranks(n, outs);
     const maxRank = rank.reduce((a, b) => Math.max(a, b), 0);
-    const perRank = new Int32Array(maxRank + 1);
-    for (const r of rank) perRank[r] += 1;
+    const startsAt = new Int32Array(maxRank + 1);
+    for (const list of groups) startsAt[rank[list[0]]] += 1;
     const bandOfRank = new Int32Array(maxRank + 1);
+    const perRank = NODE_W + GAP;
     let count = 0;
+    let width = 0;
     let current = 0;
     for (let r = 0; r <= maxRank; r++) {
-      if (count >= BAND.boxes) {
+      if (count > 0 && (count + startsAt[r] > BAND.boxes || width + perRank > BAND.width)) {
         current += 1;
         count = 0;
+        width = 0;
       }
       bandOfRank[r] = current;
-      count += perRank[r];
+      count += startsAt[r];
+      width += perRank;
     }
     bands = current + 1;
-    for (let i = 0; i < m; i++) band[i] = bandOfRank[rank[i]];
+    groups.forEach((list, gi) => {
+      band[gi] = bandOfRank[rank[list[0]]];
+    });
   }
 
   const members = Array.from({ length: bands }, () => []);

@@ -78,3 +78,20 @@ test('graphs without backward or with only isolated nodes lay out', () => {
   assert.equal(overlaps(r), 0);
   assert.equal(layoutGraph([]).x.length, 0);
 });
+
+test('long chains are cut into pieces of at most maxLength', () => {
+  const pairs = [...Array(24).keys()].map((i) => [i, i + 1]);
+  const { groups, group } = chains(25, pairs, 10);
+  assert.deepEqual(groups.map((g) => g.length), [10, 10, 5]);
+  assert.deepEqual(groups.flat(), [...Array(25).keys()]);
+  assert.equal(group[24], 2);
+});
+
+test('a 2,000-node graph with a pure backward chain lays out wider than tall, but not a line', () => {
+  const nodes = [];
+  for (let i = 0; i < 1000; i++) nodes.push({ id: `f${i}`, kind: 'forward', deps: i ? [`f${i - 1}`] : [] });
+  for (let j = 0; j < 1000; j++) nodes.push({ id: `b${j}`, kind: 'backward', deps: [j ? `b${j - 1}` : 'f999', `f${999 - j}`] });
+  const r = layoutGraph(nodes);
+  assert.ok(r.width / r.height < 12, `aspect ${r.width.toFixed(0)} x ${r.height.toFixed(0)}`);
+  assert.equal(overlaps(r), 0);
+});
