@@ -27,6 +27,8 @@ const VGG16 = path.resolve(REPO, '../shared/bench/graphs/VGG16 (MLSys)_256_(224,
 const RESNET = path.join(REPO, 'fixtures/models/resnet18.legacy.onnx');
 const LAYOUT_RUNS = Number(process.env.LAYOUT_RUNS ?? 3);
 const SKIP_SWEEP = process.env.E2E_SKIP_SWEEP === '1';
+// Plan resnet18 with validation (the executor measures the plan); on by default with the mock.
+const VALIDATE = process.env.E2E_VALIDATE === '1';
 
 fs.mkdirSync(OUT, { recursive: true });
 const results = { url: BASE, started: new Date().toISOString(), checks: [] };
@@ -122,7 +124,12 @@ async function checkPlanPage(id, label) {
   assert.ok(tl > 100, `${label}: timeline canvas is blank`);
   const summary = await page.textContent('[data-testid="timeline-summary"]');
   assert.ok(summary.includes(`${doc.predicted.memory.length} schedule steps`), `${label}: timeline summary "${summary}"`);
-  check(`${label}: memory timeline drawn`, `${tl} inked samples, ${doc.predicted.memory.length} steps`);
+  if (doc.validation) {
+    const legend = await page.textContent('[data-testid="timeline"] .u-legend');
+    assert.ok(legend.includes('measured'), `${label}: the timeline has no measured series`);
+    assert.ok(summary.includes('Measured peak'), `${label}: timeline summary "${summary}"`);
+  }
+  check(`${label}: memory timeline drawn`, `${tl} inked samples, ${doc.predicted.memory.length} steps${doc.validation ? ', measured too' : ''}`);
   const pareto = await inkedPixels('[data-testid="pareto"] canvas');
   assert.ok(pareto > 100, `${label}: Pareto canvas is blank`);
   check(`${label}: Pareto chart drawn`);
@@ -167,7 +174,7 @@ async function checkPlanPage(id, label) {
   return rec;
 }
 
-async function uploadAndPlan(file, { dims = {}, label, permille }) {
+async function uploadAndPlan(file, { dims = {}, label, permille, validate = false }) {
   await page.goto(`${BASE}/`);
   await waitReady();
   await page.setInputFiles('[data-testid="model-file"]', file);
@@ -184,6 +191,7 @@ async function uploadAndPlan(file, { dims = {}, label, permille }) {
     el.value = String(v);
     el.dispatchEvent(new Event('input', { bubbles: true }));
   }, permille);
+  if (validate) await page.check('#validate');
   const out = await page.textContent('#budget-out');
   check(`${label}: probed; budget slider at ${out}`);
   await page.screenshot({ path: path.join(OUT, `${label}-upload.png`), fullPage: true });
@@ -229,7 +237,7 @@ try {
 
   // 2. resnet18 ONNX with dim batch=2.
   if (fs.existsSync(RESNET)) {
-    const id = await uploadAndPlan(RESNET, { label: 'resnet18', dims: { batch: 2 }, permille: 600 });
+    const id = await uploadAndPlan(RESNET, { label: 'resnet18', dims: { batch: 2 }, permille: 600, validate: VALIDATE });
     await checkPlanPage(id, 'resnet18');
     await page.click('.graph-toolbar button[title="Fit the whole graph"]');
     await page.screenshot({ path: path.join(OUT, 'resnet18-plan.png'), fullPage: true });

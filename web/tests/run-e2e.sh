@@ -52,6 +52,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 if [[ "$mode" == mock ]]; then
+  export E2E_VALIDATE="${E2E_VALIDATE:-1}"
   node "$here/mock-server.mjs" "$port" >"$tmp/server.log" 2>&1 &
   server_pid=$!
   ready_path=/
