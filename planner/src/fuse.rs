@@ -6,10 +6,14 @@
 //!   `Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5)`, `Mul(x, Mul(0.5, 1 + erf))` (dynamo),
 //!   `Mul(Mul(x, 0.5), 1 + erf)`, operands in either order, `Mul(x, 1/√2)` for the scaling.
 //!   Becomes one `Gelu(x)` (PyTorch's gelu saves `x` only).
+//! - SiLU: `Mul(x, Sigmoid(x))` → `Swish(x)` (PyTorch's silu saves `x` only).
+//! - Layer norm below opset 17: `ReduceMean`/`Sub`/`Pow`/`ReduceMean`/`Add`/`Sqrt`/`Div`
+//!   (+ `Mul` γ, `Add` β) → `LayerNormalization` (saves x and the statistics).
 
-use crate::model::{Model, ValueId};
+use crate::model::{Model, ValueId, ValueKind};
+use onnx_protobuf::AttributeProto;
 use petgraph::graph::NodeIndex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 fn scalar(model: &Model, v: ValueId) -> Option<f64> {
     let f = model.values[v].fact.as_ref()?;
@@ -127,6 +131,156 @@ impl View<'_> {
     }
 }
 
+/// A fusion: `last` becomes `op(inputs)` with `attrs`; `parts` leave the graph.
+struct Rewrite {
+    last: NodeIndex,
+    op: &'static str,
+    inputs: Vec<Option<ValueId>>,
+    attrs: Vec<AttributeProto>,
+    parts: Vec<NodeIndex>,
+}
+
+impl View<'_> {
+    /// `Mul(x, Sigmoid(x))` → `Swish(x)` (PyTorch's `silu` saves `x` only).
+    fn silu_at(&self, sig: NodeIndex) -> Option<Rewrite> {
+        let x = self.model.graph[sig].inputs.first().copied().flatten()?;
+        let s = self.out(sig)?;
+        let mul = self.only_user(s)?;
+        if self.op(mul) != "Mul" {
+            return None;
+        }
+        let (a, b) = self.pair(mul)?;
+        if !((a == x && b == s) || (a == s && b == x)) {
+            return None;
+        }
+        Some(Rewrite {
+            last: mul,
+            op: "Swish",
+            inputs: vec![Some(x)],
+            attrs: vec![],
+            parts: vec![sig],
+        })
+    }
+
+    fn producer(&self, v: ValueId, op: &str) -> Option<NodeIndex> {
+        let (p, _) = self.model.values[v].producer?;
+        (self.live(p) && self.op(p) == op).then_some(p)
+    }
+
+    fn users_of(&self, v: ValueId) -> &[NodeIndex] {
+        self.users.get(&v).map(|u| u.as_slice()).unwrap_or(&[])
+    }
+
+    /// Reduced axes of a `ReduceMean` (attribute before opset 18, input after).
+    fn mean_axes(&self, ix: NodeIndex) -> Option<Vec<i64>> {
+        let n = &self.model.graph[ix];
+        if let Some(a) = n.attrs.iter().find(|a| a.name == "axes") {
+            return Some(a.ints.clone());
+        }
+        let v = n.inputs.get(1).copied().flatten()?;
+        Some(self.model.values[v].fact.as_ref()?.value.as_ref()?.as_i64())
+    }
+
+    fn is_const(&self, v: ValueId) -> bool {
+        self.model.values[v].kind == ValueKind::Const
+    }
+
+    /// The layer norm that exporters write below opset 17 (PyTorch's `layer_norm` symbolic):
+    /// `d = x − ReduceMean(x)`, `Div(d, Sqrt(ReduceMean(Pow(d, 2)) + eps))`, optionally
+    /// `· γ + β` → `LayerNormalization(x, γ, β)` (which saves x and the statistics).
+    fn layer_norm_at(&self, sqrt: NodeIndex) -> Option<Rewrite> {
+        let e = self.model.graph[sqrt].inputs.first().copied().flatten()?;
+        let add_eps = self.producer(e, "Add")?;
+        let (va, vb) = self.pair(add_eps)?;
+        let v = if self.is_const(vb) {
+            va
+        } else if self.is_const(va) {
+            vb
+        } else {
+            return None;
+        };
+        let var = self.producer(v, "ReduceMean")?;
+        let p = self.model.graph[var].inputs.first().copied().flatten()?;
+        let pow = self.producer(p, "Pow")?;
+        let (d, two) = self.pair(pow)?;
+        if !near(scalar(self.model, two), 2.0) {
+            return None;
+        }
+        let sub = self.producer(d, "Sub")?;
+        let (x, m) = self.pair(sub)?;
+        let mean = self.producer(m, "ReduceMean")?;
+        if self.model.graph[mean].inputs.first().copied().flatten()? != x {
+            return None;
+        }
+        let axes = self.mean_axes(mean)?;
+        if self.mean_axes(var)? != axes || axes.is_empty() {
+            return None;
+        }
+        let rank = self.model.values[x].fact.as_ref()?.rank() as i64;
+        let mut norm: Vec<i64> = axes
+            .iter()
+            .map(|&a| if a < 0 { a + rank } else { a })
+            .collect();
+        norm.sort_unstable();
+        let first = *norm.first()?;
+        if norm != (first..rank).collect::<Vec<_>>() {
+            return None;
+        }
+        let q = self.out(sqrt)?;
+        let div = self.only_user(q)?;
+        if self.op(div) != "Div" || self.pair(div)? != (d, q) {
+            return None;
+        }
+        let mut d_users = self.users_of(d).to_vec();
+        d_users.sort();
+        let mut expect = vec![pow, div];
+        expect.sort();
+        if d_users != expect
+            || self.only_user(m)? != sub
+            || self.only_user(p)? != var
+            || self.only_user(v)? != add_eps
+            || self.only_user(e)? != sqrt
+        {
+            return None;
+        }
+        let mut parts = vec![mean, sub, pow, var, add_eps, sqrt];
+        let mut last = div;
+        let mut inputs = vec![Some(x)];
+        // Affine: Mul by a constant scale, then Add a constant bias.
+        let affine = |node: NodeIndex, op: &str| -> Option<(NodeIndex, ValueId)> {
+            let u = self.only_user(self.out(node)?)?;
+            if self.op(u) != op {
+                return None;
+            }
+            let (a, b) = self.pair(u)?;
+            let out = self.out(node)?;
+            let other = if a == out { b } else { a };
+            self.is_const(other).then_some((u, other))
+        };
+        if let Some((mul, gamma)) = affine(div, "Mul") {
+            parts.push(last);
+            last = mul;
+            inputs.push(Some(gamma));
+            if let Some((add, beta)) = affine(mul, "Add") {
+                parts.push(last);
+                last = add;
+                inputs.push(Some(beta));
+            }
+        }
+        let mut axis = AttributeProto::new();
+        axis.name = "axis".into();
+        axis.type_ = onnx_protobuf::attribute_proto::AttributeType::INT.into();
+        axis.i = first;
+        Some(Rewrite {
+            last,
+            op: "LayerNormalization",
+            inputs,
+            attrs: vec![axis],
+            parts,
+        })
+    }
+}
+
 /// Applies every fusion to the typed graph.
 pub fn fuse(model: &mut Model) {
     let mut users: HashMap<ValueId, Vec<NodeIndex>> = HashMap::new();
@@ -146,23 +300,44 @@ pub fn fuse(model: &mut Model) {
         model: &*model,
         users,
     };
-    let erfs: Vec<NodeIndex> = model
-        .graph
-        .node_indices()
-        .filter(|&ix| view.live(ix) && view.op(ix) == "Erf")
-        .collect();
-    let matches: Vec<(ValueId, NodeIndex, Vec<NodeIndex>)> =
-        erfs.into_iter().filter_map(|e| view.gelu_at(e)).collect();
-    for (x, last, parts) in matches {
-        for p in parts {
+    let mut rewrites: Vec<Rewrite> = vec![];
+    let mut taken: HashSet<NodeIndex> = HashSet::new();
+    for ix in model.graph.node_indices() {
+        if !view.live(ix) {
+            continue;
+        }
+        let r = match view.op(ix) {
+            "Erf" => view.gelu_at(ix).map(|(x, last, parts)| Rewrite {
+                last,
+                op: "Gelu",
+                inputs: vec![Some(x)],
+                attrs: vec![],
+                parts,
+            }),
+            "Sigmoid" => view.silu_at(ix),
+            "Sqrt" => view.layer_norm_at(ix),
+            _ => None,
+        };
+        if let Some(r) = r {
+            if r.parts.iter().chain([&r.last]).all(|p| !taken.contains(p)) {
+                taken.extend(r.parts.iter().copied());
+                taken.insert(r.last);
+                rewrites.push(r);
+            }
+        }
+    }
+    for r in rewrites {
+        for p in r.parts {
             model.graph[p].skipped = true;
         }
-        let node = &mut model.graph[last];
-        node.op_type = "Gelu".into();
-        node.attrs.clear();
-        node.inputs = vec![Some(x)];
-        if let Some((p, _)) = model.values[x].producer {
-            model.graph.add_edge(p, last, x);
+        let node = &mut model.graph[r.last];
+        node.op_type = r.op.into();
+        node.attrs = r.attrs;
+        node.inputs = r.inputs.clone();
+        for x in r.inputs.into_iter().flatten() {
+            if let Some((p, _)) = model.values[x].producer {
+                model.graph.add_edge(p, r.last, x);
+            }
         }
     }
 }

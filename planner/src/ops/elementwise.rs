@@ -205,6 +205,11 @@ pub fn register(r: &mut Registry) {
     r.insert("Selu", u(|cx| unary_float(cx, |x| x), f4, save_x));
     r.insert("Celu", u(|cx| unary_float(cx, |x| x), f4, save_x));
     r.insert("Mish", u(|cx| unary_float(cx, |x| x), f8, save_x));
+    // Swish (opset 24; also what the SiLU fusion produces): x·sigmoid(αx), saves x.
+    r.insert(
+        "Swish",
+        u(|cx| unary_float(cx, |x| x / (1.0 + (-x).exp())), f4, save_x),
+    );
     r.insert(
         "ThresholdedRelu",
         u(|cx| unary_float(cx, |x| x), f1, save_x),

@@ -70,8 +70,9 @@ fn every_manifest_model_matches_pytorch() {
         let saved = r.saved_activation_bytes.unwrap_or(0) as f64;
         if let Some(pt) = exp["pytorch_saved_activation_bytes"].as_f64() {
             let tol = exp["saved_activation_tolerance"].as_f64().unwrap_or(0.15);
-            let rel = (saved - pt).abs() / pt;
-            eprintln!("{name:24} saved {saved:>12} pytorch {pt:>12} rel {rel:+.3} (tol {tol})");
+            let signed = (saved - pt) / pt;
+            let rel = signed.abs();
+            eprintln!("{name:24} saved {saved:>12} pytorch {pt:>12} rel {signed:+.4} (tol {tol})");
             if rel > tol {
                 failures.push(format!(
                     "{name}: saved activations {saved} vs PyTorch {pt} ({rel:.3} > {tol})"

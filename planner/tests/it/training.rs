@@ -307,3 +307,78 @@ fn dropout_with_ratio_zero_is_a_view_and_positive_ratio_keeps_a_mask() {
         assert_eq!(t.saved_activation_bytes, expect, "ratio {ratio}");
     }
 }
+
+/// A transformer-style block y = W2·act(norm(x)) built natively or the way exporters
+/// decompose it; both must keep the same bytes, as PyTorch's single ops do.
+fn block(opset: i64, decomposed: bool, act: &str) -> G {
+    let mut g = G::new(opset)
+        .input("x", F32, &[D::V(2), D::V(5), D::V(8)])
+        .weight("gamma", &[8])
+        .weight("beta", &[8])
+        .weight("w", &[8, 8])
+        .init(tensor_f32("eps", &[], &[1e-5]))
+        .init(tensor_f32("two", &[], &[2.0]))
+        .init(tensor_f32("sqrt2", &[], &[std::f32::consts::SQRT_2]))
+        .init(tensor_f32("one", &[], &[1.0]))
+        .init(tensor_f32("half", &[], &[0.5]));
+    let axes = vec![a_ints("axes", &[-1])];
+    g = if decomposed {
+        g.node("ReduceMean", "mean", &["x"], &["m"], axes.clone())
+            .node("Sub", "sub", &["x", "m"], &["d"], vec![])
+            .node("Pow", "pow", &["d", "two"], &["p"], vec![])
+            .node("ReduceMean", "var", &["p"], &["v"], axes)
+            .node("Add", "addeps", &["v", "eps"], &["e"], vec![])
+            .node("Sqrt", "sqrt", &["e"], &["s"], vec![])
+            .node("Div", "div", &["d", "s"], &["n"], vec![])
+            .node("Mul", "scale", &["n", "gamma"], &["ns"], vec![])
+            .node("Add", "shift", &["ns", "beta"], &["h"], vec![])
+    } else {
+        g.node(
+            "LayerNormalization",
+            "ln",
+            &["x", "gamma", "beta"],
+            &["h"],
+            vec![a_int("axis", -1)],
+        )
+    };
+    g = g.node("MatMul", "mm", &["h", "w"], &["z"], vec![]);
+    g = match (act, decomposed) {
+        ("gelu", true) => g
+            .node("Div", "gdiv", &["z", "sqrt2"], &["g1"], vec![])
+            .node("Erf", "erf", &["g1"], &["g2"], vec![])
+            .node("Add", "gadd", &["g2", "one"], &["g3"], vec![])
+            .node("Mul", "gmul", &["z", "g3"], &["g4"], vec![])
+            .node("Mul", "ghalf", &["g4", "half"], &["y"], vec![]),
+        ("silu", true) => g.node("Sigmoid", "sig", &["z"], &["s1"], vec![]).node(
+            "Mul",
+            "smul",
+            &["s1", "z"],
+            &["y"],
+            vec![],
+        ),
+        ("gelu", false) => g.node("Gelu", "gelu", &["z"], &["y"], vec![]),
+        _ => g.node("Swish", "swish", &["z"], &["y"], vec![]),
+    };
+    g.output("y")
+}
+
+#[test]
+fn decomposed_layer_norm_gelu_and_silu_keep_what_the_native_ops_keep() {
+    for act in ["gelu", "silu"] {
+        let native = load(&block(20, false, act).bytes(), &ImportOptions::default())
+            .and_then(|m| m.training_graph())
+            .unwrap_or_else(|e| panic!("{act} native: {e}"));
+        let decomposed = load(&block(13, true, act).bytes(), &ImportOptions::default())
+            .and_then(|m| m.training_graph())
+            .unwrap_or_else(|e| panic!("{act} decomposed: {e}"));
+        // x and its statistics (layer norm), h (matmul), z (activation).
+        let expect = 3 * 2 * 5 * 8 * 4 + 2 * 2 * 5 * 4;
+        assert_eq!(native.saved_activation_bytes, expect, "{act} native");
+        assert_eq!(
+            decomposed.saved_activation_bytes, expect,
+            "{act} decomposed"
+        );
+        assert_eq!(native.params_bytes, decomposed.params_bytes);
+        assert_eq!(native.nodes.len(), decomposed.nodes.len(), "{act}");
+    }
+}
