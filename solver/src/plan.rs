@@ -377,15 +377,26 @@ fn auto(
     let left = |start: Instant| total.saturating_sub(start.elapsed());
     let binaries = ilp_binaries(p)?;
     let exact = binaries.is_some_and(|b| b <= EXACT_BINARIES);
-    // The search gets a slice before an exact MILP (to warm-start it), the whole time otherwise.
+    // The search gets a slice before an exact MILP (to warm-start it), half the time otherwise;
+    // at least a tenth of the limit even when the baselines used it up, and more while it has
+    // not found a schedule within the budget.
+    let floor = total.mul_f64(0.1);
     let search_time = if exact {
         left(start).mul_f64(0.15).min(Duration::from_secs(3))
     } else {
         left(start).mul_f64(0.5)
-    };
+    }
+    .max(floor);
     let found = search::horizon_search(p, opts.budget, search_time, 0x5EED)?;
     if let Some((s, st)) = found.best {
         pool.offer("search", s, st);
+    }
+    if pool.best.is_none() {
+        let more =
+            search::horizon_search(p, opts.budget, left(start).mul_f64(0.5).max(floor), 0xBEEF)?;
+        if let Some((s, st)) = more.best {
+            pool.offer("search", s, st);
+        }
     }
     if exact {
         run_ilp(p, opts, pool, left(start), false)?;

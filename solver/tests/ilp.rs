@@ -121,7 +121,8 @@ fn infeasible_budget_is_reported_with_the_minimum() {
     let fwd = [(1.0, 10), (2.0, 20), (3.0, 30), (1.0, 10)];
     let bwd = [(2.0, 10), (2.0, 20), (2.0, 30)];
     let p = chain(&fwd, &bwd, 5);
-    let (min_peak, _) = remat_solver::dp::min_peak_chain(&p).unwrap();
+    let (min_peak, _, exact) = remat_solver::dp::min_peak_chain(&p).unwrap();
+    assert!(exact);
     let out = solve(&p, min_peak - 1);
     assert_eq!(out.status, IlpStatus::Infeasible);
     assert!(out.schedule.is_none());

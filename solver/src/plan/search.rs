@@ -2,12 +2,15 @@
 //!
 //! Checkmate's schedules are made of stages: stage `t` recomputes some earlier values and ends
 //! with the first computation of node `t`. Here a stage-form schedule is described by a
-//! *retention horizon* per value: `h[i]` is the last stage at whose start `i` is still
-//! resident (`h[i] == i` drops it right after its own stage). Given the horizons, each stage
-//! recomputes exactly the values it needs that are not resident (Checkmate's "R given S"), in
-//! topological order, and frees follow from [`with_frees`]. The search moves horizons between
-//! the stages that read the value (greedy descent to feasibility, then simulated annealing on
-//! cost plus a penalty on bytes over budget); every candidate is scored by [`simulate`].
+//! pair of *retention horizons* per value: `h[i]` is the last stage at whose start `i` is still
+//! resident after its first computation (`h[i] == i` drops it right after its own stage), and
+//! `keep[i]` the same for a copy recomputed at a later stage (recomputed before `keep[i]`, it
+//! stays through `keep[i]`; otherwise it lives for its stage only). Given the horizons, each
+//! stage recomputes exactly the values it needs that are not resident (Checkmate's "R given
+//! S"), in topological order, and frees follow from [`with_frees`]. The search moves horizons
+//! between the stages that read the value (greedy descent to feasibility, then simulated
+//! annealing on cost plus a penalty on bytes over budget); every candidate is scored by
+//! [`simulate`].
 
 use crate::error::Result;
 use crate::problem::{NodeId, Problem};
@@ -118,6 +121,8 @@ struct Builder<'a> {
     epoch: u32,
     stack: Vec<usize>,
     stage: Vec<usize>,
+    /// `until[i]`: the last stage at whose start `i` is resident.
+    until: Vec<usize>,
 }
 
 impl<'a> Builder<'a> {
@@ -128,11 +133,14 @@ impl<'a> Builder<'a> {
             epoch: 0,
             stack: Vec::new(),
             stage: Vec::new(),
+            until: vec![0; g.len()],
         }
     }
 
-    /// Compute order (problem indices) for horizons `h`.
-    fn computes(&mut self, h: &[usize]) -> Vec<NodeId> {
+    /// Compute order (problem indices) for horizons `h` (after the first computation) and
+    /// `keep` (after a recomputation: a value recomputed at stage `t < keep[i]` stays resident
+    /// through stage `keep[i]`, otherwise only during stage `t`).
+    fn computes(&mut self, h: &[usize], keep: &[usize]) -> Vec<NodeId> {
         let g = self.g;
         let mut out = Vec::with_capacity(2 * g.len());
         for t in 0..g.len() {
@@ -147,8 +155,8 @@ impl<'a> Builder<'a> {
             self.mark[t] = self.epoch;
             while let Some(x) = self.stack.pop() {
                 for &d in &g.deps[x] {
-                    // Resident at the start of stage t: computed at stage d < t, kept through t.
-                    if h[d] >= t || self.mark[d] == self.epoch {
+                    // Resident at the start of stage t (every d < t was computed before).
+                    if self.until[d] >= t || self.mark[d] == self.epoch {
                         continue;
                     }
                     self.mark[d] = self.epoch;
@@ -157,7 +165,11 @@ impl<'a> Builder<'a> {
                 }
             }
             self.stage.sort_unstable();
-            out.extend(self.stage.iter().map(|&i| g.nodes[i]));
+            for &d in &self.stage {
+                self.until[d] = if keep[d] > t { keep[d] } else { t };
+                out.push(g.nodes[d]);
+            }
+            self.until[t] = h[t];
             out.push(g.nodes[t]);
         }
         out
@@ -192,11 +204,6 @@ pub struct SearchOutcome {
     pub evaluations: usize,
 }
 
-struct Scored {
-    cost: f64,
-    peak: u64,
-}
-
 /// Local search over retention horizons for a schedule within `budget` bytes (fixed bytes
 /// included) of least compute cost, for at most `time_limit`. Deterministic for a given seed
 /// apart from where the time limit cuts it.
@@ -211,7 +218,7 @@ pub fn horizon_search(
     let m = g.len();
     let mut builder = Builder::new(&g);
     let mut evaluations = 0usize;
-    // Horizon options per value: its own stage, then each stage that reads it.
+    // Options of each value's two horizons: its own stage, then each stage that reads it.
     let options: Vec<Vec<usize>> = (0..m)
         .map(|i| {
             let mut o = vec![i];
@@ -223,21 +230,22 @@ pub fn horizon_search(
             o
         })
         .collect();
-    let movable: Vec<usize> = (0..m).filter(|&i| options[i].len() > 1).collect();
-    let mut h: Vec<usize> = (0..m).map(|i| g.max_user(i)).collect();
+    // x[i]: horizon after the first computation; x[m + i]: after a recomputation. Start from
+    // store-all, recomputed values kept to their last reader (Chen et al.'s segments).
+    let mut x: Vec<usize> = (0..2 * m)
+        .map(|j| if j < m { g.max_user(j) } else { j - m })
+        .collect();
+    let movable: Vec<usize> = (0..2 * m).filter(|&j| options[j % m].len() > 1).collect();
 
-    let mut eval = |h: &[usize], evaluations: &mut usize| -> Result<(Schedule, Stats)> {
+    let mut eval = |x: &[usize], evaluations: &mut usize| -> Result<(Schedule, Stats)> {
         *evaluations += 1;
-        let schedule = with_frees(p, &builder.computes(h));
+        let (h, keep) = x.split_at(m);
+        let schedule = with_frees(p, &builder.computes(h, keep));
         let stats = simulate(p, &schedule)?;
         Ok((schedule, stats))
     };
-    let score = |s: &Stats| Scored {
-        cost: s.compute_cost,
-        peak: s.peak_bytes,
-    };
 
-    let (mut cur_sched, mut cur_stats) = eval(&h, &mut evaluations)?;
+    let (mut cur_sched, mut cur_stats) = eval(&x, &mut evaluations)?;
     let mut best: Option<(Schedule, Stats)> = None;
     let consider = |best: &mut Option<(Schedule, Stats)>, sched: &Schedule, stats: &Stats| {
         if stats.peak_bytes <= budget
@@ -254,32 +262,27 @@ pub fn horizon_search(
         return Ok(SearchOutcome { best, evaluations });
     }
 
-    // Phase 1: greedy descent on the peak. At each round, try lowering the horizon of the
+    // Phase 1: greedy descent on the peak. At each round, try lowering the horizons of the
     // largest values resident at the peak and keep the move with the best peak reduction per
     // unit of extra cost.
     const CANDIDATES: usize = 24;
     let mut rng = Rng(seed | 1);
     while cur_stats.peak_bytes > budget && start.elapsed() < time_limit {
         let resident = resident_at(p, &cur_sched, cur_stats.peak_step);
-        let mut cands: Vec<usize> = resident
-            .iter()
-            .filter_map(|&v| g.local[v])
-            .filter(|&i| h[i] > i)
-            .collect();
+        let mut cands: Vec<usize> = resident.iter().filter_map(|&v| g.local[v]).collect();
         cands.sort_by_key(|&i| std::cmp::Reverse(g.bytes[i]));
         cands.truncate(CANDIDATES);
-        let mut choice: Option<(f64, usize, usize, Schedule, Stats)> = None;
+        let mut choice: Option<(f64, Vec<(usize, usize)>, Schedule, Stats)> = None;
         for &i in &cands {
-            let pos = options[i].iter().position(|&o| o == h[i]).unwrap_or(0);
-            let mut tried = vec![options[i][pos.saturating_sub(1)]];
-            if options[i][0] != tried[0] {
-                tried.push(options[i][0]);
-            }
-            for new_h in tried {
-                let old = h[i];
-                h[i] = new_h;
-                let (s, st) = eval(&h, &mut evaluations)?;
-                h[i] = old;
+            for mv in greedy_moves(&g, &options, &x, i) {
+                let olds: Vec<usize> = mv.iter().map(|&(j, _)| x[j]).collect();
+                for &(j, v) in &mv {
+                    x[j] = v;
+                }
+                let (s, st) = eval(&x, &mut evaluations)?;
+                for (&(j, _), &o) in mv.iter().zip(&olds).rev() {
+                    x[j] = o;
+                }
                 if st.peak_bytes >= cur_stats.peak_bytes {
                     continue;
                 }
@@ -287,13 +290,15 @@ pub fn horizon_search(
                 let extra = (st.compute_cost - cur_stats.compute_cost).max(0.0);
                 let ratio = gain / (extra + 1e-9 * (1.0 + cur_stats.compute_cost));
                 if choice.as_ref().is_none_or(|c| ratio > c.0) {
-                    choice = Some((ratio, i, new_h, s, st));
+                    choice = Some((ratio, mv, s, st));
                 }
             }
         }
         match choice {
-            Some((_, i, new_h, s, st)) => {
-                h[i] = new_h;
+            Some((_, mv, s, st)) => {
+                for (j, v) in mv {
+                    x[j] = v;
+                }
                 cur_sched = s;
                 cur_stats = st;
             }
@@ -302,8 +307,9 @@ pub fn horizon_search(
                 let Some(&i) = cands.get(rng.below(cands.len())) else {
                     break;
                 };
-                h[i] = i;
-                let (s, st) = eval(&h, &mut evaluations)?;
+                x[i] = i;
+                x[m + i] = i;
+                let (s, st) = eval(&x, &mut evaluations)?;
                 cur_sched = s;
                 cur_stats = st;
             }
@@ -315,32 +321,85 @@ pub fn horizon_search(
     let base = p.base_cost().max(f64::MIN_POSITIVE);
     let span = budget.saturating_sub(p.fixed_bytes).max(1) as f64;
     let penalty = 4.0 * base / span;
-    let energy = |s: &Scored| s.cost + penalty * s.peak.saturating_sub(budget) as f64;
-    let mut cur_e = energy(&score(&cur_stats));
+    let energy = |s: &Stats| s.compute_cost + penalty * s.peak_bytes.saturating_sub(budget) as f64;
+    let mut cur_e = energy(&cur_stats);
     let t0 = 0.02 * base;
     let anneal_start = Instant::now();
     let anneal_total = time_limit.saturating_sub(start.elapsed());
     while start.elapsed() < time_limit {
         let frac = anneal_start.elapsed().as_secs_f64() / anneal_total.as_secs_f64().max(1e-9);
         let temp = t0 * (1.0 - frac).max(0.0).powi(2) + 1e-12 * base;
-        let i = movable[rng.below(movable.len())];
-        let opts = &options[i];
-        let new_h = opts[rng.below(opts.len())];
-        if new_h == h[i] {
+        let j = movable[rng.below(movable.len())];
+        let opts = &options[j % m];
+        let new = opts[rng.below(opts.len())];
+        if new == x[j] {
             continue;
         }
-        let old = h[i];
-        h[i] = new_h;
-        let (s, st) = eval(&h, &mut evaluations)?;
-        let e = energy(&score(&st));
+        let mut mv = vec![(j, new)];
+        if j < m && new < x[j] && rng.below(2) == 0 {
+            // Drop with support: keep the inputs of the dropped value for its recomputations.
+            mv.extend(support(&g, &x, j));
+        }
+        let olds: Vec<usize> = mv.iter().map(|&(k, _)| x[k]).collect();
+        for &(k, v) in &mv {
+            x[k] = v;
+        }
+        let (s, st) = eval(&x, &mut evaluations)?;
+        let e = energy(&st);
         if e <= cur_e || rng.unit() < ((cur_e - e) / temp).exp() {
             cur_e = e;
             consider(&mut best, &s, &st);
         } else {
-            h[i] = old;
+            for (&(k, _), &o) in mv.iter().zip(&olds).rev() {
+                x[k] = o;
+            }
         }
     }
     Ok(SearchOutcome { best, evaluations })
+}
+
+/// Moves the greedy phase tries for value `i`: each horizon one option lower, or down to its
+/// own stage, and the same for the first horizon with its inputs kept for the recomputations.
+fn greedy_moves(
+    g: &Local,
+    options: &[Vec<usize>],
+    x: &[usize],
+    i: usize,
+) -> Vec<Vec<(usize, usize)>> {
+    let m = g.len();
+    let opts = &options[i];
+    let mut moves = Vec::new();
+    for j in [i, m + i] {
+        let Some(pos) = opts.iter().position(|&o| o == x[j]).filter(|&q| q > 0) else {
+            continue;
+        };
+        let mut targets = vec![opts[pos - 1]];
+        if pos > 1 {
+            targets.push(opts[0]);
+        }
+        for t in targets {
+            moves.push(vec![(j, t)]);
+            if j == i {
+                let mut mv = vec![(j, t)];
+                mv.extend(support(g, x, i));
+                if mv.len() > 1 {
+                    moves.push(mv);
+                }
+            }
+        }
+    }
+    moves
+}
+
+/// Raises the first horizon of `i`'s inputs to `i`'s last reader, so recomputing `i` needs
+/// nothing else recomputed.
+fn support(g: &Local, x: &[usize], i: usize) -> Vec<(usize, usize)> {
+    let last = g.max_user(i);
+    g.deps[i]
+        .iter()
+        .filter(|&&d| x[d] < last)
+        .map(|&d| (d, last))
+        .collect()
 }
 
 /// Problem indices resident right after `step` of a valid schedule.
@@ -426,8 +485,8 @@ mod tests {
         let p = training_chain(8);
         let g = Local::new(&p);
         let mut b = Builder::new(&g);
-        let h: Vec<usize> = (0..g.len()).map(|i| i.min(g.max_user(i))).collect();
-        let sched = with_frees(&p, &b.computes(&h));
+        let h: Vec<usize> = (0..g.len()).collect();
+        let sched = with_frees(&p, &b.computes(&h, &h));
         let stats = simulate(&p, &sched).unwrap();
         assert!(stats.recomputations > 0);
         let stages = g.stages_of(&sched).unwrap();
