@@ -2,7 +2,7 @@
 
 use crate::error::UnsupportedNode;
 use crate::model::{Model, ValueId, ValueKind};
-use crate::training::TrainingGraph;
+use crate::training::{SavedTensor, TrainingGraph};
 use remat_solver::NodeKind;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -54,6 +54,8 @@ pub struct InspectReport {
     pub saved_activation_bytes: Option<u64>,
     /// Peak of the natural order with free-after-last-use (`remat_solver::store_all_peak`).
     pub store_all_peak_bytes: Option<u64>,
+    /// The storages behind `saved_activation_bytes`, largest first.
+    pub saved: Option<Vec<SavedTensor>>,
     pub training: Option<Vec<TrainingNodeInfo>>,
 }
 
@@ -99,6 +101,7 @@ impl InspectReport {
             fixed_bytes: t.map(|t| t.fixed_bytes()),
             saved_activation_bytes: t.map(|t| t.saved_activation_bytes),
             store_all_peak_bytes: t.map(|t| remat_solver::store_all_peak(&t.to_problem())),
+            saved: t.map(|t| t.saved.clone()),
             training: t.map(|t| {
                 t.nodes
                     .iter()
@@ -203,6 +206,20 @@ impl fmt::Display for InspectReport {
             opt(self.fixed_bytes)
         )?;
         writeln!(f, "saved activations: {}", opt(self.saved_activation_bytes))?;
+        if let Some(saved) = &self.saved {
+            for s in saved.iter().take(5) {
+                writeln!(
+                    f,
+                    "  {} {} (kept by {})",
+                    human_bytes(s.bytes),
+                    s.name,
+                    s.by.join(", ")
+                )?;
+            }
+            if saved.len() > 5 {
+                writeln!(f, "  ... {} more", saved.len() - 5)?;
+            }
+        }
         write!(f, "store-all peak: {}", opt(self.store_all_peak_bytes))
     }
 }
