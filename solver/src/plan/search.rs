@@ -143,7 +143,7 @@ impl<'a> Builder<'a> {
     fn computes(&mut self, h: &[usize], keep: &[usize]) -> Vec<NodeId> {
         let g = self.g;
         let mut out = Vec::with_capacity(2 * g.len());
-        for t in 0..g.len() {
+        for (t, &ht) in h.iter().enumerate().take(g.len()) {
             self.epoch = self.epoch.wrapping_add(1);
             if self.epoch == 0 {
                 self.mark.iter_mut().for_each(|m| *m = 0);
@@ -169,7 +169,7 @@ impl<'a> Builder<'a> {
                 self.until[d] = if keep[d] > t { keep[d] } else { t };
                 out.push(g.nodes[d]);
             }
-            self.until[t] = h[t];
+            self.until[t] = ht;
             out.push(g.nodes[t]);
         }
         out
@@ -272,7 +272,7 @@ pub fn horizon_search(
         let mut cands: Vec<usize> = resident.iter().filter_map(|&v| g.local[v]).collect();
         cands.sort_by_key(|&i| std::cmp::Reverse(g.bytes[i]));
         cands.truncate(CANDIDATES);
-        let mut choice: Option<(f64, Vec<(usize, usize)>, Schedule, Stats)> = None;
+        let mut choice: Option<(f64, Move, Schedule, Stats)> = None;
         for &i in &cands {
             for mv in greedy_moves(&g, &options, &x, i) {
                 let olds: Vec<usize> = mv.iter().map(|&(j, _)| x[j]).collect();
@@ -358,6 +358,9 @@ pub fn horizon_search(
     Ok(SearchOutcome { best, evaluations })
 }
 
+/// Horizon changes: (index into the horizons, new value).
+type Move = Vec<(usize, usize)>;
+
 /// Moves the greedy phase tries for value `i`: each horizon one option lower, or down to its
 /// own stage, and the same for the first horizon with its inputs kept for the recomputations.
 fn greedy_moves(
@@ -393,7 +396,7 @@ fn greedy_moves(
 
 /// Raises the first horizon of `i`'s inputs to `i`'s last reader, so recomputing `i` needs
 /// nothing else recomputed.
-fn support(g: &Local, x: &[usize], i: usize) -> Vec<(usize, usize)> {
+fn support(g: &Local, x: &[usize], i: usize) -> Move {
     let last = g.max_user(i);
     g.deps[i]
         .iter()
