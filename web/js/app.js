@@ -3,7 +3,7 @@
 import { h } from './dom.js';
 import { parseRoute, startRouter } from './router.js';
 import { renderUpload } from './upload.js';
-import { renderPlan, renderHistory, viewState } from './planpage.js';
+import { renderPlan, renderHistory, viewState, leavePage } from './planpage.js';
 
 window.__remat = viewState;
 
@@ -18,6 +18,7 @@ function render() {
   if (route.name === 'plan') renderPlan(main, route.id);
   else if (route.name === 'history') renderHistory(main, route.hash);
   else {
+    leavePage();
     document.querySelector('.site-nav a[href="/"]')?.setAttribute('aria-current', 'page');
     renderUpload(main);
     viewState.ready = true;

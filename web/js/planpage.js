@@ -93,11 +93,21 @@ function section(title, id, ...children) {
   return h('section', { class: 'panel', 'aria-labelledby': id }, h('h2', { id }, title), ...children);
 }
 
+let current = null;
+
+/** Stops the requests and polling of the page being left. */
+export function leavePage() {
+  current?.abort();
+  current = null;
+}
+
 export async function renderPlan(root, id) {
   viewState.planId = id;
   viewState.ready = false;
   viewState.layoutMs = null;
+  leavePage();
   const ctrl = new AbortController();
+  current = ctrl;
   const status = h('div', { class: 'status', role: 'status', 'aria-live': 'polite' }, h('span', { class: 'spinner', 'aria-hidden': 'true' }), 'Loading the plan…');
   mount(root, h('section', { class: 'panel' }, h('h1', {}, 'Plan ', h('code', {}, id)), status));
   let raw;
@@ -111,10 +121,12 @@ export async function renderPlan(root, id) {
       });
     }
   } catch (e) {
+    if (ctrl.signal.aborted) return;
     mount(root, h('section', { class: 'panel' }, h('h1', {}, 'Plan ', h('code', {}, id)), h('div', { class: 'error-box', role: 'alert' }, describeError(e).map((l) => h('div', {}, l))), h('p', {}, h('a', { href: '/', 'data-nav': true }, 'Plan another model'))));
     viewState.ready = true;
     return;
   }
+  if (ctrl.signal.aborted) return;
   const rec = normalizeRecord(raw);
   if (rec.status === 'failed' || !rec.doc) {
     const err = rec.error ?? { code: 'missing', message: 'the plan record has no plan document' };
@@ -242,9 +254,11 @@ export async function renderPlan(root, id) {
     try {
       history = normalizeHistory(await getHistory(rec.model.hash, ctrl.signal));
       await fillFigures(history, rec.id, doc, ctrl.signal);
+      if (ctrl.signal.aborted) return;
       mount(historyEl, historyTable(history, rec.id));
       drawPareto();
     } catch (e) {
+      if (ctrl.signal.aborted) return;
       mount(historyEl, h('p', { class: 'muted' }, `History is not available: ${e.message}`));
     }
   } else mount(historyEl, h('p', { class: 'muted' }, 'The plan record has no model hash.'));
@@ -306,9 +320,14 @@ export function historyTable(entries, currentId) {
 
 /** The history view, /?model=HASH. */
 export async function renderHistory(root, hash) {
+  leavePage();
+  const ctrl = new AbortController();
+  current = ctrl;
   mount(root, h('section', { class: 'panel' }, h('h1', {}, 'History'), h('p', { class: 'muted' }, 'Loading…')));
   try {
-    const entries = normalizeHistory(await getHistory(hash));
+    const entries = normalizeHistory(await getHistory(hash, ctrl.signal));
+    await fillFigures(entries, null, null, ctrl.signal);
+    if (ctrl.signal.aborted) return;
     const done = entries.filter((e) => e.status === 'done' && isNum(e.overhead));
     mount(
       root,
@@ -321,6 +340,7 @@ export async function renderHistory(root, hash) {
       ),
     );
   } catch (e) {
+    if (ctrl.signal.aborted) return;
     mount(root, h('section', { class: 'panel' }, h('h1', {}, 'History'), h('div', { class: 'error-box', role: 'alert' }, describeError(e).map((l) => h('div', {}, l)))));
   }
   viewState.ready = true;

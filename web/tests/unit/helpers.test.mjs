@@ -86,3 +86,14 @@ test('history entries without a summary take figures from the plan document', as
   assert.deepEqual([entries[0].budgetBytes, entries[0].peakBytes, entries[0].overhead, entries[0].solver], [10, 9, 0.05, 'dp']);
   assert.equal(entries[1].overhead, null);
 });
+
+test('API errors are described with their details', async () => {
+  const { describeError } = await import('../../js/upload.js');
+  const { ApiError } = await import('../../js/api.js');
+  const unsupported = describeError(new ApiError(422, 'unsupported_ops', '2 node(s) use unsupported ops', { unsupported: [{ node: 'n1', op_type: 'Loop', domain: '' }, { node: 'n2', op_type: 'Foo', domain: 'com.x' }] }));
+  assert.deepEqual(unsupported, ['2 node(s) use unsupported ops (unsupported_ops)', 'unsupported: n1 — Loop', 'unsupported: n2 — Foo (com.x)']);
+  const infeasible = describeError(new ApiError(422, 'infeasible_budget', 'too small', { min_feasible_budget_bytes: 2048 }));
+  assert.deepEqual(infeasible, ['too small (infeasible_budget)', 'minimum feasible budget: 2.00 KiB (2,048 B)']);
+  assert.equal(describeError(new ApiError(401, 'unauthorized', 'token')).at(-1), 'This server requires a token: set it below.');
+  assert.deepEqual(describeError(new Error('boom')), ['boom']);
+});
