@@ -132,16 +132,27 @@ export function timelineText({ memory, measured, budget }) {
 
 /**
  * Points of the Pareto chart: {frontier: [[budget, overhead]], baselines: [{name, points,
- * feasible}], plan: [[x, overhead]], history: [[budget, overhead]]}.
+ * feasible (this plan's baseline fits its budget)}], plan: [[budget, overhead]], history:
+ * [[budget, overhead]]}.
  */
 export function paretoSeries({ doc, sweep, history, planId }) {
   const frontier = sweep ? sweep.points.filter((p) => isNum(p.overhead) && p.status !== 'infeasible').map((p) => [p.budgetBytes, p.overhead]) : [];
+  // Each baseline: its point in this plan (at its peak; over the budget or not), and its
+  // overhead at every budget of the sweep where it fits.
   const baselines = new Map();
+  const entry = (name, feasible) => {
+    if (!baselines.has(name)) baselines.set(name, { name, points: [], feasible });
+    return baselines.get(name);
+  };
   for (const b of doc?.baselines ?? []) {
     if (!isNum(b.peakBytes) || !isNum(b.overhead)) continue;
-    const e = baselines.get(b.name) ?? { name: b.name, points: [], feasible: b.feasible };
-    e.points.push([b.peakBytes, b.overhead]);
-    baselines.set(b.name, e);
+    entry(b.name, b.feasible).points.push([b.peakBytes, b.overhead]);
+  }
+  for (const p of sweep?.points ?? []) {
+    for (const b of p.baselines) {
+      if (!isNum(p.budgetBytes) || !isNum(b.overhead) || !b.feasible) continue;
+      entry(b.name, true).points.push([p.budgetBytes, b.overhead]);
+    }
   }
   const plan = doc && isNum(doc.budgetBytes) && isNum(doc.predicted.overhead) ? [[doc.budgetBytes, doc.predicted.overhead]] : [];
   const others = (history ?? [])

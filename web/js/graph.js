@@ -339,6 +339,7 @@ export class GraphView {
       }
     }
     this.canvas.dataset.drawn = String(drawn);
+    this.canvas.dataset.zoom = k.toFixed(4);
   }
 
   edgePath(ctx, a, b) {

@@ -170,6 +170,12 @@ async function checkPlanPage(id, label) {
   await page.mouse.click(box.x, box.y);
   const shown = await page.textContent('.node-details .node-name');
   assert.equal(shown, name2, `${label}: clicking the node at the canvas centre`);
+  // Keyboard: 0 fits, + zooms in, an arrow pans (the canvas has focus after the click).
+  await page.keyboard.press('0');
+  const fitZoom = Number(await page.getAttribute('canvas.graph-canvas', 'data-zoom'));
+  await page.keyboard.press('+');
+  assert.ok(Number(await page.getAttribute('canvas.graph-canvas', 'data-zoom')) > fitZoom, `${label}: + zooms in`);
+  await page.keyboard.press('0');
   check(`${label}: a click on a graph node shows its details`);
   return rec;
 }
@@ -192,6 +198,10 @@ async function uploadAndPlan(file, { dims = {}, label, permille, validate = fals
     el.dispatchEvent(new Event('input', { bubbles: true }));
   }, permille);
   if (validate) await page.check('#validate');
+  // The slider answers the keyboard.
+  await page.focus('#budget');
+  await page.keyboard.press('ArrowRight');
+  assert.equal(await page.$eval('#budget', (el) => el.value), String(Math.min(1000, permille + 1)), `${label}: ArrowRight on the budget slider`);
   const out = await page.textContent('#budget-out');
   check(`${label}: probed; budget slider at ${out}`);
   await page.screenshot({ path: path.join(OUT, `${label}-upload.png`), fullPage: true });

@@ -21,10 +21,10 @@ test('sampleIndices keeps first, last and requested rows', () => {
 
 test('paretoSeries: plan, baselines with a peak, feasible sweep points, other plans', () => {
   const doc = normalizeDoc({ budget_bytes: 100, predicted: { overhead: 0.2 }, baselines: [{ name: 'store-all', peak_bytes: 160, overhead: 0, feasible: false }, { name: 'x', overhead: 0.1 }] });
-  const sweep = normalizeSweep({ points: [{ budget_bytes: 50, status: 'infeasible', overhead: null }, { budget_bytes: 120, status: 'optimal', overhead: 0.1 }] });
+  const sweep = normalizeSweep({ points: [{ budget_bytes: 50, status: 'infeasible', overhead: null }, { budget_bytes: 120, status: 'optimal', overhead: 0.1, baselines: [['store-all', null], ['chen-sqrt', 0.3]] }] });
   const pts = paretoSeries({ doc, sweep, history: [{ id: 'p1', status: 'done', budgetBytes: 100, overhead: 0.2 }, { id: 'p2', status: 'done', budgetBytes: 90, overhead: 0.3 }], planId: 'p1' });
   assert.deepEqual(pts.plan, [[100, 0.2]]);
-  assert.deepEqual(pts.baselines.map((b) => [b.name, b.points, b.feasible]), [['store-all', [[160, 0]], false]]);
+  assert.deepEqual(pts.baselines.map((b) => [b.name, b.points, b.feasible]), [['store-all', [[160, 0]], false], ['chen-sqrt', [[120, 0.3]], true]]);
   assert.deepEqual(pts.frontier, [[120, 0.1]]);
   assert.deepEqual(pts.history, [[90, 0.3]]);
 });
