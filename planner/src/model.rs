@@ -508,7 +508,7 @@ impl Builder {
         }
         let all_const = inputs.iter().flatten().all(|&v| self.is_const[v]);
         let all_known = !out_facts.is_empty() && out_facts.iter().all(|f| f.value.is_some());
-        let folded = all_const || all_known;
+        let folded = (all_const || all_known) && !spec.random;
         let node_ix = self.graph.add_node(OpNode {
             name: name.clone(),
             op_type: n.op_type.clone(),

@@ -94,6 +94,7 @@ struct NodeInfo {
     needs: Vec<bool>,
     out_grad: Vec<bool>,
     view: Option<usize>,
+    random: bool,
     flops: f64,
     grad: Option<GradRule>,
 }
@@ -150,6 +151,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
             let grad = any.then(|| (spec.grad)(cx, &outs, &needs));
             NodeInfo {
                 view: (spec.view)(cx),
+                random: spec.random,
                 needs,
                 out_grad,
                 flops: if flops.is_finite() && flops >= 0.0 {
@@ -311,7 +313,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
                 cost: ni.flops,
                 deps,
                 required: false,
-                replay_rng: ni.grad.as_ref().is_some_and(|g| g.replay_rng),
+                replay_rng: ni.random || ni.grad.as_ref().is_some_and(|g| g.replay_rng),
             },
         );
         fwd_index.insert(ix, f);

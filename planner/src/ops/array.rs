@@ -1032,3 +1032,122 @@ pub fn register(r: &mut Registry) {
         }),
     );
 }
+
+/// Random sources and other ops whose output has the shape (and optionally the type) of an
+/// input or of attributes: `RandomNormal(Like)`, `RandomUniform(Like)`, `Bernoulli`,
+/// quantization, `ReverseSequence`, `GridSample`, `Det`, normalizations.
+pub fn register_more(r: &mut Registry) {
+    fn random_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+        let dtype = match cx.attrs.int("dtype")? {
+            Some(d) => DType::from_onnx(d).ok_or_else(|| cx.attrs.err("dtype", "unknown type"))?,
+            None => cx.opt(0).map(|x| x.dtype).unwrap_or(DType::F32),
+        };
+        let shape = match cx.opt(0) {
+            Some(x) => x.shape.clone(),
+            None => {
+                let s = cx
+                    .attrs
+                    .ints("shape")?
+                    .ok_or_else(|| cx.attrs.err("shape", "required attribute is missing"))?;
+                nonneg(cx, "shape", s)?
+            }
+        };
+        Ok(vec![cx.fact(dtype, shape)?])
+    }
+    for op in [
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Bernoulli",
+    ] {
+        r.insert(
+            op,
+            OpSpec {
+                infer: random_infer,
+                diff_in: none,
+                diff_out: none,
+                random: true,
+                ..OpSpec::DEFAULT
+            },
+        );
+    }
+    r.insert(
+        "QuantizeLinear",
+        OpSpec {
+            infer: |cx| {
+                let x = cx.input(0)?;
+                let dtype = cx.opt(2).map(|z| z.dtype).unwrap_or(DType::U8);
+                Ok(vec![Fact::new(dtype, x.shape.clone())])
+            },
+            diff_in: first,
+            ..OpSpec::DEFAULT
+        },
+    );
+    r.insert(
+        "DequantizeLinear",
+        OpSpec {
+            infer: |cx| {
+                let x = cx.input(0)?;
+                let dtype = cx.input(1)?.dtype;
+                Ok(vec![Fact::new(dtype, x.shape.clone())])
+            },
+            diff_in: first,
+            ..OpSpec::DEFAULT
+        },
+    );
+    r.insert(
+        "ReverseSequence",
+        OpSpec {
+            infer: same_as_input,
+            diff_in: first,
+            ..OpSpec::DEFAULT
+        },
+    );
+    for op in ["LpNormalization", "MeanVarianceNormalization"] {
+        r.insert(
+            op,
+            OpSpec {
+                infer: same_as_input,
+                flops: |cx, _| 4.0 * cx.in_numel(0),
+                grad: |_, _, _| GradRule::saves(vec![Saved::Input(0), Saved::Output(0)], 2.0),
+                ..OpSpec::DEFAULT
+            },
+        );
+    }
+    r.insert(
+        "GridSample",
+        OpSpec {
+            infer: |cx| {
+                let x = cx.input(0)?;
+                let g = cx.input(1)?;
+                if x.rank() < 3 || g.rank() != x.rank() {
+                    return Err(cx.err(format!(
+                        "input {:?} and grid {:?} do not match",
+                        x.shape, g.shape
+                    )));
+                }
+                let mut shape = x.shape[..2].to_vec();
+                shape.extend(&g.shape[1..g.rank() - 1]);
+                Ok(vec![cx.fact(x.dtype, shape)?])
+            },
+            flops: |_, o| 8.0 * o.iter().map(|f| f.numel() as f64).sum::<f64>(),
+            grad: |_, _, _| GradRule::saves(vec![Saved::Input(0), Saved::Input(1)], 2.0),
+            ..OpSpec::DEFAULT
+        },
+    );
+    r.insert(
+        "Det",
+        OpSpec {
+            infer: |cx| {
+                let x = cx.input(0)?;
+                if x.rank() < 2 {
+                    return Err(cx.err("needs a rank >= 2 input"));
+                }
+                Ok(vec![Fact::new(x.dtype, x.shape[..x.rank() - 2].to_vec())])
+            },
+            grad: |_, _, _| GradRule::saves(vec![Saved::Input(0), Saved::Output(0)], 3.0),
+            ..OpSpec::DEFAULT
+        },
+    );
+}

@@ -225,6 +225,17 @@ pub fn register(r: &mut Registry) {
     r.insert("Cos", u(|cx| unary_float(cx, f64::cos), f4, save_x));
     r.insert("Tan", u(|cx| unary_float(cx, f64::tan), f4, save_y));
     r.insert("Atan", u(|cx| unary_float(cx, f64::atan), f4, save_x));
+    r.insert("Asin", u(|cx| unary_float(cx, f64::asin), f4, save_x));
+    r.insert("Acos", u(|cx| unary_float(cx, f64::acos), f4, save_x));
+    r.insert("Sinh", u(|cx| unary_float(cx, f64::sinh), f4, save_x));
+    r.insert("Cosh", u(|cx| unary_float(cx, f64::cosh), f4, save_x));
+    r.insert("Asinh", u(|cx| unary_float(cx, f64::asinh), f4, save_x));
+    r.insert("Acosh", u(|cx| unary_float(cx, f64::acosh), f4, save_x));
+    r.insert("Atanh", u(|cx| unary_float(cx, f64::atanh), f4, save_x));
+    r.insert(
+        "Shrink",
+        u(|cx| unary_float(cx, |x| x), f1, super::nothing_saved),
+    );
     r.insert(
         "Neg",
         u(|cx| unary_float(cx, |x| -x), f1, super::nothing_saved),
@@ -483,6 +494,16 @@ pub fn register(r: &mut Registry) {
                 |a| Some(b(a[0] != 0 || a[1] != 0)),
                 |a| bf(a[0] != 0.0 || a[1] != 0.0),
             )
+        }),
+    );
+    for op in ["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitShift"] {
+        r.insert(op, logic(|cx| nary(cx, None, |_| None, |a| a[0])));
+    }
+    r.insert(
+        "BitwiseNot",
+        logic(|cx| {
+            let x = cx.input(0)?;
+            Ok(vec![Fact::new(x.dtype, x.shape.clone())])
         }),
     );
     r.insert(

@@ -183,6 +183,8 @@ pub struct OpSpec {
     pub grad: fn(&Ctx, &[Fact], &[bool]) -> GradRule,
     /// `Some(i)` when the outputs are views sharing input `i`'s storage.
     pub view: fn(&Ctx) -> Option<usize>,
+    /// The op draws random numbers: never folded, and a recomputation replays its state.
+    pub random: bool,
 }
 
 pub fn all(_: &Ctx, _: usize) -> bool {
@@ -230,6 +232,7 @@ impl OpSpec {
         diff_out: all,
         grad: nothing_saved,
         view: no_view,
+        random: false,
     };
 }
 
@@ -243,6 +246,7 @@ pub fn registry() -> &'static Registry {
         elementwise::register(&mut r);
         nn::register(&mut r);
         array::register(&mut r);
+        array::register_more(&mut r);
         reduce::register(&mut r);
         rnn::register(&mut r);
         r

@@ -735,6 +735,7 @@ pub fn register(r: &mut Registry) {
             diff_out: first,
             grad: dropout_grad,
             view: |cx| if dropout_active(cx) { None } else { Some(0) },
+            random: true,
         },
     );
     r.insert(

@@ -216,6 +216,22 @@ fn cases() -> Vec<Case> {
                 tensor_f32("r", &[1, 12, 4], &[0.0; 48]),
             ])
             .attrs(vec![a_int("hidden_size", 4)]),
+        case("Asinh", &[x], &["x"], &[2, 3, 4]),
+        case("RandomNormalLike", &[x], &["x"], &[2, 3, 4]),
+        case(
+            "GridSample",
+            &[img, ("g", &[2, 5, 7, 2])],
+            &["x", "g"],
+            &[2, 4, 5, 7],
+        )
+        .opset(20),
+        case("Det", &[("m", &[2, 3, 3])], &["m"], &[2]),
+        case("DequantizeLinear", &[], &["q", "s"], &[4])
+            .consts(vec![
+                tensor_i64("q", &[4], &[1, 2, 3, 4]),
+                tensor_f32("s", &[], &[0.5]),
+            ])
+            .no_loss(),
         case("Upsample", &[img], &["x", "sc"], &[2, 4, 12, 18])
             .opset(9)
             .consts(vec![tensor_f32("sc", &[4], &[1.0, 1.0, 2.0, 3.0])]),

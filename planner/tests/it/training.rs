@@ -382,3 +382,24 @@ fn decomposed_layer_norm_gelu_and_silu_keep_what_the_native_ops_keep() {
         assert_eq!(native.nodes.len(), decomposed.nodes.len(), "{act}");
     }
 }
+
+#[test]
+fn random_ops_are_not_folded_and_replay_their_state() {
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4)])
+        .weight("w", &[4, 4])
+        .node("RandomNormalLike", "noise", &["x"], &["n"], vec![])
+        .node("Add", "add", &["x", "n"], &["h"], vec![])
+        .node("MatMul", "mm", &["h", "w"], &["y"], vec![])
+        .output("y");
+    let t = load(&g.bytes(), &ImportOptions::default())
+        .and_then(|m| m.training_graph())
+        .expect("training graph");
+    let noise = t
+        .nodes
+        .iter()
+        .find(|n| n.id == "f:noise")
+        .expect("noise node");
+    assert!(noise.replay_rng);
+    assert_eq!(noise.bytes, 2 * 4 * 4);
+}
