@@ -1,0 +1,153 @@
+//! `remat gate` end to end: the binary on two versions of a fixture model.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gate")
+}
+
+fn remat(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_remat"))
+        .current_dir(dir)
+        .args(args)
+        .env_remove("GITHUB_STEP_SUMMARY")
+        .output()
+        .expect("run remat")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn write_config(dir: &Path, model: &str) {
+    let path = fixtures().join(model);
+    let config = format!(
+        "[[model]]\nname = \"mlp\"\npath = {:?}\nbudget = \"160KiB\"\ndims = {{ batch = 32 }}\nmax_overhead = 0.25\ntolerance = 0.01\n",
+        path.display().to_string()
+    );
+    std::fs::write(dir.join("remat.toml"), config).unwrap();
+}
+
+#[test]
+fn gate_passes_on_its_baseline_fails_on_growth_and_passes_after_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, "mlp_v1.onnx");
+
+    // No baseline yet: a usage error that says how to create one.
+    let o = remat(d, &["gate"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--update"), "{}", text(&o));
+
+    let o = remat(d, &["gate", "--update"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let baseline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("remat-baseline.json")).unwrap()).unwrap();
+    let v1_peak = baseline["models"]["mlp"]["store_all_peak_bytes"].as_u64().unwrap();
+    assert!(v1_peak > 0);
+
+    // The baseline's own model passes, twice (the figures are deterministic).
+    for _ in 0..2 {
+        let o = remat(d, &["gate"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert!(text(&o).contains("no regression"), "{}", text(&o));
+    }
+
+    // The model gains a layer: exit 1, each grown figure listed with old -> new and the change.
+    write_config(d, "mlp_v2.onnx");
+    let o = remat(d, &["gate", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let regressed: Vec<&str> = outcome["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["regression"] == true)
+        .map(|r| r["figure"].as_str().unwrap())
+        .collect();
+    assert!(regressed.contains(&"store_all_peak_bytes"), "{regressed:?}");
+    assert!(regressed.contains(&"saved_activation_bytes"), "{regressed:?}");
+    for r in outcome["rows"].as_array().unwrap() {
+        if r["regression"] == true && r["unit"] == "bytes" {
+            assert!(r["new"].as_f64().unwrap() > r["old"].as_f64().unwrap());
+            assert!(r["change"].as_f64().unwrap() > 1.0);
+        }
+    }
+    let o = remat(d, &["gate"]);
+    assert_eq!(o.status.code(), Some(1));
+    let t = text(&o);
+    assert!(t.contains("REGRESSION") && t.contains("store_all_peak_bytes"), "{t}");
+
+    // GitHub format: one annotation per regression, and the Markdown summary appended.
+    let summary = d.join("summary.md");
+    let o = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .current_dir(d)
+        .args(["gate", "--format", "github"])
+        .env("GITHUB_STEP_SUMMARY", &summary)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("::error file="));
+    let md = std::fs::read_to_string(&summary).unwrap();
+    assert!(md.contains("| model | figure |") && md.contains("regression"), "{md}");
+
+    // Accept the change: the gate passes again.
+    let o = remat(d, &["gate", "--update"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = remat(d, &["gate"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn corrupt_baseline_or_config_is_exit_2_naming_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, "mlp_v1.onnx");
+    let o = remat(d, &["gate", "--update"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    // A baseline whose figure has the wrong type.
+    let good = std::fs::read_to_string(d.join("remat-baseline.json")).unwrap();
+    let bad = good.replacen("\"store_all_peak_bytes\": ", "\"store_all_peak_bytes\": \"x\", \"_\": ", 1);
+    std::fs::write(d.join("remat-baseline.json"), bad).unwrap();
+    let o = remat(d, &["gate"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("remat-baseline.json") && t.contains("store_all_peak_bytes"), "{t}");
+
+    // Truncated JSON.
+    std::fs::write(d.join("remat-baseline.json"), &good[..good.len() / 2]).unwrap();
+    let o = remat(d, &["gate"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("remat-baseline.json"));
+    std::fs::write(d.join("remat-baseline.json"), &good).unwrap();
+
+    // A config with an unknown field, a wrongly typed field, a missing field.
+    for (config, field) in [
+        ("[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\nbudjet = 3\n", "budjet"),
+        ("[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\ntolerance = \"high\"\n", "tolerance"),
+        ("[[model]]\nname = \"m\"\npath = \"x.onnx\"\n", "budget"),
+        ("[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\nmax_overhead = -1.0\n", "max_overhead"),
+    ] {
+        std::fs::write(d.join("remat.toml"), config).unwrap();
+        let o = remat(d, &["gate"]);
+        assert_eq!(o.status.code(), Some(2), "{config}: {}", text(&o));
+        let t = text(&o);
+        assert!(t.contains("remat.toml") && t.contains(field), "{config}: {t}");
+    }
+
+    // A model file that does not exist: exit 2 naming the model.
+    std::fs::write(
+        d.join("remat.toml"),
+        "[[model]]\nname = \"ghost\"\npath = \"missing.onnx\"\nbudget = \"1GiB\"\n",
+    )
+    .unwrap();
+    let o = remat(d, &["gate"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("ghost") && text(&o).contains("missing.onnx"));
+}
