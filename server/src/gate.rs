@@ -162,17 +162,26 @@ pub fn read_config(path: &Path) -> Result<GateConfig, GateError> {
         }
         if let Some(x) = m.max_overhead {
             if !(x.is_finite() && x >= 0.0) {
-                return Err(field_err("max_overhead", format!("must be a fraction ≥ 0, got {x}")));
+                return Err(field_err(
+                    "max_overhead",
+                    format!("must be a fraction ≥ 0, got {x}"),
+                ));
             }
         }
         if let Some(x) = m.tolerance {
             if !(x.is_finite() && (0.0..1.0).contains(&x)) {
-                return Err(field_err("tolerance", format!("must be a fraction in [0, 1), got {x}")));
+                return Err(field_err(
+                    "tolerance",
+                    format!("must be a fraction in [0, 1), got {x}"),
+                ));
             }
         }
         if let Some(x) = m.time_limit {
             if !(x.is_finite() && x > 0.0) {
-                return Err(field_err("time_limit", format!("must be positive seconds, got {x}")));
+                return Err(field_err(
+                    "time_limit",
+                    format!("must be positive seconds, got {x}"),
+                ));
             }
         }
         if let Some((k, _)) = m.dims.iter().find(|(_, v)| **v == 0) {
@@ -194,10 +203,11 @@ pub fn read_baseline(path: &Path) -> Result<Option<BaselineFile>, GateError> {
         }
     };
     let de = &mut serde_json::Deserializer::from_str(&text);
-    let file: BaselineFile = serde_path_to_error::deserialize(de).map_err(|e| GateError::Baseline {
-        file: path.to_path_buf(),
-        message: format!("field `{}`: {}", e.path(), e.inner()),
-    })?;
+    let file: BaselineFile =
+        serde_path_to_error::deserialize(de).map_err(|e| GateError::Baseline {
+            file: path.to_path_buf(),
+            message: format!("field `{}`: {}", e.path(), e.inner()),
+        })?;
     if file.version != 1 {
         return Err(GateError::Baseline {
             file: path.to_path_buf(),
@@ -248,7 +258,12 @@ fn deterministic_best(p: &Problem, budget: u64) -> Option<(u64, f64)> {
 
 /// The least peak a deterministic algorithm reaches with overhead ≤ `cap`, by bisection on the
 /// budget between the minimum feasible budget and the store-all peak.
-fn best_peak_within_overhead(p: &Problem, min_budget: u64, store_all: u64, cap: f64) -> Option<u64> {
+fn best_peak_within_overhead(
+    p: &Problem,
+    min_budget: u64,
+    store_all: u64,
+    cap: f64,
+) -> Option<u64> {
     let ok = |b: u64| deterministic_best(p, b).filter(|&(_, o)| o <= cap + 1e-12);
     let mut hi = store_all;
     let mut best = ok(hi)?.0;
@@ -278,7 +293,8 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
         message,
     };
     let path = base_dir.join(&model.path);
-    let bytes = std::fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
     let req = PlanRequest {
         budget: Some(model.budget.clone()),
         dims: model.dims.clone(),
@@ -289,7 +305,8 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
         inputs: model.inputs.clone(),
         ..PlanRequest::default()
     };
-    let loaded = pipeline::load(&bytes, pipeline::detect(&bytes), &req).map_err(|e| err(e.message))?;
+    let loaded =
+        pipeline::load(&bytes, pipeline::detect(&bytes), &req).map_err(|e| err(e.message))?;
     let p = &loaded.problem;
     let store_all = remat_solver::store_all_peak(p);
     let min_budget = budget::min_feasible_budget(p).bytes;
@@ -319,7 +336,13 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
     })
 }
 
-fn bytes_row(model: &str, figure: &'static str, old: Option<u64>, new: Option<u64>, tol: f64) -> Row {
+fn bytes_row(
+    model: &str,
+    figure: &'static str,
+    old: Option<u64>,
+    new: Option<u64>,
+    tol: f64,
+) -> Row {
     let (change, regression, note) = match (old, new) {
         (Some(o), Some(n)) => {
             let change = if o > 0 {
@@ -354,35 +377,72 @@ fn bytes_row(model: &str, figure: &'static str, old: Option<u64>, new: Option<u6
 }
 
 /// Compares new figures with the baseline's.
-pub fn compare(config: &GateConfig, figures: &BTreeMap<String, Figures>, baseline: Option<&BaselineFile>) -> Outcome {
+pub fn compare(
+    config: &GateConfig,
+    figures: &BTreeMap<String, Figures>,
+    baseline: Option<&BaselineFile>,
+) -> Outcome {
     let mut rows = Vec::new();
     let mut new_models = Vec::new();
     for m in &config.models {
-        let Some(new) = figures.get(&m.name) else { continue };
+        let Some(new) = figures.get(&m.name) else {
+            continue;
+        };
         let Some(old) = baseline.and_then(|b| b.models.get(&m.name)) else {
             new_models.push(m.name.clone());
             continue;
         };
         let tol = m.tolerance.unwrap_or(DEFAULT_TOLERANCE);
         let name = m.name.as_str();
-        rows.push(bytes_row(name, "store_all_peak_bytes", Some(old.store_all_peak_bytes), Some(new.store_all_peak_bytes), tol));
-        rows.push(bytes_row(name, "saved_activation_bytes", Some(old.saved_activation_bytes), Some(new.saved_activation_bytes), tol));
-        rows.push(bytes_row(name, "min_feasible_budget_bytes", Some(old.min_feasible_budget_bytes), Some(new.min_feasible_budget_bytes), tol));
-        let mut row = bytes_row(name, "best_peak_within_overhead_bytes", old.best_peak_within_overhead_bytes, new.best_peak_within_overhead_bytes, tol);
+        rows.push(bytes_row(
+            name,
+            "store_all_peak_bytes",
+            Some(old.store_all_peak_bytes),
+            Some(new.store_all_peak_bytes),
+            tol,
+        ));
+        rows.push(bytes_row(
+            name,
+            "saved_activation_bytes",
+            Some(old.saved_activation_bytes),
+            Some(new.saved_activation_bytes),
+            tol,
+        ));
+        rows.push(bytes_row(
+            name,
+            "min_feasible_budget_bytes",
+            Some(old.min_feasible_budget_bytes),
+            Some(new.min_feasible_budget_bytes),
+            tol,
+        ));
+        let mut row = bytes_row(
+            name,
+            "best_peak_within_overhead_bytes",
+            old.best_peak_within_overhead_bytes,
+            new.best_peak_within_overhead_bytes,
+            tol,
+        );
         if (old.max_overhead - new.max_overhead).abs() > 1e-12 {
             row.regression = false;
-            row.note = format!("max_overhead changed {} → {}: not compared", old.max_overhead, new.max_overhead);
+            row.note = format!(
+                "max_overhead changed {} → {}: not compared",
+                old.max_overhead, new.max_overhead
+            );
         }
         rows.push(row);
         // Planned overhead at the device budget, in overhead points.
         let (change, regression, note) = match (old.planned_overhead, new.planned_overhead) {
             (Some(o), Some(n)) => {
                 // A plan not proven optimal could be up to gap·cost cheaper: widen by that much.
-                let slack = new.planned_gap.unwrap_or(0.0) * (1.0 + n) + old.planned_gap.unwrap_or(0.0) * (1.0 + o);
+                let slack = new.planned_gap.unwrap_or(0.0) * (1.0 + n)
+                    + old.planned_gap.unwrap_or(0.0) * (1.0 + o);
                 let allowed = tol + slack;
                 let regression = n - o > allowed;
                 let note = if regression {
-                    format!("grew by more than the allowed {:.2} points (tolerance + solver gap)", 100.0 * allowed)
+                    format!(
+                        "grew by more than the allowed {:.2} points (tolerance + solver gap)",
+                        100.0 * allowed
+                    )
                 } else if slack > 0.0 {
                     format!("not proven optimal: allowed {:.2} points", 100.0 * allowed)
                 } else {
@@ -390,12 +450,24 @@ pub fn compare(config: &GateConfig, figures: &BTreeMap<String, Figures>, baselin
                 };
                 (Some(100.0 * (n - o)), regression, note)
             }
-            (Some(_), None) => (None, true, format!("the device budget ({} bytes) became infeasible", new.budget_bytes)),
+            (Some(_), None) => (
+                None,
+                true,
+                format!(
+                    "the device budget ({} bytes) became infeasible",
+                    new.budget_bytes
+                ),
+            ),
             (None, Some(_)) => (None, false, "the device budget became feasible".to_string()),
             (None, None) => (None, false, "infeasible before and after".to_string()),
         };
         let note = if old.budget_bytes != new.budget_bytes {
-            format!("{note}{}budget changed {} → {} bytes", if note.is_empty() { "" } else { "; " }, old.budget_bytes, new.budget_bytes)
+            format!(
+                "{note}{}budget changed {} → {} bytes",
+                if note.is_empty() { "" } else { "; " },
+                old.budget_bytes,
+                new.budget_bytes
+            )
         } else {
             note
         };
@@ -446,7 +518,11 @@ fn show_change(row: &Row) -> String {
 /// The comparison as a plain-text table.
 pub fn render_text(outcome: &Outcome) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{:<20} {:<34} {:>14} {:>14} {:>10}  verdict", "model", "figure", "baseline", "now", "change");
+    let _ = writeln!(
+        s,
+        "{:<20} {:<34} {:>14} {:>14} {:>10}  verdict",
+        "model", "figure", "baseline", "now", "change"
+    );
     for r in &outcome.rows {
         let _ = writeln!(
             s,
@@ -457,17 +533,32 @@ pub fn render_text(outcome: &Outcome) -> String {
             show(r.new, r.unit),
             show_change(r),
             if r.regression { "REGRESSION" } else { "ok" },
-            if r.note.is_empty() { String::new() } else { format!(" ({})", r.note) }
+            if r.note.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", r.note)
+            }
         );
     }
     for m in &outcome.new_models {
-        let _ = writeln!(s, "{m:<20} not in the baseline: run with --update to record it");
+        let _ = writeln!(
+            s,
+            "{m:<20} not in the baseline: run with --update to record it"
+        );
     }
     for m in &outcome.dropped_models {
         let _ = writeln!(s, "{m:<20} in the baseline but no longer in the config");
     }
     let n = outcome.regressions().count();
-    let _ = writeln!(s, "{}", if n == 0 { "no regression".to_string() } else { format!("{n} regression(s)") });
+    let _ = writeln!(
+        s,
+        "{}",
+        if n == 0 {
+            "no regression".to_string()
+        } else {
+            format!("{n} regression(s)")
+        }
+    );
     s
 }
 
@@ -475,7 +566,15 @@ pub fn render_text(outcome: &Outcome) -> String {
 pub fn render_markdown(outcome: &Outcome) -> String {
     let mut s = String::new();
     let n = outcome.regressions().count();
-    let _ = writeln!(s, "### remat gate: {}\n", if n == 0 { "no memory regression".to_string() } else { format!("{n} regression(s)") });
+    let _ = writeln!(
+        s,
+        "### remat gate: {}\n",
+        if n == 0 {
+            "no memory regression".to_string()
+        } else {
+            format!("{n} regression(s)")
+        }
+    );
     let _ = writeln!(s, "| model | figure | baseline | now | change | verdict |");
     let _ = writeln!(s, "|---|---|---:|---:|---:|---|");
     for r in &outcome.rows {
@@ -487,12 +586,23 @@ pub fn render_markdown(outcome: &Outcome) -> String {
             show(r.old, r.unit),
             show(r.new, r.unit),
             show_change(r),
-            if r.regression { "❌ regression" } else { "✅" },
-            if r.note.is_empty() { String::new() } else { format!(" ({})", r.note) }
+            if r.regression {
+                "❌ regression"
+            } else {
+                "✅"
+            },
+            if r.note.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", r.note)
+            }
         );
     }
     for m in &outcome.new_models {
-        let _ = writeln!(s, "\n{m}: not in the baseline yet (`remat gate --update` records it).");
+        let _ = writeln!(
+            s,
+            "\n{m}: not in the baseline yet (`remat gate --update` records it)."
+        );
     }
     s
 }
@@ -511,18 +621,29 @@ pub fn render_github(outcome: &Outcome, config_path: &Path) -> String {
             show(r.old, r.unit),
             show(r.new, r.unit),
             show_change(r),
-            if r.note.is_empty() { String::new() } else { format!(": {}", r.note) }
+            if r.note.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", r.note)
+            }
         );
     }
     for m in &outcome.new_models {
-        let _ = writeln!(s, "::warning file={},title=remat gate: {m}::not in the baseline; run remat gate --update", config_path.display());
+        let _ = writeln!(
+            s,
+            "::warning file={},title=remat gate: {m}::not in the baseline; run remat gate --update",
+            config_path.display()
+        );
     }
     s.push_str(&render_text(outcome));
     s
 }
 
 /// Measures every model of the config (relative paths resolve against the config's folder).
-pub fn measure_all(config: &GateConfig, config_path: &Path) -> Result<BTreeMap<String, Figures>, GateError> {
+pub fn measure_all(
+    config: &GateConfig,
+    config_path: &Path,
+) -> Result<BTreeMap<String, Figures>, GateError> {
     let base = config_path.parent().unwrap_or_else(|| Path::new("."));
     let mut out = BTreeMap::new();
     for m in &config.models {

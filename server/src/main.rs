@@ -107,7 +107,11 @@ struct SweepArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Budget fractions of the store-all peak, comma separated
-    #[arg(long, value_delimiter = ',', default_value = "1.0,0.9,0.8,0.7,0.6,0.5,0.4,0.3")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1.0,0.9,0.8,0.7,0.6,0.5,0.4,0.3"
+    )]
     fractions: Vec<f64>,
     /// auto, ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
     #[arg(long, default_value = "auto")]
@@ -234,7 +238,11 @@ fn plan(args: PlanArgs) -> Result<(), Failure> {
     if args.json {
         print_json(&doc)?;
     } else {
-        println!("model      {} ({} nodes)", loaded.problem.name, loaded.problem.len());
+        println!(
+            "model      {} ({} nodes)",
+            loaded.problem.name,
+            loaded.problem.len()
+        );
         println!("status     {:?} ({})", r.status, r.solver);
         println!(
             "budget     {} (store-all peak {})",
@@ -340,7 +348,9 @@ fn run_gate(args: GateArgs) -> Result<(), Failure> {
                     .create(true)
                     .append(true)
                     .open(&path)
-                    .with_context(|| format!("opening GITHUB_STEP_SUMMARY {}", Path::new(&path).display()))?;
+                    .with_context(|| {
+                        format!("opening GITHUB_STEP_SUMMARY {}", Path::new(&path).display())
+                    })?;
                 f.write_all(gate::render_markdown(&outcome).as_bytes())
                     .context("writing GITHUB_STEP_SUMMARY")?;
             }
@@ -350,7 +360,10 @@ fn run_gate(args: GateArgs) -> Result<(), Failure> {
     if n > 0 {
         return Err(Failure {
             code: 1,
-            error: anyhow::anyhow!("{n} memory regression(s) against {}", args.baseline.display()),
+            error: anyhow::anyhow!(
+                "{n} memory regression(s) against {}",
+                args.baseline.display()
+            ),
         });
     }
     Ok(())

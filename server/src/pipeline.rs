@@ -159,7 +159,11 @@ fn solver_error(e: SolverError) -> EngineError {
 }
 
 /// The solver options of a request, resolved against the problem (fractions of store-all peak).
-pub fn plan_options(problem: &Problem, req: &PlanRequest, threads: usize) -> Result<PlanOptions, EngineError> {
+pub fn plan_options(
+    problem: &Problem,
+    req: &PlanRequest,
+    threads: usize,
+) -> Result<PlanOptions, EngineError> {
     let budget_text = req.budget.as_deref().ok_or_else(|| {
         EngineError::new(
             ErrorKind::BadInput,
@@ -169,16 +173,24 @@ pub fn plan_options(problem: &Problem, req: &PlanRequest, threads: usize) -> Res
     })?;
     let peak = remat_solver::store_all_peak(problem);
     let budget = plan::parse_budget(budget_text, peak).map_err(|e| {
-        EngineError::new(ErrorKind::BadInput, "invalid_option", format!("budget: {e}"))
+        EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            format!("budget: {e}"),
+        )
     })?;
-    let algorithm: Algorithm = req
-        .solver
-        .as_deref()
-        .unwrap_or("auto")
-        .parse()
-        .map_err(|e: SolverError| {
-            EngineError::new(ErrorKind::BadInput, "invalid_option", format!("solver: {e}"))
-        })?;
+    let algorithm: Algorithm =
+        req.solver
+            .as_deref()
+            .unwrap_or("auto")
+            .parse()
+            .map_err(|e: SolverError| {
+                EngineError::new(
+                    ErrorKind::BadInput,
+                    "invalid_option",
+                    format!("solver: {e}"),
+                )
+            })?;
     let seconds = req.time_limit.unwrap_or(DEFAULT_TIME_LIMIT);
     if !(seconds.is_finite() && seconds > 0.0) {
         return Err(EngineError::new(
@@ -295,7 +307,11 @@ pub fn plan_document(loaded: &Loaded, planned: &Planned) -> Value {
 }
 
 /// The Pareto frontier (budget → overhead) of a loaded model, with the baselines.
-pub fn sweep_document(loaded: &Loaded, req: &PlanRequest, threads: usize) -> Result<Value, EngineError> {
+pub fn sweep_document(
+    loaded: &Loaded,
+    req: &PlanRequest,
+    threads: usize,
+) -> Result<Value, EngineError> {
     let mut probe = req.clone();
     probe.budget = Some(probe.budget.unwrap_or_else(|| "1.0x".to_string()));
     let opts = plan_options(&loaded.problem, &probe, threads)?;

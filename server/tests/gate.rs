@@ -48,7 +48,9 @@ fn gate_passes_on_its_baseline_fails_on_growth_and_passes_after_update() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let baseline: serde_json::Value =
         serde_json::from_slice(&std::fs::read(d.join("remat-baseline.json")).unwrap()).unwrap();
-    let v1_peak = baseline["models"]["mlp"]["store_all_peak_bytes"].as_u64().unwrap();
+    let v1_peak = baseline["models"]["mlp"]["store_all_peak_bytes"]
+        .as_u64()
+        .unwrap();
     assert!(v1_peak > 0);
 
     // The baseline's own model passes, twice (the figures are deterministic).
@@ -71,7 +73,10 @@ fn gate_passes_on_its_baseline_fails_on_growth_and_passes_after_update() {
         .map(|r| r["figure"].as_str().unwrap())
         .collect();
     assert!(regressed.contains(&"store_all_peak_bytes"), "{regressed:?}");
-    assert!(regressed.contains(&"saved_activation_bytes"), "{regressed:?}");
+    assert!(
+        regressed.contains(&"saved_activation_bytes"),
+        "{regressed:?}"
+    );
     for r in outcome["rows"].as_array().unwrap() {
         if r["regression"] == true && r["unit"] == "bytes" {
             assert!(r["new"].as_f64().unwrap() > r["old"].as_f64().unwrap());
@@ -81,7 +86,10 @@ fn gate_passes_on_its_baseline_fails_on_growth_and_passes_after_update() {
     let o = remat(d, &["gate"]);
     assert_eq!(o.status.code(), Some(1));
     let t = text(&o);
-    assert!(t.contains("REGRESSION") && t.contains("store_all_peak_bytes"), "{t}");
+    assert!(
+        t.contains("REGRESSION") && t.contains("store_all_peak_bytes"),
+        "{t}"
+    );
 
     // GitHub format: one annotation per regression, and the Markdown summary appended.
     let summary = d.join("summary.md");
@@ -94,7 +102,10 @@ fn gate_passes_on_its_baseline_fails_on_growth_and_passes_after_update() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stdout).contains("::error file="));
     let md = std::fs::read_to_string(&summary).unwrap();
-    assert!(md.contains("| model | figure |") && md.contains("regression"), "{md}");
+    assert!(
+        md.contains("| model | figure |") && md.contains("regression"),
+        "{md}"
+    );
 
     // Accept the change: the gate passes again.
     let o = remat(d, &["gate", "--update"]);
@@ -113,12 +124,19 @@ fn corrupt_baseline_or_config_is_exit_2_naming_file_and_field() {
 
     // A baseline whose figure has the wrong type.
     let good = std::fs::read_to_string(d.join("remat-baseline.json")).unwrap();
-    let bad = good.replacen("\"store_all_peak_bytes\": ", "\"store_all_peak_bytes\": \"x\", \"_\": ", 1);
+    let bad = good.replacen(
+        "\"store_all_peak_bytes\": ",
+        "\"store_all_peak_bytes\": \"x\", \"_\": ",
+        1,
+    );
     std::fs::write(d.join("remat-baseline.json"), bad).unwrap();
     let o = remat(d, &["gate"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let t = text(&o);
-    assert!(t.contains("remat-baseline.json") && t.contains("store_all_peak_bytes"), "{t}");
+    assert!(
+        t.contains("remat-baseline.json") && t.contains("store_all_peak_bytes"),
+        "{t}"
+    );
 
     // Truncated JSON.
     std::fs::write(d.join("remat-baseline.json"), &good[..good.len() / 2]).unwrap();
@@ -129,16 +147,28 @@ fn corrupt_baseline_or_config_is_exit_2_naming_file_and_field() {
 
     // A config with an unknown field, a wrongly typed field, a missing field.
     for (config, field) in [
-        ("[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\nbudjet = 3\n", "budjet"),
-        ("[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\ntolerance = \"high\"\n", "tolerance"),
+        (
+            "[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\nbudjet = 3\n",
+            "budjet",
+        ),
+        (
+            "[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\ntolerance = \"high\"\n",
+            "tolerance",
+        ),
         ("[[model]]\nname = \"m\"\npath = \"x.onnx\"\n", "budget"),
-        ("[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\nmax_overhead = -1.0\n", "max_overhead"),
+        (
+            "[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\nmax_overhead = -1.0\n",
+            "max_overhead",
+        ),
     ] {
         std::fs::write(d.join("remat.toml"), config).unwrap();
         let o = remat(d, &["gate"]);
         assert_eq!(o.status.code(), Some(2), "{config}: {}", text(&o));
         let t = text(&o);
-        assert!(t.contains("remat.toml") && t.contains(field), "{config}: {t}");
+        assert!(
+            t.contains("remat.toml") && t.contains(field),
+            "{config}: {t}"
+        );
     }
 
     // A model file that does not exist: exit 2 naming the model.
