@@ -16,45 +16,55 @@
 //!
 //! # The program
 //!
-//! `P(c, t, r, e)`: process backward stages `t, t-1, …, e` given that `x_c` is resident
-//! (`c = -1`: nothing is, `x_0` is computed from scratch), the gradient of stage `t+1` is
-//! resident (when stage `t+1` exists) and `x_{t+1}` is resident when `r` (otherwise it is
-//! recomputed from `x_t` right before stage `t`). When `e == c` the subproblem runs down to
-//! stage `c`, which reads `x_c`; when `e > c` the caller does the stages below `e` from a lower
-//! checkpoint and `x_c` is freed after its last use. Choices:
-//! - `c = t`: run stage `t` (after recomputing `x_{t+1}` when `!r`);
-//! - *keep*: advance from `x_c` to `x_s` keeping only `x_s` (each intermediate freed after its
-//!   successor is computed), run `P(s, t, r, e1)` with `x_c` held, then `P(c, e1-1, r', e)`,
-//!   where `r'` says whether `x_{e1}` stays resident until stage `e1-1` or is freed after stage
-//!   `e1` and recomputed;
-//! - *drop*: advance from `x_c` to `x_s ≤ x_e` freeing `x_c` after its first reader, then
-//!   `P(s, t, r, e)`.
+//! `P(c, t, r, e, q, h)`: process backward stages `t, t-1, …, e` given that `x_c` is resident
+//! (`c = -1`: nothing is, `x_0` is computed from scratch) and
+//! - without `q`: the gradient of stage `t+1` is resident (when that stage exists) and
+//!   `x_{t+1}` is resident when `r` (otherwise it is recomputed from `x_t` right before stage
+//!   `t`);
+//! - with `q` (stage `t+1` *pending*): stage `t+1` has not run; `x_{t+1}`, the gradient of stage
+//!   `t+2` and, when `r`, `x_{t+2}` are resident (otherwise `x_{t+2}` is recomputed from
+//!   `x_{t+1}` when the stage runs).
 //!
-//! The whole step is `P(-1, N-2, false, lo)`. Instead of a discretized memory axis every state
+//! When `e == c` the subproblem runs down to stage `c`, which reads `x_c`. When `e > c` the
+//! caller does the stages below `e` and `x_c` is freed after its last use, unless `h` (then
+//! `e = c+1` and `x_c` stays resident for the caller's pending stage `c`). Choices:
+//! - `c = t`: run the pending stage if any, then stage `t` (recomputing `x_{t+1}` when `!r`);
+//! - *now* (with `q`): run the pending stage, then `P(c, t, r', e, -, h)`, `r'` choosing whether
+//!   `x_{t+1}` stays resident until stage `t`;
+//! - *keep*: advance from `x_c` to `x_s` keeping only `x_s` (each intermediate freed after its
+//!   successor is computed), run `P(s, t, r, e1, q, -)` with `x_c` held, then
+//!   `P(c, e1-1, r', e, -, h)`, where `r'` says whether `x_{e1}` stays resident until stage
+//!   `e1-1` or is freed after stage `e1` and recomputed (with `h` and `s = e`, the first part
+//!   alone);
+//! - *delay*: advance to `x_s` as in *keep*, run `P(s, t, r, s+1, q, h)` (stages down to `s+1`,
+//!   `x_s` kept), then `P(c, s-1, r', e, q, h)` with stage `s` pending: the part below can
+//!   recompute its activations while holding stage `s`'s inputs instead of its gradient;
+//! - *drop* (not with `h`): advance from `x_c` to `x_s ≤ x_e` freeing `x_c` after its first
+//!   reader, then `P(s, t, r, e, q, -)`.
+//!
+//! The whole step is `P(-1, N-2, -, lo, -, -)`. Instead of a discretized memory axis every state
 //! keeps its exact Pareto frontier of (peak bytes, cost): a composition's peak is the max of the
 //! advance peak and its parts' peaks (the first part shifted by the held `x_c`) and its cost the
-//! sum, so nothing is rounded and predicted peak and cost are what [`simulate`](crate::simulate) measures on the
-//! schedule [`with_frees`] derives from the compute order.
+//! sum, so nothing is rounded and predicted peak and cost are what
+//! [`simulate`](crate::simulate) measures on the schedule [`with_frees`] derives from the
+//! compute order.
 //!
 //! # How exact
 //!
 //! `tests/props.rs` compares the program with exhaustive search over *all* schedules (any
 //! recomputation of any node, any order, any frees) on random chains of up to 4 stages at every
-//! budget, and they agree (a release-mode sweep of 4,500 such chains found no difference in
-//! minimum peak or in cost at any budget). The classical Rotor recursion alone (no *drop*,
-//! `x_{t+1}` always kept) is not exact in this model: 9 of 300 random chains differed, because
-//! a checkpoint read by its own stage can be worth freeing early and recomputing from scratch.
-//!
-//! Longer chains: the program only builds schedules that run a stage's backward node before
-//! recomputing forward values for the stages below it. Delaying a stage's backward, holding its
-//! inputs (`x_{t+1}`, `x_{t+2}` and the incoming gradient) while recomputing lower activations
-//! instead of its larger output gradient, can be cheaper: among 4,000 random chains with up to
-//! 5 stages the same sweep found 2 five-stage chains where exhaustive search beat the program
-//! (costs 62 vs 64 and 75 vs 84). So beyond 4 stages "optimal" means optimal among schedules
-//! that do not delay backward stages. Minimum peaks matched exhaustive search in every case.
+//! budget. Release-mode sweeps we ran while deriving it: 4,000 random chains of up to 5 stages
+//! at every budget and 300 chains of 5–6 stages at every other budget, with no difference in
+//! minimum peak or in cost. Two choices go beyond Rotor and are needed: the Rotor recursion alone
+//! (*keep* with `e1 = s`, `x_{t+1}` always kept) differed on 9 of 300 chains (a checkpoint read
+//! by its own stage can be worth freeing and recomputing from scratch: *drop*, `e > c`), and
+//! without *delay* 2 of 4,000 five-stage chains differed (holding a stage's inputs is cheaper
+//! than holding its larger gradient while lower activations are recomputed). Beyond 6 stages
+//! optimality is not proven.
 //!
 //! Cost: `O(N^5)` frontier merges for `N` forward nodes ([`DpMode::Exact`], the default up to 30
-//! nodes); [`DpMode::Restricted`] (`e = max(c, lo)`, `O(N^3)`) for longer chains.
+//! nodes, 0.3 s for VGG19); [`DpMode::Restricted`] (`e = max(c, lo)`, no delayed stages,
+//! `O(N^3)`) for longer chains. Frontiers longer than 48 points are thinned (see `thin`).
 
 use crate::error::{Result, SolverError};
 use crate::problem::{NodeId, Problem};
@@ -147,7 +157,10 @@ pub fn as_training_chain(p: &Problem) -> Option<Chain> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Choice {
     Base,
+    Now { r1: bool },
     Keep { s: usize, e1: usize, r2: bool },
+    KeepLast { s: usize },
+    KeepPending { s: usize, r2: bool },
     Drop { s: usize },
 }
 
@@ -291,18 +304,20 @@ impl<'a> Dp<'a> {
                 DpMode::Exact => true,
                 DpMode::Restricted => false,
             },
-            fronts: vec![Vec::new(); (n + 1) * n * n * 2],
+            fronts: vec![Vec::new(); (n + 1) * n * n * 8],
         };
         dp.solve();
         dp
     }
 
-    fn state(&self, c: isize, t: usize, e: usize, r: bool) -> usize {
-        ((((c + 1) as usize * self.n) + t) * self.n + e) * 2 + r as usize
+    #[allow(clippy::too_many_arguments)]
+    fn state(&self, c: isize, t: usize, e: usize, r: bool, q: bool, h: bool) -> usize {
+        (((((c + 1) as usize * self.n + t) * self.n + e) * 2 + r as usize) * 2 + q as usize) * 2
+            + h as usize
     }
 
-    fn front(&self, c: isize, t: usize, e: usize, r: bool) -> &[Pt] {
-        &self.fronts[self.state(c, t, e, r)]
+    fn front(&self, c: isize, t: usize, e: usize, r: bool, q: bool, h: bool) -> &[Pt] {
+        &self.fronts[self.state(c, t, e, r, q, h)]
     }
 
     /// Bytes of the gradient of stage `j`, 0 when the stage has no backward node.
@@ -322,13 +337,26 @@ impl<'a> Dp<'a> {
         }
     }
 
-    fn entry(&self, c: isize, t: usize, r: bool) -> u64 {
-        let xt = if r { self.a[t + 1] } else { 0 };
-        self.xc(c) + xt + self.dsz(t + 1)
+    /// Entry memory of `P(c, t, r, e, q, h)`: `x_c`; when stage `t+1` is pending (`q`) its
+    /// inputs `x_{t+1}`, `x_{t+2}` (when `r`) and the gradient of stage `t+2`; otherwise
+    /// `x_{t+1}` (when `r`) and the gradient of stage `t+1`.
+    fn entry(&self, c: isize, t: usize, r: bool, q: bool) -> u64 {
+        if q {
+            let x2 = if r { self.a[t + 2] } else { 0 };
+            self.xc(c) + self.a[t + 1] + x2 + self.dsz(t + 2)
+        } else {
+            let xt = if r { self.a[t + 1] } else { 0 };
+            self.xc(c) + xt + self.dsz(t + 1)
+        }
     }
 
     fn solve(&mut self) {
         let top = self.n - 2;
+        let flags: &[bool] = if self.general {
+            &[false, true]
+        } else {
+            &[false]
+        };
         for len in 0..=(top + 1) {
             for c in -1..=(top as isize) {
                 let t = c + len as isize;
@@ -339,18 +367,30 @@ impl<'a> Dp<'a> {
                 let e_min = self.lo.max(c.max(0) as usize);
                 let e_max = if self.general { t } else { e_min };
                 for e in e_min..=e_max {
-                    for r in [true, false] {
-                        if t == top && r {
+                    for &h in flags {
+                        // Holding x_c to the exit only serves a pending stage c.
+                        if h && (c < self.lo as isize || e != (c + 1) as usize) {
                             continue;
                         }
-                        let mut front = self.options(c, t, e, r);
-                        front.retain(|q| q.peak <= self.cap);
-                        if front.len() > MAX_FRONT {
-                            front = thin(front);
-                            self.thinned = true;
+                        // Non-pending states first: "run the pending stage now" reads them.
+                        for &q in flags {
+                            if q && t + 1 > top {
+                                continue;
+                            }
+                            for r in [true, false] {
+                                if !q && t == top && r {
+                                    continue;
+                                }
+                                let mut front = self.options(c, t, e, r, q, h);
+                                front.retain(|x| x.peak <= self.cap);
+                                if front.len() > MAX_FRONT {
+                                    front = thin(front);
+                                    self.thinned = true;
+                                }
+                                let st = self.state(c, t, e, r, q, h);
+                                self.fronts[st] = front;
+                            }
                         }
-                        let st = self.state(c, t, e, r);
-                        self.fronts[st] = front;
                     }
                 }
             }
@@ -371,13 +411,30 @@ impl<'a> Dp<'a> {
         (peak, cost)
     }
 
-    /// Pareto frontier of `P(c, t, r, e)`: stages `t` down to `e` with `x_c` resident at entry
-    /// (held to the end when `e == c`, where stage `c` reads it; otherwise freed after its last
-    /// use).
-    fn options(&self, c: isize, t: usize, e: usize, r: bool) -> Vec<Pt> {
-        let en = self.entry(c, t, r);
+    /// Running the pending stage `t+1` (after recomputing `x_{t+2}` from `x_{t+1}` when `!r`):
+    /// (peak, cost, memory after it with `x_{t+2}` and the old gradient freed, minus `x_c`).
+    fn pending_run(&self, c: isize, t: usize, r: bool) -> (u64, f64) {
+        let en = self.entry(c, t, r, true);
+        let (pre, pre_cost) = if r {
+            (0, 0.0)
+        } else {
+            (self.a[t + 2], self.f[t + 2])
+        };
+        (en + pre + self.d[t + 1], pre_cost + self.g[t + 1])
+    }
+
+    /// Pareto frontier of `P(c, t, r, e, q, h)`: stages `t` down to `e` with `x_c` resident at
+    /// entry (held to the end when `e == c`, where stage `c` reads it, or when `h`, for a
+    /// caller's pending stage `c`; otherwise freed after its last use); with `q`, stage `t+1`
+    /// has not run yet and its inputs are resident.
+    fn options(&self, c: isize, t: usize, e: usize, r: bool, q: bool, h: bool) -> Vec<Pt> {
+        let en = self.entry(c, t, r, q);
         if c == t as isize {
-            let (peak, cost) = if r {
+            let (peak, cost) = if q {
+                let (p1, c1) = self.pending_run(c, t, r);
+                let after = self.xc(c) + self.a[t + 1] + self.dsz(t + 1);
+                (p1.max(after + self.d[t]), c1 + self.g[t])
+            } else if r {
                 (en + self.d[t], self.g[t])
             } else {
                 (en + self.a[t + 1] + self.d[t], self.f[t + 1] + self.g[t])
@@ -401,15 +458,24 @@ impl<'a> Dp<'a> {
             std::mem::swap(&mut acc, &mut merged);
             pts.clear();
         };
+        if q {
+            // Run the pending stage now; keep x_{t+1} for stage t or free it and recompute.
+            let now = self.pending_run(c, t, r);
+            for r1 in [true, false] {
+                let f1 = self.front(c, t, e, r1, false, h);
+                combine(&mut pts, now, f1, 0, &zero, Choice::Now { r1 }, self.cap);
+                absorb(&mut pts);
+            }
+        }
         for s in ((c + 1) as usize)..=t {
             // Keep x_c through the first part, then continue from it.
             let (adv_peak, adv_cost) = self.advance(c, s, en, false);
             let shift = self.xc(c);
             let e1_max = if self.general { t } else { s };
             for e1 in s.max(self.lo).max(e + 1)..=e1_max {
-                let f1 = self.front(s as isize, t, e1, r);
+                let f1 = self.front(s as isize, t, e1, r, q, false);
                 for r2 in [true, false] {
-                    let f2 = self.front(c, e1 - 1, e, r2);
+                    let f2 = self.front(c, e1 - 1, e, r2, false, h);
                     combine(
                         &mut pts,
                         (adv_peak, adv_cost),
@@ -422,10 +488,42 @@ impl<'a> Dp<'a> {
                     absorb(&mut pts);
                 }
             }
+            // Held x_c with nothing left below: the first part runs down to e = s.
+            if h && s == e {
+                let f1 = self.front(s as isize, t, s, r, q, false);
+                combine(
+                    &mut pts,
+                    (adv_peak, adv_cost),
+                    f1,
+                    shift,
+                    &zero,
+                    Choice::KeepLast { s },
+                    self.cap,
+                );
+                absorb(&mut pts);
+            }
+            // Delay stage s: the first part stops above it holding x_s, and the part below
+            // runs stage s when it suits.
+            if self.general && s >= self.lo && s < t && s > e {
+                let f1 = self.front(s as isize, t, s + 1, r, q, true);
+                for r2 in [true, false] {
+                    let f2 = self.front(c, s - 1, e, r2, true, h);
+                    combine(
+                        &mut pts,
+                        (adv_peak, adv_cost),
+                        f1,
+                        shift,
+                        f2,
+                        Choice::KeepPending { s, r2 },
+                        self.cap,
+                    );
+                    absorb(&mut pts);
+                }
+            }
             // Free x_c after the advance: the first part goes all the way down to e.
-            if e as isize > c && s <= e {
+            if !h && e as isize > c && s <= e {
                 let (adv_peak, adv_cost) = self.advance(c, s, en, true);
-                let f1 = self.front(s as isize, t, e, r);
+                let f1 = self.front(s as isize, t, e, r, q, false);
                 combine(
                     &mut pts,
                     (adv_peak, adv_cost),
@@ -442,46 +540,82 @@ impl<'a> Dp<'a> {
     }
 
     fn top_front(&self) -> &[Pt] {
-        self.front(-1, self.n - 2, self.lo, false)
+        self.front(-1, self.n - 2, self.lo, false, false, false)
     }
 
-    /// Appends the compute sequence of `P(c, t, r, e)` within `budget` (relative bytes).
+    /// Appends the compute sequence of `P(c, t, r, e, q, h)` within `budget` (relative bytes).
+    #[allow(clippy::too_many_arguments)]
     fn emit(
         &self,
         c: isize,
         t: usize,
         e: usize,
         r: bool,
+        q: bool,
+        h: bool,
         budget: u64,
         out: &mut Vec<NodeId>,
     ) -> bool {
-        let Some(pt) = eval(self.front(c, t, e, r), budget).copied() else {
+        let Some(pt) = eval(self.front(c, t, e, r, q, h), budget).copied() else {
             return false;
+        };
+        let fwd = |out: &mut Vec<NodeId>, s: usize| {
+            out.extend_from_slice(&self.chain.forward[((c + 1) as usize)..=s]);
+        };
+        let run_pending = |out: &mut Vec<NodeId>| {
+            if !r {
+                out.push(self.chain.forward[t + 2]);
+            }
+            out.push(self.chain.backward_of(t + 1));
         };
         match pt.choice {
             Choice::Base => {
-                if !r {
+                if q {
+                    run_pending(out);
+                } else if !r {
                     out.push(self.chain.forward[t + 1]);
                 }
                 out.push(self.chain.backward_of(t));
                 true
             }
+            Choice::Now { r1 } => {
+                run_pending(out);
+                self.emit(c, t, e, r1, false, h, pt.peak, out)
+            }
             Choice::Keep { s, e1, r2 } => {
-                out.extend_from_slice(&self.chain.forward[((c + 1) as usize)..=s]);
-                self.emit(s as isize, t, e1, r, pt.peak - self.xc(c), out)
-                    && self.emit(c, e1 - 1, e, r2, pt.peak, out)
+                fwd(out, s);
+                self.emit(s as isize, t, e1, r, q, false, pt.peak - self.xc(c), out)
+                    && self.emit(c, e1 - 1, e, r2, false, h, pt.peak, out)
+            }
+            Choice::KeepLast { s } => {
+                fwd(out, s);
+                self.emit(s as isize, t, s, r, q, false, pt.peak - self.xc(c), out)
+            }
+            Choice::KeepPending { s, r2 } => {
+                fwd(out, s);
+                self.emit(s as isize, t, s + 1, r, q, true, pt.peak - self.xc(c), out)
+                    && self.emit(c, s - 1, e, r2, true, h, pt.peak, out)
             }
             Choice::Drop { s } => {
-                out.extend_from_slice(&self.chain.forward[((c + 1) as usize)..=s]);
-                self.emit(s as isize, t, e, r, pt.peak, out)
+                fwd(out, s);
+                self.emit(s as isize, t, e, r, q, false, pt.peak, out)
             }
         }
     }
 
     fn schedule(&self, p: &Problem, budget: u64) -> Option<Schedule> {
         let mut seq = Vec::new();
-        self.emit(-1, self.n - 2, self.lo, false, budget, &mut seq)
-            .then(|| with_frees(p, &seq))
+        self.emit(
+            -1,
+            self.n - 2,
+            self.lo,
+            false,
+            false,
+            false,
+            budget,
+            &mut seq,
+        )
+        .then(|| with_frees(p, &seq))
     }
 }
 
@@ -532,8 +666,9 @@ pub enum DpMode {
     Auto,
     /// The exact `O(N^5)` program whatever the length.
     Exact,
-    /// The `O(N^3)` program in which a checkpoint read by a stage is held until that stage
-    /// (classical Rotor structure plus recomputing `x_{t+1}`): fast, not always optimal.
+    /// The `O(N^3)` program in which a checkpoint read by a stage is held until that stage and
+    /// no stage is delayed (classical Rotor structure plus recomputing `x_{t+1}`): fast, not
+    /// always optimal.
     Restricted,
 }
 
@@ -546,9 +681,8 @@ pub struct ChainSolution {
     /// [`crate::simulate`]'s figures).
     pub peak_bytes: u64,
     pub compute_cost: f64,
-    /// Whether the exact program ran and no frontier was thinned: the result is then optimal
-    /// among schedules that do not delay backward stages (among all schedules for chains of up
-    /// to 4 stages, as tested); see the module documentation.
+    /// Whether the exact program ran and no frontier was thinned (see the module documentation
+    /// for how far that is checked against exhaustive search).
     pub optimal: bool,
 }
 
