@@ -296,3 +296,36 @@ export function syntheticTrainingGraph(n) {
   }
   return nodes;
 }
+
+/**
+ * The layout computed in a module worker (falls back to this thread where workers are not
+ * available). Resolves with what `layoutGraph` returns plus `where` ('worker' or 'page').
+ */
+export function layoutInWorker(nodes) {
+  const plain = nodes.map((n) => ({ id: n.id, kind: n.kind, deps: n.deps }));
+  const here = () => ({ ...layoutGraph(plain), where: 'page' });
+  if (typeof Worker === 'undefined') return Promise.resolve(here());
+  return new Promise((resolve) => {
+    let worker;
+    const fallback = () => {
+      worker?.terminate();
+      resolve(here());
+    };
+    try {
+      worker = new Worker(new URL('./layout-worker.js', import.meta.url), { type: 'module' });
+    } catch {
+      fallback();
+      return;
+    }
+    worker.onmessage = (ev) => {
+      worker.terminate();
+      if (ev.data?.ok) resolve(ev.data.layout);
+      else fallback();
+    };
+    worker.onerror = (ev) => {
+      ev.preventDefault();
+      fallback();
+    };
+    worker.postMessage({ nodes: plain });
+  });
+}

@@ -7,6 +7,7 @@ import { fmtBytes, fmtBytesExact, fmtCost, fmtOverhead, fmtPct, fmtRatio, fmtSec
 import { normalizeRecord, normalizeHistory, normalizeSweep, decisionCounts, measuredSeries } from './model.js';
 import { timelineChart, timelineText, paretoSeries, paretoChart, paretoText, destroyChart } from './charts.js';
 import { GraphView } from './graph.js';
+import { layoutInWorker } from './layout.js';
 import { TensorTable } from './table.js';
 import { planUrl, historyUrl } from './router.js';
 import { session, saveSweep, loadSweep } from './session.js';
@@ -22,8 +23,12 @@ export function sweepFractions(min, storeAll, count = 8) {
   return [...Array(count).keys()].map((i) => Math.round((lo + ((1 - lo) * i) / (count - 1)) * 1000) / 1000);
 }
 
-/** Test and debugging hooks: what the page rendered and how long the layout took. */
-export const viewState = { planId: null, ready: false, layoutMs: null, layoutNodes: null };
+/**
+ * Test and debugging hooks: what the page rendered and how long the layout took (`layoutMs`:
+ * the layout itself, in the worker; `layoutTotalMs`: from the request to the worker until the
+ * result is back on the page, worker start and transfer included).
+ */
+export const viewState = { planId: null, ready: false, layoutMs: null, layoutTotalMs: null, layoutNodes: null };
 
 function card(testid, title, value, exactValue, ...sub) {
   return h(
@@ -182,18 +187,28 @@ export async function renderPlan(root, id) {
 
   let table = null;
   let graph = null;
+  let graphDone = Promise.resolve();
   if (doc.decisions.length) {
-    graph = new GraphView(graphEl, doc.decisions, { onSelect: (i) => table?.highlight(i) });
-    viewState.layoutMs = graph.layout.ms;
-    viewState.layoutNodes = doc.decisions.length;
-    graphEl.dataset.layoutMs = graph.layout.ms.toFixed(1);
-    if (graph.layout.missing.length) graphEl.prepend(h('p', { class: 'warn' }, `${graph.layout.missing.length} dependencies name unknown nodes (first: ${graph.layout.missing[0].node} reads ${graph.layout.missing[0].dep}); they are not drawn.`));
+    // The table now; the graph when its layout (computed in a worker) is ready.
+    mount(graphEl, h('p', { class: 'muted' }, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `Laying out ${doc.decisions.length} nodes…`));
     table = new TensorTable(tableEl, doc.decisions, {
       onSelect: (i) => {
+        if (!graph) return;
         graph.select(i, { center: true, notify: false });
         table.highlight(i);
         graphEl.scrollIntoView({ block: 'nearest', behavior: 'smooth' });
       },
+    });
+    const t0 = performance.now();
+    graphDone = layoutInWorker(doc.decisions).then((layout) => {
+      if (ctrl.signal.aborted) return;
+      viewState.layoutTotalMs = performance.now() - t0;
+      graph = new GraphView(graphEl, doc.decisions, { onSelect: (i) => table?.highlight(i), layout });
+      viewState.layoutMs = layout.ms;
+      viewState.layoutWhere = layout.where;
+      viewState.layoutNodes = doc.decisions.length;
+      graphEl.dataset.layoutMs = layout.ms.toFixed(1);
+      if (layout.missing.length) graphEl.prepend(h('p', { class: 'warn' }, `${layout.missing.length} dependencies name unknown nodes (first: ${layout.missing[0].node} reads ${layout.missing[0].dep}); they are not drawn.`));
     });
   } else {
     mount(graphEl, h('p', { class: 'muted' }, 'The plan has no per-tensor decisions.'));
@@ -262,6 +277,8 @@ export async function renderPlan(root, id) {
       mount(historyEl, h('p', { class: 'muted' }, `History is not available: ${e.message}`));
     }
   } else mount(historyEl, h('p', { class: 'muted' }, 'The plan record has no model hash.'));
+  await graphDone;
+  if (ctrl.signal.aborted) return;
   viewState.ready = true;
 }
 

@@ -95,3 +95,10 @@ test('a 2,000-node graph with a pure backward chain lays out wider than tall, bu
   assert.ok(r.width / r.height < 12, `aspect ${r.width.toFixed(0)} x ${r.height.toFixed(0)}`);
   assert.equal(overlaps(r), 0);
 });
+
+test('layoutInWorker lays out on this thread where there are no workers', async () => {
+  const { layoutInWorker } = await import('../../js/layout.js');
+  const r = await layoutInWorker([{ id: 'a', kind: 'forward', deps: [] }, { id: 'b', kind: 'forward', deps: ['a'] }]);
+  assert.equal(r.where, 'page');
+  assert.ok(r.x[1] > r.x[0]);
+});
