@@ -53,7 +53,8 @@
 //!
 //! `tests/props.rs` compares the program with exhaustive search over *all* schedules (any
 //! recomputation of any node, any order, any frees) on random chains of up to 4 stages at every
-//! budget. Release-mode sweeps we ran while deriving it: 4,000 random chains of up to 5 stages
+//! budget, and on random five-stage chains at one budget each (plus the five-stage chain that
+//! needs *delay*). Release-mode sweeps we ran while deriving it: 4,000 random chains of up to 5 stages
 //! at every budget and 300 chains of 5–6 stages at every other budget, with no difference in
 //! minimum peak or in cost. Two choices go beyond Rotor and are needed: the Rotor recursion alone
 //! (*keep* with `e1 = s`, `x_{t+1}` always kept) differed on 9 of 300 chains (a checkpoint read

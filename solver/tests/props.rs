@@ -211,6 +211,49 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Five-stage chains, where delaying a backward stage starts to pay (a few cases: the
+    /// exhaustive search has up to 2^22 states).
+    #[test]
+    fn dp_equals_brute_force_on_five_stage_chains(
+        f in prop::collection::vec((1u32..=10, 1u64..=20), 6),
+        b in prop::collection::vec((1u32..=10, 1u64..=40), 5),
+        frac in 0.0f64..1.0,
+    ) {
+        let f: Vec<(f64, u64)> = f.into_iter().map(|(c, s)| (c as f64, s)).collect();
+        let b: Vec<(f64, u64)> = b.into_iter().map(|(c, s)| (c as f64, s)).collect();
+        let p = chain(&f, &b, 0);
+        let exact = brute_force(&p, 0).min_peak;
+        let sa = store_all_peak(&p);
+        let budget = exact + (frac * (sa - exact) as f64) as u64;
+        let bf = brute_force(&p, budget).min_cost.expect("at least the minimum peak fits");
+        let st = simulate(&p, &solve_chain(&p, budget).unwrap().expect("feasible")).unwrap();
+        prop_assert!(close(bf, st.compute_cost), "budget {budget}: brute {bf} vs dp {}", st.compute_cost);
+    }
+}
+
+/// The five-stage chain on which the DP without delayed stages cost 84 where 75 is optimal.
+#[test]
+fn dp_delays_a_stage_when_that_is_cheaper() {
+    let p = chain(
+        &[
+            (5.0, 17),
+            (2.0, 16),
+            (9.0, 3),
+            (1.0, 3),
+            (2.0, 12),
+            (6.0, 16),
+        ],
+        &[(10.0, 8), (6.0, 8), (3.0, 18), (9.0, 2), (10.0, 14)],
+        0,
+    );
+    let st = simulate(&p, &solve_chain(&p, 49).unwrap().expect("feasible")).unwrap();
+    assert_eq!(brute_force(&p, 49).min_cost, Some(75.0));
+    assert!(close(st.compute_cost, 75.0), "{}", st.compute_cost);
+}
+
 #[test]
 fn dp_handles_a_hand_checked_chain() {
     // x0 -> x1 -> x2, backward b1 (reads x1, x2), b0 (reads x0, x1, b1). Sizes 10, 1, 1; grads 1.
