@@ -324,7 +324,7 @@ pub(crate) struct Best {
 /// Schedule steps a baseline's candidate search may generate before it stops trying further
 /// candidates (keeps every baseline well under a second on 1,000-node graphs, where the
 /// recompute-on-demand schedules of plain DAGs run to hundreds of thousands of steps).
-pub(crate) const WORK_LIMIT: usize = 3_000_000;
+pub(crate) const WORK_LIMIT: usize = 1_000_000;
 
 impl Best {
     pub(crate) fn new(budget: u64) -> Self {

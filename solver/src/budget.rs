@@ -123,7 +123,7 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
     // from the best order so far when it is not much longer.
     if low.peak() > lower_bound {
         let seq = computes(&store_all(p));
-        if let Some(better) = peak_descent(p, seq, DESCENT_WORK) {
+        if let Some(better) = peak_descent(p, seq, DESCENT_WORK, lower_bound) {
             low.offer(p, better);
         }
     }
@@ -131,7 +131,7 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
         if let Some((sched, _)) = &low.best {
             let seq = computes(sched);
             if seq.len() <= 4 * p.len() {
-                if let Some(better) = peak_descent(p, seq, DESCENT_WORK) {
+                if let Some(better) = peak_descent(p, seq, DESCENT_WORK, lower_bound) {
                     low.offer(p, better);
                 }
             }
@@ -174,6 +174,16 @@ fn computes(s: &Schedule) -> Vec<NodeId> {
         .collect()
 }
 
+/// Peak descent for a budget: starting from store-all, repeatedly recompute a value held across
+/// the peak right before its next reader (while that lowers the peak), until the simulated peak
+/// fits `budget`, no move helps, or 5 million schedule steps have been generated. Returns the
+/// lowest-peak schedule reached (store-all when nothing helped); check its peak against the
+/// budget. Useful on plain DAGs, where the checkpoint baselines recompute too much.
+pub fn descend_to_budget(p: &Problem, budget: u64) -> Schedule {
+    let sa = store_all(p);
+    peak_descent(p, computes(&sa), DESCENT_WORK, budget).unwrap_or(sa)
+}
+
 /// (peak, number of steps at the peak, index in the compute order of the first peak compute).
 fn peak_profile(p: &Problem, seq: &[NodeId]) -> Option<(u64, usize, usize, Schedule)> {
     let s = with_frees(p, seq);
@@ -191,13 +201,14 @@ fn peak_profile(p: &Problem, seq: &[NodeId]) -> Option<(u64, usize, usize, Sched
 /// there but not read by it, and recompute it right before its next reader instead of holding
 /// it (its dependencies then live until that reader: [`with_frees`] keeps the order valid).
 /// A move is kept when (peak, steps at the peak) decreases; stops when no resident value
-/// helps or after `work` generated steps. Returns the improved schedule, if any move helped.
-fn peak_descent(p: &Problem, mut seq: Vec<NodeId>, work: usize) -> Option<Schedule> {
+/// helps, the peak is at most `stop_at`, or after `work` generated steps. Returns the improved
+/// schedule, if any move helped.
+fn peak_descent(p: &Problem, mut seq: Vec<NodeId>, work: usize, stop_at: u64) -> Option<Schedule> {
     let (mut peak, mut count, mut at, mut sched) = peak_profile(p, &seq)?;
     let mut improved_any = false;
     let mut spent = 0usize;
     let n = p.len();
-    'outer: while spent <= work {
+    'outer: while spent <= work && peak > stop_at {
         // Values resident at compute `at`: the latest instance before `at` read at or after it.
         let mut latest: Vec<Option<usize>> = vec![None; n];
         for (i, &v) in seq.iter().enumerate().take(at) {

@@ -5,7 +5,7 @@
 //! release builds (what CI runs) cover every graph.
 
 use remat_solver::baselines::{baselines, BASELINE_NAMES};
-use remat_solver::budget::min_feasible_budget;
+use remat_solver::budget::{descend_to_budget, min_feasible_budget};
 use remat_solver::dp::{chain_structure, solve_chain};
 use remat_solver::io::read_node_link;
 use remat_solver::{simulate, store_all_peak, Problem};
@@ -119,6 +119,16 @@ fn every_baseline_is_valid_on_the_published_graphs() {
                     }
                 }
             }
+            let t2 = Instant::now();
+            let ds = simulate(&p, &descend_to_budget(&p, budget))
+                .unwrap_or_else(|e| panic!("{name} descent: invalid schedule: {e}"));
+            let ds_secs = t2.elapsed().as_secs_f64();
+            assert!(ds.peak_bytes <= sa, "{name}: descent above store-all");
+            line += &if ds.peak_bytes <= budget {
+                format!(" | descent {} ({ds_secs:.3}s)", pct(ds.overhead(&p)))
+            } else {
+                format!(" | descent infeasible ({ds_secs:.3}s)")
+            };
             println!("{line}  [baselines {secs:.3}s]");
         }
         let t0 = Instant::now();

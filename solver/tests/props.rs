@@ -8,7 +8,7 @@ use remat_solver::baselines::{
     baselines, schedule_with_checkpoints, schedule_with_checkpoints_eager,
     schedule_with_checkpoints_within, BASELINE_NAMES,
 };
-use remat_solver::budget::min_feasible_budget;
+use remat_solver::budget::{descend_to_budget, min_feasible_budget};
 use remat_solver::dp::{
     as_training_chain, chain_frontier, min_peak_chain, solve_chain, solve_chain_with, DpMode,
 };
@@ -184,6 +184,14 @@ proptest! {
         if mb.exact {
             prop_assert!(mb.bytes == mb.lower_bound || as_training_chain(&p).is_some());
         }
+    }
+
+    #[test]
+    fn descent_is_valid_and_never_worse_than_store_all(p in arb_plain_dag(20), frac in 0.3f64..1.0) {
+        let sa = store_all_peak(&p);
+        let s = descend_to_budget(&p, budget_of(&p, frac));
+        let st = simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(st.peak_bytes <= sa);
     }
 
     #[test]
