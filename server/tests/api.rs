@@ -305,6 +305,11 @@ async fn unknown_ids_are_404_and_delete_removes() {
     }
     let r = t.post_json("/v1/plans", &graph("ok")).await;
     let uri = r.header("location").unwrap();
+    // Read it twice (the second read comes from the rendered-response cache), then delete it:
+    // the cache must not keep serving it.
+    let first = t.get(&uri).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(t.get(&uri).await.text, first.text);
     let d = t.delete(&uri).await;
     assert_eq!(d.status, StatusCode::NO_CONTENT);
     assert!(d.text.is_empty());

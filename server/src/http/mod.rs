@@ -3,6 +3,7 @@
 //!
 //! The service talks to the planning pipeline only through [`crate::engine::Engine`].
 
+pub mod cache;
 pub mod error;
 pub mod jobs;
 pub mod metrics;
@@ -169,6 +170,7 @@ struct Inner {
     caps: options::Caps,
     cors: Vec<HeaderValue>,
     openapi: String,
+    rendered: cache::Rendered,
     shutting_down: tokio::sync::watch::Sender<bool>,
 }
 
@@ -221,6 +223,7 @@ impl AppState {
                 caps,
                 cors,
                 openapi: openapi::document(),
+                rendered: cache::Rendered::new(64 * 1024 * 1024),
                 shutting_down: tokio::sync::watch::channel(false).0,
             }),
         })

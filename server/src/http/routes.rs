@@ -530,19 +530,35 @@ pub async fn post_sweep(
 }
 
 fn get_record(state: &AppState, kind: Kind, id: &str) -> Result<Response, ApiError> {
-    match state.inner.store.get(kind, id).map_err(store_error)? {
-        Some(Record { row, result }) => Ok(json_response(
-            StatusCode::OK,
-            &record_out(kind, row, result)?,
-        )),
-        None => Err(ApiError::not_found(format!(
+    let key = format!("{}/{id}", kind.as_str());
+    let json = [(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )];
+    if let Some(body) = state.inner.rendered.get(&key) {
+        return Ok((json, body).into_response());
+    }
+    let Some(Record { row, result }) = state.inner.store.get(kind, id).map_err(store_error)? else {
+        return Err(ApiError::not_found(format!(
             "no {} with id {id:?}",
             kind.as_str()
-        ))),
+        )));
+    };
+    let finished = row.status.is_terminal();
+    let body = Bytes::from(
+        serde_json::to_vec(&record_out(kind, row, result)?).map_err(ApiError::internal)?,
+    );
+    if finished {
+        state.inner.rendered.put(key, body.clone());
     }
+    Ok((json, body).into_response())
 }
 
 fn delete_record(state: &AppState, kind: Kind, id: &str) -> Result<StatusCode, ApiError> {
+    state
+        .inner
+        .rendered
+        .remove(&format!("{}/{id}", kind.as_str()));
     if state.inner.store.delete(kind, id).map_err(store_error)? {
         Ok(StatusCode::NO_CONTENT)
     } else {
