@@ -204,7 +204,7 @@ fn inspect(args: InspectArgs) -> Result<(), Failure> {
     if args.json {
         print_json(&report)?;
     } else {
-        print!("{report}");
+        println!("{report}");
     }
     if report.unsupported.is_empty() {
         Ok(())

@@ -88,37 +88,21 @@ pub fn load(model: &[u8], format: ModelFormat, req: &PlanRequest) -> Result<Load
         }
         ModelFormat::Onnx => {
             let opts = import_options(req);
-            let report = remat_planner::inspect(model, &opts).map_err(planner_error)?;
-            if !report.unsupported.is_empty() {
-                return Err(unsupported_error(&report));
-            }
+            // `load` reports every unsupported node at once (a 422 listing them).
             let model = remat_planner::load(model, &opts).map_err(planner_error)?;
             let training = model.training_graph().map_err(planner_error)?;
+            let report = InspectReport::new(&model, Some(&training));
+            let mut problem = training.to_problem();
+            if let Some(name) = &req.name {
+                problem.name = name.clone();
+            }
             Ok(Loaded {
-                problem: training.to_problem(),
+                problem,
                 format,
                 inspect: Some(report),
             })
         }
     }
-}
-
-fn unsupported_error(report: &InspectReport) -> EngineError {
-    let list: Vec<String> = report
-        .unsupported
-        .iter()
-        .map(|u| format!("{} ({})", u.node, u.op_type))
-        .collect();
-    EngineError::new(
-        ErrorKind::Unprocessable,
-        "unsupported_ops",
-        format!(
-            "{} node(s) use unsupported ops: {}",
-            list.len(),
-            list.join(", ")
-        ),
-    )
-    .with_details(json!({ "unsupported": report.unsupported }))
 }
 
 /// Maps an importer error to the error a client can act on.
