@@ -33,6 +33,7 @@ window.addEventListener('error', (ev) => {
   main.prepend(h('div', { class: 'error-box', role: 'alert' }, `The viewer hit an error: ${ev.message}`));
 });
 window.addEventListener('unhandledrejection', (ev) => {
+  if (ev.reason?.name === 'AbortError') return;
   main.prepend(h('div', { class: 'error-box', role: 'alert' }, `The viewer hit an error: ${ev.reason?.message ?? ev.reason}`));
 });
 

@@ -33,7 +33,8 @@ export class GraphView {
   /**
    * @param {HTMLElement} root where the view goes
    * @param {Array} decisions normalized decisions (model.js)
-   * @param {{onSelect?: (index: number|null) => void}} opts
+   * @param {{onSelect?: (index: number|null) => void, layout?: object}} opts `layout`: the
+   *   result of layoutGraph / layoutInWorker for these decisions (computed here when absent)
    */
   constructor(root, decisions, opts = {}) {
     this.root = root;
@@ -44,7 +45,7 @@ export class GraphView {
     this.k = 1;
     this.tx = 0;
     this.ty = 0;
-    this.layout = layoutGraph(decisions);
+    this.layout = opts.layout ?? layoutGraph(decisions);
     this.users = decisions.map(() => []);
     this.depsIdx = decisions.map(() => []);
     for (const e of this.layout.edges) {
@@ -81,7 +82,8 @@ export class GraphView {
       dataset: { nodes: String(this.nodes.length) },
     });
     this.details = h('aside', { class: 'node-details', 'aria-live': 'polite' }, h('p', { class: 'muted' }, 'Click a node to see its tensor.'));
-    this.wrap = h('div', { class: 'graph-wrap' }, this.canvas);
+    this.tip = h('div', { class: 'graph-tip', hidden: true, 'aria-hidden': 'true' });
+    this.wrap = h('div', { class: 'graph-wrap' }, this.canvas, this.tip);
     mount(
       this.root,
       h(
@@ -181,13 +183,20 @@ export class GraphView {
       drag = { x: ev.clientX, y: ev.clientY, moved: 0 };
     });
     c.addEventListener('pointermove', (ev) => {
-      if (!drag) return;
+      if (!drag) {
+        this.hover(ev);
+        return;
+      }
+      this.tip.hidden = true;
       const dx = ev.clientX - drag.x;
       const dy = ev.clientY - drag.y;
       drag.moved += Math.abs(dx) + Math.abs(dy);
       drag.x = ev.clientX;
       drag.y = ev.clientY;
       this.panBy(dx, dy);
+    });
+    c.addEventListener('pointerleave', () => {
+      this.tip.hidden = true;
     });
     c.addEventListener('pointerup', (ev) => {
       const d = drag;
@@ -216,6 +225,25 @@ export class GraphView {
         f();
       }
     });
+  }
+
+  /** A tooltip with the name, decision and size of the node under the pointer. */
+  hover(ev) {
+    const r = this.canvas.getBoundingClientRect();
+    const sx = ev.clientX - r.left;
+    const sy = ev.clientY - r.top;
+    const i = this.hit(sx, sy);
+    this.canvas.style.cursor = i === null ? '' : 'pointer';
+    if (i === null) {
+      this.tip.hidden = true;
+      return;
+    }
+    const d = this.nodes[i];
+    mount(this.tip, h('strong', {}, d.name), h('br'), `${d.decision} · ${fmtBytes(d.bytes)}`);
+    this.tip.hidden = false;
+    const left = Math.min(sx + 14, this.cw - this.tip.offsetWidth - 4);
+    this.tip.style.left = `${Math.max(4, left)}px`;
+    this.tip.style.top = `${Math.max(4, sy - this.tip.offsetHeight - 10)}px`;
   }
 
   /** Selects node `i` (or nothing), shows its details and tells the owner. */

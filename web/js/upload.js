@@ -1,7 +1,7 @@
 // The upload view: pick a model, bind its symbolic dims, choose a budget between the minimum
 // feasible one and the store-all peak, choose a solver, plan, and follow the job until it is done.
 
-import { ApiError, postPlan, poll, isGraphJson, listPlans } from './api.js';
+import { ApiError, postPlan, poll, isGraphJson, listPlans, setToken } from './api.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtOverhead, fmtRatio, fmtTime, isNum } from './format.js';
 import { normalizeRecord } from './model.js';
@@ -223,7 +223,7 @@ export function renderUpload(root) {
       ),
       statusBox,
       errorBox,
-      h('details', { class: 'token' }, h('summary', {}, 'Server token'), h('label', { class: 'field', for: 'token' }, h('span', {}, 'Bearer token'), tokenInput), h('button', { type: 'button', class: 'btn small', onclick: async () => { (await import('./api.js')).setToken(tokenInput.value); tokenInput.value = ''; } }, 'Save')),
+      h('details', { class: 'token' }, h('summary', {}, 'Server token'), h('label', { class: 'field', for: 'token' }, h('span', {}, 'Bearer token'), tokenInput), h('button', { type: 'button', class: 'btn small', onclick: () => { setToken(tokenInput.value); tokenInput.value = ''; } }, 'Save')),
     ),
     h('section', { class: 'panel' }, h('h2', {}, 'Recent plans'), recent),
   );

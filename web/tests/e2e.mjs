@@ -170,6 +170,9 @@ async function checkPlanPage(id, label) {
   await page.mouse.click(box.x, box.y);
   const shown = await page.textContent('.node-details .node-name');
   assert.equal(shown, name2, `${label}: clicking the node at the canvas centre`);
+  await page.mouse.move(box.x + 1, box.y + 1);
+  const tip = await page.textContent('.graph-tip:not([hidden])');
+  assert.ok(tip.includes(name2), `${label}: hover tooltip "${tip}"`);
   // Keyboard: 0 fits, + zooms in, an arrow pans (the canvas has focus after the click).
   await page.keyboard.press('0');
   const fitZoom = Number(await page.getAttribute('canvas.graph-canvas', 'data-zoom'));
