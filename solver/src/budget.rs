@@ -189,7 +189,9 @@ fn peak_profile(p: &Problem, seq: &[NodeId]) -> Option<(u64, usize, usize, Sched
     let s = with_frees(p, seq);
     let st = simulate(p, &s).ok()?;
     let at_peak = st.memory.iter().filter(|&&m| m == st.peak_bytes).count();
-    let compute_index = s.steps[..=st.peak_step.min(s.steps.len().saturating_sub(1))]
+    let compute_index = s
+        .steps
+        .get(..=st.peak_step)?
         .iter()
         .filter(|x| matches!(x, Step::Compute(_)))
         .count()
@@ -214,7 +216,9 @@ fn peak_descent(p: &Problem, mut seq: Vec<NodeId>, work: usize, stop_at: u64) ->
         for (i, &v) in seq.iter().enumerate().take(at) {
             latest[v] = Some(i);
         }
-        let target = seq[at];
+        let Some(&target) = seq.get(at) else {
+            break;
+        };
         let mut cands: Vec<(u64, NodeId, usize)> = Vec::new();
         for (v, lat) in latest.iter().enumerate() {
             if lat.is_none() || v == target || p.deps(target).contains(&v) {
