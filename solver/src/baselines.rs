@@ -9,6 +9,11 @@
 //! [`NodeKind::Backward`]; the rest is the *backward phase*. A problem without backward nodes
 //! (a plain DAG such as Moccasin's random layered graphs) has an empty forward phase: every node
 //! is processed by the on-demand rules of the backward phase.
+//!
+//! On plain DAGs these checkpoint baselines fit little: recomputing a dropped value on demand
+//! pulls in its dropped ancestors too, so their peaks stay near or above store-all (on the
+//! random layered graphs none fits 0.9× store-all). [`crate::budget::descend_to_budget`], which
+//! recomputes single values held across the peak, does much better there.
 
 use crate::error::{Result, SolverError};
 use crate::problem::{NodeId, NodeKind, Problem};
