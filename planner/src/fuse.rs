@@ -7,6 +7,8 @@
 //!   `Mul(Mul(x, 0.5), 1 + erf)`, operands in either order, `Mul(x, 1/√2)` for the scaling.
 //!   Becomes one `Gelu(x)` (PyTorch's gelu saves `x` only).
 //! - SiLU: `Mul(x, Sigmoid(x))` → `Swish(x)` (PyTorch's silu saves `x` only).
+//! - Hardswish below opset 14: `Mul(x, HardSigmoid(x))` with `alpha = 1/6`, `beta = 0.5`
+//!   → `HardSwish(x)` (PyTorch's hardswish saves `x` only).
 //! - Layer norm below opset 17: `ReduceMean`/`Sub`/`Pow`/`ReduceMean`/`Add`/`Sqrt`/`Div`
 //!   (+ `Mul` γ, `Add` β) → `LayerNormalization` (saves x and the statistics).
 
@@ -162,6 +164,24 @@ impl View<'_> {
         })
     }
 
+    /// `Mul(x, HardSigmoid(x; alpha = 1/6, beta = 0.5))` → `HardSwish(x)`.
+    fn hardswish_at(&self, hs: NodeIndex) -> Option<Rewrite> {
+        // ONNX defaults: alpha 0.2, beta 0.5 (the exporter omits beta).
+        let attr = |name: &str, default: f64| {
+            self.model.graph[hs]
+                .attrs
+                .iter()
+                .find(|a| a.name == name)
+                .map_or(default, |a| f64::from(a.f))
+        };
+        if !near(Some(attr("alpha", 0.2)), 1.0 / 6.0) || !near(Some(attr("beta", 0.5)), 0.5) {
+            return None;
+        }
+        let mut r = self.silu_at(hs)?;
+        r.op = "HardSwish";
+        Some(r)
+    }
+
     fn producer(&self, v: ValueId, op: &str) -> Option<NodeIndex> {
         let (p, _) = self.model.values[v].producer?;
         (self.live(p) && self.op(p) == op).then_some(p)
@@ -315,6 +335,7 @@ pub fn fuse(model: &mut Model) {
                 parts,
             }),
             "Sigmoid" => view.silu_at(ix),
+            "HardSigmoid" => view.hardswish_at(ix),
             "Sqrt" => view.layer_norm_at(ix),
             _ => None,
         };

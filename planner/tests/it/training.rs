@@ -356,6 +356,16 @@ fn block(opset: i64, decomposed: bool, act: &str) -> G {
             &["y"],
             vec![],
         ),
+        ("hardswish", true) => g
+            .node(
+                "HardSigmoid",
+                "hsig",
+                &["z"],
+                &["s1"],
+                vec![a_float("alpha", 1.0 / 6.0)],
+            )
+            .node("Mul", "hmul", &["z", "s1"], &["y"], vec![]),
+        ("hardswish", false) => g.node("HardSwish", "hswish", &["z"], &["y"], vec![]),
         ("gelu", false) => g.node("Gelu", "gelu", &["z"], &["y"], vec![]),
         _ => g.node("Swish", "swish", &["z"], &["y"], vec![]),
     };
@@ -363,8 +373,8 @@ fn block(opset: i64, decomposed: bool, act: &str) -> G {
 }
 
 #[test]
-fn decomposed_layer_norm_gelu_and_silu_keep_what_the_native_ops_keep() {
-    for act in ["gelu", "silu"] {
+fn decomposed_layer_norm_and_activations_keep_what_the_native_ops_keep() {
+    for act in ["gelu", "silu", "hardswish"] {
         let native = load(&block(20, false, act).bytes(), &ImportOptions::default())
             .and_then(|m| m.training_graph())
             .unwrap_or_else(|e| panic!("{act} native: {e}"));
