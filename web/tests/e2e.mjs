@@ -87,6 +87,20 @@ async function inkedPixels(selector) {
   });
 }
 
+const AXE = path.join(HERE, 'node_modules/axe-core/axe.min.js');
+
+/** axe-core's WCAG 2 A/AA rules on the current page: no serious or critical violation. */
+async function accessibility(label) {
+  await page.addScriptTag({ path: AXE });
+  const violations = await page.evaluate(async () => {
+    const r = await window.axe.run(document, { runOnly: { type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa'] } });
+    return r.violations.map((v) => ({ id: v.id, impact: v.impact, nodes: v.nodes.length, help: v.help, sample: v.nodes[0]?.target?.join(' ') }));
+  });
+  const bad = violations.filter((v) => v.impact === 'serious' || v.impact === 'critical');
+  assert.deepEqual(bad, [], `${label}: accessibility violations`);
+  check(`${label}: no serious accessibility violation (axe-core, WCAG 2.1 A/AA)`, violations.length ? `minor: ${violations.map((v) => `${v.id}×${v.nodes}`).join(', ')}` : 'none at all');
+}
+
 async function apiPlan(id) {
   const res = await page.request.get(`${BASE}/v1/plans/${encodeURIComponent(id)}`);
   assert.equal(res.status(), 200, `GET /v1/plans/${id}`);
@@ -208,6 +222,7 @@ async function uploadAndPlan(file, { dims = {}, label, permille, validate = fals
   const out = await page.textContent('#budget-out');
   check(`${label}: probed; budget slider at ${out}`);
   await page.screenshot({ path: path.join(OUT, `${label}-upload.png`), fullPage: true });
+  await accessibility(`${label} upload page`);
   await page.click('[data-testid="plan-button"]');
   await page.waitForURL(/\/plans\/[^/]+$/, { timeout: 600_000 });
   const id = decodeURIComponent(new URL(page.url()).pathname.split('/').pop());
@@ -219,6 +234,7 @@ try {
   // 1. VGG16 graph JSON.
   const vggId = await uploadAndPlan(VGG16, { label: 'vgg16', permille: 500 });
   const vgg = await checkPlanPage(vggId, 'vgg16');
+  await accessibility('vgg16 plan page');
   await page.click('.graph-toolbar button[title="Fit the whole graph"]');
   await page.screenshot({ path: path.join(OUT, 'vgg16-plan.png'), fullPage: true });
   const historyRows = await page.$$eval('[data-testid="history"] tbody tr', (trs) => trs.length);

@@ -30,8 +30,8 @@ if [[ ! -x /usr/bin/chromium ]]; then
   echo "run-e2e: installing chromium (apt-get)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
-if [[ ! -d "$here/node_modules/playwright-core" ]]; then
-  echo "run-e2e: installing playwright-core (npm ci)"
+if [[ ! -d "$here/node_modules/playwright-core" || ! -d "$here/node_modules/axe-core" ]]; then
+  echo "run-e2e: installing playwright-core and axe-core (npm ci)"
   (cd "$here" && npm ci --no-audit --no-fund --silent)
 fi
 
