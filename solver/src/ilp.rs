@@ -17,9 +17,10 @@
 //! of the schedule with frees after last use from above; the extracted schedule is always
 //! scored by [`simulate`].
 //!
-//! Model reductions: only needed nodes; `R[t,i]` only when `i` can matter in stage `t` (it
-//! leads to node `t` or to a value a later stage reads); `S[t,i]` only when a stage `>= t`
-//! reads `i` and `i` can be resident at the end of stage `t-1`; `FREE` only when no constant
+//! Model reductions: only needed nodes; `R[t,i]` only when `i` leads within stage `t` to node
+//! `t` or to a value some later node reads (this excludes recomputing a value only to keep it
+//! for recomputing its users at later stages); `S[t,i]` only when a stage `>= t` may compute a
+//! user of `i` and `i` can be resident at the end of stage `t-1`; `FREE` only when no constant
 //! hazard forbids it. Bytes are scaled so that the largest value is about 1024 units and costs
 //! so that the largest is about 1000; the schedule is checked against the exact byte budget
 //! and the model re-solved with a tightened budget if scaling tolerance let it exceed.
@@ -42,7 +43,7 @@ pub struct IlpOptions {
     pub time_limit: Duration,
     /// HiGHS threads (at least 1).
     pub threads: usize,
-    /// Relative MIP gap at which HiGHS stops and reports optimal.
+    /// Gap, relative to the total compute cost, at which HiGHS stops and reports optimal.
     pub mip_gap: f64,
     /// A feasible schedule to start from; ignored unless it is in stage form and fits.
     pub warm_start: Option<Schedule>,
@@ -166,6 +167,8 @@ impl Layout {
         };
         let max_user: Vec<usize> = (0..m).map(|i| g.max_user(i)).collect();
         let mut useful = vec![false; m];
+        // last_comp[k]: the last stage that may compute k.
+        let mut last_comp: Vec<usize> = (0..m).collect();
         for t in 0..m {
             // R[t,i]: i leads (within the stage) to t or to a value a later stage reads.
             for x in (0..=t).rev() {
@@ -179,23 +182,28 @@ impl Layout {
             for (i, u) in useful.iter_mut().enumerate().take(t) {
                 if *u {
                     r_at[t * m + i] = next(&mut columns);
+                    last_comp[i] = t;
                 }
                 *u = false;
             }
             useful[t] = false;
-            // S[t,i]: read at a stage >= t and possibly resident at the end of stage t-1.
-            if t > 0 {
-                for i in 0..t {
-                    if max_user[i] < t {
-                        continue;
-                    }
-                    let prev = t - 1;
-                    let can = i == prev
-                        || r_at[prev * m + i] != NONE
-                        || (prev > 0 && s_at[prev * m + i] != NONE);
-                    if can {
-                        s_at[t * m + i] = next(&mut columns);
-                    }
+        }
+        // last_read[i]: the last stage that may read i (computing one of its users).
+        let last_read: Vec<usize> = (0..m)
+            .map(|i| g.users[i].iter().map(|&k| last_comp[k]).max().unwrap_or(i))
+            .collect();
+        for t in 1..m {
+            // S[t,i]: possibly read at a stage >= t and possibly resident at the end of t-1.
+            for i in 0..t {
+                if last_read[i] < t {
+                    continue;
+                }
+                let prev = t - 1;
+                let can = i == prev
+                    || r_at[prev * m + i] != NONE
+                    || (prev > 0 && s_at[prev * m + i] != NONE);
+                if can {
+                    s_at[t * m + i] = next(&mut columns);
                 }
             }
         }
@@ -632,8 +640,12 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
     hm.try_set_option("threads", sp.threads as i32)
         .map_err(|_| opt("threads"))?;
     if !sp.relax {
+        // The objective holds the recomputation cost only; the gap that matters is relative to
+        // the total cost (base included), so stop on the absolute gap that amounts to it.
         hm.try_set_option("mip_rel_gap", sp.mip_gap.max(0.0))
             .map_err(|_| opt("mip_rel_gap"))?;
+        hm.try_set_option("mip_abs_gap", sp.mip_gap.max(0.0) * sp.base / sp.cost_unit)
+            .map_err(|_| opt("mip_abs_gap"))?;
     }
     let mut warm_started = false;
     if let Some(x) = sp.warm {

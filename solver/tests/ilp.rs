@@ -341,3 +341,23 @@ fn ilp_is_unavailable_only_without_highs() {
     assert_eq!(report.status, Status::Optimal);
     assert_eq!(report.predicted.overhead, 0.0);
 }
+
+#[test]
+fn lp_relaxation_bounds_the_milp() {
+    let fwd: Vec<(f64, u64)> = (0..6).map(|i| (1.0 + i as f64, 10 + 4 * i)).collect();
+    let bwd: Vec<(f64, u64)> = (0..5).map(|i| (2.0 + i as f64, 12)).collect();
+    let p = chain(&fwd, &bwd, 3);
+    for f in [0.1, 0.5, 0.9] {
+        let budget = budget_at(&p, f);
+        let lp = ilp::lp_bound(&p, budget, TIME, 1).unwrap();
+        let out = solve(&p, budget);
+        let cost = out.stats.expect("feasible").compute_cost;
+        let bound = lp.bound.expect("the LP is solved");
+        assert!(
+            bound >= p.base_cost() - 1e-9 && bound <= cost + 1e-9,
+            "{bound} {cost}"
+        );
+    }
+    let lp = ilp::lp_bound(&p, p.footprint_lower_bound() - 1, TIME, 1).unwrap();
+    assert_eq!(lp.status, IlpStatus::Infeasible);
+}
