@@ -2,14 +2,17 @@
 // playwright-core). REMAT_URL: the server (real `remat serve` or mock-server.mjs).
 //
 // 1. VGG16 (node-link graph JSON): upload, budget, plan, then the plan page's cards must show
-//    the API's figures; the timeline, Pareto chart and graph must be drawn; table and node
-//    details must work; /plans/{id} must render when loaded directly.
+//    the API's figures; the timeline, Pareto chart and graph must be drawn; table, node details,
+//    hover and keyboard must work; the frontier, the history; /plans/{id} must render when loaded
+//    directly; axe-core finds no serious accessibility violation. A broken graph shows the
+//    server's error.
 // 2. resnet18 ONNX (when fixtures/models/resnet18.legacy.onnx exists): the dims form asks for
-//    `batch`, bound to 2, then the same checks.
+//    `batch`, bound to 2, then the same checks (validated with E2E_VALIDATE=1).
 // 3. A generated 2,000-node plan: the layout time the page measured is reported (not asserted).
-// No console errors are allowed, except the browser's own log line for the API's expected 422
-// answers while probing a model (unbound dims, infeasible one-byte budget), each matched to a
-// response that carried that error code. Screenshots go to web/tests/out/.
+// No console errors are allowed, except the browser's own log line for the API's expected error
+// answers (422 unbound dims and infeasible one-byte budget while probing a model; 400 for the
+// broken graph posted on purpose), each matched to a response that carried that error code.
+// Screenshots and e2e-results.json go to web/tests/out/.
 
 import { chromium } from 'playwright-core';
 import assert from 'node:assert/strict';
@@ -54,17 +57,21 @@ const page = await context.newPage();
 page.setDefaultTimeout(60_000);
 
 const consoleErrors = [];
-const expected422 = [];
+const expectedErrors = [];
+// Set while the test posts a broken model on purpose: its 400 answer is then expected.
+let expectBadModel = false;
 page.on('console', (msg) => {
   if (msg.type() === 'error') consoleErrors.push({ text: msg.text(), url: msg.location()?.url ?? '' });
 });
 page.on('pageerror', (err) => consoleErrors.push({ text: `pageerror: ${err.message}`, url: '' }));
 page.on('response', async (res) => {
-  if (res.status() !== 422 || !res.url().includes('/v1/plans')) return;
+  if (![400, 422].includes(res.status()) || !res.url().includes('/v1/plans')) return;
+  // Decided when the answer arrives, before the body is read.
+  const expected = res.status() === 422 ? ['unbound_dims', 'infeasible_budget'] : expectBadModel ? ['malformed_graph', 'malformed_model'] : [];
   try {
     const body = await res.json();
     const code = body?.error?.code;
-    if ((code === 'unbound_dims' || code === 'infeasible_budget') && res.request().method() === 'POST') expected422.push(res.url());
+    if (expected.includes(code) && res.request().method() === 'POST') expectedErrors.push(res.url());
   } catch {
     // Not JSON: stays unexpected.
   }
@@ -264,6 +271,20 @@ try {
     await direct.close();
   }
 
+  // A broken graph: the upload page shows the server's error, naming the field.
+  const broken = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'remat-e2e-model-')), 'broken.json');
+  fs.writeFileSync(broken, JSON.stringify({ directed: true, graph: { name: 'broken' }, nodes: [{ id: 0, name: 'x', backward: false, cost_cpu: 1 }], links: [] }));
+  expectBadModel = true;
+  await page.goto(`${BASE}/`);
+  await waitReady();
+  await page.setInputFiles('[data-testid="model-file"]', broken);
+  const errorText = await (await page.waitForSelector('.error-box:not([hidden])', { timeout: 120_000 })).textContent();
+  expectBadModel = false;
+  assert.ok(/malformed/.test(errorText) && /cost_ram/.test(errorText), `broken graph: error box "${errorText}"`);
+  assert.equal(await page.$eval('#budget', (el) => el.disabled), true, 'broken graph: the budget stays disabled');
+  check('a broken graph shows the server error naming the field', errorText.trim().slice(0, 90));
+  fs.rmSync(path.dirname(broken), { recursive: true, force: true });
+
   // 2. resnet18 ONNX with dim batch=2.
   if (fs.existsSync(RESNET)) {
     const id = await uploadAndPlan(RESNET, { label: 'resnet18', dims: { batch: 2 }, permille: 600, validate: VALIDATE });
@@ -314,10 +335,10 @@ try {
 
   // No console errors, except the browser's log line for each expected 422 of a probe.
   const unexpected = consoleErrors.filter((e) => {
-    if (/status of 422/.test(e.text)) {
-      const i = expected422.indexOf(e.url);
+    if (/status of (422|400)/.test(e.text)) {
+      const i = expectedErrors.indexOf(e.url);
       if (i >= 0) {
-        expected422.splice(i, 1);
+        expectedErrors.splice(i, 1);
         return false;
       }
     }
