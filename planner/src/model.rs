@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Supported opsets of the default domain.
 pub const MIN_OPSET: i64 = 9;
-pub const MAX_OPSET: i64 = 21;
+pub const MAX_OPSET: i64 = 23;
 
 /// Index of a value in [`Model::values`].
 pub type ValueId = usize;

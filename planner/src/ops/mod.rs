@@ -1,6 +1,7 @@
 //! The op registry: one place per op holding its shape rule (with constant folding of small
 //! integer tensors), FLOP cost and gradient rule. Families live in their own files, like
-//! tract: `elementwise`, `nn`, `array`, `reduce`, `rnn`.
+//! tract: `elementwise`, `nn`, `array`, `reduce`, `rnn`, `signal` (STFT, DFT, windows, mel
+//! matrix), `attention` (opset 23 Attention, RMSNormalization, RotaryEmbedding).
 
 use crate::error::{PlannerError, Result};
 use crate::onnx::Attrs;
@@ -9,10 +10,12 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 pub mod array;
+pub mod attention;
 pub mod elementwise;
 pub mod nn;
 pub mod reduce;
 pub mod rnn;
+pub mod signal;
 
 /// What an op rule sees of one node: its identity, attributes and input facts.
 pub struct Ctx<'a> {
@@ -249,6 +252,8 @@ pub fn registry() -> &'static Registry {
         array::register_more(&mut r);
         reduce::register(&mut r);
         rnn::register(&mut r);
+        signal::register(&mut r);
+        attention::register(&mut r);
         r
     })
 }

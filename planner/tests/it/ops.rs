@@ -235,6 +235,104 @@ fn cases() -> Vec<Case> {
         case("Upsample", &[img], &["x", "sc"], &[2, 4, 12, 18])
             .opset(9)
             .consts(vec![tensor_f32("sc", &[4], &[1.0, 1.0, 2.0, 3.0])]),
+        // Audio front ends: 1 s at 16 kHz, 400-sample frames every 160.
+        case(
+            "STFT",
+            &[("s", &[2, 16000, 1])],
+            &["s", "st", "w"],
+            &[2, 98, 201, 2],
+        )
+        .consts(vec![
+            tensor_i64("st", &[], &[160]),
+            tensor_f32("w", &[400], &[1.0; 400]),
+        ]),
+        case(
+            "STFT",
+            &[("s", &[2, 1000, 1])],
+            &["s", "st", "", "fl"],
+            &[2, 4, 256, 2],
+        )
+        .consts(vec![
+            tensor_i64("st", &[], &[200]),
+            tensor_i64("fl", &[], &[256]),
+        ])
+        .attrs(vec![a_int("onesided", 0)]),
+        case(
+            "STFT",
+            &[("s", &[2, 16000])],
+            &["s", "st", "w"],
+            &[2, 98, 201, 2],
+        )
+        .consts(vec![
+            tensor_i64("st", &[], &[160]),
+            tensor_f32("w", &[400], &[1.0; 400]),
+        ]),
+        case("DFT", &[("s", &[2, 64, 1])], &["s"], &[2, 33, 2]).attrs(vec![a_int("onesided", 1)]),
+        case(
+            "DFT",
+            &[("s", &[2, 5, 64, 2])],
+            &["s", "n", "a"],
+            &[2, 5, 128, 2],
+        )
+        .opset(20)
+        .consts(vec![
+            tensor_i64("n", &[], &[128]),
+            tensor_i64("a", &[], &[-2]),
+        ]),
+        case("HannWindow", &[], &["n"], &[400])
+            .consts(vec![tensor_i64("n", &[], &[400])])
+            .no_loss(),
+        case("BlackmanWindow", &[], &["n"], &[64])
+            .consts(vec![tensor_i64("n", &[], &[64])])
+            .no_loss(),
+        case(
+            "MelWeightMatrix",
+            &[],
+            &["m", "d", "r", "lo", "hi"],
+            &[201, 80],
+        )
+        .consts(vec![
+            tensor_i64("m", &[], &[80]),
+            tensor_i64("d", &[], &[400]),
+            tensor_i64("r", &[], &[16000]),
+            tensor_f32("lo", &[], &[0.0]),
+            tensor_f32("hi", &[], &[8000.0]),
+        ])
+        .no_loss(),
+        // Opset 23 transformer ops: 4-D and 3-D attention (grouped query), RMS norm, rotary.
+        case(
+            "Attention",
+            &[
+                ("q", &[2, 8, 5, 16]),
+                ("k", &[2, 2, 7, 16]),
+                ("v", &[2, 2, 7, 32]),
+            ],
+            &["q", "k", "v"],
+            &[2, 8, 5, 32],
+        )
+        .opset(23),
+        case(
+            "Attention",
+            &[("q", &[2, 5, 64]), ("k", &[2, 7, 32]), ("v", &[2, 7, 32])],
+            &["q", "k", "v"],
+            &[2, 5, 64],
+        )
+        .opset(23)
+        .attrs(vec![
+            a_int("q_num_heads", 4),
+            a_int("kv_num_heads", 2),
+            a_int("is_causal", 1),
+        ]),
+        case("RMSNormalization", &[x], &["x", "s"], &[2, 3, 4])
+            .opset(23)
+            .consts(vec![tensor_f32("s", &[4], &[1.0; 4])]),
+        case(
+            "RotaryEmbedding",
+            &[("x", &[2, 4, 5, 8]), ("c", &[2, 5, 4]), ("sn", &[2, 5, 4])],
+            &["x", "c", "sn"],
+            &[2, 4, 5, 8],
+        )
+        .opset(23),
     ]
 }
 
