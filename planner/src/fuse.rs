@@ -9,6 +9,10 @@
 //! - SiLU: `Mul(x, Sigmoid(x))` → `Swish(x)` (PyTorch's silu saves `x` only).
 //! - Hardswish below opset 14: `Mul(x, HardSigmoid(x))` with `alpha = 1/6`, `beta = 0.5`
 //!   → `HardSwish(x)` (PyTorch's hardswish saves `x` only).
+//! - Group norm below opset 18 (PyTorch's `group_norm` symbolic): `Reshape(x, [N, G, -1])`,
+//!   `InstanceNormalization` with constant unit scale and zero bias, `Reshape` back, `Mul` γ,
+//!   `Add` β → `GroupNormalization(x, γ, β)` (PyTorch's native_group_norm saves x and the
+//!   per-group statistics, not the normalized tensor the `Mul` would keep).
 //! - Layer norm below opset 17: `ReduceMean`/`Sub`/`Pow`/`ReduceMean`/`Add`/`Sqrt`/`Div`
 //!   (+ `Mul` γ, `Add` β) → `LayerNormalization` (saves x and the statistics).
 
@@ -201,6 +205,81 @@ impl View<'_> {
         Some(self.model.values[v].fact.as_ref()?.value.as_ref()?.as_i64())
     }
 
+    /// A value that is not computed from data: a constant, parameter or buffer.
+    fn is_fixed(&self, v: ValueId) -> bool {
+        !matches!(
+            self.model.values[v].kind,
+            ValueKind::Activation | ValueKind::Data
+        )
+    }
+
+    /// `Reshape → InstanceNormalization(1, 0) → Reshape → Mul γ [→ Add β]` around the
+    /// instance norm: the group norm of the first Reshape's input.
+    fn group_norm_at(&self, inorm: NodeIndex) -> Option<Rewrite> {
+        let n = &self.model.graph[inorm];
+        let (r, scale, bias) = match n.inputs.as_slice() {
+            [Some(r), Some(s), Some(b)] => (*r, *s, *b),
+            _ => return None,
+        };
+        let ones = self.model.values[scale].fact.as_ref()?.value.as_ref()?;
+        let zeros = self.model.values[bias].fact.as_ref()?.value.as_ref()?;
+        if !ones.as_f64().iter().all(|&v| v == 1.0) || !zeros.as_f64().iter().all(|&v| v == 0.0) {
+            return None;
+        }
+        let rs1 = self.producer(r, "Reshape")?;
+        let x = self.model.graph[rs1].inputs.first().copied().flatten()?;
+        let xs = &self.model.values[x].fact.as_ref()?.shape;
+        let rshape = &self.model.values[r].fact.as_ref()?.shape;
+        let groups = *rshape.get(1)?;
+        let channels = *xs.get(1)?;
+        if rshape.len() != 3 || xs.len() < 3 || groups == 0 || !channels.is_multiple_of(groups) {
+            return None;
+        }
+        if self.only_user(r)? != inorm {
+            return None;
+        }
+        let rs2 = self.only_user(self.out(inorm)?)?;
+        if self.op(rs2) != "Reshape" {
+            return None;
+        }
+        let back = self.out(rs2)?;
+        if self.model.values[back].fact.as_ref()?.shape != *xs {
+            return None;
+        }
+        let affine = |node: NodeIndex, op: &str| -> Option<(NodeIndex, ValueId)> {
+            let out = self.out(node)?;
+            let u = self.only_user(out)?;
+            if self.op(u) != op {
+                return None;
+            }
+            let (a, b) = self.pair(u)?;
+            let other = if a == out { b } else { a };
+            self.is_fixed(other).then_some((u, other))
+        };
+        let (mul, gamma) = affine(rs2, "Mul")?;
+        let mut parts = vec![rs1, inorm, rs2];
+        let mut last = mul;
+        let mut inputs = vec![Some(x), Some(gamma)];
+        if let Some((add, beta)) = affine(mul, "Add") {
+            parts.push(mul);
+            last = add;
+            inputs.push(Some(beta));
+        }
+        let mut g = AttributeProto::new();
+        g.name = "num_groups".into();
+        g.type_ = onnx_protobuf::attribute_proto::AttributeType::INT.into();
+        g.i = groups as i64;
+        let mut attrs = vec![g];
+        attrs.extend(n.attrs.iter().filter(|a| a.name == "epsilon").cloned());
+        Some(Rewrite {
+            last,
+            op: "GroupNormalization",
+            inputs,
+            attrs,
+            parts,
+        })
+    }
+
     fn is_const(&self, v: ValueId) -> bool {
         self.model.values[v].kind == ValueKind::Const
     }
@@ -337,6 +416,7 @@ pub fn fuse(model: &mut Model) {
             "Sigmoid" => view.silu_at(ix),
             "HardSigmoid" => view.hardswish_at(ix),
             "Sqrt" => view.layer_norm_at(ix),
+            "InstanceNormalization" => view.group_norm_at(ix),
             _ => None,
         };
         if let Some(r) = r {

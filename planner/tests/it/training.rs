@@ -413,3 +413,58 @@ fn random_ops_are_not_folded_and_replay_their_state() {
     assert!(noise.replay_rng);
     assert_eq!(noise.bytes, 2 * 4 * 4);
 }
+
+/// GroupNorm as exporters write it below opset 18 (Reshape, InstanceNormalization with unit
+/// scale and zero bias, Reshape back, Mul γ, Add β) keeps what the native op keeps: x and
+/// the per-group statistics, not the normalized tensor.
+#[test]
+fn decomposed_group_norm_keeps_what_the_native_op_keeps() {
+    let graph = |decomposed: bool| {
+        let g = G::new(if decomposed { 17 } else { 21 })
+            .input("x", F32, &[D::V(2), D::V(4), D::V(6)])
+            .weight("w", &[6, 6]);
+        let g = if decomposed {
+            g.weight("gamma", &[4, 1])
+                .weight("beta", &[4, 1])
+                .init(tensor_i64("grouped", &[3], &[2, 2, -1]))
+                .init(tensor_i64("back", &[3], &[2, 4, 6]))
+                .init(tensor_f32("ones", &[2], &[1.0, 1.0]))
+                .init(tensor_f32("zeros", &[2], &[0.0, 0.0]))
+                .node("Reshape", "rs1", &["x", "grouped"], &["r"], vec![])
+                .node(
+                    "InstanceNormalization",
+                    "in",
+                    &["r", "ones", "zeros"],
+                    &["n"],
+                    vec![a_float("epsilon", 1e-5)],
+                )
+                .node("Reshape", "rs2", &["n", "back"], &["nb"], vec![])
+                .node("Mul", "scale", &["nb", "gamma"], &["ns"], vec![])
+                .node("Add", "shift", &["ns", "beta"], &["h"], vec![])
+        } else {
+            g.weight("gamma", &[4]).weight("beta", &[4]).node(
+                "GroupNormalization",
+                "gn",
+                &["x", "gamma", "beta"],
+                &["h"],
+                vec![a_int("num_groups", 2)],
+            )
+        };
+        g.node("MatMul", "mm", &["h", "w"], &["y"], vec![])
+            .output("y")
+    };
+    let opts = ImportOptions {
+        inputs: vec!["x".into()],
+        ..Default::default()
+    };
+    let saved = |decomposed: bool| {
+        load(&graph(decomposed).bytes(), &opts)
+            .and_then(|m| m.training_graph())
+            .map(|t| t.saved_activation_bytes)
+            .unwrap_or_else(|e| panic!("decomposed={decomposed}: {e}"))
+    };
+    // x and h (48 floats each) and mean/rstd for 2 samples x 2 groups.
+    let expect = 2 * 48 * 4 + 2 * 2 * 2 * 4;
+    assert_eq!(saved(false), expect, "native");
+    assert_eq!(saved(true), expect, "decomposed");
+}
