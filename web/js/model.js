@@ -80,6 +80,9 @@ export function normalizeDoc(doc) {
     },
     model: o.model && typeof o.model === 'object' ? o.model : null,
     validation: validation && {
+      // `ran: false` (with a reason) when the executor did not run the plan.
+      ran: validation.ran !== false,
+      reason: str(validation.reason),
       device: str(validation.device),
       ok: typeof validation.ok === 'boolean' ? validation.ok : null,
       measuredPeakBytes: num(validation.measured_peak_bytes),
@@ -189,7 +192,7 @@ export function peakStep(memory) {
  */
 export function measuredSeries(validation, steps) {
   const out = new Array(steps).fill(null);
-  if (!validation) return out;
+  if (!validation?.ran) return out;
   validation.timeline.forEach((t, i) => {
     const s = t.step ?? i;
     if (Number.isInteger(s) && s >= 0 && s < steps) out[s] = t.measured;

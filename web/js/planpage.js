@@ -43,12 +43,13 @@ function card(testid, title, value, exactValue, ...sub) {
 /** The summary cards of a plan document. */
 export function summaryCards(doc) {
   const p = doc.predicted;
-  const v = doc.validation;
+  // Only a validation that ran has figures; one with `ran: false` says why not.
+  const v = doc.validation?.ran ? doc.validation : null;
   const budgetFraction = isNum(doc.budgetBytes) && isNum(doc.storeAllPeakBytes) && doc.storeAllPeakBytes > 0 ? doc.budgetBytes / doc.storeAllPeakBytes : null;
   const ofBudget = isNum(p.peakBytes) && isNum(doc.budgetBytes) && doc.budgetBytes > 0 ? p.peakBytes / doc.budgetBytes : null;
   const statusBadge = h('span', { class: `badge status-${doc.status}` }, doc.status ?? 'unknown');
   let verdict;
-  if (!v) verdict = card('card-validation', 'Validation', 'not validated', null, 'Run with “Validate” to measure on the executor.');
+  if (!v) verdict = card('card-validation', 'Validation', 'not validated', null, doc.validation?.reason ?? 'Run with “Validate” to measure on the executor.');
   else {
     const okText = v.ok === true ? 'passed' : v.ok === false ? 'failed' : 'unknown';
     verdict = card(

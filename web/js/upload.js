@@ -87,15 +87,15 @@ export function renderUpload(root) {
     checkBtn.hidden = names.length === 0;
   }
 
-  async function runJob(opts, label) {
+  async function runJob(opts, label, signal) {
     const t0 = performance.now();
     const tick = (status) => setStatus(h('span', { class: 'spinner', 'aria-hidden': 'true' }), `${label}: ${status} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     tick('uploading');
-    const res = await postPlan(state.bytes, opts, state.abort.signal);
+    const res = await postPlan(state.bytes, opts, signal);
     if (res.status === 202) {
       const id = res.json?.id;
       if (!id) throw new ApiError(502, 'bad_response', 'the server accepted the job without an id');
-      return poll('plan', id, { onStatus: (s) => tick(s), signal: state.abort.signal });
+      return poll('plan', id, { onStatus: (s) => tick(s), signal });
     }
     return res.json;
   }
@@ -103,27 +103,31 @@ export function renderUpload(root) {
   // First contact: a store-all plan gives the store-all peak (and tells which dims to bind);
   // a one-byte budget is refused with the minimum feasible budget.
   async function probe() {
-    if (!state.bytes || state.busy) return;
+    if (!state.bytes) return;
+    // A new file or new dims: the probe in flight (if any) is abandoned.
     state.abort?.abort();
-    state.abort = new AbortController();
+    const ctrl = new AbortController();
+    state.abort = ctrl;
     state.busy = true;
     showError(null);
     slider.disabled = true;
     planBtn.disabled = true;
     const base = { dims: dims(), name: nameInput.value || state.baseName, wait: 30 };
     try {
-      const rec = normalizeRecord(await runJob({ ...base, budget: '1.0x', solver: 'store-all' }, 'Reading the model'));
+      const rec = normalizeRecord(await runJob({ ...base, budget: '1.0x', solver: 'store-all' }, 'Reading the model', ctrl.signal));
+      if (ctrl.signal.aborted) return;
       state.hash = rec.model.hash;
       state.storeAll = rec.doc?.storeAllPeakBytes ?? rec.doc?.predicted.peakBytes ?? null;
       if (!isNum(state.storeAll)) throw new ApiError(502, 'bad_response', 'the store-all plan has no store_all_peak_bytes');
       showDims(state.dimNames.filter((n) => n in base.dims));
       try {
-        const low = normalizeRecord(await runJob({ ...base, budget: '1', solver: 'store-all' }, 'Finding the minimum budget'));
+        const low = normalizeRecord(await runJob({ ...base, budget: '1', solver: 'store-all' }, 'Finding the minimum budget', ctrl.signal));
         state.min = low.doc?.predicted.peakBytes ?? state.storeAll;
       } catch (e) {
         if (e instanceof ApiError && e.code === 'infeasible_budget' && isNum(e.details?.min_feasible_budget_bytes)) state.min = e.details.min_feasible_budget_bytes;
         else throw e;
       }
+      if (ctrl.signal.aborted) return;
       state.min = Math.min(state.min, state.storeAll);
       session.model = { bytes: state.bytes, fileName: state.fileName, name: base.name, dims: base.dims, hash: state.hash, min: state.min, storeAll: state.storeAll };
       const nodes = rec.doc?.graph.nodes;
@@ -137,7 +141,7 @@ export function renderUpload(root) {
       planBtn.disabled = false;
       showBudget();
     } catch (e) {
-      if (e?.name === 'AbortError') return;
+      if (ctrl.signal.aborted) return;
       if (e instanceof ApiError && e.code === 'unbound_dims' && Array.isArray(e.details?.names)) {
         showDims(e.details.names.map(String));
         setStatus('Bind the symbolic dimensions to continue.');
@@ -147,7 +151,7 @@ export function renderUpload(root) {
         showError(e);
       }
     } finally {
-      state.busy = false;
+      if (state.abort === ctrl) state.busy = false;
     }
   }
 
@@ -170,7 +174,8 @@ export function renderUpload(root) {
   async function onSubmit(ev) {
     ev.preventDefault();
     if (!state.bytes || !isNum(state.storeAll) || state.busy) return;
-    state.abort = new AbortController();
+    const ctrl = new AbortController();
+    state.abort = ctrl;
     state.busy = true;
     planBtn.disabled = true;
     showError(null);
@@ -184,7 +189,7 @@ export function renderUpload(root) {
         name: nameInput.value || state.baseName,
         wait: 2,
       };
-      const rec = normalizeRecord(await runJob(opts, 'Planning'));
+      const rec = normalizeRecord(await runJob(opts, 'Planning', ctrl.signal));
       if (!rec.id) throw new ApiError(502, 'bad_response', 'the plan has no id');
       navigate(planUrl(rec.id));
     } catch (e) {

@@ -84,3 +84,10 @@ test('decision counts and the peak step', () => {
   assert.deepEqual(peakStep(d.predicted.memory), { step: 2, bytes: 96 });
   assert.equal(peakStep([]), null);
 });
+
+test('a validation block that did not run counts as not validated', () => {
+  const d = normalizeDoc({ ...doc, validation: { ok: null, ran: false, reason: 'no executor in this build' } });
+  assert.equal(d.validation.ran, false);
+  assert.equal(d.validation.reason, 'no executor in this build');
+  assert.deepEqual(measuredSeries(d.validation, 2), [null, null]);
+});
