@@ -229,7 +229,7 @@ fn plan(args: PlanArgs) -> Result<(), Failure> {
     let loaded = pipeline::load(&bytes, pipeline::detect(&bytes), &req)?;
     let opts = pipeline::plan_options(&loaded.problem, &req, engine.threads)?;
     let planned = pipeline::plan_loaded(&loaded, &opts)?;
-    let doc = pipeline::plan_document(&loaded, &planned);
+    let doc = pipeline::plan_document(&loaded, &planned, &req);
     if let Some(path) = &args.out {
         let text = serde_json::to_string_pretty(&doc).context("serializing JSON")?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;

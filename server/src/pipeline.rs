@@ -263,13 +263,16 @@ pub fn decisions(problem: &Problem, schedule: &Schedule) -> Vec<Value> {
 
 /// The plan as the CLI prints it (`--json`) and the API returns it: the solver's report
 /// (status, figures, baselines, schedule) plus per-value decisions and what was loaded.
-pub fn plan_document(loaded: &Loaded, planned: &Planned) -> Value {
+pub fn plan_document(loaded: &Loaded, planned: &Planned, req: &PlanRequest) -> Value {
     let mut doc = serde_json::to_value(&planned.report).unwrap_or_else(|_| json!({}));
     if let Value::Object(map) = &mut doc {
-        map.insert(
-            "decisions".into(),
-            Value::Array(decisions(&loaded.problem, &planned.schedule)),
-        );
+        // No schedule, no decisions: an infeasible plan says so in `status`.
+        let decided = if planned.report.status == Status::Infeasible {
+            Vec::new()
+        } else {
+            decisions(&loaded.problem, &planned.schedule)
+        };
+        map.insert("decisions".into(), Value::Array(decided));
         map.insert(
             "graph".into(),
             json!({
@@ -280,6 +283,18 @@ pub fn plan_document(loaded: &Loaded, planned: &Planned) -> Value {
                 "store_all_cost": loaded.problem.base_cost(),
             }),
         );
+        let wants_validation = req.validate.unwrap_or(loaded.format == ModelFormat::Onnx);
+        if wants_validation {
+            // Said plainly rather than left out: the figures above are predictions.
+            map.insert(
+                "validation".into(),
+                json!({
+                    "ran": false,
+                    "ok": null,
+                    "reason": "this build of remat has no executor yet: the plan's figures are predicted by the simulator, not measured",
+                }),
+            );
+        }
         if let Some(report) = &loaded.inspect {
             map.insert(
                 "model".into(),
@@ -338,7 +353,7 @@ impl Engine for Pipeline {
                 min_feasible: min,
             }));
         }
-        Ok(plan_document(&loaded, &planned))
+        Ok(plan_document(&loaded, &planned, request))
     }
 
     fn sweep(
