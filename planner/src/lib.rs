@@ -30,7 +30,8 @@
 //! - Nodes, in order: `i:<input>` for data inputs the forward reads; per forward op its
 //!   extra saved values `f:<node>:<tag>` (BatchNormalization/LayerNormalization/
 //!   InstanceNormalization/GroupNormalization batch statistics `stats`, MaxPool `indices`,
-//!   Dropout `mask` (marked `replay_rng`), RNN `workspace`) then `f:<node>`; `loss`; then
+//!   Dropout `mask` (marked `replay_rng`), RNN `workspace`, Attention/RMSNormalization
+//!   `stats`, SoftmaxCrossEntropyLoss `log_prob`) then `f:<node>`; `loss`; then
 //!   `b:<node>` in reverse forward order. Ids are unique.
 //! - Views (Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand, Identity, Slice with
 //!   positive steps, Split, inactive Dropout, same-type Cast, Gather of a scalar index)

@@ -891,7 +891,8 @@ pub fn register(r: &mut Registry) {
             ..OpSpec::DEFAULT
         },
     );
-    for op in ["ScatterND", "ScatterElements"] {
+    // `Scatter` (opsets 9-10) is `ScatterElements` under its old name.
+    for op in ["ScatterND", "ScatterElements", "Scatter"] {
         r.insert(
             op,
             OpSpec {

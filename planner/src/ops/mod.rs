@@ -1,7 +1,8 @@
 //! The op registry: one place per op holding its shape rule (with constant folding of small
 //! integer tensors), FLOP cost and gradient rule. Families live in their own files, like
 //! tract: `elementwise`, `nn`, `array`, `reduce`, `rnn`, `signal` (STFT, DFT, windows, mel
-//! matrix), `attention` (opset 23 Attention, RMSNormalization, RotaryEmbedding).
+//! matrix), `attention` (opset 23 Attention, RMSNormalization, RotaryEmbedding), `spatial`
+//! (Lp pooling, MaxUnpool, RoiAlign, Col2Im, CenterCropPad, AffineGrid, in-graph losses).
 
 use crate::error::{PlannerError, Result};
 use crate::onnx::Attrs;
@@ -16,6 +17,7 @@ pub mod nn;
 pub mod reduce;
 pub mod rnn;
 pub mod signal;
+pub mod spatial;
 
 /// What an op rule sees of one node: its identity, attributes and input facts.
 pub struct Ctx<'a> {
@@ -254,6 +256,7 @@ pub fn registry() -> &'static Registry {
         rnn::register(&mut r);
         signal::register(&mut r);
         attention::register(&mut r);
+        spatial::register(&mut r);
         r
     })
 }

@@ -10,7 +10,7 @@ fn prod(v: &[u64]) -> f64 {
 }
 
 /// Input 0 as `[N, C, spatial...]`.
-fn nchw<'a>(cx: &Ctx<'a>) -> Result<&'a Fact> {
+pub(super) fn nchw<'a>(cx: &Ctx<'a>) -> Result<&'a Fact> {
     let x = cx.input(0)?;
     if x.rank() < 3 {
         return Err(cx.err(format!(
@@ -365,7 +365,7 @@ fn pool_kernel(cx: &Ctx) -> Result<Vec<u64>> {
     }
 }
 
-fn pool_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+pub(super) fn pool_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = nchw(cx)?;
     let win = Window::read(cx, pool_kernel(cx)?)?;
     let mut shape = x.shape[..2].to_vec();
@@ -377,7 +377,7 @@ fn pool_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     Ok(out)
 }
 
-fn pool_flops(cx: &Ctx, out: &[Fact]) -> f64 {
+pub(super) fn pool_flops(cx: &Ctx, out: &[Fact]) -> f64 {
     let k = pool_kernel(cx).map(|k| prod(&k)).unwrap_or(1.0);
     out.first().map(|y| y.numel() as f64 * k).unwrap_or(0.0)
 }
@@ -397,7 +397,7 @@ fn max_pool_grad(cx: &Ctx, out: &[Fact], _: &[bool]) -> GradRule {
     )
 }
 
-fn global_pool_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+pub(super) fn global_pool_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = nchw(cx)?;
     let mut shape = x.shape[..2].to_vec();
     shape.extend(std::iter::repeat_n(1, x.rank() - 2));

@@ -299,6 +299,95 @@ fn cases() -> Vec<Case> {
             tensor_f32("hi", &[], &[8000.0]),
         ])
         .no_loss(),
+        case("LpPool", &[img], &["x"], &[2, 4, 3, 3]).attrs(vec![
+            a_ints("kernel_shape", &[2, 2]),
+            a_ints("strides", &[2, 2]),
+        ]),
+        case("GlobalLpPool", &[img], &["x"], &[2, 4, 1, 1]),
+        case(
+            "MaxUnpool",
+            &[("x", &[2, 4, 3, 3])],
+            &["x", "i"],
+            &[2, 4, 6, 6],
+        )
+        .consts(vec![tensor_i64("i", &[2, 4, 3, 3], &[0; 72])])
+        .attrs(vec![
+            a_ints("kernel_shape", &[2, 2]),
+            a_ints("strides", &[2, 2]),
+        ]),
+        case(
+            "MaxUnpool",
+            &[("x", &[2, 4, 3, 3])],
+            &["x", "i", "o"],
+            &[2, 4, 7, 7],
+        )
+        .consts(vec![
+            tensor_i64("i", &[2, 4, 3, 3], &[0; 72]),
+            tensor_i64("o", &[4], &[2, 4, 7, 7]),
+        ])
+        .attrs(vec![
+            a_ints("kernel_shape", &[2, 2]),
+            a_ints("strides", &[2, 2]),
+        ]),
+        case("RoiAlign", &[img], &["x", "rois", "bi"], &[3, 4, 2, 5])
+            .consts(vec![
+                tensor_f32("rois", &[3, 4], &[0.0; 12]),
+                tensor_i64("bi", &[3], &[0, 1, 1]),
+            ])
+            .attrs(vec![a_int("output_height", 2), a_int("output_width", 5)]),
+        case(
+            "Col2Im",
+            &[("x", &[2, 12, 9])],
+            &["x", "im", "bl"],
+            &[2, 3, 4, 4],
+        )
+        .opset(18)
+        .consts(vec![
+            tensor_i64("im", &[2], &[4, 4]),
+            tensor_i64("bl", &[2], &[2, 2]),
+        ]),
+        case("CenterCropPad", &[img], &["x", "sh"], &[2, 4, 4, 8])
+            .opset(18)
+            .consts(vec![tensor_i64("sh", &[2], &[4, 8])])
+            .attrs(vec![a_ints("axes", &[2, 3])]),
+        case(
+            "AffineGrid",
+            &[("t", &[2, 2, 3])],
+            &["t", "sz"],
+            &[2, 5, 7, 2],
+        )
+        .opset(20)
+        .consts(vec![tensor_i64("sz", &[4], &[2, 3, 5, 7])]),
+        case(
+            "SoftmaxCrossEntropyLoss",
+            &[("s", &[4, 10])],
+            &["s", "l"],
+            &[],
+        )
+        .opset(13)
+        .consts(vec![tensor_i64("l", &[4], &[1, 2, 3, 9])]),
+        case(
+            "SoftmaxCrossEntropyLoss",
+            &[("s", &[4, 10, 3])],
+            &["s", "l"],
+            &[4, 3],
+        )
+        .opset(13)
+        .consts(vec![tensor_i64("l", &[4, 3], &[0; 12])])
+        .attrs(vec![a_str("reduction", "none")])
+        .outputs(2),
+        case(
+            "NegativeLogLikelihoodLoss",
+            &[("s", &[4, 10])],
+            &["s", "l"],
+            &[],
+        )
+        .opset(13)
+        .consts(vec![tensor_i64("l", &[4], &[1, 2, 3, 9])])
+        .attrs(vec![a_str("reduction", "sum")]),
+        case("Scatter", &[x], &["x", "i", "x"], &[2, 3, 4])
+            .opset(10)
+            .consts(vec![tensor_i64("i", &[2, 3, 4], &[0; 24])]),
         // Opset 23 transformer ops: 4-D and 3-D attention (grouped query), RMS norm, rotary.
         case(
             "Attention",
