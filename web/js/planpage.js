@@ -12,6 +12,7 @@ import { TensorTable } from './table.js';
 import { planUrl, historyUrl } from './router.js';
 import { session, saveSweep, loadSweep } from './session.js';
 import { describeError } from './upload.js';
+import { fillFigures } from './figures.js';
 
 /**
  * Budget fractions for a sweep: 8 from the minimum feasible budget to the store-all peak, or
@@ -281,32 +282,6 @@ export async function renderPlan(root, id) {
   await graphDone;
   if (ctrl.signal.aborted) return;
   viewState.ready = true;
-}
-
-/**
- * History entries without summary figures get them from their plan records (the 20 newest),
- * the current plan from its document.
- */
-export async function fillFigures(entries, currentId, doc, signal) {
-  const apply = (e, d) => {
-    e.budgetBytes = e.budgetBytes ?? d.budgetBytes;
-    e.peakBytes = e.peakBytes ?? d.predicted.peakBytes;
-    e.overhead = e.overhead ?? d.predicted.overhead;
-    e.solver = d.solver ?? e.solver;
-  };
-  const missing = entries.filter((e) => e.status === 'done' && !isNum(e.overhead));
-  for (const e of missing) if (e.id === currentId && doc) apply(e, doc);
-  const fetchable = missing.filter((e) => e.id !== currentId).slice(-20);
-  await Promise.all(
-    fetchable.map(async (e) => {
-      try {
-        const r = normalizeRecord(await getPlan(e.id, signal));
-        if (r.doc) apply(e, r.doc);
-      } catch {
-        // The entry keeps "—" for its figures; the history itself is still shown.
-      }
-    }),
-  );
 }
 
 /** The table of a model's plans, newest first, the current one marked. */

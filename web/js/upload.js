@@ -4,7 +4,8 @@
 import { ApiError, postPlan, poll, isGraphJson, listPlans, setToken } from './api.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtOverhead, fmtRatio, fmtTime, isNum } from './format.js';
-import { normalizeRecord } from './model.js';
+import { normalizeRecord, normalizeHistory } from './model.js';
+import { fillFigures } from './figures.js';
 import { navigate, planUrl, historyUrl } from './router.js';
 import { session } from './session.js';
 
@@ -238,11 +239,15 @@ export function renderUpload(root) {
 async function loadRecent(el) {
   try {
     const json = await listPlans();
-    const plans = (Array.isArray(json) ? json : json?.plans ?? []).map(normalizeRecord);
+    const records = Array.isArray(json) ? json : json?.plans ?? [];
+    const plans = records.map(normalizeRecord);
     if (plans.length === 0) {
       mount(el, h('p', { class: 'muted' }, 'No plans yet.'));
       return;
     }
+    // Figures: from the summaries, else (for the 10 newest) from the plan records.
+    const figures = new Map(normalizeHistory(records).map((e) => [e.id, e]));
+    await fillFigures([...figures.values()].filter((e) => plans.slice(0, 10).some((p) => p.id === e.id)), null, null);
     mount(
       el,
       h(
@@ -253,16 +258,16 @@ async function loadRecent(el) {
           'tbody',
           {},
           plans.map((p) => {
-            const s = p.summary ?? {};
+            const f = figures.get(p.id) ?? {};
             return h(
               'tr',
               {},
               h('td', {}, h('a', { href: planUrl(p.id), 'data-nav': true }, p.model.name ?? p.model.hash?.slice(0, 12) ?? p.id)),
               h('td', {}, fmtTime(p.createdAt)),
               h('td', {}, h('span', { class: `badge status-${p.status}` }, p.status), p.error ? h('span', { class: 'muted' }, ` ${p.error.code}`) : ''),
-              h('td', { class: 'num' }, isNum(s.budget_bytes) ? fmtBytes(s.budget_bytes) : p.options.budget ?? '—'),
-              h('td', { class: 'num' }, fmtBytes(s.peak_bytes)),
-              h('td', { class: 'num' }, fmtOverhead(s.overhead)),
+              h('td', { class: 'num' }, isNum(f.budgetBytes) ? fmtBytes(f.budgetBytes) : p.options.budget ?? '—'),
+              h('td', { class: 'num' }, fmtBytes(f.peakBytes)),
+              h('td', { class: 'num' }, fmtOverhead(f.overhead)),
               h('td', {}, p.model.hash ? h('a', { href: historyUrl(p.model.hash), 'data-nav': true }, 'history') : ''),
             );
           }),

@@ -79,7 +79,7 @@ test('sweep fractions run from the minimum feasible budget to store-all', async 
 });
 
 test('history entries without a summary take figures from the plan document', async () => {
-  const { fillFigures } = await import('../../js/planpage.js');
+  const { fillFigures } = await import('../../js/figures.js');
   const doc = normalizeDoc({ budget_bytes: 10, solver: 'dp', predicted: { peak_bytes: 9, overhead: 0.05 } });
   const entries = [{ id: 'me', status: 'done', budgetBytes: null, peakBytes: null, overhead: null, solver: null }, { id: 'x', status: 'failed', overhead: null }];
   await fillFigures(entries, 'me', doc);
