@@ -246,3 +246,141 @@ fn kernel_shape_longer_than_the_input_is_an_attribute_error() {
         other => panic!("expected Attribute, got {other:?}"),
     }
 }
+
+/// The ops added for third-party models reject bad inputs with the node, op and reason.
+#[test]
+fn new_op_errors_name_the_node_and_the_problem() {
+    // (op, opset, data inputs, initializers, node inputs, attributes, words the message holds)
+    type Case = (
+        &'static str,
+        i64,
+        Vec<(&'static str, Vec<i64>)>,
+        Vec<onnx_protobuf::TensorProto>,
+        Vec<&'static str>,
+        Vec<onnx_protobuf::AttributeProto>,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "STFT",
+            17,
+            vec![("s", vec![2, 100, 1])],
+            vec![
+                tensor_i64("st", &[], &[10]),
+                tensor_f32("w", &[400], &[1.0; 400]),
+            ],
+            vec!["s", "st", "w"],
+            vec![],
+            "shorter than the frame length",
+        ),
+        (
+            "STFT",
+            17,
+            vec![("s", vec![2, 100, 3])],
+            vec![tensor_i64("st", &[], &[10])],
+            vec!["s", "st"],
+            vec![],
+            "signal must be",
+        ),
+        (
+            "DFT",
+            17,
+            vec![("s", vec![2, 8, 1])],
+            vec![],
+            vec!["s"],
+            vec![a_int("inverse", 1), a_int("onesided", 1)],
+            "onesided",
+        ),
+        (
+            "Attention",
+            23,
+            vec![
+                ("q", vec![2, 6, 5, 16]),
+                ("k", vec![2, 4, 7, 16]),
+                ("v", vec![2, 4, 7, 16]),
+            ],
+            vec![],
+            vec!["q", "k", "v"],
+            vec![],
+            "not a multiple of 4 key/value heads",
+        ),
+        (
+            "Attention",
+            23,
+            vec![
+                ("q", vec![2, 5, 64]),
+                ("k", vec![2, 7, 64]),
+                ("v", vec![2, 7, 64]),
+            ],
+            vec![],
+            vec!["q", "k", "v"],
+            vec![],
+            "q_num_heads",
+        ),
+        (
+            "RMSNormalization",
+            23,
+            vec![("x", vec![2, 3, 4])],
+            vec![tensor_f32("s", &[5], &[1.0; 5])],
+            vec!["x", "s"],
+            vec![],
+            "does not broadcast",
+        ),
+        (
+            "SoftmaxCrossEntropyLoss",
+            13,
+            vec![("s", vec![4, 10])],
+            vec![tensor_i64("l", &[5], &[0; 5])],
+            vec!["s", "l"],
+            vec![],
+            "labels shape",
+        ),
+        (
+            "Col2Im",
+            18,
+            vec![("x", vec![2, 10, 9])],
+            vec![
+                tensor_i64("im", &[2], &[4, 4]),
+                tensor_i64("bl", &[2], &[2, 2]),
+            ],
+            vec!["x", "im", "bl"],
+            vec![],
+            "not a multiple of the block size",
+        ),
+        (
+            "AffineGrid",
+            20,
+            vec![("t", vec![2, 3, 4])],
+            vec![tensor_i64("sz", &[4], &[2, 3, 5, 7])],
+            vec!["t", "sz"],
+            vec![],
+            "does not match size",
+        ),
+    ];
+    let mut failures = vec![];
+    for (k, (op, opset, data, consts, inputs, attrs, words)) in cases.into_iter().enumerate() {
+        let mut g = G::new(opset);
+        for (n, s) in &data {
+            let d: Vec<D> = s.iter().map(|&x| D::V(x)).collect();
+            g = g.input(n, F32, &d);
+        }
+        for t in consts {
+            g = g.init(t);
+        }
+        g = g.node(op, "bad", &inputs, &["y"], attrs).output("y");
+        let opts = ImportOptions {
+            inputs: data.iter().map(|(n, _)| n.to_string()).collect(),
+            ..Default::default()
+        };
+        match load(&g.bytes(), &opts) {
+            Err(e @ (PlannerError::Shape { .. } | PlannerError::Attribute { .. })) => {
+                let msg = e.to_string();
+                if !msg.contains("bad") || !msg.contains(op) || !msg.contains(words) {
+                    failures.push(format!("case {k} ({op}): message {msg:?} lacks {words:?}"));
+                }
+            }
+            other => failures.push(format!("case {k} ({op}): expected an error, got {other:?}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

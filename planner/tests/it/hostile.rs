@@ -62,6 +62,23 @@ const OPS: &[&str] = &[
     "InstanceNormalization",
     "GroupNormalization",
     "LRN",
+    "STFT",
+    "DFT",
+    "HannWindow",
+    "MelWeightMatrix",
+    "Attention",
+    "RMSNormalization",
+    "RotaryEmbedding",
+    "LpPool",
+    "GlobalLpPool",
+    "MaxUnpool",
+    "RoiAlign",
+    "Col2Im",
+    "CenterCropPad",
+    "AffineGrid",
+    "SoftmaxCrossEntropyLoss",
+    "NegativeLogLikelihoodLoss",
+    "HardSigmoid",
 ];
 
 const ATTRS: &[&str] = &[
@@ -89,6 +106,14 @@ const ATTRS: &[&str] = &[
     "allowzero",
     "ceil_mode",
     "output_padding",
+    "onesided",
+    "inverse",
+    "q_num_heads",
+    "kv_num_heads",
+    "num_heads",
+    "output_height",
+    "output_width",
+    "output_datatype",
 ];
 
 fn int_value() -> impl Strategy<Value = i64> {
@@ -170,7 +195,7 @@ proptest! {
     fn random_graphs_never_panic(
         dims in proptest::collection::vec(1i64..6, 0..6),
         nodes in proptest::collection::vec(node(), 1..6),
-        opset in 9i64..22,
+        opset in 9i64..24,
     ) {
         let bytes = build(&dims, &nodes, opset).bytes();
         let result = std::panic::catch_unwind(|| inspect(&bytes, &Default::default()).map(|r| r.nodes));
