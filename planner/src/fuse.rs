@@ -13,6 +13,12 @@
 //!   `InstanceNormalization` with constant unit scale and zero bias, `Reshape` back, `Mul` γ,
 //!   `Add` β → `GroupNormalization(x, γ, β)` (PyTorch's native_group_norm saves x and the
 //!   per-group statistics, not the normalized tensor the `Mul` would keep).
+//! - Scaled dot-product attention as both exporters write `F.scaled_dot_product_attention`:
+//!   `MatMul(Mul(q, √s), Mul(kᵀ, √s))` (the scale split over both operands, which eager
+//!   attention code never does), an optional `Add` mask, `Softmax`, optionally
+//!   `Where(IsNaN(p), 0, p)`, then `MatMul(p, v)` → `Attention(q, kᵀ, v, mask)` marked with
+//!   the attribute `remat.key_transposed`. PyTorch's fused attention kernels keep q, k, v,
+//!   the output and the row log-sum-exp, not the probabilities.
 //! - Layer norm below opset 17: `ReduceMean`/`Sub`/`Pow`/`ReduceMean`/`Add`/`Sqrt`/`Div`
 //!   (+ `Mul` γ, `Add` β) → `LayerNormalization` (saves x and the statistics).
 
@@ -20,6 +26,10 @@ use crate::model::{Model, ValueId, ValueKind};
 use onnx_protobuf::AttributeProto;
 use petgraph::graph::NodeIndex;
 use std::collections::{HashMap, HashSet};
+
+/// Attribute the attention fusion sets on the `Attention` it writes: its K input is kᵀ
+/// (`[batch, heads, head size, kv seq]`), as the exporters' decomposition has it.
+pub const KEY_TRANSPOSED: &str = "remat.key_transposed";
 
 fn scalar(model: &Model, v: ValueId) -> Option<f64> {
     let f = model.values[v].fact.as_ref()?;
@@ -280,6 +290,107 @@ impl View<'_> {
         })
     }
 
+    /// The operand of `Mul(x, c)` that is not the fixed scalar `c`.
+    fn scaled(&self, mul: NodeIndex) -> Option<ValueId> {
+        let (a, b) = self.pair(mul)?;
+        let scalar = |v: ValueId| {
+            self.is_fixed(v)
+                && self.model.values[v]
+                    .fact
+                    .as_ref()
+                    .is_some_and(|f| f.numel() == 1)
+        };
+        if scalar(b) && !scalar(a) {
+            Some(a)
+        } else if scalar(a) && !scalar(b) {
+            Some(b)
+        } else {
+            None
+        }
+    }
+
+    /// Scaled dot-product attention around its `Softmax` (see the module docs).
+    fn sdpa_at(&self, sm: NodeIndex) -> Option<Rewrite> {
+        let s_in = self.model.graph[sm].inputs.first().copied().flatten()?;
+        let mut parts = vec![];
+        let (scores, mask) = match self.producer(s_in, "Add") {
+            Some(add) => {
+                let (a, b) = self.pair(add)?;
+                parts.push(add);
+                if self.producer(a, "MatMul").is_some() {
+                    (a, Some(b))
+                } else {
+                    (b, Some(a))
+                }
+            }
+            None => (s_in, None),
+        };
+        let m1 = self.producer(scores, "MatMul")?;
+        if self.only_user(scores)? != *parts.first().unwrap_or(&sm) {
+            return None;
+        }
+        let (qs, ks) = self.pair(m1)?;
+        let mq = self.producer(qs, "Mul")?;
+        let mk = self.producer(ks, "Mul")?;
+        let (q, kt) = (self.scaled(mq)?, self.scaled(mk)?);
+        if self.only_user(qs)? != m1 || self.only_user(ks)? != m1 {
+            return None;
+        }
+        parts.extend([mq, mk, m1, sm]);
+        let p = self.out(sm)?;
+        let probs = match self.users_of(p) {
+            [_] => p,
+            [a, b] => {
+                let (isnan, wh) = if self.op(*a) == "IsNaN" {
+                    (*a, *b)
+                } else {
+                    (*b, *a)
+                };
+                let flag = self.out(isnan)?;
+                let n = &self.model.graph[wh];
+                let ok = self.op(isnan) == "IsNaN"
+                    && self.op(wh) == "Where"
+                    && self.only_user(flag)? == wh
+                    && n.inputs.first().copied().flatten() == Some(flag)
+                    && n.inputs.get(2).copied().flatten() == Some(p);
+                if !ok {
+                    return None;
+                }
+                parts.extend([isnan, wh]);
+                self.out(wh)?
+            }
+            _ => return None,
+        };
+        let m2 = self.only_user(probs)?;
+        if self.op(m2) != "MatMul" {
+            return None;
+        }
+        let (pa, v) = self.pair(m2)?;
+        if pa != probs {
+            return None;
+        }
+        let rank4 = |x: ValueId| {
+            self.model.values[x]
+                .fact
+                .as_ref()
+                .is_some_and(|f| f.rank() == 4)
+        };
+        if !(rank4(q) && rank4(kt) && rank4(v)) {
+            return None;
+        }
+        let mut attr = AttributeProto::new();
+        attr.name = KEY_TRANSPOSED.into();
+        attr.type_ = onnx_protobuf::attribute_proto::AttributeType::INT.into();
+        attr.i = 1;
+        Some(Rewrite {
+            last: m2,
+            op: "Attention",
+            inputs: vec![Some(q), Some(kt), Some(v), mask],
+            attrs: vec![attr],
+            parts,
+        })
+    }
+
     fn is_const(&self, v: ValueId) -> bool {
         self.model.values[v].kind == ValueKind::Const
     }
@@ -417,6 +528,7 @@ pub fn fuse(model: &mut Model) {
             "HardSigmoid" => view.hardswish_at(ix),
             "Sqrt" => view.layer_norm_at(ix),
             "InstanceNormalization" => view.group_norm_at(ix),
+            "Softmax" => view.sdpa_at(ix),
             _ => None,
         };
         if let Some(r) = r {

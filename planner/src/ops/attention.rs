@@ -55,15 +55,21 @@ fn attn_dims(cx: &Ctx) -> Result<Attn> {
         }
     };
     let (batch, q_heads, kv_heads, q_seq, kv_seq, head, k_head, v_head) = if four_d {
-        if k.shape[2] != v.shape[2] || k.shape[1] != v.shape[1] {
+        // The attention fusion passes kᵀ ([batch, heads, head size, kv seq]).
+        let kt = cx.attrs.int_or(crate::fuse::KEY_TRANSPOSED, 0)? != 0;
+        let (k_seq, k_head) = if kt {
+            (k.shape[3], k.shape[2])
+        } else {
+            (k.shape[2], k.shape[3])
+        };
+        if k_seq != v.shape[2] || k.shape[1] != v.shape[1] {
             return Err(cx.err(format!(
                 "K {:?} and V {:?} differ in heads or sequence length",
                 k.shape, v.shape
             )));
         }
         (
-            q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], k.shape[3],
-            v.shape[3],
+            q.shape[0], q.shape[1], k.shape[1], q.shape[2], k_seq, q.shape[3], k_head, v.shape[3],
         )
     } else {
         let qh = heads_attr(cx, "q_num_heads")?;

@@ -468,3 +468,66 @@ fn decomposed_group_norm_keeps_what_the_native_op_keeps() {
     assert_eq!(saved(false), expect, "native");
     assert_eq!(saved(true), expect, "decomposed");
 }
+
+/// Attention written the way both exporters decompose `scaled_dot_product_attention` (scale
+/// split over q and kᵀ) keeps what the opset 23 `Attention` op keeps (q, k, v, output and
+/// the row log-sum-exp); eager attention (one scale after the product) keeps its
+/// probabilities.
+#[test]
+fn decomposed_sdpa_keeps_what_the_attention_op_keeps() {
+    let shape = [D::V(2), D::V(4), D::V(5), D::V(8)];
+    let graph = |kind: &str| {
+        let mut g = G::new(if kind == "native" { 23 } else { 17 })
+            .input("x", F32, &shape)
+            .weight("wq", &[8, 8])
+            .weight("wk", &[8, 8])
+            .weight("wv", &[8, 8])
+            .init(tensor_f32("s", &[], &[0.5]))
+            .init(tensor_f32("s2", &[], &[0.25]))
+            .node("MatMul", "q", &["x", "wq"], &["q"], vec![])
+            .node("MatMul", "k", &["x", "wk"], &["k"], vec![])
+            .node("MatMul", "v", &["x", "wv"], &["v"], vec![]);
+        g = match kind {
+            "native" => g.node("Attention", "attn", &["q", "k", "v"], &["y"], vec![]),
+            _ => {
+                g = g.node(
+                    "Transpose",
+                    "kt",
+                    &["k"],
+                    &["kt"],
+                    vec![a_ints("perm", &[0, 1, 3, 2])],
+                );
+                g = if kind == "sdpa" {
+                    g.node("Mul", "qs", &["q", "s"], &["qs"], vec![])
+                        .node("Mul", "ks", &["kt", "s"], &["ks"], vec![])
+                        .node("MatMul", "scores", &["qs", "ks"], &["sc"], vec![])
+                } else {
+                    g.node("MatMul", "scores", &["q", "kt"], &["raw"], vec![])
+                        .node("Mul", "scale", &["raw", "s2"], &["sc"], vec![])
+                };
+                g.node("Softmax", "sm", &["sc"], &["p"], vec![a_int("axis", -1)])
+                    .node("MatMul", "pv", &["p", "v"], &["y"], vec![])
+            }
+        };
+        g.output("y")
+    };
+    let opts = ImportOptions {
+        inputs: vec!["x".into()],
+        ..Default::default()
+    };
+    let saved = |kind: &str| {
+        load(&graph(kind).bytes(), &opts)
+            .and_then(|m| m.training_graph())
+            .map(|t| t.saved_activation_bytes)
+            .unwrap_or_else(|e| panic!("{kind}: {e}"))
+    };
+    // x (for the three weight gradients), q, k, v, the output: 2·4·5·8 floats each; the
+    // log-sum-exp: 2·4·5 floats.
+    let expect = 5 * 2 * 4 * 5 * 8 * 4 + 2 * 4 * 5 * 4;
+    assert_eq!(saved("native"), expect, "native");
+    assert_eq!(saved("sdpa"), expect, "sdpa");
+    // Eager keeps x, q, kᵀ, the probabilities and v, not the output or statistics, plus
+    // the 4-byte scale constant its Mul reads.
+    let probs = 2 * 4 * 5 * 5 * 4;
+    assert_eq!(saved("eager"), 4 * 2 * 4 * 5 * 8 * 4 + probs + 4, "eager");
+}
