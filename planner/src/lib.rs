@@ -43,7 +43,8 @@
 //!   BatchNormalization (training) its input and statistics, Softmax its output, GELU and
 //!   LayerNormalization their input (+ statistics), Add nothing... See each op's `grad` in
 //!   `ops/`. Exporters' decompositions of single PyTorch ops are fused back first
-//!   ([`fuse`]: the erf GELU).
+//!   ([`fuse`]: the erf GELU, SiLU, hardswish, layer norm, group norm, scaled dot-product
+//!   attention).
 //! - A backward node's deps are the backward nodes of the consumers of its op's outputs
 //!   (gradient sources; `loss` for graph outputs) and the forward nodes holding what it
 //!   keeps; its bytes are the gradients w.r.t. its float non-parameter inputs; it is
