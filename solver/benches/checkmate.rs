@@ -303,10 +303,12 @@ fn table(rows: &[Row], args: &Args, total: f64) -> String {
          `auto`, {} HiGHS thread(s), on a shared 2-core machine with other builds running: \
          timings are pessimistic. Total run time: {total:.0} s. Budgets are \
          `B = ceil(M × store-all peak)` (the papers' convention; they match the published B). \
-         Overheads are extra compute over store-all as measured by `simulate`; the gap is \
-         `(cost − lower bound) / cost` with the MILP's dual bound (or the LP relaxation's for \
-         graphs too large for the exact MILP), in Checkmate's stage model. `–`: no schedule \
-         within the budget.\n",
+         Overheads are extra compute over store-all as measured by `simulate`. The gap is \
+         `(cost − lower bound) / cost`; the bound is the exact DP's optimum for training chains \
+         (algorithm `dp`), the MILP's dual bound (Checkmate's stage model) where the exact MILP \
+         ran (graphs of at most ~100 nodes), and otherwise only the trivial bound (store-all's \
+         cost: every node computed once), so there the gap is an upper bound on the true gap. \
+         Status `optimal` means proven within 0.01%. `–`: no schedule         within the budget.\n",
         args.threads
     );
     let _ = writeln!(
