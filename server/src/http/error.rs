@@ -16,8 +16,6 @@ pub enum ServerError {
         #[source]
         source: rusqlite::Error,
     },
-    #[error("plan store: {0}")]
-    Store(#[from] rusqlite::Error),
     #[error("cannot bind {addr}: {source}")]
     Bind {
         addr: String,
@@ -104,11 +102,6 @@ impl ApiError {
             "internal",
             INTERNAL_MESSAGE,
         )
-    }
-
-    pub fn with_details(mut self, details: serde_json::Value) -> Self {
-        self.error.details = details;
-        self
     }
 
     pub fn with_header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {

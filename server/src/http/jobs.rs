@@ -19,7 +19,7 @@ use tokio::sync::watch;
 pub struct Job {
     pub id: String,
     pub kind: Kind,
-    pub model: Vec<u8>,
+    pub model: axum::body::Bytes,
     pub format: ModelFormat,
     pub request: PlanRequest,
 }

@@ -233,10 +233,6 @@ impl AppState {
         &self.inner.store
     }
 
-    pub fn config(&self) -> &Config {
-        &self.inner.config
-    }
-
     /// Stops waiting requests (they answer 202) and closes the store to writes: jobs still
     /// running are left in flight in the file, and the next start marks them interrupted.
     pub fn shutdown(&self) {

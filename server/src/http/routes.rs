@@ -195,7 +195,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// A submission, parsed and identified.
 struct Prepared {
-    model: Vec<u8>,
+    model: Bytes,
     format: ModelFormat,
     model_hash: String,
     resolved: super::options::Resolved,
@@ -229,7 +229,7 @@ fn prepare(
     engine: &dyn Engine,
     json_content: bool,
     query: Option<&str>,
-    body: &[u8],
+    body: Bytes,
     caps: super::options::Caps,
 ) -> Result<Prepared, ApiError> {
     let query = PlanQuery::parse(&query_pairs(query)?)?;
@@ -240,9 +240,9 @@ fn prepare(
              (application/json) or an envelope {\"model\": ..., \"options\": ...}",
         ));
     }
-    let (model, format, options) = if json_content || engine.detect(body) == ModelFormat::GraphJson
+    let (model, format, options) = if json_content || engine.detect(&body) == ModelFormat::GraphJson
     {
-        let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
             ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
         })?;
         match value {
@@ -258,7 +258,7 @@ fn prepare(
                             return Err(ApiError::bad_request("empty_body", "envelope `model` is empty"));
                         }
                         let format = engine.detect(&bytes);
-                        (bytes, format)
+                        (Bytes::from(bytes), format)
                     }
                     graph @ serde_json::Value::Object(_) => (canonical_json(&graph)?, ModelFormat::GraphJson),
                     other => {
@@ -285,7 +285,7 @@ fn prepare(
             }
         }
     } else {
-        (body.to_vec(), ModelFormat::Onnx, None)
+        (body, ModelFormat::Onnx, None)
     };
     let resolved = resolve(options, query, caps)?;
     Ok(Prepared {
@@ -296,8 +296,10 @@ fn prepare(
     })
 }
 
-fn canonical_json(value: &serde_json::Value) -> Result<Vec<u8>, ApiError> {
-    serde_json::to_vec(value).map_err(ApiError::internal)
+fn canonical_json(value: &serde_json::Value) -> Result<Bytes, ApiError> {
+    serde_json::to_vec(value)
+        .map(Bytes::from)
+        .map_err(ApiError::internal)
 }
 
 fn json_type(value: &serde_json::Value) -> &'static str {
@@ -378,7 +380,7 @@ async fn submit(
     let caps = state.inner.caps;
     // Parsing and hashing a large model is CPU work: keep it off the async workers.
     let prepared = tokio::task::spawn_blocking(move || {
-        prepare(&*engine, json_content, query.as_deref(), &body, caps)
+        prepare(&*engine, json_content, query.as_deref(), body, caps)
     })
     .await
     .map_err(ApiError::internal)??;

@@ -64,11 +64,6 @@ impl Kind {
             Kind::Sweep => "sweep",
         }
     }
-
-    /// The key under which the engine's document appears in a record.
-    pub fn result_key(self) -> &'static str {
-        self.as_str()
-    }
 }
 
 /// A job as it is created.
