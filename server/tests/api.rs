@@ -934,3 +934,29 @@ async fn a_job_in_flight_at_shutdown_is_failed_after_restart() {
     assert_eq!(plan["status"], "failed");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_posts_arriving_together_make_one_job() {
+    let t = Arc::new(test_app());
+    let posts: Vec<_> = (0..8)
+        .map(|_| {
+            let t = Arc::clone(&t);
+            tokio::spawn(
+                async move { t.post_json("/v1/plans?budget=7", &graph("sleep:200")).await },
+            )
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for p in posts {
+        let r = p.await.unwrap();
+        assert!(
+            r.status == StatusCode::CREATED || r.status == StatusCode::OK,
+            "{}",
+            r.text
+        );
+        ids.push(r.json()["id"].as_str().unwrap().to_string());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(t.engine.calls.load(Ordering::SeqCst), 1);
+}

@@ -63,7 +63,7 @@ async fn vgg16_training_graph_plans_within_its_budget() {
     let t = real_app();
     let r = t
         .post(
-            "/v1/plans?budget=0.9x&wait=120&name=vgg16",
+            "/v1/plans?budget=0.9x&time_limit=5&wait=120&name=vgg16",
             "application/json",
             vgg16_train(),
         )
@@ -106,7 +106,7 @@ async fn resnet18_onnx_plans_with_a_bound_batch() {
     let t = real_app();
     let r = t
         .post(
-            "/v1/plans?dim=batch=2&budget=0.9x&wait=300",
+            "/v1/plans?dim=batch=2&budget=0.9x&time_limit=5&wait=300",
             "application/octet-stream",
             resnet18(),
         )
@@ -156,7 +156,7 @@ async fn the_pipelines_errors_reach_the_client() {
 
     let infeasible = t
         .post(
-            "/v1/plans?budget=1&wait=120",
+            "/v1/plans?budget=1&time_limit=5&wait=120",
             "application/json",
             vgg16_train(),
         )
@@ -194,7 +194,7 @@ async fn a_sweep_of_vgg16() {
     let t = real_app();
     let r = t
         .post(
-            "/v1/sweeps?fraction=1&fraction=0.7&fraction=0.5&wait=120",
+            "/v1/sweeps?fraction=1&fraction=0.7&fraction=0.5&time_limit=5&wait=120",
             "application/json",
             vgg16_train(),
         )

@@ -3,7 +3,7 @@
 use super::error::{code_for_status, ApiError, ErrorBody, ErrorObject};
 use super::jobs::{Job, Rejected};
 use super::options::{canonical, query_pairs, resolve, PlanOptions, PlanQuery};
-use super::store::{Kind, NewJob, Record, Row, Status};
+use super::store::{Claim, Kind, NewJob, Record, Row, Status};
 use super::AppState;
 use crate::engine::{Engine, ModelFormat, PlanRequest};
 use axum::body::Bytes;
@@ -400,38 +400,40 @@ async fn submit(
         .as_bytes(),
     );
 
-    if !resolved.refresh {
-        if let Some(id) = store.find_cached(kind, &cache_key).map_err(store_error)? {
-            if let Some(rx) = state.inner.jobs.follow(&id) {
-                wait_for(&state, rx, resolved.wait).await;
-            }
-            return answer(&state, kind, &id, StatusCode::OK);
-        }
-    }
-
-    if store.is_closed() || *state.inner.shutting_down.borrow() {
-        return Err(ApiError::new(
+    let shutting_down = || {
+        ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "shutting_down",
             "the server is shutting down",
         )
-        .with_header(header::RETRY_AFTER, HeaderValue::from_static("5")));
+        .with_header(header::RETRY_AFTER, HeaderValue::from_static("5"))
+    };
+    if *state.inner.shutting_down.borrow() {
+        return Err(shutting_down());
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
     let options = serde_json::to_string(&resolved.applied).map_err(ApiError::internal)?;
     let created_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
-    store
-        .insert(&NewJob {
-            id: &id,
-            kind,
-            model_hash: &model_hash,
-            model_name: resolved.request.name.as_deref(),
-            model_format: format_name(format),
-            options: &options,
-            cache_key: &cache_key,
-            created_at: &created_at,
-        })
-        .map_err(store_error)?;
+    let job = NewJob {
+        id: &id,
+        kind,
+        model_hash: &model_hash,
+        model_name: resolved.request.name.as_deref(),
+        model_format: format_name(format),
+        options: &options,
+        cache_key: &cache_key,
+        created_at: &created_at,
+    };
+    match store.claim(&job, !resolved.refresh).map_err(store_error)? {
+        None => return Err(shutting_down()),
+        Some(Claim::Existing(existing)) => {
+            if let Some(rx) = state.inner.jobs.follow(&existing) {
+                wait_for(&state, rx, resolved.wait).await;
+            }
+            return answer(&state, kind, &existing, StatusCode::OK);
+        }
+        Some(Claim::Created) => {}
+    }
     let rx = match state.inner.jobs.submit(Job {
         id: id.clone(),
         kind,

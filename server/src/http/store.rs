@@ -80,6 +80,15 @@ pub struct NewJob<'a> {
     pub created_at: &'a str,
 }
 
+/// What [`Store::claim`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The job was created.
+    Created,
+    /// A job with the same model and options exists (done or in flight): its id.
+    Existing(String),
+}
+
 /// A summary row: everything but the engine's full document.
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -260,8 +269,23 @@ impl Store {
         f(&conn).map(Some)
     }
 
-    pub fn insert(&self, job: &NewJob<'_>) -> Result<(), rusqlite::Error> {
+    /// Creates the job, unless `reuse` is set and a job of the same kind and cache key is done
+    /// or in flight: then that job's id. One step under the write lock, so identical posts
+    /// arriving together make one job. `None` when the store is closed.
+    pub fn claim(&self, job: &NewJob<'_>, reuse: bool) -> Result<Option<Claim>, rusqlite::Error> {
         self.write(|c| {
+            if reuse {
+                let existing: Option<String> = c
+                    .prepare_cached(
+                        "SELECT id FROM jobs WHERE cache_key = ?1 AND kind = ?2 AND status != 'failed'
+                         ORDER BY seq DESC LIMIT 1",
+                    )?
+                    .query_row(params![job.cache_key, job.kind.as_str()], |r| r.get(0))
+                    .optional()?;
+                if let Some(id) = existing {
+                    return Ok(Claim::Existing(id));
+                }
+            }
             c.execute(
                 "INSERT INTO jobs (id, kind, model_hash, model_name, model_format, options, cache_key,
                                    status, created_at, updated_at)
@@ -276,25 +300,9 @@ impl Store {
                     job.cache_key,
                     job.created_at
                 ],
-            )
-        })?;
-        Ok(())
-    }
-
-    /// The newest job of `kind` with this cache key that is done or still in flight.
-    pub fn find_cached(
-        &self,
-        kind: Kind,
-        cache_key: &str,
-    ) -> Result<Option<String>, rusqlite::Error> {
-        self.reader()
-            .query_row(
-                "SELECT id FROM jobs WHERE cache_key = ?1 AND kind = ?2 AND status != 'failed'
-                 ORDER BY seq DESC LIMIT 1",
-                params![cache_key, kind.as_str()],
-                |r| r.get(0),
-            )
-            .optional()
+            )?;
+            Ok(Claim::Created)
+        })
     }
 
     pub fn set_status(&self, id: &str, status: Status) -> Result<(), rusqlite::Error> {
