@@ -61,7 +61,6 @@ pub fn import_options(req: &PlanRequest) -> ImportOptions {
         dims: req.dims.clone(),
         params: req.params.clone(),
         inputs: req.inputs.clone(),
-        ..ImportOptions::default()
     }
 }
 
