@@ -19,7 +19,10 @@
 //! `ConstantOfShape` of a constant shape) that the live graph reads become *trainable
 //! parameters* when floating point and read in a differentiable slot (Conv's weight, not
 //! BatchNormalization's running mean), and, unless they are graph inputs, have at least two
-//! elements. Every other constant the live graph reads is a *buffer*. Parameters, their
+//! elements. In a model produced by `pytorch`, whose exporters keep every parameter in a graph
+//! input or an initializer, `Constant` nodes and constants computed in-graph (non-persistent
+//! buffers, zero initial RNN states) are never parameters. Every other constant the live
+//! graph reads is a *buffer*. Parameters, their
 //! gradients and buffers are the problem's fixed bytes.
 //!
 //! # The loss

@@ -851,7 +851,9 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
 
 /// Constants read by live nodes become parameters when they are floating point, are read in
 /// a differentiable slot, and are either a graph input (or `--param`) or have at least two
-/// elements (scalars such as `0.5` or `eps` are never parameters). Others become buffers.
+/// elements (scalars such as `0.5` or `eps` are never parameters). In a model whose producer
+/// is `pytorch`, only graph inputs and initializers can be parameters: its exporters write
+/// non-persistent buffers as `Constant` nodes. Others become buffers.
 /// A constant computed at import from other floating-point constants (a transposed weight,
 /// a tied embedding, an embedding lookup at constant indices) is attributed to its roots:
 /// the parameter is the weight it was computed from, counted once.
@@ -928,6 +930,11 @@ fn classify_constants(model: &mut Model, is_const: &[bool], opts: &ImportOptions
         }
     }
     let input_set: HashSet<ValueId> = model.inputs.iter().copied().collect();
+    let from_pytorch = model
+        .producer
+        .split_whitespace()
+        .next()
+        .is_some_and(|p| p.eq_ignore_ascii_case("pytorch"));
     for (v, value) in model.values.iter_mut().enumerate() {
         if !is_const[v] || value.kind == ValueKind::Data {
             continue;
@@ -939,8 +946,12 @@ fn classify_constants(model: &mut Model, is_const: &[bool], opts: &ImportOptions
             value.kind = ValueKind::Const;
             continue;
         }
-        let trainable = f.dtype.is_float()
-            && (forced || (diff_use[v] && (input_set.contains(&v) || f.numel() >= 2)));
+        // PyTorch's exporters put every parameter in a graph input or an initializer: what
+        // they write as a `Constant` node or compute in-graph (non-persistent buffers such
+        // as a mel matrix, zero initial RNN states) is not trainable.
+        let in_graph = value.producer.is_some();
+        let eligible = input_set.contains(&v) || (f.numel() >= 2 && !(from_pytorch && in_graph));
+        let trainable = f.dtype.is_float() && (forced || (diff_use[v] && eligible));
         value.kind = if trainable {
             ValueKind::Param
         } else {

@@ -531,3 +531,38 @@ fn decomposed_sdpa_keeps_what_the_attention_op_keeps() {
     let probs = 2 * 4 * 5 * 5 * 4;
     assert_eq!(saved("eager"), 4 * 2 * 4 * 5 * 8 * 4 + probs + 4, "eager");
 }
+
+/// A float `Constant` read as a MatMul weight is a trainable parameter in general (Paddle
+/// and hand-built graphs keep weights that way) but a buffer in a PyTorch export, whose
+/// parameters are always graph inputs or initializers; initializers stay parameters.
+#[test]
+fn pytorch_constant_nodes_are_buffers_initializers_parameters() {
+    use onnx_protobuf::Message;
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4)])
+        .init(tensor_f32("w_init", &[4, 4], &[0.5; 16]))
+        .node(
+            "Constant",
+            "mel",
+            &[],
+            &["w_const"],
+            vec![a_tensor("value", tensor_f32("v", &[4, 4], &[0.25; 16]))],
+        )
+        .node("MatMul", "mm1", &["x", "w_const"], &["h"], vec![])
+        .node("MatMul", "mm2", &["h", "w_init"], &["y"], vec![])
+        .output("y");
+    for (producer, want) in [("remat-tests", 2 * 64), ("pytorch", 64)] {
+        let mut m = g.model();
+        m.producer_name = producer.into();
+        let bytes = m.write_to_bytes().unwrap_or_default();
+        let model =
+            load(&bytes, &ImportOptions::default()).unwrap_or_else(|e| panic!("{producer}: {e}"));
+        let kind = |name: &str| model.values.iter().find(|v| v.name == name).map(|v| v.kind);
+        assert_eq!(kind("w_init"), Some(ValueKind::Param), "{producer}");
+        let t = model.training_graph().expect("training graph");
+        assert_eq!(t.params_bytes, want, "{producer}");
+        if producer == "pytorch" {
+            assert_eq!(kind("w_const"), Some(ValueKind::Buffer));
+        }
+    }
+}
