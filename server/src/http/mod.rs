@@ -408,6 +408,15 @@ pub async fn serve_on(
 /// `remat serve`: opens the store, starts the workers, binds, prints the URL and serves until
 /// Ctrl-C or SIGTERM.
 pub async fn serve(args: ServeArgs, engine: Arc<dyn Engine>) -> Result<(), ServerError> {
+    // Logs to stderr (`RUST_LOG` filters; default: requests and the service at info/debug),
+    // unless the binary installed its own subscriber already.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=debug"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
     let config = Config::from_args(&args)?;
     let store = Store::open(&args.db).map_err(|source| ServerError::OpenStore {
         path: args.db.display().to_string(),
