@@ -195,7 +195,7 @@ proptest! {
     fn random_graphs_never_panic(
         dims in proptest::collection::vec(1i64..6, 0..6),
         nodes in proptest::collection::vec(node(), 1..6),
-        opset in 9i64..24,
+        opset in 9i64..26,
     ) {
         let bytes = build(&dims, &nodes, opset).bytes();
         let result = std::panic::catch_unwind(|| inspect(&bytes, &Default::default()).map(|r| r.nodes));

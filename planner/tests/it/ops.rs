@@ -412,6 +412,21 @@ fn cases() -> Vec<Case> {
             a_int("kv_num_heads", 2),
             a_int("is_causal", 1),
         ]),
+        case(
+            "Attention",
+            &[
+                ("q", &[2, 8, 5, 16]),
+                ("k", &[2, 8, 7, 16]),
+                ("v", &[2, 8, 7, 16]),
+            ],
+            &["q", "k", "v"],
+            &[2, 8, 5, 16],
+        )
+        .opset(25)
+        .attrs(vec![a_int("left_window_size", 2)]),
+        case("Swish", &[x], &["x"], &[2, 3, 4])
+            .opset(24)
+            .attrs(vec![a_float("alpha", 1.5)]),
         case("RMSNormalization", &[x], &["x", "s"], &[2, 3, 4])
             .opset(23)
             .consts(vec![tensor_f32("s", &[4], &[1.0; 4])]),
