@@ -31,9 +31,3 @@ export function mount(el, ...children) {
   append(el, children);
   return el;
 }
-
-/** A colour from the page's CSS custom properties. */
-export function cssVar(name, fallback) {
-  const v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
-  return v || fallback;
-}

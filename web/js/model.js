@@ -11,8 +11,6 @@ const obj = (x) => (x && typeof x === 'object' && !Array.isArray(x) ? x : {});
 
 /** Node kinds the viewer knows; anything else is shown as "forward". */
 export const KINDS = ['forward', 'loss', 'backward'];
-/** Decisions the viewer colours; anything else is shown as given. */
-export const DECISIONS = ['keep', 'recompute', 'transient', 'backward', 'skipped'];
 
 /** One per-tensor decision. */
 export function normalizeDecision(d, index) {
