@@ -599,6 +599,65 @@ mod tests {
         }
     }
 
+    /// A small training DAG with a skip connection (not a chain): auto must use the search.
+    fn skip_dag() -> Problem {
+        use crate::problem::{Node, NodeKind};
+        let node = |id: &str, bytes: u64, deps: Vec<usize>, kind| Node {
+            id: id.to_string(),
+            name: id.to_string(),
+            cost: 1.0 + bytes as f64 / 10.0,
+            bytes,
+            deps,
+            kind,
+            required: kind == NodeKind::Backward,
+        };
+        let nodes = vec![
+            node("x0", 10, vec![], NodeKind::Forward),
+            node("x1", 30, vec![0], NodeKind::Forward),
+            node("x2", 20, vec![1, 0], NodeKind::Forward),
+            node("x3", 10, vec![2], NodeKind::Forward),
+            node("g3", 10, vec![3, 2], NodeKind::Backward),
+            node("g2", 10, vec![4, 2, 1, 0], NodeKind::Backward),
+            node("g1", 10, vec![5, 1, 0], NodeKind::Backward),
+            node("g0", 10, vec![6, 0], NodeKind::Backward),
+        ];
+        Problem::new("skip", nodes, 0).unwrap()
+    }
+
+    #[test]
+    fn auto_fits_a_tight_budget_and_never_loses_to_a_baseline() {
+        let p = skip_dag();
+        let full = schedule::store_all_peak(&p);
+        for budget in [full, full - 20, p.footprint_lower_bound()] {
+            let mut opts = PlanOptions::new(budget);
+            opts.time_limit = Duration::from_millis(500);
+            let (s, r) = plan(&p, &opts).unwrap();
+            if r.status == Status::Infeasible {
+                assert!(r.min_feasible_budget_bytes.is_some_and(|m| m > budget));
+                continue;
+            }
+            let st = simulate(&p, &s).unwrap();
+            assert!(st.peak_bytes <= budget);
+            for b in r.baselines.iter().filter(|b| b.feasible) {
+                assert!(st.compute_cost <= b.compute_cost + 1e-9, "{}", b.name);
+            }
+        }
+    }
+
+    #[cfg(not(feature = "highs"))]
+    #[test]
+    fn ilp_is_unavailable_without_highs() {
+        let p = skip_dag();
+        let opts = PlanOptions {
+            algorithm: Algorithm::Ilp,
+            ..PlanOptions::new(schedule::store_all_peak(&p))
+        };
+        assert!(matches!(
+            plan(&p, &opts),
+            Err(SolverError::Unavailable { .. })
+        ));
+    }
+
     #[test]
     fn algorithm_names_round_trip() {
         for a in Algorithm::ALL {
