@@ -5,8 +5,8 @@
 //! every run and machine:
 //! - `store_all_peak_bytes`, `saved_activation_bytes`: pure functions of the graph;
 //! - `min_feasible_budget_bytes`: a deterministic search (chain DP, checkpoint heuristics);
-//! - `best_peak_within_overhead_bytes`: the least peak a deterministic algorithm (the baselines and
-//!   the chain DP, no time limit involved) reaches within `max_overhead`, found by bisection on
+//! - `best_peak_within_overhead_bytes`: the least peak a deterministic algorithm (the baselines,
+//!   peak descent and the chain DP; step-bounded, no time limit involved) reaches within `max_overhead`, found by bisection on
 //!   the budget;
 //! - `planned_overhead`: the configured solver at the device budget. An exact solver with a time
 //!   limit is the one figure that can depend on the machine's speed: when the plan is not proven
@@ -245,6 +245,11 @@ fn deterministic_best(p: &Problem, budget: u64) -> Option<(u64, f64)> {
         if b.feasible {
             consider(b.stats.peak_bytes, b.stats.overhead(p));
         }
+    }
+    // Peak descent (deterministic: bounded by a step count, not a clock) helps on plain DAGs,
+    // where the checkpoint baselines recompute too much.
+    if let Ok(stats) = simulate(p, &budget::descend_to_budget(p, budget)) {
+        consider(stats.peak_bytes, stats.overhead(p));
     }
     if dp::as_training_chain(p).is_some() {
         if let Ok(Some(schedule)) = dp::solve_chain(p, budget) {
@@ -559,6 +564,44 @@ pub fn render_text(outcome: &Outcome) -> String {
             format!("{n} regression(s)")
         }
     );
+    s
+}
+
+/// The measured figures, one row per model and figure (what `--update` records).
+pub fn render_figures(figures: &BTreeMap<String, Figures>) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{:<20} {:<34} {:>14}", "model", "figure", "value");
+    for (name, f) in figures {
+        let rows: [(&str, String); 5] = [
+            (
+                "store_all_peak_bytes",
+                crate::human_bytes(f.store_all_peak_bytes),
+            ),
+            (
+                "saved_activation_bytes",
+                crate::human_bytes(f.saved_activation_bytes),
+            ),
+            (
+                "min_feasible_budget_bytes",
+                crate::human_bytes(f.min_feasible_budget_bytes),
+            ),
+            (
+                "best_peak_within_overhead_bytes",
+                f.best_peak_within_overhead_bytes
+                    .map(crate::human_bytes)
+                    .unwrap_or_else(|| "–".into()),
+            ),
+            (
+                "planned_overhead",
+                f.planned_overhead
+                    .map(|o| format!("{:+.2}% ({})", 100.0 * o, f.planned_status))
+                    .unwrap_or_else(|| "infeasible".into()),
+            ),
+        ];
+        for (figure, value) in rows {
+            let _ = writeln!(s, "{name:<20} {figure:<34} {value:>14}");
+        }
+    }
     s
 }
 

@@ -317,8 +317,12 @@ fn run_gate(args: GateArgs) -> Result<(), Failure> {
     let figures = gate::measure_all(&config, &args.config).map_err(gate_error)?;
     if args.update {
         gate::write_baseline(&args.baseline, &figures).map_err(gate_error)?;
-        let outcome = gate::compare(&config, &figures, baseline.as_ref());
-        print!("{}", gate::render_text(&outcome));
+        print!("{}", gate::render_figures(&figures));
+        if baseline.is_some() {
+            let outcome = gate::compare(&config, &figures, baseline.as_ref());
+            println!("\nagainst the previous baseline:");
+            print!("{}", gate::render_text(&outcome));
+        }
         eprintln!(
             "wrote {} model(s) to {}",
             figures.len(),
