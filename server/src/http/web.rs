@@ -67,6 +67,16 @@ fn content_type(path: &str) -> &'static str {
     }
 }
 
+/// Whether `path` is one of the viewer's pages: `/plans/{id}` with a plain id.
+fn is_app_page(path: &str) -> bool {
+    path.strip_prefix("/plans/").is_some_and(|id| {
+        !id.is_empty()
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    })
+}
+
 /// The router's fallback: static files for GET/HEAD outside `/v1/`, the error shape otherwise.
 pub async fn fallback(method: Method, uri: Uri) -> Response {
     let path = uri.path();
@@ -77,9 +87,15 @@ pub async fn fallback(method: Method, uri: Uri) -> Response {
     {
         return no_route();
     }
-    match lookup(path) {
+    // The viewer's own pages (`/plans/{id}`) are rendered by `index.html` (a single-page app).
+    let found = if is_app_page(path) {
+        lookup("/")
+    } else {
+        lookup(path)
+    };
+    match found {
         Some(bytes) => {
-            let ct = if path.ends_with('/') {
+            let ct = if path.ends_with('/') || is_app_page(path) {
                 "text/html; charset=utf-8"
             } else {
                 content_type(path)
@@ -102,7 +118,16 @@ pub async fn fallback(method: Method, uri: Uri) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::lookup;
+    use super::{is_app_page, lookup};
+
+    #[test]
+    fn plan_pages_are_the_viewer() {
+        assert!(is_app_page("/plans/0123abcd-ef"));
+        assert!(!is_app_page("/plans/"));
+        assert!(!is_app_page("/plans/../Cargo.toml"));
+        assert!(!is_app_page("/plans/a/b"));
+        assert!(!is_app_page("/v1/plans/abc"));
+    }
 
     #[test]
     fn traversal_is_refused() {
