@@ -25,7 +25,10 @@ fn viewer_in_headless_chromium() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "viewer end-to-end test failed:\n{text}");
+    assert!(
+        out.status.success(),
+        "viewer end-to-end test failed:\n{text}"
+    );
 
     let unit = Command::new("npm")
         .args(["test", "--silent"])
