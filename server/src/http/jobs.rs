@@ -118,7 +118,27 @@ impl Jobs {
     }
 }
 
+/// Nice value of the worker threads: solves are CPU bound and may take minutes, requests must
+/// stay fast on a machine with few cores, so the scheduler favours the async runtime's threads.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+const WORKER_NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority (Linux: `setpriority` with `who = 0` applies
+/// to the calling thread only; threads it spawns, such as the MILP solver's, inherit it).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: setpriority only reads its integer arguments; failure is reported through the
+        // return value, which we may ignore (the worker then runs at the default priority).
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, WORKER_NICE) };
+        if rc != 0 {
+            tracing::warn!("could not lower the worker thread's priority");
+        }
+    }
+}
+
 fn worker(receiver: &Mutex<Receiver<Job>>, shared: &Shared) {
+    lower_priority();
     loop {
         let next = receiver.lock().unwrap_or_else(|p| p.into_inner()).recv();
         let Ok(job) = next else {
