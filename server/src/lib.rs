@@ -10,18 +10,5 @@ pub mod pipeline;
 // The HTTP service: routes, jobs, store.
 pub mod http;
 
-/// Bytes for humans: "512 B", "1.50 GiB".
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut x = b as f64;
-    let mut u = 0;
-    while x >= 1024.0 && u + 1 < UNITS.len() {
-        x /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{x:.2} {}", UNITS[u])
-    }
-}
+/// Bytes for humans: "512 B", "1.5 GiB" (the planner's formatter, so every output agrees).
+pub use remat_planner::inspect::human_bytes;
