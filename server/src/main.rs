@@ -383,8 +383,21 @@ async fn serve(args: remat_server::http::ServeArgs) -> Result<(), Failure> {
         })
 }
 
+/// Lets a command whose output is piped into `head` end quietly, as command-line tools do, instead
+/// of failing on a closed pipe. Not for `serve`, which must outlive clients that hang up.
+fn exit_quietly_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restoring the default action of one signal at start-up, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        exit_quietly_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
