@@ -282,7 +282,7 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
             name: b.name.to_string(),
             peak_bytes: b.stats.peak_bytes,
             compute_cost: b.stats.compute_cost,
-            overhead: overhead(b.stats.compute_cost, full.compute_cost),
+            overhead: b.stats.overhead(p),
             feasible: b.feasible,
         })
         .collect();
@@ -335,19 +335,11 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
     report.predicted = Predicted {
         peak_bytes: best.stats.peak_bytes,
         compute_cost: cost,
-        overhead: overhead(cost, full.compute_cost),
+        overhead: best.stats.overhead(p),
         memory: best.stats.memory,
     };
     report.schedule = best.schedule.to_json_steps(p);
     Ok((best.schedule, report))
-}
-
-fn overhead(cost: f64, base: f64) -> f64 {
-    if base > 0.0 {
-        cost / base - 1.0
-    } else {
-        0.0
-    }
 }
 
 fn offer_baselines(pool: &mut Pool, base: &[Baseline]) {
