@@ -728,41 +728,10 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::{Node, NodeKind};
     use crate::schedule::{store_all, store_all_peak};
 
     fn training_chain(k: usize) -> Problem {
-        let mut nodes = Vec::new();
-        for i in 0..k {
-            nodes.push(Node {
-                id: format!("f{i}"),
-                name: String::new(),
-                cost: 1.0 + i as f64,
-                bytes: 100 + 10 * i as u64,
-                deps: if i == 0 { vec![] } else { vec![i - 1] },
-                kind: NodeKind::Forward,
-                required: false,
-            });
-        }
-        for j in 0..k {
-            let f = k - 1 - j;
-            let mut deps = vec![f];
-            if j > 0 {
-                deps.push(k + j - 1);
-            } else if k > 1 {
-                deps.push(k - 2);
-            }
-            nodes.push(Node {
-                id: format!("b{j}"),
-                name: String::new(),
-                cost: 2.0,
-                bytes: 100,
-                deps,
-                kind: NodeKind::Backward,
-                required: true,
-            });
-        }
-        Problem::new("train", nodes, 0).unwrap()
+        crate::testutil::training_chain(k, |i| 1.0 + i as f64, |i| 100 + 10 * i as u64)
     }
 
     #[test]

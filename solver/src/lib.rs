@@ -24,3 +24,5 @@ pub mod dp;
 pub mod ilp;
 // Algorithm choice, the plan report, the budget sweep.
 pub mod plan;
+#[cfg(test)]
+mod testutil;

@@ -440,37 +440,7 @@ mod tests {
 
     /// A forward chain and its mirrored backward chain, as in training.
     fn training_chain(k: usize) -> Problem {
-        let mut nodes = Vec::new();
-        for i in 0..k {
-            nodes.push(Node {
-                id: format!("f{i}"),
-                name: String::new(),
-                cost: 1.0,
-                bytes: 100,
-                deps: if i == 0 { vec![] } else { vec![i - 1] },
-                kind: NodeKind::Forward,
-                required: false,
-            });
-        }
-        for j in 0..k {
-            let f = k - 1 - j;
-            let mut deps = vec![f];
-            if j > 0 {
-                deps.push(k + j - 1);
-            } else if k > 1 {
-                deps.push(k - 2);
-            }
-            nodes.push(Node {
-                id: format!("b{j}"),
-                name: String::new(),
-                cost: 2.0,
-                bytes: 100,
-                deps,
-                kind: NodeKind::Backward,
-                required: true,
-            });
-        }
-        Problem::new("train", nodes, 0).unwrap()
+        crate::testutil::training_chain(k, |_| 1.0, |_| 100)
     }
 
     #[test]
