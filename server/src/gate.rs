@@ -127,6 +127,17 @@ pub struct Outcome {
     pub dropped_models: Vec<String>,
 }
 
+impl Row {
+    /// The note in parentheses after a space, or nothing.
+    fn note_suffix(&self) -> String {
+        if self.note.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", self.note)
+        }
+    }
+}
+
 impl Outcome {
     pub fn regressions(&self) -> impl Iterator<Item = &Row> {
         self.rows.iter().filter(|r| r.regression)
@@ -538,11 +549,7 @@ pub fn render_text(outcome: &Outcome) -> String {
             show(r.new, r.unit),
             show_change(r),
             if r.regression { "REGRESSION" } else { "ok" },
-            if r.note.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", r.note)
-            }
+            r.note_suffix()
         );
     }
     for m in &outcome.new_models {
@@ -634,11 +641,7 @@ pub fn render_markdown(outcome: &Outcome) -> String {
             } else {
                 "✅"
             },
-            if r.note.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", r.note)
-            }
+            r.note_suffix()
         );
     }
     for m in &outcome.new_models {
