@@ -57,6 +57,7 @@
 //!   or when it has more than one output (opsets 9-13).
 
 pub mod error;
+pub mod exec;
 pub mod fuse;
 pub mod inspect;
 pub mod model;

@@ -1,0 +1,258 @@
+//! The kernel interface: what one op's forward, extra-value and backward functions see and
+//! return. Kernels are plain functions over `candle_core::Tensor`s, registered per op type in
+//! family files under `kernels/`, the same families as the shape rules in `crate::ops`.
+//!
+//! Contract (checked by the runner and by `exec::testing`):
+//! - `forward` returns one entry per declared output slot: `Some(tensor)` when the slot is
+//!   present in the graph (`cx.outputs[k].is_some()`), with the inferred shape and dtype.
+//! - `extra` computes a value the op's gradient rule declares as `Saved::Extra { tag }`
+//!   (batch statistics, max-pool indices, a dropout mask, an RNN workspace) from the op's
+//!   inputs (a `mask` gets no inputs: it is drawn from `cx.seed`). `forward` receives the
+//!   extras when the training graph has them and must then use them (so that a recomputed
+//!   forward reproduces the first one), and computes what it needs itself otherwise.
+//! - `backward` sees only what the op's `GradRule` saves (plus parameters and constants,
+//!   which are always resident): a missing input or output is `None`. It returns one entry
+//!   per input slot: `Some(gradient)` exactly where `needs[i]`, shaped like the input.
+
+use crate::error::PlannerError;
+use crate::onnx::Attrs;
+use crate::tensor::{DType, Fact};
+use candle_core::{Device, Tensor};
+use std::collections::HashMap;
+
+/// What a kernel sees of its node.
+pub struct KernelCtx<'a> {
+    pub node: &'a str,
+    pub op: &'a str,
+    pub opset: i64,
+    pub attrs: Attrs<'a>,
+    /// Input facts (dtype, shape, and the value of small constants), one per declared input.
+    pub inputs: &'a [Option<Fact>],
+    /// Output facts, one per declared output; `None` for an omitted optional output.
+    pub outputs: &'a [Option<Fact>],
+    pub device: &'a Device,
+    /// The node's random seed: a function of the run's seed and the node's name, so that a
+    /// recomputation draws the same numbers.
+    pub seed: u64,
+}
+
+impl KernelCtx<'_> {
+    /// Input fact `i` (error when omitted).
+    pub fn input(&self, i: usize) -> KResult<&Fact> {
+        self.inputs
+            .get(i)
+            .and_then(|f| f.as_ref())
+            .ok_or_else(|| KernelError::new(format!("input {i} is required but missing")))
+    }
+
+    /// Shape of input `i` as `usize`s.
+    pub fn in_shape(&self, i: usize) -> KResult<Vec<usize>> {
+        Ok(self.input(i)?.shape.iter().map(|&d| d as usize).collect())
+    }
+
+    /// Shape of output `k` as `usize`s.
+    pub fn out_shape(&self, k: usize) -> KResult<Vec<usize>> {
+        let f = self
+            .outputs
+            .get(k)
+            .and_then(|f| f.as_ref())
+            .ok_or_else(|| KernelError::new(format!("output {k} is not in the graph")))?;
+        Ok(f.shape.iter().map(|&d| d as usize).collect())
+    }
+
+    /// The constant integer values of input `i` (axes, shapes, pads...), `None` when the
+    /// input is omitted. Errors when the input is present but not a constant.
+    pub fn const_ints(&self, i: usize) -> KResult<Option<Vec<i64>>> {
+        match self.inputs.get(i).and_then(|f| f.as_ref()) {
+            None => Ok(None),
+            Some(f) => match &f.value {
+                Some(v) => Ok(Some(v.as_i64())),
+                None => Err(KernelError::new(format!(
+                    "input {i} must be a constant known at import time"
+                ))),
+            },
+        }
+    }
+
+    /// The constant float values of input `i`, as [`KernelCtx::const_ints`].
+    pub fn const_floats(&self, i: usize) -> KResult<Option<Vec<f64>>> {
+        match self.inputs.get(i).and_then(|f| f.as_ref()) {
+            None => Ok(None),
+            Some(f) => match &f.value {
+                Some(v) => Ok(Some(v.as_f64())),
+                None => Err(KernelError::new(format!(
+                    "input {i} must be a constant known at import time"
+                ))),
+            },
+        }
+    }
+
+    /// A possibly negative axis normalized against `rank`.
+    pub fn axis(&self, axis: i64, rank: usize) -> KResult<usize> {
+        let r = rank as i64;
+        let a = if axis < 0 { axis + r } else { axis };
+        if a < 0 || a >= r {
+            return Err(KernelError::new(format!(
+                "axis {axis} is out of range for rank {rank}"
+            )));
+        }
+        Ok(a as usize)
+    }
+}
+
+/// Extra values computed for the backward, by tag (`stats`, `indices`, `mask`, `workspace`).
+pub type Extras = HashMap<String, Vec<Tensor>>;
+
+/// What a backward kernel receives.
+pub struct BwdArgs<'a> {
+    /// Input values, one per declared input: present when saved by the gradient rule, or a
+    /// parameter or constant; `None` otherwise.
+    pub inputs: &'a [Option<Tensor>],
+    /// Output values, one per declared output: present when saved by the gradient rule.
+    pub outputs: &'a [Option<Tensor>],
+    /// The op's extra values (present when the rule saves them).
+    pub extras: &'a Extras,
+    /// d loss / d output, one per declared output; `None` when no gradient reaches it (zero).
+    pub grads: &'a [Option<Tensor>],
+    /// Which input slots want a gradient.
+    pub needs: &'a [bool],
+}
+
+impl BwdArgs<'_> {
+    /// Saved input `i`, or an error naming it.
+    pub fn input(&self, i: usize) -> KResult<&Tensor> {
+        self.inputs.get(i).and_then(|t| t.as_ref()).ok_or_else(|| {
+            KernelError::new(format!("the backward needs input {i}, which is not saved"))
+        })
+    }
+
+    /// Saved output `k`, or an error naming it.
+    pub fn output(&self, k: usize) -> KResult<&Tensor> {
+        self.outputs.get(k).and_then(|t| t.as_ref()).ok_or_else(|| {
+            KernelError::new(format!("the backward needs output {k}, which is not saved"))
+        })
+    }
+
+    /// Extra value `tag`, or an error naming it.
+    pub fn extra(&self, tag: &str) -> KResult<&[Tensor]> {
+        self.extras.get(tag).map(|v| v.as_slice()).ok_or_else(|| {
+            KernelError::new(format!(
+                "the backward needs the extra value {tag:?}, which is not resident"
+            ))
+        })
+    }
+
+    /// d loss / d output `k`, zeros of the output's shape when no gradient reaches it.
+    pub fn grad(&self, cx: &KernelCtx, k: usize) -> KResult<Tensor> {
+        match self.grads.get(k).and_then(|g| g.as_ref()) {
+            Some(g) => Ok(g.clone()),
+            None => {
+                let f =
+                    cx.outputs.get(k).and_then(|f| f.as_ref()).ok_or_else(|| {
+                        KernelError::new(format!("output {k} is not in the graph"))
+                    })?;
+                let shape: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
+                Ok(Tensor::zeros(shape, to_candle(f.dtype)?, cx.device)?)
+            }
+        }
+    }
+
+    pub fn need(&self, i: usize) -> bool {
+        self.needs.get(i).copied().unwrap_or(false)
+    }
+}
+
+pub type ForwardFn = fn(&KernelCtx, &[Option<Tensor>], &Extras) -> KResult<Vec<Option<Tensor>>>;
+pub type ExtraFn = fn(&KernelCtx, &str, &[Option<Tensor>]) -> KResult<Vec<Tensor>>;
+pub type BackwardFn = fn(&KernelCtx, &BwdArgs) -> KResult<Vec<Option<Tensor>>>;
+
+/// One op's kernels.
+#[derive(Clone, Copy)]
+pub struct Kernel {
+    pub forward: ForwardFn,
+    /// Required for ops whose gradient rule has `Saved::Extra` values.
+    pub extra: Option<ExtraFn>,
+    /// Required for differentiable ops.
+    pub backward: Option<BackwardFn>,
+}
+
+pub type KernelRegistry = HashMap<&'static str, Kernel>;
+
+/// A kernel's error; the runner adds the node and the op.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelError(pub String);
+
+impl KernelError {
+    pub fn new(message: impl Into<String>) -> KernelError {
+        KernelError(message.into())
+    }
+}
+
+impl std::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<candle_core::Error> for KernelError {
+    fn from(e: candle_core::Error) -> Self {
+        KernelError(e.to_string())
+    }
+}
+
+impl From<PlannerError> for KernelError {
+    fn from(e: PlannerError) -> Self {
+        KernelError(e.to_string())
+    }
+}
+
+pub type KResult<T> = std::result::Result<T, KernelError>;
+
+/// Early return with a [`KernelError`].
+#[macro_export]
+macro_rules! kbail {
+    ($($arg:tt)*) => {
+        return Err($crate::exec::kernel::KernelError::new(format!($($arg)*)))
+    };
+}
+
+/// The candle element type that holds an ONNX type (booleans and 8-bit integers as `u8`,
+/// unsigned 16/32-bit as `u32`, 64-bit unsigned as `i64`).
+pub fn to_candle(d: DType) -> KResult<candle_core::DType> {
+    use candle_core::DType as C;
+    Ok(match d {
+        DType::F32 => C::F32,
+        DType::F64 => C::F64,
+        DType::F16 => C::F16,
+        DType::Bf16 => C::BF16,
+        DType::Bool | DType::U8 | DType::I8 => C::U8,
+        DType::I16 => C::I16,
+        DType::I32 => C::I32,
+        DType::U16 | DType::U32 => C::U32,
+        DType::I64 | DType::U64 => C::I64,
+        other => {
+            return Err(KernelError::new(format!(
+                "element type {other:?} is not supported by the executor"
+            )))
+        }
+    })
+}
+
+/// A small deterministic generator (splitmix64) for seeded draws (dropout masks, initial weights, test data).
+pub struct Rng(u64);
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+}

@@ -1,0 +1,487 @@
+//! Test harness for kernels: runs one op through its shape rule, gradient rule and kernels,
+//! and checks the backward against central finite differences in f64, on every device
+//! compiled in. Used by the unit tests of each kernel family.
+//!
+//! What a case checks:
+//! 1. the forward's outputs have the shapes and dtypes the shape rule infers;
+//! 2. the extra values have exactly the bytes the gradient rule declares (the solver's
+//!    memory model counts them);
+//! 3. the forward given its extras equals the forward computing them itself;
+//! 4. the backward, seeing only what the gradient rule saves (and parameters), matches
+//!    finite differences of `sum_k <outputs_k, seed_k>` for every input that needs a
+//!    gradient (relative error ≤ `tol`).
+
+use super::kernel::{to_candle, BwdArgs, Extras, KResult, KernelCtx, KernelError, Rng};
+use super::kernels::registry;
+use crate::onnx::Attrs;
+use crate::ops::{registry as op_registry, Ctx, Saved};
+use crate::tensor::{DType, Data, Fact, Tensor as PTensor};
+use candle_core::{Device, Tensor};
+use onnx_protobuf::attribute_proto::AttributeType;
+use onnx_protobuf::AttributeProto;
+
+/// One input of a test case.
+#[derive(Clone, Debug)]
+pub enum In {
+    /// A random float activation (uniform in [-1, 1], or [lo, hi]) that gets a gradient when
+    /// the op's input slot is differentiable.
+    Rand(Vec<usize>),
+    RandIn(Vec<usize>, f64, f64),
+    /// A random float parameter: always passed to the backward, gets a gradient.
+    Param(Vec<usize>),
+    /// Fixed float values (an activation).
+    Floats(Vec<usize>, Vec<f64>),
+    /// A constant known at import (axes, shapes, scales; indices): the fact carries its value.
+    Const(DType, Vec<usize>, Vec<f64>),
+    /// Integer data computed at run time (token ids, indices), not a constant.
+    Ints(DType, Vec<usize>, Vec<i64>),
+    /// An omitted optional input.
+    None,
+}
+
+/// An attribute for a test case.
+pub fn int(name: &str, v: i64) -> AttributeProto {
+    let mut a = AttributeProto::new();
+    a.name = name.into();
+    a.type_ = AttributeType::INT.into();
+    a.i = v;
+    a
+}
+pub fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    let mut a = AttributeProto::new();
+    a.name = name.into();
+    a.type_ = AttributeType::INTS.into();
+    a.ints = v.to_vec();
+    a
+}
+pub fn float(name: &str, v: f32) -> AttributeProto {
+    let mut a = AttributeProto::new();
+    a.name = name.into();
+    a.type_ = AttributeType::FLOAT.into();
+    a.f = v;
+    a
+}
+pub fn floats(name: &str, v: &[f32]) -> AttributeProto {
+    let mut a = AttributeProto::new();
+    a.name = name.into();
+    a.type_ = AttributeType::FLOATS.into();
+    a.floats = v.to_vec();
+    a
+}
+pub fn string(name: &str, v: &str) -> AttributeProto {
+    let mut a = AttributeProto::new();
+    a.name = name.into();
+    a.type_ = AttributeType::STRING.into();
+    a.s = v.as_bytes().to_vec();
+    a
+}
+
+/// One op under test.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub op: &'static str,
+    pub opset: i64,
+    pub attrs: Vec<AttributeProto>,
+    pub inputs: Vec<In>,
+    pub n_outputs: usize,
+    /// Max relative error of the backward against finite differences.
+    pub tol: f64,
+    /// Elements checked per input (spread over the tensor); all when the input is smaller.
+    pub samples: usize,
+    pub seed: u64,
+}
+
+impl Case {
+    pub fn new(op: &'static str, opset: i64, inputs: Vec<In>) -> Case {
+        Case {
+            op,
+            opset,
+            attrs: vec![],
+            inputs,
+            n_outputs: 1,
+            tol: 1e-6,
+            samples: 48,
+            seed: 7,
+        }
+    }
+    pub fn attr(mut self, a: AttributeProto) -> Case {
+        self.attrs.push(a);
+        self
+    }
+    pub fn outputs(mut self, n: usize) -> Case {
+        self.n_outputs = n;
+        self
+    }
+    pub fn tol(mut self, t: f64) -> Case {
+        self.tol = t;
+        self
+    }
+    pub fn seed(mut self, s: u64) -> Case {
+        self.seed = s;
+        self
+    }
+}
+
+/// The devices compiled in and present: the CPU always, a CUDA GPU with the `cuda` feature.
+pub fn devices() -> Vec<Device> {
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    let mut v = vec![Device::Cpu];
+    #[cfg(feature = "cuda")]
+    if let Ok(d) = Device::new_cuda(0) {
+        v.push(d);
+    }
+    v
+}
+
+struct Prepared {
+    facts: Vec<Option<Fact>>,
+    values: Vec<Option<Tensor>>,
+    /// Differentiable float activations or parameters (candidates for a gradient).
+    float_in: Vec<bool>,
+    params: Vec<bool>,
+}
+
+fn prepare(case: &Case, dev: &Device, rng: &mut Rng) -> KResult<Prepared> {
+    let mut facts = vec![];
+    let mut values = vec![];
+    let mut float_in = vec![];
+    let mut params = vec![];
+    for inp in &case.inputs {
+        let u64s = |s: &[usize]| s.iter().map(|&d| d as u64).collect::<Vec<u64>>();
+        match inp {
+            In::Rand(s) | In::Param(s) | In::RandIn(s, _, _) => {
+                let (lo, hi) = match inp {
+                    In::RandIn(_, lo, hi) => (*lo, *hi),
+                    _ => (-1.0, 1.0),
+                };
+                let n: usize = s.iter().product();
+                let v: Vec<f64> = (0..n).map(|_| rng.uniform(lo, hi)).collect();
+                facts.push(Some(Fact::new(DType::F64, u64s(s))));
+                values.push(Some(Tensor::from_vec(v, s.clone(), dev)?));
+                float_in.push(true);
+                params.push(matches!(inp, In::Param(_)));
+            }
+            In::Floats(s, v) => {
+                facts.push(Some(Fact::new(DType::F64, u64s(s))));
+                values.push(Some(Tensor::from_vec(v.clone(), s.clone(), dev)?));
+                float_in.push(true);
+                params.push(false);
+            }
+            In::Const(d, s, v) => {
+                let d = if d.is_float() { DType::F64 } else { *d };
+                let t = PTensor::new(d, u64s(s), Data::F(v.clone()));
+                values.push(Some(super::value::from_planner(&t, dev)?));
+                facts.push(Some(Fact::with_value(t)));
+                float_in.push(false);
+                params.push(false);
+            }
+            In::Ints(d, s, v) => {
+                facts.push(Some(Fact::new(*d, u64s(s))));
+                let t = Tensor::from_vec(v.clone(), s.clone(), dev)?.to_dtype(to_candle(*d)?)?;
+                values.push(Some(t));
+                float_in.push(false);
+                params.push(false);
+            }
+            In::None => {
+                facts.push(None);
+                values.push(None);
+                float_in.push(false);
+                params.push(false);
+            }
+        }
+    }
+    Ok(Prepared {
+        facts,
+        values,
+        float_in,
+        params,
+    })
+}
+
+/// Runs a case on every device; panics with a readable message on a failure (tests only).
+pub fn check(case: &Case) {
+    for dev in devices() {
+        if let Err(e) = check_on(case, &dev) {
+            panic!("{} (opset {}) on {:?}: {e}", case.op, case.opset, dev);
+        }
+    }
+}
+
+fn flat(t: &Tensor) -> KResult<Vec<f64>> {
+    Ok(t.to_dtype(candle_core::DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?)
+}
+
+/// Runs a case on one device.
+pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
+    let spec = op_registry()
+        .get(case.op)
+        .ok_or_else(|| KernelError::new("no shape rule"))?;
+    let kernel = *registry()
+        .get(case.op)
+        .ok_or_else(|| KernelError::new("no kernel"))?;
+    let mut rng = Rng::new(case.seed);
+    let p = prepare(case, dev, &mut rng)?;
+    let attrs = Attrs {
+        node: "n",
+        op: case.op,
+        list: &case.attrs,
+    };
+    let scx = Ctx {
+        node: "n",
+        op: case.op,
+        opset: case.opset,
+        attrs: Attrs { ..attrs },
+        inputs: &p.facts,
+        n_outputs: case.n_outputs,
+    };
+    let outs: Vec<Fact> = (spec.infer)(&scx)?;
+    let needs: Vec<bool> = (0..p.facts.len())
+        .map(|i| p.float_in[i] && (spec.diff_in)(&scx, i))
+        .collect();
+    let rule = (spec.grad)(&scx, &outs, &needs);
+    let out_facts: Vec<Option<Fact>> = outs.iter().cloned().map(Some).collect();
+    let cx = KernelCtx {
+        node: "n",
+        op: case.op,
+        opset: case.opset,
+        attrs: Attrs { ..attrs },
+        inputs: &p.facts,
+        outputs: &out_facts,
+        device: dev,
+        seed: case.seed,
+    };
+
+    // Extras, checked against the declared bytes.
+    let mut extras = Extras::new();
+    for s in &rule.saved {
+        if let Saved::Extra { tag, bytes, .. } = s {
+            let f = kernel.extra.ok_or_else(|| {
+                KernelError::new(format!(
+                    "the rule saves {tag:?} but the kernel has no extra function"
+                ))
+            })?;
+            let inputs: Vec<Option<Tensor>> = if *tag == "mask" {
+                vec![None; p.values.len()]
+            } else {
+                p.values.clone()
+            };
+            let v = f(&cx, tag, &inputs)?;
+            let got: u64 = v
+                .iter()
+                .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
+                .sum();
+            if got != *bytes {
+                return Err(KernelError::new(format!(
+                    "extra {tag:?} holds {got} bytes but the gradient rule declares {bytes}"
+                )));
+            }
+            extras.insert(tag.to_string(), v);
+        }
+    }
+    let y = (kernel.forward)(&cx, &p.values, &extras)?;
+    if y.len() != outs.len() {
+        return Err(KernelError::new(format!(
+            "forward returned {} outputs, the shape rule {}",
+            y.len(),
+            outs.len()
+        )));
+    }
+    for (k, (t, f)) in y.iter().zip(&outs).enumerate() {
+        let t = t
+            .as_ref()
+            .ok_or_else(|| KernelError::new(format!("output {k} missing")))?;
+        let want: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
+        if t.dims() != want.as_slice() {
+            return Err(KernelError::new(format!(
+                "output {k} has shape {:?}, the shape rule says {want:?}",
+                t.dims()
+            )));
+        }
+        let dt = if f.dtype.is_float() {
+            candle_core::DType::F64
+        } else {
+            to_candle(f.dtype)?
+        };
+        if t.dtype() != dt {
+            return Err(KernelError::new(format!(
+                "output {k} has dtype {:?}, expected {dt:?}",
+                t.dtype()
+            )));
+        }
+    }
+    if !extras.is_empty()
+        && rule
+            .saved
+            .iter()
+            .all(|s| !matches!(s, Saved::Extra { tag: "mask", .. }))
+    {
+        let y2 = (kernel.forward)(&cx, &p.values, &Extras::new())?;
+        for (k, (a, b)) in y.iter().zip(&y2).enumerate() {
+            if let (Some(a), Some(b)) = (a, b) {
+                if a.dtype().is_float() {
+                    let (a, b) = (flat(a)?, flat(b)?);
+                    let d = a
+                        .iter()
+                        .zip(&b)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0.0, f64::max);
+                    if d > 1e-9 {
+                        return Err(KernelError::new(format!(
+                            "output {k} differs by {d} with and without extras"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    if !needs.iter().any(|&b| b) {
+        return Ok(());
+    }
+    let bwd = kernel
+        .backward
+        .ok_or_else(|| KernelError::new("the op is differentiable but has no backward kernel"))?;
+
+    // Seeds for the float outputs that carry a gradient.
+    let mut seeds: Vec<Option<Tensor>> = vec![];
+    for (k, f) in outs.iter().enumerate() {
+        if f.dtype.is_float() && (spec.diff_out)(&scx, k) {
+            let n = f.numel() as usize;
+            let v: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let shape: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
+            seeds.push(Some(Tensor::from_vec(v, shape, dev)?));
+        } else {
+            seeds.push(None);
+        }
+    }
+    let objective = |values: &[Option<Tensor>]| -> KResult<f64> {
+        let y = (kernel.forward)(
+            &cx,
+            values,
+            &recompute_extras(&cx, kernel.extra, &rule.saved, values)?,
+        )?;
+        let mut s = 0.0;
+        for (t, g) in y.iter().zip(&seeds) {
+            if let (Some(t), Some(g)) = (t, g) {
+                s += flat(t)?
+                    .iter()
+                    .zip(flat(g)?)
+                    .map(|(a, b)| a * b)
+                    .sum::<f64>();
+            }
+        }
+        Ok(s)
+    };
+
+    // What the backward sees: saved values and parameters only.
+    let mut bin: Vec<Option<Tensor>> = vec![None; p.values.len()];
+    let mut bout: Vec<Option<Tensor>> = vec![None; y.len()];
+    for (i, v) in p.values.iter().enumerate() {
+        if p.params[i] || matches!(case.inputs[i], In::Const(..)) {
+            bin[i] = v.clone();
+        }
+    }
+    for s in &rule.saved {
+        match s {
+            Saved::Input(i) => {
+                if let Some(v) = p.values.get(*i) {
+                    bin[*i] = v.clone();
+                }
+            }
+            Saved::Output(k) => {
+                if let Some(v) = y.get(*k) {
+                    bout[*k] = v.clone();
+                }
+            }
+            Saved::Extra { .. } => {}
+        }
+    }
+    let grads = bwd(
+        &cx,
+        &BwdArgs {
+            inputs: &bin,
+            outputs: &bout,
+            extras: &extras,
+            grads: &seeds,
+            needs: &needs,
+        },
+    )?;
+    if grads.len() != p.values.len() {
+        return Err(KernelError::new(format!(
+            "backward returned {} gradients for {} inputs",
+            grads.len(),
+            p.values.len()
+        )));
+    }
+    let eps = 1e-6;
+    for (i, need) in needs.iter().enumerate() {
+        let g = &grads[i];
+        if !need {
+            if g.is_some() {
+                return Err(KernelError::new(format!(
+                    "backward returned a gradient for input {i}, which needs none"
+                )));
+            }
+            continue;
+        }
+        let g = g
+            .as_ref()
+            .ok_or_else(|| KernelError::new(format!("no gradient for input {i}")))?;
+        let x = p.values[i].as_ref().expect("float input present");
+        if g.dims() != x.dims() {
+            return Err(KernelError::new(format!(
+                "gradient of input {i} has shape {:?}, the input {:?}",
+                g.dims(),
+                x.dims()
+            )));
+        }
+        let gv = flat(g)?;
+        let xv = flat(x)?;
+        let n = xv.len();
+        let step = (n / case.samples.max(1)).max(1);
+        let mut worst: f64 = 0.0;
+        let scale = gv.iter().map(|v| v.abs()).fold(1e-3, f64::max);
+        for j in (0..n).step_by(step) {
+            let mut num = [0.0; 2];
+            for (s, sign) in [1.0, -1.0].iter().enumerate() {
+                let mut xv2 = xv.clone();
+                xv2[j] += sign * eps;
+                let mut vals = p.values.clone();
+                vals[i] = Some(Tensor::from_vec(xv2, x.dims(), dev)?);
+                num[s] = objective(&vals)?;
+            }
+            let fd = (num[0] - num[1]) / (2.0 * eps);
+            let err = (fd - gv[j]).abs() / scale;
+            worst = worst.max(err);
+            if err > case.tol {
+                return Err(KernelError::new(format!(
+                    "d/d input {i}[{j}]: backward {} vs finite difference {fd} (relative error {err:.2e} > {:.0e})",
+                    gv[j], case.tol
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn recompute_extras(
+    cx: &KernelCtx,
+    f: Option<super::kernel::ExtraFn>,
+    saved: &[Saved],
+    values: &[Option<Tensor>],
+) -> KResult<Extras> {
+    let mut e = Extras::new();
+    for s in saved {
+        if let Saved::Extra { tag, .. } = s {
+            let f = f.ok_or_else(|| KernelError::new("no extra function"))?;
+            let inputs: Vec<Option<Tensor>> = if *tag == "mask" {
+                vec![None; values.len()]
+            } else {
+                values.to_vec()
+            };
+            e.insert(tag.to_string(), f(cx, tag, &inputs)?);
+        }
+    }
+    Ok(e)
+}
