@@ -97,6 +97,21 @@ pub enum PlannerError {
     NoLoss,
     #[error("lowering the training graph: {0}")]
     Lowering(String),
+    #[error("executor{}: {message}", exec_where(node, op))]
+    Exec {
+        node: String,
+        op: String,
+        message: String,
+    },
 }
 
 pub type Result<T, E = PlannerError> = std::result::Result<T, E>;
+
+fn exec_where(node: &str, op: &str) -> String {
+    match (node.is_empty(), op.is_empty()) {
+        (true, true) => String::new(),
+        (false, true) => format!(", node {node:?}"),
+        (true, false) => format!(", {op}"),
+        (false, false) => format!(", node {node:?} ({op})"),
+    }
+}

@@ -71,7 +71,7 @@ use std::collections::BTreeMap;
 pub use error::{PlannerError, Result, UnsupportedNode};
 pub use inspect::{InspectReport, TensorInfo, TrainingNodeInfo};
 pub use model::{Model, ValueKind};
-pub use training::{SavedTensor, TrainingGraph, TrainingNode};
+pub use training::{ExecInfo, SavedTensor, Source, TrainingGraph, TrainingNode};
 
 /// How to import a model.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -295,3 +295,20 @@ fn decode_values(t: &TensorProto, dtype: DType, n: usize) -> Option<Data> {
         _ => return None,
     })
 }
+
+/// Decodes a tensor's values whatever their size (the executor's weights). `Ok(None)` when
+/// the tensor has no inline data (external data, no data) or holds strings.
+pub fn decode_tensor_values(t: &TensorProto, what: &str) -> Result<Option<Tensor>> {
+    let d = decode_tensor(t, what)?;
+    if let Some(v) = d.value {
+        return Ok(Some(v));
+    }
+    let n = numel(&d.shape).unwrap_or(0);
+    let external = t.data_location.value() == 1 || !t.external_data.is_empty();
+    let inline = !t.raw_data.is_empty() || typed_elements(t, d.dtype).is_some();
+    if external || !inline || d.dtype == DType::String {
+        return Ok(None);
+    }
+    let n = usize::try_from(n).map_err(|_| malformed(format!("tensor {what:?} is too large")))?;
+    Ok(decode_values(t, d.dtype, n).map(|data| Tensor::new(d.dtype, d.shape, data)))
+}

@@ -50,6 +50,43 @@ pub struct TrainingGraph {
     /// The storages counted in `saved_activation_bytes`, largest first.
     pub saved: Vec<SavedTensor>,
     problem: Problem,
+    /// What the executor needs to run the graph: where each training node comes from.
+    pub exec: ExecInfo,
+}
+
+/// Where a training node comes from (parallel to [`TrainingGraph::nodes`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Source {
+    /// A graph input carrying data.
+    Input(ValueId),
+    /// An extra value an op's backward keeps (`stats`, `indices`, `mask`, `workspace`).
+    Extra { node: NodeIndex, tag: &'static str },
+    /// A forward op (its outputs; views of them are computed on demand).
+    Forward(NodeIndex),
+    /// The loss: the sum of the means of [`ExecInfo::loss_outputs`].
+    Loss,
+    /// The backward of a forward op: the gradients of its non-parameter inputs.
+    Backward(NodeIndex),
+}
+
+/// The executor's view of the training graph.
+#[derive(Debug, Clone, Default)]
+pub struct ExecInfo {
+    pub sources: Vec<Source>,
+    /// The training node holding each activation's storage (a view maps to its base's node).
+    pub holder: HashMap<ValueId, usize>,
+    pub loss_outputs: Vec<ValueId>,
+    /// Live forward ops in evaluation order, views included.
+    pub fwd_order: Vec<NodeIndex>,
+    /// Live views with no node of their own: computed from their base when read, their
+    /// backward folded into their consumers' gradient flow.
+    pub collapsed: HashSet<NodeIndex>,
+    /// Per live op: which input slots need a gradient.
+    pub needs: HashMap<NodeIndex, Vec<bool>>,
+    /// Per live op: which output slots carry a gradient.
+    pub out_grad: HashMap<NodeIndex, Vec<bool>>,
+    /// Per live op with a backward: its gradient rule.
+    pub rules: HashMap<NodeIndex, GradRule>,
 }
 
 /// A storage the backward keeps when nothing is recomputed.
@@ -203,6 +240,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
     }
 
     let mut nodes: Vec<TrainingNode> = vec![];
+    let mut sources: Vec<Source> = vec![];
     let mut ids: HashSet<String> = HashSet::new();
     let mut push = |nodes: &mut Vec<TrainingNode>, mut n: TrainingNode| -> usize {
         let base = n.id.clone();
@@ -239,6 +277,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
                     replay_rng: false,
                 },
             );
+            sources.push(Source::Input(v));
             holder.insert(v, i);
         }
     }
@@ -285,6 +324,10 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
                             replay_rng: g.replay_rng,
                         },
                     );
+                    sources.push(Source::Extra {
+                        node: ix,
+                        tag: *tag,
+                    });
                     extra_index.insert((ix, k), e);
                 }
             }
@@ -316,6 +359,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
                 replay_rng: ni.random || ni.grad.as_ref().is_some_and(|g| g.replay_rng),
             },
         );
+        sources.push(Source::Forward(ix));
         fwd_index.insert(ix, f);
         for v in node.outputs.iter().flatten() {
             holder.insert(*v, f);
@@ -355,6 +399,9 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
             replay_rng: false,
         },
     );
+
+    sources.push(Source::Loss);
+    debug_assert_eq!(sources.len(), loss + 1);
 
     // Backward nodes, in reverse forward order. A view's backward is folded into the
     // gradient flow: its consumers' backward nodes feed its base's producer directly.
@@ -500,6 +547,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
                 replay_rng: false,
             },
         );
+        sources.push(Source::Backward(ix));
         bwd_index.insert(ix, b);
     }
 
@@ -531,7 +579,32 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
     let fixed = params_bytes.saturating_mul(2).saturating_add(buffers_bytes);
     let problem = Problem::new(name, problem_nodes, fixed)
         .map_err(|e| PlannerError::Lowering(e.to_string()))?;
+    let collapsed_set: HashSet<NodeIndex> = fwd_order
+        .iter()
+        .copied()
+        .filter(|ix| !fwd_index.contains_key(ix))
+        .collect();
+    let exec = ExecInfo {
+        sources,
+        holder,
+        loss_outputs: loss_outputs.clone(),
+        collapsed: collapsed_set,
+        needs: fwd_order
+            .iter()
+            .map(|ix| (*ix, info[ix].needs.clone()))
+            .collect(),
+        out_grad: fwd_order
+            .iter()
+            .map(|ix| (*ix, info[ix].out_grad.clone()))
+            .collect(),
+        rules: fwd_order
+            .iter()
+            .filter_map(|ix| info[ix].grad.clone().map(|g| (*ix, g)))
+            .collect(),
+        fwd_order,
+    };
     Ok(TrainingGraph {
+        exec,
         nodes,
         params_bytes,
         buffers_bytes,

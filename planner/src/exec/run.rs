@@ -1,0 +1,1021 @@
+//! The schedule runner: executes a training step following a solver schedule, keeping exactly
+//! the values the schedule says are resident, and measures every step.
+
+use super::alloc;
+use super::kernel::{BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError};
+use super::kernels::registry;
+use super::weights::{constants, input_value, seed_for, stored_tensors, ConstSources};
+use crate::error::PlannerError;
+use crate::model::{Model, ValueId, ValueKind};
+use crate::onnx::Attrs;
+use crate::ops::Saved;
+use crate::tensor::Fact;
+use crate::training::{Source, TrainingGraph};
+use candle_core::{Device, Tensor};
+use petgraph::graph::NodeIndex;
+use remat_solver::{Schedule, Step};
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+/// Where the executor runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecDevice {
+    Cpu,
+    Cuda,
+}
+
+impl ExecDevice {
+    pub fn parse(s: &str) -> crate::Result<ExecDevice> {
+        match s {
+            "cpu" => Ok(ExecDevice::Cpu),
+            "cuda" | "gpu" => Ok(ExecDevice::Cuda),
+            other => Err(PlannerError::Exec {
+                node: String::new(),
+                op: String::new(),
+                message: format!("unknown device {other:?}; expected cpu or cuda"),
+            }),
+        }
+    }
+
+    /// The candle device; without the `cuda` feature, CUDA answers that it is not compiled in.
+    pub fn open(self) -> crate::Result<Device> {
+        match self {
+            ExecDevice::Cpu => Ok(Device::Cpu),
+            ExecDevice::Cuda => {
+                if !cfg!(feature = "cuda") {
+                    return Err(PlannerError::Exec {
+                        node: String::new(),
+                        op: String::new(),
+                        message: "device cuda: remat was not compiled with CUDA (build with --features cuda)".into(),
+                    });
+                }
+                Device::new_cuda(0).map_err(|e| PlannerError::Exec {
+                    node: String::new(),
+                    op: String::new(),
+                    message: format!("device cuda: {e}"),
+                })
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecDevice::Cpu => "cpu",
+            ExecDevice::Cuda => "cuda",
+        }
+    }
+}
+
+/// One step as run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StepMeasure {
+    /// Live bytes after the step: resident values (each storage once) plus parameters, their
+    /// gradients and buffers.
+    pub live_bytes: u64,
+    /// Heap bytes in use after the step, relative to the start of the run (`None` without the
+    /// counting allocator).
+    pub heap_bytes: Option<u64>,
+    pub seconds: f64,
+}
+
+/// What one run of a schedule produced and measured.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub loss: f64,
+    /// d loss / d parameter, by value id.
+    pub grads: HashMap<ValueId, Tensor>,
+    pub steps: Vec<StepMeasure>,
+    pub live_peak_bytes: u64,
+    pub live_peak_step: usize,
+    /// Heap peak during the run above the heap in use when it started.
+    pub heap_peak_bytes: Option<u64>,
+    pub seconds: f64,
+    /// Seconds per training node (summed over its computations).
+    pub node_seconds: Vec<f64>,
+    /// Computations per training node.
+    pub node_runs: Vec<u32>,
+    /// BatchNormalization nodes whose running statistics were updated (once each).
+    pub running_stat_updates: usize,
+}
+
+/// A model ready to run: constants loaded, inputs generated, kernels looked up.
+pub struct Executor<'m> {
+    model: &'m Model,
+    tg: &'m TrainingGraph,
+    device: Device,
+    seed: u64,
+    consts: HashMap<ValueId, Tensor>,
+    inputs: HashMap<ValueId, Tensor>,
+    /// Live consumers of each value: (node, input slot).
+    consumers: HashMap<ValueId, Vec<(NodeIndex, usize)>>,
+    /// Backward training node of each forward op.
+    bwd_of: HashMap<NodeIndex, usize>,
+    /// Extra training nodes of each forward op, by tag.
+    extras_of: HashMap<NodeIndex, Vec<(&'static str, usize)>>,
+    facts: HashMap<NodeIndex, (Vec<Option<Fact>>, Vec<Option<Fact>>)>,
+    pub sources: ConstSources,
+    fixed_live_bytes: u64,
+}
+
+fn exec_err(node: &str, op: &str, message: impl Into<String>) -> PlannerError {
+    PlannerError::Exec {
+        node: node.to_string(),
+        op: op.to_string(),
+        message: message.into(),
+    }
+}
+
+/// Bytes of the distinct storages behind `tensors`.
+pub fn storage_bytes<'a>(
+    tensors: impl Iterator<Item = &'a Tensor>,
+    seen: &mut HashSet<usize>,
+) -> u64 {
+    let mut total = 0u64;
+    for t in tensors {
+        let (storage, layout) = t.storage_and_layout();
+        let key = std::ptr::from_ref(&*storage).addr();
+        if !seen.insert(key) {
+            continue;
+        }
+        let bytes = match &*storage {
+            candle_core::Storage::Cpu(c) => cpu_storage_bytes(c),
+            _ => None,
+        };
+        total += bytes.unwrap_or((layout.shape().elem_count() * t.dtype().size_in_bytes()) as u64);
+    }
+    total
+}
+
+fn cpu_storage_bytes(c: &candle_core::CpuStorage) -> Option<u64> {
+    use candle_core::CpuStorage as C;
+    let n = match c {
+        C::U8(v) => v.len(),
+        C::U32(v) => v.len() * 4,
+        C::I16(v) => v.len() * 2,
+        C::I32(v) => v.len() * 4,
+        C::I64(v) => v.len() * 8,
+        C::BF16(v) => v.len() * 2,
+        C::F16(v) => v.len() * 2,
+        C::F32(v) => v.len() * 4,
+        C::F64(v) => v.len() * 8,
+        _ => return None,
+    };
+    Some(n as u64)
+}
+
+type Value = Vec<Option<Tensor>>;
+
+struct State {
+    resident: Vec<Option<Value>>,
+    grads: HashMap<ValueId, Tensor>,
+    derived_grads: HashMap<ValueId, Tensor>,
+    params_done: HashSet<usize>,
+    bn_done: HashSet<NodeIndex>,
+    running_updates: usize,
+    computed: Vec<u32>,
+    node_seconds: Vec<f64>,
+    loss: Option<f64>,
+}
+
+fn add_into(map: &mut HashMap<ValueId, Tensor>, v: ValueId, g: Tensor) -> KResult<()> {
+    match map.remove(&v) {
+        Some(acc) => {
+            let dt = acc.dtype();
+            let s = (acc + g.to_dtype(dt)?)?;
+            map.insert(v, s);
+        }
+        None => {
+            map.insert(v, g);
+        }
+    }
+    Ok(())
+}
+
+impl<'m> Executor<'m> {
+    /// Loads constants (from `bytes`, the model file, where it stores them), generates inputs
+    /// and runs the folded nodes that compute derived constants.
+    pub fn new(
+        model: &'m Model,
+        tg: &'m TrainingGraph,
+        bytes: &[u8],
+        device: ExecDevice,
+        seed: u64,
+    ) -> crate::Result<Executor<'m>> {
+        let dev = device.open()?;
+        let stored = stored_tensors(bytes)?;
+        Executor::with_stored(model, tg, &stored, dev, seed)
+    }
+
+    pub fn with_stored(
+        model: &'m Model,
+        tg: &'m TrainingGraph,
+        stored: &HashMap<String, crate::tensor::Tensor>,
+        dev: Device,
+        seed: u64,
+    ) -> crate::Result<Executor<'m>> {
+        let kerr = |e: KernelError| exec_err("", "", e.0);
+        let (consts, sources) = constants(model, stored, seed, &dev).map_err(kerr)?;
+        let mut ex = Executor {
+            model,
+            tg,
+            device: dev,
+            seed,
+            consts,
+            inputs: HashMap::new(),
+            consumers: HashMap::new(),
+            bwd_of: HashMap::new(),
+            extras_of: HashMap::new(),
+            facts: HashMap::new(),
+            sources,
+            fixed_live_bytes: 0,
+        };
+        // Every op the run needs must have kernels: report all missing at once.
+        let mut missing: Vec<String> = vec![];
+        for &ix in &tg.exec.fwd_order {
+            let node = &model.graph[ix];
+            let k = registry().get(node.op_type.as_str());
+            let needs_bwd = tg.exec.rules.contains_key(&ix)
+                && tg.exec.needs.get(&ix).is_some_and(|n| n.iter().any(|&b| b));
+            match k {
+                None => missing.push(format!("{} ({})", node.name, node.op_type)),
+                Some(k) if needs_bwd && k.backward.is_none() => {
+                    missing.push(format!("{} ({} backward)", node.name, node.op_type))
+                }
+                _ => {}
+            }
+        }
+        if !missing.is_empty() {
+            let n = missing.len();
+            missing.truncate(12);
+            return Err(exec_err(
+                "",
+                "",
+                format!(
+                    "{n} node(s) have no executor kernel: {}{}",
+                    missing.join(", "),
+                    if n > 12 { ", ..." } else { "" }
+                ),
+            ));
+        }
+        ex.fold_constants()?;
+        for (i, s) in tg.exec.sources.iter().enumerate() {
+            match s {
+                Source::Input(v) => {
+                    let t = input_value(model, *v, seed, &ex.device).map_err(kerr)?;
+                    ex.inputs.insert(*v, t);
+                }
+                Source::Backward(ix) => {
+                    ex.bwd_of.insert(*ix, i);
+                }
+                Source::Extra { node, tag } => {
+                    ex.extras_of.entry(*node).or_default().push((tag, i))
+                }
+                _ => {}
+            }
+        }
+        for &ix in &tg.exec.fwd_order {
+            for (slot, v) in model.graph[ix].inputs.iter().enumerate() {
+                if let Some(v) = v {
+                    ex.consumers.entry(*v).or_default().push((ix, slot));
+                }
+            }
+        }
+        let mut seen = HashSet::new();
+        let fixed: u64 = ex
+            .consts
+            .iter()
+            .filter(|(v, _)| {
+                matches!(
+                    model.values[**v].kind,
+                    ValueKind::Param | ValueKind::Buffer | ValueKind::Derived
+                )
+            })
+            .map(|(_, t)| storage_bytes(std::iter::once(t), &mut seen))
+            .sum();
+        let grads: u64 = ex
+            .params()
+            .iter()
+            .filter_map(|v| model.values[*v].fact.as_ref())
+            .map(|f| f.bytes())
+            .sum();
+        ex.fixed_live_bytes = fixed + grads;
+        Ok(ex)
+    }
+
+    /// Replaces a generated data input (e.g. with a fixture's recorded values). The tensor must
+    /// have the input's shape; it is converted to the input's element type.
+    pub fn set_input(&mut self, name: &str, t: Tensor) -> crate::Result<()> {
+        let v = self
+            .inputs
+            .keys()
+            .copied()
+            .find(|&v| self.model.values[v].name == name)
+            .ok_or_else(|| {
+                let mut known: Vec<&str> = self
+                    .inputs
+                    .keys()
+                    .map(|&v| self.model.values[v].name.as_str())
+                    .collect();
+                known.sort_unstable();
+                exec_err(
+                    "",
+                    "",
+                    format!(
+                        "{name:?} is not a data input the step reads; those are: {}",
+                        known.join(", ")
+                    ),
+                )
+            })?;
+        let old = &self.inputs[&v];
+        if old.dims() != t.dims() {
+            return Err(exec_err(
+                "",
+                "",
+                format!(
+                    "input {name:?} has shape {:?}, the value given {:?}",
+                    old.dims(),
+                    t.dims()
+                ),
+            ));
+        }
+        let t = t
+            .to_dtype(old.dtype())
+            .and_then(|t| t.to_device(&self.device))
+            .map_err(|e| exec_err("", "", format!("input {name:?}: {e}")))?;
+        self.inputs.insert(v, t);
+        Ok(())
+    }
+
+    /// Parameters (trainable values), in value order.
+    pub fn params(&self) -> Vec<ValueId> {
+        (0..self.model.values.len())
+            .filter(|&v| {
+                self.model.values[v].kind == ValueKind::Param && self.consts.contains_key(&v)
+            })
+            .collect()
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn model(&self) -> &Model {
+        self.model
+    }
+
+    /// Bytes of parameters, their gradients and buffers as held by the executor.
+    pub fn fixed_live_bytes(&self) -> u64 {
+        self.fixed_live_bytes
+    }
+
+    fn node_facts(&self, ix: NodeIndex) -> (Vec<Option<Fact>>, Vec<Option<Fact>>) {
+        if let Some(f) = self.facts.get(&ix) {
+            return f.clone();
+        }
+        let node = &self.model.graph[ix];
+        let f = |vs: &[Option<ValueId>]| -> Vec<Option<Fact>> {
+            vs.iter()
+                .map(|v| v.and_then(|v| self.model.values[v].fact.clone()))
+                .collect()
+        };
+        (f(&node.inputs), f(&node.outputs))
+    }
+
+    fn cache_facts(&mut self, ix: NodeIndex) {
+        if !self.facts.contains_key(&ix) {
+            let f = self.node_facts(ix);
+            self.facts.insert(ix, f);
+        }
+    }
+
+    fn with_kernel<R>(
+        &self,
+        ix: NodeIndex,
+        f: impl FnOnce(&Kernel, &KernelCtx) -> KResult<R>,
+    ) -> crate::Result<R> {
+        let node = &self.model.graph[ix];
+        let kernel = registry()
+            .get(node.op_type.as_str())
+            .ok_or_else(|| exec_err(&node.name, &node.op_type, "the op has no executor kernel"))?;
+        let (ins, outs) = match self.facts.get(&ix) {
+            Some(f) => (f.0.clone(), f.1.clone()),
+            None => self.node_facts(ix),
+        };
+        let cx = KernelCtx {
+            node: &node.name,
+            op: &node.op_type,
+            opset: node.opset,
+            attrs: Attrs {
+                node: &node.name,
+                op: &node.op_type,
+                list: &node.attrs,
+            },
+            inputs: &ins,
+            outputs: &outs,
+            device: &self.device,
+            seed: seed_for(self.seed, &node.name),
+        };
+        f(kernel, &cx).map_err(|e| exec_err(&node.name, &node.op_type, e.0))
+    }
+
+    /// Runs the folded nodes whose outputs are large constants (not kept by the importer) or
+    /// derived from parameters, in graph order.
+    fn fold_constants(&mut self) -> crate::Result<()> {
+        let order: Vec<NodeIndex> = self.model.graph.node_indices().collect();
+        for ix in order {
+            let node = &self.model.graph[ix];
+            if !node.folded || node.skipped {
+                continue;
+            }
+            let missing = node
+                .outputs
+                .iter()
+                .flatten()
+                .any(|v| !self.consts.contains_key(v) && self.model.values[*v].fact.is_some());
+            if !missing {
+                continue;
+            }
+            let mut ins = vec![];
+            let mut ok = true;
+            for v in &node.inputs {
+                match v {
+                    None => ins.push(None),
+                    Some(v) => match self.consts.get(v) {
+                        Some(t) => ins.push(Some(t.clone())),
+                        None => {
+                            ok = false;
+                            break;
+                        }
+                    },
+                }
+            }
+            if !ok {
+                continue;
+            }
+            self.cache_facts(ix);
+            let outs = self.with_kernel(ix, |k, cx| (k.forward)(cx, &ins, &Extras::new()))?;
+            for (v, t) in node.outputs.iter().zip(outs) {
+                if let (Some(v), Some(t)) = (v, t) {
+                    self.consts.entry(*v).or_insert(t);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The value `v` as the step sees it: a constant, an input's or op's resident output, or a
+    /// view computed from its resident base.
+    fn value(&self, st: &State, v: ValueId, step: usize) -> crate::Result<Tensor> {
+        if let Some(t) = self.consts.get(&v) {
+            return Ok(t.clone());
+        }
+        let val = &self.model.values[v];
+        if let Some(&h) = self.tg.exec.holder.get(&v) {
+            match (&self.tg.exec.sources[h], val.producer) {
+                (Source::Input(iv), _) if *iv == v => {
+                    return self
+                        .resident(st, h, step, &val.name)?
+                        .first()
+                        .cloned()
+                        .flatten()
+                        .ok_or_else(|| {
+                            exec_err(
+                                "",
+                                "",
+                                format!("step {step}: input {:?} has no value", val.name),
+                            )
+                        });
+                }
+                (Source::Forward(fx), Some((p, slot))) if *fx == p => {
+                    return self
+                        .resident(st, h, step, &val.name)?
+                        .get(slot)
+                        .cloned()
+                        .flatten()
+                        .ok_or_else(|| {
+                            exec_err(
+                                "",
+                                "",
+                                format!("step {step}: value {:?} was not produced", val.name),
+                            )
+                        });
+                }
+                _ => {}
+            }
+        }
+        // A view: compute it from its inputs.
+        let Some((p, slot)) = val.producer else {
+            return Err(exec_err(
+                "",
+                "",
+                format!("step {step}: value {:?} has no source", val.name),
+            ));
+        };
+        if !self.tg.exec.collapsed.contains(&p) {
+            return Err(exec_err(
+                &self.model.graph[p].name,
+                &self.model.graph[p].op_type,
+                format!(
+                    "step {step}: value {:?} is not held by any training node",
+                    val.name
+                ),
+            ));
+        }
+        let node = &self.model.graph[p];
+        let mut ins = Vec::with_capacity(node.inputs.len());
+        for x in &node.inputs {
+            ins.push(match x {
+                Some(x) => Some(self.value(st, *x, step)?),
+                None => None,
+            });
+        }
+        let outs = self.with_kernel(p, |k, cx| (k.forward)(cx, &ins, &Extras::new()))?;
+        outs.get(slot).cloned().flatten().ok_or_else(|| {
+            exec_err(
+                &node.name,
+                &node.op_type,
+                format!("the view did not produce output {slot}"),
+            )
+        })
+    }
+
+    fn resident<'s>(
+        &self,
+        st: &'s State,
+        h: usize,
+        step: usize,
+        what: &str,
+    ) -> crate::Result<&'s Value> {
+        st.resident[h].as_ref().ok_or_else(|| {
+            exec_err(
+                "",
+                "",
+                format!(
+                    "step {step}: {what:?} is held by {}, which the schedule does not keep resident here",
+                    self.tg.nodes[h].id
+                ),
+            )
+        })
+    }
+
+    /// d loss / d `v` from the loss and every consumer's backward (through views).
+    fn grad_of(
+        &self,
+        st: &State,
+        v: ValueId,
+        step: usize,
+        depth: usize,
+    ) -> crate::Result<Option<Tensor>> {
+        if depth > self.model.graph.node_count() + 1 {
+            return Err(exec_err(
+                "",
+                "",
+                format!("step {step}: gradient flow loops through views"),
+            ));
+        }
+        let mut acc: Option<Tensor> = None;
+        let add = |acc: &mut Option<Tensor>, g: Tensor| -> crate::Result<()> {
+            *acc = Some(match acc.take() {
+                None => g,
+                Some(a) => (a + g).map_err(|e| exec_err("", "", e.to_string()))?,
+            });
+            Ok(())
+        };
+        if self.tg.exec.loss_outputs.contains(&v) {
+            let f = self.model.values[v]
+                .fact
+                .as_ref()
+                .ok_or_else(|| exec_err("", "", "loss output without a shape"))?;
+            let shape: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
+            let n = f.numel().max(1) as f64;
+            let dt = super::kernel::to_candle(f.dtype).map_err(|e| exec_err("", "", e.0))?;
+            let g = Tensor::full(1.0 / n, shape, &self.device)
+                .and_then(|t| t.to_dtype(dt))
+                .map_err(|e| exec_err("", "loss", e.to_string()))?;
+            add(&mut acc, g)?;
+        }
+        let Some(users) = self.consumers.get(&v) else {
+            return Ok(acc);
+        };
+        for &(c, slot) in users {
+            let needs = self.tg.exec.needs.get(&c);
+            if !needs.and_then(|n| n.get(slot)).copied().unwrap_or(false) {
+                continue;
+            }
+            if self.tg.exec.collapsed.contains(&c) {
+                let node = &self.model.graph[c];
+                let og = self.tg.exec.out_grad.get(&c).cloned().unwrap_or_default();
+                let mut grads: Vec<Option<Tensor>> = vec![];
+                let mut any = false;
+                for (k, o) in node.outputs.iter().enumerate() {
+                    let g = match o {
+                        Some(o) if og.get(k).copied().unwrap_or(false) => {
+                            self.grad_of(st, *o, step, depth + 1)?
+                        }
+                        _ => None,
+                    };
+                    any |= g.is_some();
+                    grads.push(g);
+                }
+                if !any {
+                    continue;
+                }
+                let ins: Vec<Option<Tensor>> = node
+                    .inputs
+                    .iter()
+                    .map(|x| x.and_then(|x| self.consts.get(&x).cloned()))
+                    .collect();
+                let outs: Vec<Option<Tensor>> = vec![None; node.outputs.len()];
+                let needs_v: Vec<bool> = needs.cloned().unwrap_or_default();
+                let r = self.with_kernel(c, |k, cx| {
+                    let b = k
+                        .backward
+                        .ok_or_else(|| KernelError::new("the view has no backward kernel"))?;
+                    b(
+                        cx,
+                        &BwdArgs {
+                            inputs: &ins,
+                            outputs: &outs,
+                            extras: &Extras::new(),
+                            grads: &grads,
+                            needs: &needs_v,
+                        },
+                    )
+                })?;
+                if let Some(g) = r.get(slot).cloned().flatten() {
+                    add(&mut acc, g)?;
+                }
+            } else if let Some(&b) = self.bwd_of.get(&c) {
+                let r = self.resident(
+                    st,
+                    b,
+                    step,
+                    &format!("gradient of {}", self.model.values[v].name),
+                )?;
+                if let Some(g) = r.get(slot).cloned().flatten() {
+                    add(&mut acc, g)?;
+                }
+            }
+        }
+        Ok(acc)
+    }
+
+    fn compute(&self, st: &mut State, i: usize, step: usize) -> crate::Result<Value> {
+        let tn = &self.tg.nodes[i];
+        for &d in &tn.deps {
+            if st.resident[d].is_none() {
+                return Err(exec_err(
+                    &tn.name,
+                    &tn.op,
+                    format!(
+                        "step {step}: computing {} needs {}, which is not resident",
+                        tn.id, self.tg.nodes[d].id
+                    ),
+                ));
+            }
+        }
+        match &self.tg.exec.sources[i] {
+            Source::Input(v) => Ok(vec![self.inputs.get(v).cloned()]),
+            Source::Extra { node, tag } => {
+                let n = &self.model.graph[*node];
+                let ins: Vec<Option<Tensor>> = if *tag == "mask" {
+                    vec![None; n.inputs.len()]
+                } else {
+                    let mut ins = vec![];
+                    for x in &n.inputs {
+                        ins.push(match x {
+                            Some(x) => Some(self.value(st, *x, step)?),
+                            None => None,
+                        });
+                    }
+                    ins
+                };
+                let out = self.with_kernel(*node, |k, cx| {
+                    let f = k.extra.ok_or_else(|| {
+                        KernelError::new(format!("no kernel computes the extra value {tag:?}"))
+                    })?;
+                    f(cx, tag, &ins)
+                })?;
+                Ok(out.into_iter().map(Some).collect())
+            }
+            Source::Forward(ix) => {
+                let n = &self.model.graph[*ix];
+                let mut ins = vec![];
+                for x in &n.inputs {
+                    ins.push(match x {
+                        Some(x) => Some(self.value(st, *x, step)?),
+                        None => None,
+                    });
+                }
+                let extras = self.extras(st, *ix, step)?;
+                let outs = self.with_kernel(*ix, |k, cx| (k.forward)(cx, &ins, &extras))?;
+                if n.op_type == "BatchNormalization" && outs.len() > 1 && st.bn_done.insert(*ix) {
+                    // Training-mode running statistics: updated on the first computation only.
+                    st.running_updates += 1;
+                }
+                Ok(outs)
+            }
+            Source::Loss => {
+                let mut total: Option<Tensor> = None;
+                for &v in &self.tg.exec.loss_outputs {
+                    let t = self.value(st, v, step)?;
+                    let m = t
+                        .to_dtype(candle_core::DType::F32)
+                        .and_then(|t| t.mean_all())
+                        .map_err(|e| exec_err("loss", "SumOfMeans", e.to_string()))?;
+                    total = Some(match total {
+                        None => m,
+                        Some(a) => {
+                            (a + m).map_err(|e| exec_err("loss", "SumOfMeans", e.to_string()))?
+                        }
+                    });
+                }
+                Ok(vec![total])
+            }
+            Source::Backward(ix) => self.backward(st, i, *ix, step),
+        }
+    }
+
+    fn extras(&self, st: &State, ix: NodeIndex, step: usize) -> crate::Result<Extras> {
+        let mut e = Extras::new();
+        if let Some(list) = self.extras_of.get(&ix) {
+            for (tag, h) in list {
+                let v = self.resident(st, *h, step, &format!("extra {tag}"))?;
+                e.insert(tag.to_string(), v.iter().flatten().cloned().collect());
+            }
+        }
+        Ok(e)
+    }
+
+    fn backward(
+        &self,
+        st: &mut State,
+        i: usize,
+        ix: NodeIndex,
+        step: usize,
+    ) -> crate::Result<Value> {
+        let node = &self.model.graph[ix];
+        let og = self.tg.exec.out_grad.get(&ix).cloned().unwrap_or_default();
+        let mut grads = vec![];
+        for (k, o) in node.outputs.iter().enumerate() {
+            grads.push(match o {
+                Some(o) if og.get(k).copied().unwrap_or(false) => self.grad_of(st, *o, step, 0)?,
+                _ => None,
+            });
+        }
+        let rule = self
+            .tg
+            .exec
+            .rules
+            .get(&ix)
+            .ok_or_else(|| exec_err(&node.name, &node.op_type, "no gradient rule"))?;
+        let mut ins: Vec<Option<Tensor>> = node
+            .inputs
+            .iter()
+            .map(|x| x.and_then(|x| self.consts.get(&x).cloned()))
+            .collect();
+        let mut outs: Vec<Option<Tensor>> = vec![None; node.outputs.len()];
+        for s in &rule.saved {
+            match s {
+                Saved::Input(k) => {
+                    if let Some(Some(x)) = node.inputs.get(*k) {
+                        ins[*k] = Some(self.value(st, *x, step)?);
+                    }
+                }
+                Saved::Output(k) => {
+                    if let Some(Some(x)) = node.outputs.get(*k) {
+                        outs[*k] = Some(self.value(st, *x, step)?);
+                    }
+                }
+                Saved::Extra { .. } => {}
+            }
+        }
+        let extras = self.extras(st, ix, step)?;
+        let needs = self.tg.exec.needs.get(&ix).cloned().unwrap_or_default();
+        let r = self.with_kernel(ix, |k, cx| {
+            let b = k
+                .backward
+                .ok_or_else(|| KernelError::new("the op has no backward kernel"))?;
+            b(
+                cx,
+                &BwdArgs {
+                    inputs: &ins,
+                    outputs: &outs,
+                    extras: &extras,
+                    grads: &grads,
+                    needs: &needs,
+                },
+            )
+        })?;
+        let first = st.params_done.insert(i);
+        let mut out: Value = vec![None; node.inputs.len()];
+        for (slot, g) in r.into_iter().enumerate() {
+            let (Some(g), Some(Some(v))) = (g, node.inputs.get(slot)) else {
+                continue;
+            };
+            match self.model.values[*v].kind {
+                ValueKind::Param => {
+                    if first {
+                        add_into(&mut st.grads, *v, g)
+                            .map_err(|e| exec_err(&node.name, &node.op_type, e.0))?;
+                    }
+                }
+                ValueKind::Derived => {
+                    if first {
+                        add_into(&mut st.derived_grads, *v, g)
+                            .map_err(|e| exec_err(&node.name, &node.op_type, e.0))?;
+                    }
+                }
+                _ => {
+                    if let Some(slot_out) = out.get_mut(slot) {
+                        *slot_out = Some(g);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pushes the gradients of derived constants back through their folded nodes to the
+    /// parameters they are computed from.
+    fn backprop_derived(&self, st: &mut State) -> crate::Result<()> {
+        let order: Vec<NodeIndex> = self.model.graph.node_indices().collect();
+        for &ix in order.iter().rev() {
+            let node = &self.model.graph[ix];
+            if !node.folded || node.skipped {
+                continue;
+            }
+            let grads: Vec<Option<Tensor>> = node
+                .outputs
+                .iter()
+                .map(|o| o.and_then(|o| st.derived_grads.get(&o).cloned()))
+                .collect();
+            if grads.iter().all(|g| g.is_none()) {
+                continue;
+            }
+            let ins: Vec<Option<Tensor>> = node
+                .inputs
+                .iter()
+                .map(|x| x.and_then(|x| self.consts.get(&x).cloned()))
+                .collect();
+            let outs: Vec<Option<Tensor>> = node
+                .outputs
+                .iter()
+                .map(|x| x.and_then(|x| self.consts.get(&x).cloned()))
+                .collect();
+            let needs: Vec<bool> = node
+                .inputs
+                .iter()
+                .map(|x| {
+                    x.is_some_and(|x| {
+                        matches!(
+                            self.model.values[x].kind,
+                            ValueKind::Param | ValueKind::Derived
+                        ) && self.model.values[x]
+                            .fact
+                            .as_ref()
+                            .is_some_and(|f| f.dtype.is_float())
+                    })
+                })
+                .collect();
+            if !needs.iter().any(|&b| b) {
+                continue;
+            }
+            let r = self.with_kernel(ix, |k, cx| {
+                let b = k
+                    .backward
+                    .ok_or_else(|| KernelError::new("the op has no backward kernel"))?;
+                b(
+                    cx,
+                    &BwdArgs {
+                        inputs: &ins,
+                        outputs: &outs,
+                        extras: &Extras::new(),
+                        grads: &grads,
+                        needs: &needs,
+                    },
+                )
+            })?;
+            for (slot, g) in r.into_iter().enumerate() {
+                let (Some(g), Some(Some(v))) = (g, node.inputs.get(slot)) else {
+                    continue;
+                };
+                let map = if self.model.values[*v].kind == ValueKind::Param {
+                    &mut st.grads
+                } else {
+                    &mut st.derived_grads
+                };
+                add_into(map, *v, g).map_err(|e| exec_err(&node.name, &node.op_type, e.0))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the schedule (already validated by `simulate` against this graph's problem).
+    /// `progress` is called after every step with (done, total).
+    pub fn run(
+        &mut self,
+        schedule: &Schedule,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> crate::Result<RunResult> {
+        for ix in self.tg.exec.fwd_order.clone() {
+            self.cache_facts(ix);
+        }
+        let n = self.tg.nodes.len();
+        let mut st = State {
+            resident: vec![None; n],
+            grads: HashMap::new(),
+            derived_grads: HashMap::new(),
+            params_done: HashSet::new(),
+            bn_done: HashSet::new(),
+            running_updates: 0,
+            computed: vec![0; n],
+            node_seconds: vec![0.0; n],
+            loss: None,
+        };
+        // Parameter gradients live for the whole step (fixed memory), zero to start.
+        for v in self.params() {
+            let p = &self.consts[&v];
+            let z = p
+                .zeros_like()
+                .map_err(|e| exec_err("", "", e.to_string()))?;
+            st.grads.insert(v, z);
+        }
+        let heap0 = alloc::installed().then(alloc::reset_peak);
+        let t0 = Instant::now();
+        let mut steps = Vec::with_capacity(schedule.steps.len());
+        let mut live_peak = 0u64;
+        let mut live_peak_step = 0usize;
+        let total = schedule.steps.len();
+        for (s, step) in schedule.steps.iter().enumerate() {
+            let ts = Instant::now();
+            match *step {
+                Step::Compute(i) => {
+                    if i >= n {
+                        return Err(exec_err(
+                            "",
+                            "",
+                            format!("step {s}: node index {i} is out of range"),
+                        ));
+                    }
+                    let v = self.compute(&mut st, i, s)?;
+                    if st.loss.is_none() && self.tg.exec.sources[i] == Source::Loss {
+                        if let Some(t) = v.first().cloned().flatten() {
+                            let l = t
+                                .to_dtype(candle_core::DType::F64)
+                                .and_then(|t| t.to_scalar::<f64>())
+                                .map_err(|e| exec_err("loss", "SumOfMeans", e.to_string()))?;
+                            st.loss = Some(l);
+                        }
+                    }
+                    st.resident[i] = Some(v);
+                    st.computed[i] += 1;
+                }
+                Step::Free(i) => {
+                    if i >= n || st.resident[i].is_none() {
+                        return Err(exec_err(
+                            "",
+                            "",
+                            format!("step {s}: frees a value that is not resident"),
+                        ));
+                    }
+                    st.resident[i] = None;
+                }
+            }
+            let secs = ts.elapsed().as_secs_f64();
+            if let Step::Compute(i) = *step {
+                st.node_seconds[i] += secs;
+            }
+            let mut seen = HashSet::new();
+            let live = self.fixed_live_bytes
+                + storage_bytes(st.resident.iter().flatten().flatten().flatten(), &mut seen);
+            if live > live_peak {
+                live_peak = live;
+                live_peak_step = s;
+            }
+            steps.push(StepMeasure {
+                live_bytes: live,
+                heap_bytes: heap0.map(|h0| alloc::current().saturating_sub(h0) as u64),
+                seconds: secs,
+            });
+            progress(s + 1, total);
+        }
+        self.backprop_derived(&mut st)?;
+        let loss = st.loss.unwrap_or(f64::NAN);
+        let seconds = t0.elapsed().as_secs_f64();
+        let heap_peak = heap0.map(|h0| alloc::peak().saturating_sub(h0) as u64);
+        Ok(RunResult {
+            loss,
+            grads: st.grads,
+            steps,
+            live_peak_bytes: live_peak,
+            live_peak_step,
+            heap_peak_bytes: heap_peak,
+            seconds,
+            node_seconds: st.node_seconds,
+            node_runs: st.computed,
+            running_stat_updates: st.running_updates,
+        })
+    }
+}

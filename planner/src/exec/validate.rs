@@ -1,0 +1,402 @@
+//! Validation of a plan by running it: the plan's schedule and the store-all schedule on the
+//! same weights and inputs, gradients compared, memory and time measured.
+
+use super::run::{ExecDevice, Executor, RunResult};
+use crate::error::PlannerError;
+use crate::model::Model;
+use crate::training::TrainingGraph;
+use candle_core::Tensor;
+use remat_solver::{simulate, store_all, Problem, Schedule, Step};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What to check.
+#[derive(Debug, Clone)]
+pub struct ValidateOptions {
+    pub device: ExecDevice,
+    /// Seed of the generated inputs and of parameters the file does not store.
+    pub seed: u64,
+    /// The plan's budget: a measured peak above it fails the validation.
+    pub budget_bytes: Option<u64>,
+    /// Max relative gradient error against the store-all run.
+    pub grad_tolerance: f64,
+    /// Max relative difference between the measured and the predicted peak.
+    pub peak_tolerance: f64,
+}
+
+impl Default for ValidateOptions {
+    fn default() -> Self {
+        ValidateOptions {
+            device: ExecDevice::Cpu,
+            seed: 0,
+            budget_bytes: None,
+            grad_tolerance: 1e-6,
+            peak_tolerance: 0.02,
+        }
+    }
+}
+
+/// One step of the timeline: predicted (the simulator's) and measured bytes after it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelinePoint {
+    pub step: usize,
+    pub op: &'static str,
+    pub node: String,
+    pub predicted_bytes: u64,
+    pub measured_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heap_bytes: Option<u64>,
+    pub seconds: f64,
+}
+
+/// Time spent per op type in the plan's run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpTime {
+    pub op: String,
+    pub seconds: f64,
+    pub computations: u32,
+}
+
+/// The result of running a plan (the JSON `validation` object).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Validation {
+    pub ran: bool,
+    pub device: &'static str,
+    /// Gradients match, the measured peak agrees with the prediction and fits the budget.
+    pub ok: bool,
+    /// Why `ok` is false.
+    pub problems: Vec<String>,
+    pub predicted_peak_bytes: u64,
+    /// Peak of the live tensors the executor holds (each storage once), parameters, their
+    /// gradients and buffers included.
+    pub measured_peak_bytes: u64,
+    /// `measured / predicted − 1`.
+    pub peak_rel_diff: f64,
+    pub measured_peak_step: usize,
+    /// The heap's peak during the run above the heap in use when it started, plus the fixed
+    /// tensors (comparable with `measured_peak_bytes`); `None` when the counting allocator is
+    /// not installed.
+    pub heap_peak_bytes: Option<u64>,
+    /// What the difference between the heap peak and the live-tensor peak is.
+    pub heap_note: String,
+    pub budget_bytes: Option<u64>,
+    /// Max over parameters of max|plan − store-all| / max|store-all|.
+    pub grad_max_rel_err: f64,
+    pub grad_tolerance: f64,
+    pub params_checked: usize,
+    pub loss: f64,
+    pub store_all_loss: f64,
+    pub step_seconds: f64,
+    pub store_all_step_seconds: f64,
+    /// `step_seconds / store_all_step_seconds − 1`.
+    pub measured_overhead: f64,
+    /// The simulator's overhead of the same schedule (FLOPs or the problem's cost unit).
+    pub predicted_overhead: f64,
+    pub recomputations: usize,
+    pub running_stat_updates: usize,
+    pub params_from_file: usize,
+    pub params_seeded: usize,
+    pub op_seconds: Vec<OpTime>,
+    pub timeline: Vec<TimelinePoint>,
+}
+
+fn err(message: impl Into<String>) -> PlannerError {
+    PlannerError::Exec {
+        node: String::new(),
+        op: String::new(),
+        message: message.into(),
+    }
+}
+
+/// Max over parameters of max|a − b| / max|b|, and how many were compared.
+pub fn grad_rel_err(
+    a: &std::collections::HashMap<usize, Tensor>,
+    b: &std::collections::HashMap<usize, Tensor>,
+) -> crate::Result<(f64, usize)> {
+    let mut worst: f64 = 0.0;
+    let mut n = 0;
+    for (v, tb) in b {
+        let ta = a
+            .get(v)
+            .ok_or_else(|| err(format!("the plan's run has no gradient for value {v}")))?;
+        let fa = flat(ta)?;
+        let fb = flat(tb)?;
+        if fa.len() != fb.len() {
+            return Err(err(format!("gradient shapes differ for value {v}")));
+        }
+        let scale = fb.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let diff = fa.iter().zip(&fb).fold(0.0f64, |m, (x, y)| {
+            if (x - y).is_nan() {
+                f64::INFINITY
+            } else {
+                m.max((x - y).abs())
+            }
+        });
+        let rel = if scale > 0.0 { diff / scale } else { diff };
+        worst = worst.max(rel);
+        n += 1;
+    }
+    Ok((worst, n))
+}
+
+/// A tensor's values as f64 on the host.
+pub fn flat(t: &Tensor) -> crate::Result<Vec<f64>> {
+    t.to_dtype(candle_core::DType::F64)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f64>())
+        .map_err(|e| err(e.to_string()))
+}
+
+/// Checks that `schedule` belongs to `problem` and is valid; the simulator's error names the
+/// step.
+fn check_schedule(problem: &Problem, schedule: &Schedule) -> crate::Result<remat_solver::Stats> {
+    simulate(problem, schedule)
+        .map_err(|e| err(format!("the schedule is not valid for this model: {e}")))
+}
+
+/// Runs `schedule` and the store-all schedule of `tg` and compares them.
+pub fn validate(
+    model: &Model,
+    tg: &TrainingGraph,
+    model_bytes: &[u8],
+    schedule: &Schedule,
+    opts: &ValidateOptions,
+    progress: &mut dyn FnMut(&str, usize, usize),
+) -> crate::Result<Validation> {
+    let mut ex = Executor::new(model, tg, model_bytes, opts.device, opts.seed)?;
+    let mut v = validate_with(
+        &mut ex,
+        tg,
+        &[(schedule.clone(), opts.budget_bytes)],
+        opts,
+        progress,
+    )?;
+    v.pop().ok_or_else(|| err("no validation"))
+}
+
+/// Runs several schedules (each with its budget) on one executor: the store-all run first
+/// (the reference gradients), then each schedule, then store-all again (the reference time
+/// is the faster of the two store-all runs).
+pub fn validate_with(
+    ex: &mut Executor,
+    tg: &TrainingGraph,
+    schedules: &[(Schedule, Option<u64>)],
+    opts: &ValidateOptions,
+    progress: &mut dyn FnMut(&str, usize, usize),
+) -> crate::Result<Vec<Validation>> {
+    let problem = tg.to_problem();
+    let mut checked = Vec::with_capacity(schedules.len());
+    for (s, _) in schedules {
+        checked.push(check_schedule(&problem, s)?);
+    }
+    let reference = store_all(&problem);
+    let sa1 = ex.run(&reference, &mut |d, t| progress("store-all", d, t))?;
+    let mut runs = Vec::with_capacity(schedules.len());
+    for (s, _) in schedules {
+        runs.push(ex.run(s, &mut |d, t| progress("plan", d, t))?);
+    }
+    let sa2 = ex.run(&reference, &mut |d, t| progress("store-all again", d, t))?;
+    let store_all_secs = sa1.seconds.min(sa2.seconds);
+    Ok(schedules
+        .iter()
+        .zip(&checked)
+        .zip(&runs)
+        .map(|(((s, budget), stats), run)| {
+            let o = ValidateOptions {
+                budget_bytes: *budget,
+                ..opts.clone()
+            };
+            report(ex, tg, &problem, s, stats, run, &sa1, store_all_secs, &o)
+        })
+        .collect())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    ex: &Executor,
+    tg: &TrainingGraph,
+    problem: &Problem,
+    schedule: &Schedule,
+    stats: &remat_solver::Stats,
+    plan: &RunResult,
+    reference: &RunResult,
+    store_all_secs: f64,
+    opts: &ValidateOptions,
+) -> Validation {
+    let mut problems = vec![];
+    let (grad_err, params_checked) = match grad_rel_err(&plan.grads, &reference.grads) {
+        Ok(x) => x,
+        Err(e) => {
+            problems.push(e.to_string());
+            (f64::INFINITY, 0)
+        }
+    };
+    if grad_err.is_nan() || grad_err > opts.grad_tolerance {
+        problems.push(format!(
+            "gradients differ from the store-all run's: max relative error {grad_err:.3e} > {:.0e}",
+            opts.grad_tolerance
+        ));
+    }
+    let predicted = stats.peak_bytes;
+    let measured = plan.live_peak_bytes;
+    let rel = if predicted > 0 {
+        measured as f64 / predicted as f64 - 1.0
+    } else {
+        0.0
+    };
+    if rel.abs() > opts.peak_tolerance {
+        problems.push(format!(
+            "measured live-tensor peak {measured} B differs from the predicted {predicted} B by {:+.2}% (tolerance ±{:.0}%)",
+            rel * 100.0,
+            opts.peak_tolerance * 100.0
+        ));
+    }
+    if let Some(b) = opts.budget_bytes {
+        if measured > b {
+            let node = match schedule.steps.get(plan.live_peak_step) {
+                Some(Step::Compute(i)) | Some(Step::Free(i)) => {
+                    tg.nodes.get(*i).map(|n| n.id.clone()).unwrap_or_default()
+                }
+                None => String::new(),
+            };
+            problems.push(format!(
+                "the run's measured peak {measured} B exceeds the budget {b} B at step {} ({node})",
+                plan.live_peak_step
+            ));
+        }
+    }
+    let fixed = ex.fixed_live_bytes();
+    let heap_peak = plan.heap_peak_bytes.map(|h| h + fixed);
+    let heap_note = match heap_peak {
+        None => {
+            "heap not measured: the counting allocator is not installed in this process".to_string()
+        }
+        Some(h) => {
+            let extra = h as i64 - measured as i64;
+            format!(
+                "the heap peaked {} B ({:+.1}%) {} the live-tensor peak: kernel workspaces and temporaries \
+                 (im2col buffers, packed matmul operands, gradient contributions being summed, views made \
+                 contiguous) that the memory model does not count; inputs are generated before the run and \
+                 held outside it",
+                extra.unsigned_abs(),
+                if measured > 0 { extra as f64 / measured as f64 * 100.0 } else { 0.0 },
+                if extra >= 0 { "above" } else { "below" }
+            )
+        }
+    };
+    let mut by_op: BTreeMap<String, (f64, u32)> = BTreeMap::new();
+    for (i, n) in tg.nodes.iter().enumerate() {
+        let e = by_op.entry(n.op.clone()).or_default();
+        e.0 += plan.node_seconds.get(i).copied().unwrap_or(0.0);
+        e.1 += plan.node_runs.get(i).copied().unwrap_or(0);
+    }
+    let mut op_seconds: Vec<OpTime> = by_op
+        .into_iter()
+        .map(|(op, (seconds, computations))| OpTime {
+            op,
+            seconds,
+            computations,
+        })
+        .collect();
+    op_seconds.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    op_seconds.truncate(15);
+    let timeline = schedule
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(s, step)| {
+            let (op, i) = match *step {
+                Step::Compute(i) => ("compute", i),
+                Step::Free(i) => ("free", i),
+            };
+            let m = plan.steps.get(s);
+            TimelinePoint {
+                step: s,
+                op,
+                node: tg.nodes.get(i).map(|n| n.id.clone()).unwrap_or_default(),
+                predicted_bytes: stats.memory.get(s).copied().unwrap_or(0),
+                measured_bytes: m.map(|m| m.live_bytes).unwrap_or(0),
+                heap_bytes: m.and_then(|m| m.heap_bytes).map(|h| h + fixed),
+                seconds: m.map(|m| m.seconds).unwrap_or(0.0),
+            }
+        })
+        .collect();
+    Validation {
+        ran: true,
+        device: opts.device.name(),
+        ok: problems.is_empty(),
+        problems,
+        predicted_peak_bytes: predicted,
+        measured_peak_bytes: measured,
+        peak_rel_diff: rel,
+        measured_peak_step: plan.live_peak_step,
+        heap_peak_bytes: heap_peak,
+        heap_note,
+        budget_bytes: opts.budget_bytes,
+        grad_max_rel_err: grad_err,
+        grad_tolerance: opts.grad_tolerance,
+        params_checked,
+        loss: plan.loss,
+        store_all_loss: reference.loss,
+        step_seconds: plan.seconds,
+        store_all_step_seconds: store_all_secs,
+        measured_overhead: if store_all_secs > 0.0 {
+            plan.seconds / store_all_secs - 1.0
+        } else {
+            0.0
+        },
+        predicted_overhead: stats.overhead(problem),
+        recomputations: stats.recomputations,
+        running_stat_updates: plan.running_stat_updates,
+        params_from_file: ex.sources.params_from_file,
+        params_seeded: ex.sources.params_seeded,
+        op_seconds,
+        timeline,
+    }
+}
+
+/// Measured seconds per training node: the fastest of `runs` store-all runs (at least one),
+/// for the solver's cost model (`--cost measured`).
+pub fn measured_costs(
+    model: &Model,
+    tg: &TrainingGraph,
+    model_bytes: &[u8],
+    device: ExecDevice,
+    seed: u64,
+    runs: usize,
+) -> crate::Result<Vec<f64>> {
+    let problem = tg.to_problem();
+    let sched = store_all(&problem);
+    let mut ex = Executor::new(model, tg, model_bytes, device, seed)?;
+    let mut best: Option<Vec<f64>> = None;
+    for _ in 0..runs.max(1) {
+        let r = ex.run(&sched, &mut |_, _| {})?;
+        best = Some(match best {
+            None => r.node_seconds,
+            Some(b) => b
+                .iter()
+                .zip(&r.node_seconds)
+                .map(|(a, c)| a.min(*c))
+                .collect(),
+        });
+    }
+    best.ok_or_else(|| err("no profiling run"))
+}
+
+/// The problem with its costs replaced by `costs` (seconds per node).
+pub fn with_costs(problem: &Problem, costs: &[f64]) -> crate::Result<Problem> {
+    if costs.len() != problem.nodes.len() {
+        return Err(err("one measured cost per node is needed"));
+    }
+    let nodes = problem
+        .nodes
+        .iter()
+        .zip(costs)
+        .map(|(n, &c)| {
+            let mut n = n.clone();
+            n.cost = if c.is_finite() && c >= 0.0 { c } else { 0.0 };
+            n
+        })
+        .collect();
+    Problem::new(problem.name.clone(), nodes, problem.fixed_bytes).map_err(|e| err(e.to_string()))
+}
