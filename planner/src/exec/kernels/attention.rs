@@ -747,9 +747,225 @@ pub fn register(r: &mut KernelRegistry) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use crate::exec::kernel::{Extras, KResult, KernelCtx, KernelError};
     use crate::exec::testing::{check, float, int, Case, In};
-    use crate::tensor::DType;
+    use crate::onnx::Attrs;
+    use crate::ops::{registry as op_registry, Ctx};
+    use crate::tensor::{DType, Data, Fact, Tensor as PTensor};
+    use candle_core::{Device, Tensor};
+    use onnx_protobuf::AttributeProto;
+
+    fn planner_dtype(d: candle_core::DType) -> DType {
+        match d {
+            candle_core::DType::F64 => DType::F64,
+            candle_core::DType::F32 => DType::F32,
+            candle_core::DType::I64 => DType::I64,
+            candle_core::DType::I32 => DType::I32,
+            _ => DType::Bool,
+        }
+    }
+
+    /// Runs only the forward of `op` on the CPU; inputs listed in `consts` are constants
+    /// known at import.
+    pub(crate) fn forward(
+        op: &'static str,
+        opset: i64,
+        attrs: &[AttributeProto],
+        inputs: &[Option<Tensor>],
+        consts: &[usize],
+        n_outputs: usize,
+    ) -> KResult<Vec<Tensor>> {
+        let mut facts = vec![];
+        for (i, t) in inputs.iter().enumerate() {
+            facts.push(match t {
+                None => None,
+                Some(t) => {
+                    let d = planner_dtype(t.dtype());
+                    let shape: Vec<u64> = t.dims().iter().map(|&x| x as u64).collect();
+                    Some(if consts.contains(&i) {
+                        let flat = t.flatten_all()?;
+                        let data = if d.is_float() {
+                            Data::F(flat.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?)
+                        } else {
+                            Data::I(flat.to_dtype(candle_core::DType::I64)?.to_vec1::<i64>()?)
+                        };
+                        Fact::with_value(PTensor::new(d, shape, data))
+                    } else {
+                        Fact::new(d, shape)
+                    })
+                }
+            });
+        }
+        let attrs = Attrs {
+            node: "n",
+            op,
+            list: attrs,
+        };
+        let spec = op_registry()
+            .get(op)
+            .ok_or_else(|| KernelError::new("no shape rule"))?;
+        let outs = (spec.infer)(&Ctx {
+            node: "n",
+            op,
+            opset,
+            attrs: Attrs { ..attrs },
+            inputs: &facts,
+            n_outputs,
+        })?;
+        let outs: Vec<Option<Fact>> = outs.into_iter().map(Some).collect();
+        let cx = KernelCtx {
+            node: "n",
+            op,
+            opset,
+            attrs,
+            inputs: &facts,
+            outputs: &outs,
+            device: &Device::Cpu,
+            seed: 1,
+        };
+        let kernel = crate::exec::kernels::registry()
+            .get(op)
+            .ok_or_else(|| KernelError::new("no kernel"))?;
+        (kernel.forward)(&cx, inputs, &Extras::new())?
+            .into_iter()
+            .map(|t| t.ok_or_else(|| KernelError::new("missing output")))
+            .collect()
+    }
+
+    pub(crate) fn t(v: &[f64], shape: &[usize]) -> Tensor {
+        Tensor::from_vec(v.to_vec(), shape, &Device::Cpu).unwrap()
+    }
+
+    pub(crate) fn vals(t: &Tensor) -> Vec<f64> {
+        t.flatten_all().unwrap().to_vec1::<f64>().unwrap()
+    }
+
+    pub(crate) fn seq(n: usize, a: f64, b: f64) -> Vec<f64> {
+        (0..n).map(|i| ((i as f64) * a + b).sin()).collect()
+    }
+
+    pub(crate) fn close(got: &[f64], want: &[f64], tol: f64) {
+        assert_eq!(got.len(), want.len(), "lengths differ");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= tol * (1.0 + w.abs()),
+                "element {i}: got {g}, want {w}"
+            );
+        }
+    }
+
+    /// Attention by the ONNX reference's definition, one score at a time.
+    #[test]
+    fn attention_matches_a_naive_reference() {
+        let (b, qh, kvh, sq, past, kv, d) = (1, 4, 2, 3, 2, 3, 2);
+        let total = past + kv;
+        let q = seq(b * qh * sq * d, 0.7, 0.1);
+        let k = seq(b * kvh * kv * d, 0.3, 0.5);
+        let v = seq(b * kvh * kv * d, 0.9, 0.2);
+        let pk = seq(b * kvh * past * d, 0.4, 1.0);
+        let pv = seq(b * kvh * past * d, 0.6, 2.0);
+        let mask = seq(sq * total, 1.3, 0.0);
+        let scale = 0.7f32 as f64;
+        let ys = forward(
+            "Attention",
+            23,
+            &[int("is_causal", 1), float("scale", scale as f32)],
+            &[
+                Some(t(&q, &[b, qh, sq, d])),
+                Some(t(&k, &[b, kvh, kv, d])),
+                Some(t(&v, &[b, kvh, kv, d])),
+                Some(t(&mask, &[sq, total])),
+                Some(t(&pk, &[b, kvh, past, d])),
+                Some(t(&pv, &[b, kvh, past, d])),
+            ],
+            &[],
+            3,
+        )
+        .unwrap();
+        let key = |h: usize, j: usize, c: usize| {
+            if j < past {
+                pk[(h * past + j) * d + c]
+            } else {
+                k[(h * kv + j - past) * d + c]
+            }
+        };
+        let val = |h: usize, j: usize, c: usize| {
+            if j < past {
+                pv[(h * past + j) * d + c]
+            } else {
+                v[(h * kv + j - past) * d + c]
+            }
+        };
+        let mut want = vec![];
+        for h in 0..qh {
+            let kh = h / (qh / kvh);
+            for i in 0..sq {
+                let mut s = vec![];
+                for j in 0..total {
+                    let dot: f64 = (0..d)
+                        .map(|c| q[(h * sq + i) * d + c] * key(kh, j, c))
+                        .sum();
+                    let causal = if j > i + past { f64::NEG_INFINITY } else { 0.0 };
+                    s.push(dot * scale + mask[i * total + j] + causal);
+                }
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for c in 0..d {
+                    want.push((0..total).map(|j| e[j] / z * val(kh, j, c)).sum::<f64>());
+                }
+            }
+        }
+        close(&vals(&ys[0]), &want, 1e-12);
+        // present_key is past then new keys.
+        let pres: Vec<f64> = (0..kvh)
+            .flat_map(|h| (0..total).flat_map(move |j| (0..d).map(move |c| (h, j, c))))
+            .map(|(h, j, c)| key(h, j, c))
+            .collect();
+        close(&vals(&ys[1]), &pres, 0.0);
+    }
+
+    /// Rotary embedding by the ONNX reference's definition.
+    #[test]
+    fn rotary_matches_a_naive_reference() {
+        let (b, h, s, d) = (1, 2, 3, 4);
+        let x = seq(b * h * s * d, 0.5, 0.3);
+        let cos = seq(b * s * d / 2, 0.8, 1.0);
+        let sin = seq(b * s * d / 2, 0.2, 0.4);
+        for interleaved in [0, 1] {
+            let y = forward(
+                "RotaryEmbedding",
+                23,
+                &[int("interleaved", interleaved)],
+                &[
+                    Some(t(&x, &[b, h, s, d])),
+                    Some(t(&cos, &[b, s, d / 2])),
+                    Some(t(&sin, &[b, s, d / 2])),
+                ],
+                &[],
+                1,
+            )
+            .unwrap();
+            let mut want = vec![0.0; x.len()];
+            for hh in 0..h {
+                for p in 0..s {
+                    let base = (hh * s + p) * d;
+                    for c in 0..d / 2 {
+                        let (i1, i2) = if interleaved == 1 {
+                            (base + 2 * c, base + 2 * c + 1)
+                        } else {
+                            (base + c, base + c + d / 2)
+                        };
+                        let (co, si) = (cos[p * d / 2 + c], sin[p * d / 2 + c]);
+                        want[i1] = co * x[i1] - si * x[i2];
+                        want[i2] = si * x[i1] + co * x[i2];
+                    }
+                }
+            }
+            close(&vals(&y[0]), &want, 1e-12);
+        }
+    }
 
     #[test]
     fn attention_4d_default_scale() {

@@ -972,6 +972,107 @@ mod tests {
         check(&relu);
     }
 
+    fn sig(x: f64) -> f64 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    /// `W·x` for a row block of a `[rows, cols]` matrix.
+    fn mv(m: &[f64], row0: usize, rows: usize, cols: usize, x: &[f64]) -> Vec<f64> {
+        (0..rows)
+            .map(|r| (0..cols).map(|c| m[(row0 + r) * cols + c] * x[c]).sum())
+            .collect()
+    }
+
+    /// LSTM and GRU (both reset modes) against the ONNX equations, one scalar at a time.
+    #[test]
+    fn cells_match_the_onnx_equations() {
+        use crate::exec::kernels::attention::tests::{close, forward, seq, t, vals};
+        let (sl, b, i, h) = (3, 2, 3, 2);
+        let x = seq(sl * b * i, 0.7, 0.1);
+        for (op, g) in [("LSTM", 4), ("GRU", 3)] {
+            for lbr in [0, 1] {
+                if op == "LSTM" && lbr == 1 {
+                    continue;
+                }
+                let w = seq(g * h * i, 0.31, 0.2);
+                let r = seq(g * h * h, 0.57, 0.9);
+                let bias = seq(2 * g * h, 0.83, 0.4);
+                let mut attrs = vec![int("hidden_size", h as i64)];
+                if op == "GRU" {
+                    attrs.push(int("linear_before_reset", lbr));
+                }
+                let y = forward(
+                    if op == "LSTM" { "LSTM" } else { "GRU" },
+                    14,
+                    &attrs,
+                    &[
+                        Some(t(&x, &[sl, b, i])),
+                        Some(t(&w, &[1, g * h, i])),
+                        Some(t(&r, &[1, g * h, h])),
+                        Some(t(&bias, &[1, 2 * g * h])),
+                    ],
+                    &[],
+                    1,
+                )
+                .unwrap();
+                let mut want = vec![];
+                let mut hs = vec![vec![0.0; h]; b];
+                let mut cs = vec![vec![0.0; h]; b];
+                for step in 0..sl {
+                    for n in 0..b {
+                        let xt = &x[(step * b + n) * i..(step * b + n + 1) * i];
+                        let hp = hs[n].clone();
+                        let wx = |k: usize| mv(&w, k * h, h, i, xt);
+                        let rh = |k: usize, v: &[f64]| mv(&r, k * h, h, h, v);
+                        let wb = |k: usize, j: usize| bias[k * h + j];
+                        let rb = |k: usize, j: usize| bias[(g + k) * h + j];
+                        let mut hn = vec![0.0; h];
+                        if op == "LSTM" {
+                            let (a_i, a_o, a_f, a_c) = (wx(0), wx(1), wx(2), wx(3));
+                            let (r_i, r_o, r_f, r_c) =
+                                (rh(0, &hp), rh(1, &hp), rh(2, &hp), rh(3, &hp));
+                            for j in 0..h {
+                                let ig = sig(a_i[j] + r_i[j] + wb(0, j) + rb(0, j));
+                                let og = sig(a_o[j] + r_o[j] + wb(1, j) + rb(1, j));
+                                let fg = sig(a_f[j] + r_f[j] + wb(2, j) + rb(2, j));
+                                let cg = (a_c[j] + r_c[j] + wb(3, j) + rb(3, j)).tanh();
+                                cs[n][j] = fg * cs[n][j] + ig * cg;
+                                hn[j] = og * cs[n][j].tanh();
+                            }
+                        } else {
+                            let (a_z, a_r, a_h) = (wx(0), wx(1), wx(2));
+                            let (r_z, r_r) = (rh(0, &hp), rh(1, &hp));
+                            let z: Vec<f64> = (0..h)
+                                .map(|j| sig(a_z[j] + r_z[j] + wb(0, j) + rb(0, j)))
+                                .collect();
+                            let rg: Vec<f64> = (0..h)
+                                .map(|j| sig(a_r[j] + r_r[j] + wb(1, j) + rb(1, j)))
+                                .collect();
+                            let cand: Vec<f64> = if lbr == 0 {
+                                let rhp: Vec<f64> = (0..h).map(|j| rg[j] * hp[j]).collect();
+                                let u = rh(2, &rhp);
+                                (0..h)
+                                    .map(|j| (a_h[j] + u[j] + rb(2, j) + wb(2, j)).tanh())
+                                    .collect()
+                            } else {
+                                let u = rh(2, &hp);
+                                (0..h)
+                                    .map(|j| (a_h[j] + rg[j] * (u[j] + rb(2, j)) + wb(2, j)).tanh())
+                                    .collect()
+                            };
+                            for j in 0..h {
+                                hn[j] = (1.0 - z[j]) * cand[j] + z[j] * hp[j];
+                            }
+                        }
+                        hs[n] = hn.clone();
+                        want.extend(hn);
+                    }
+                }
+                close(&vals(&y[0]), &want, 1e-12);
+            }
+        }
+    }
+
     #[test]
     fn partial_sequence_lengths_are_refused() {
         let case = Case::new(
