@@ -833,6 +833,188 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// Forward and backward of `op` with float inputs cast to `dtype` (everything visible
+    /// to the backward, output gradients a fixed pattern), results in f64: outputs, then
+    /// the gradients of the inputs that take one.
+    pub(crate) fn in_dtype(
+        op: &'static str,
+        opset: i64,
+        attrs: &[AttributeProto],
+        inputs: &[Option<Tensor>],
+        consts: &[usize],
+        n_outputs: usize,
+        dtype: candle_core::DType,
+    ) -> KResult<Vec<Tensor>> {
+        use crate::exec::kernel::BwdArgs;
+        use crate::ops::Saved;
+        let inputs: Vec<Option<Tensor>> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t {
+                Some(t) if t.dtype().is_float() && !consts.contains(&i) => {
+                    t.to_dtype(dtype).map(Some)
+                }
+                other => Ok(other.clone()),
+            })
+            .collect::<candle_core::Result<_>>()?;
+        let mut facts = vec![];
+        for (i, t) in inputs.iter().enumerate() {
+            facts.push(match t {
+                None => None,
+                Some(t) => {
+                    let d = match t.dtype() {
+                        candle_core::DType::F16 => DType::F16,
+                        other => planner_dtype(other),
+                    };
+                    let shape: Vec<u64> = t.dims().iter().map(|&x| x as u64).collect();
+                    Some(if consts.contains(&i) {
+                        let flat = t.flatten_all()?;
+                        let data = if d.is_float() {
+                            Data::F(flat.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?)
+                        } else {
+                            Data::I(flat.to_dtype(candle_core::DType::I64)?.to_vec1::<i64>()?)
+                        };
+                        Fact::with_value(PTensor::new(d, shape, data))
+                    } else {
+                        Fact::new(d, shape)
+                    })
+                }
+            });
+        }
+        let attrs = Attrs {
+            node: "n",
+            op,
+            list: attrs,
+        };
+        let spec = op_registry()
+            .get(op)
+            .ok_or_else(|| KernelError::new("no shape rule"))?;
+        let scx = Ctx {
+            node: "n",
+            op,
+            opset,
+            attrs: Attrs { ..attrs },
+            inputs: &facts,
+            n_outputs,
+        };
+        let outs = (spec.infer)(&scx)?;
+        let needs: Vec<bool> = (0..facts.len())
+            .map(|i| {
+                !consts.contains(&i)
+                    && facts[i].as_ref().is_some_and(|f| f.dtype.is_float())
+                    && (spec.diff_in)(&scx, i)
+            })
+            .collect();
+        let rule = (spec.grad)(&scx, &outs, &needs);
+        let diff_out: Vec<bool> = (0..outs.len()).map(|k| (spec.diff_out)(&scx, k)).collect();
+        let outs: Vec<Option<Fact>> = outs.into_iter().map(Some).collect();
+        let cx = KernelCtx {
+            node: "n",
+            op,
+            opset,
+            attrs,
+            inputs: &facts,
+            outputs: &outs,
+            device: &Device::Cpu,
+            seed: 1,
+        };
+        let kernel = crate::exec::kernels::registry()
+            .get(op)
+            .ok_or_else(|| KernelError::new("no kernel"))?;
+        let mut extras = Extras::new();
+        for sv in &rule.saved {
+            if let Saved::Extra { tag, .. } = sv {
+                let f = kernel.extra.ok_or_else(|| KernelError::new("no extra"))?;
+                extras.insert(tag.to_string(), f(&cx, tag, &inputs)?);
+            }
+        }
+        let y = (kernel.forward)(&cx, &inputs, &extras)?;
+        let mut result = vec![];
+        let mut seeds = vec![];
+        for (k, t) in y.iter().enumerate() {
+            let t = t
+                .as_ref()
+                .ok_or_else(|| KernelError::new("missing output"))?;
+            let want = outs
+                .get(k)
+                .and_then(|f| f.as_ref())
+                .map(|f| crate::exec::kernel::to_candle(f.dtype))
+                .transpose()?;
+            if Some(t.dtype()) != want {
+                return Err(KernelError::new(format!(
+                    "output {k} has dtype {:?}, want {want:?}",
+                    t.dtype()
+                )));
+            }
+            result.push(t.to_dtype(candle_core::DType::F64)?);
+            seeds.push(if t.dtype().is_float() && diff_out[k] {
+                let v = seq(t.elem_count(), 0.37, 0.5);
+                Some(Tensor::from_vec(v, t.dims(), &Device::Cpu)?.to_dtype(t.dtype())?)
+            } else {
+                None
+            });
+        }
+        if let Some(bwd) = kernel.backward {
+            let g = bwd(
+                &cx,
+                &BwdArgs {
+                    inputs: &inputs,
+                    outputs: &y,
+                    extras: &extras,
+                    grads: &seeds,
+                    needs: &needs,
+                },
+            )?;
+            for (i, t) in g.iter().enumerate() {
+                if let Some(t) = t {
+                    if t.dtype() != inputs[i].as_ref().map(|x| x.dtype()).unwrap_or(dtype) {
+                        return Err(KernelError::new(format!(
+                            "gradient {i} has dtype {:?}",
+                            t.dtype()
+                        )));
+                    }
+                    result.push(t.to_dtype(candle_core::DType::F64)?);
+                }
+            }
+        }
+        Ok(result)
+    }
+
+    /// Runs a case in f64 and in `dtype` and compares every output and gradient.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn same_in(
+        op: &'static str,
+        opset: i64,
+        attrs: &[AttributeProto],
+        inputs: &[Option<Tensor>],
+        consts: &[usize],
+        n_outputs: usize,
+        dtype: candle_core::DType,
+        tol: f64,
+    ) {
+        let a = in_dtype(
+            op,
+            opset,
+            attrs,
+            inputs,
+            consts,
+            n_outputs,
+            candle_core::DType::F64,
+        )
+        .unwrap_or_else(|e| panic!("{op} in f64: {e}"));
+        let b = in_dtype(op, opset, attrs, inputs, consts, n_outputs, dtype)
+            .unwrap_or_else(|e| panic!("{op} in {dtype:?}: {e}"));
+        assert_eq!(a.len(), b.len(), "{op}: results differ in number");
+        for (k, (x, y)) in a.iter().zip(&b).enumerate() {
+            let (x, y) = (vals(x), vals(y));
+            let scale = x.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+            for (p, q) in x.iter().zip(&y) {
+                let ok = (p - q).abs() <= tol * scale || (p.is_infinite() && p == q);
+                assert!(ok, "{op} in {dtype:?}, result {k}: {q} vs {p} in f64");
+            }
+        }
+    }
+
     pub(crate) fn t(v: &[f64], shape: &[usize]) -> Tensor {
         Tensor::from_vec(v.to_vec(), shape, &Device::Cpu).unwrap()
     }
@@ -1128,5 +1310,59 @@ pub(crate) mod tests {
             .attr(int("interleaved", 1))
             .attr(int("rotary_embedding_dim", 4)),
         );
+    }
+
+    #[test]
+    fn f32_and_f16_agree_with_f64() {
+        use candle_core::DType as C;
+        let r = |n: usize, a: f64, shape: &[usize]| Some(t(&seq(n, a, 0.3), shape));
+        let mask = Tensor::from_vec(
+            vec![1u8, 1, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1],
+            (3, 4),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let attn = [
+            r(2 * 4 * 3 * 4, 0.7, &[2, 4, 3, 4]),
+            r(2 * 2 * 4 * 4, 0.3, &[2, 2, 4, 4]),
+            r(2 * 2 * 4 * 2, 0.9, &[2, 2, 4, 2]),
+            Some(mask),
+        ];
+        for (dt, tol) in [(C::F32, 1e-4), (C::F16, 2e-2)] {
+            same_in(
+                "Attention",
+                23,
+                &[int("is_causal", 1)],
+                &attn,
+                &[],
+                1,
+                dt,
+                tol,
+            );
+            same_in(
+                "RMSNormalization",
+                23,
+                &[],
+                &[r(24, 0.4, &[2, 3, 4]), r(4, 0.8, &[4])],
+                &[],
+                1,
+                dt,
+                tol,
+            );
+            same_in(
+                "RotaryEmbedding",
+                23,
+                &[],
+                &[
+                    r(24, 0.4, &[1, 2, 3, 4]),
+                    r(6, 0.8, &[1, 3, 2]),
+                    r(6, 0.2, &[1, 3, 2]),
+                ],
+                &[],
+                1,
+                dt,
+                tol,
+            );
+        }
     }
 }

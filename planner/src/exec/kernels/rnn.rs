@@ -1091,4 +1091,25 @@ mod tests {
             .expect_err("partial lengths must fail");
         assert!(err.0.contains("sequence_lens"), "{}", err.0);
     }
+
+    #[test]
+    fn f32_agrees_with_f64() {
+        use crate::exec::kernels::attention::tests::{same_in, seq, t};
+        let r = |n: usize, a: f64, shape: &[usize]| Some(t(&seq(n, a, 0.3), shape));
+        let inputs = |g: usize| {
+            vec![
+                r(3 * 2 * 3, 0.7, &[3, 2, 3]),
+                r(2 * g * 2 * 3, 0.3, &[2, g * 2, 3]),
+                r(2 * g * 2 * 2, 0.9, &[2, g * 2, 2]),
+                r(2 * 2 * g * 2, 0.5, &[2, 2 * g * 2]),
+                None,
+                r(2 * 2 * 2, 0.2, &[2, 2, 2]),
+            ]
+        };
+        let attrs = [string("direction", "bidirectional"), int("hidden_size", 2)];
+        let dt = candle_core::DType::F32;
+        same_in("LSTM", 14, &attrs, &inputs(4), &[], 3, dt, 1e-4);
+        same_in("GRU", 14, &attrs, &inputs(3), &[], 2, dt, 1e-4);
+        same_in("RNN", 14, &attrs, &inputs(1), &[], 2, dt, 1e-4);
+    }
 }

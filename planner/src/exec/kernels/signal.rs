@@ -744,4 +744,33 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn f32_agrees_with_f64() {
+        use crate::exec::kernels::attention::tests::same_in;
+        let dt = candle_core::DType::F32;
+        let x = t(&seq(20, 0.7, 0.1), &[2, 10]);
+        let w = t(&[0.1, 0.6, 0.9, 0.4], &[4]);
+        same_in(
+            "STFT",
+            17,
+            &[],
+            &[Some(x), Some(ci(3)), Some(w)],
+            &[1, 2],
+            1,
+            dt,
+            1e-4,
+        );
+        let x = t(&seq(30, 0.3, 0.2), &[1, 3, 5, 2]);
+        same_in(
+            "DFT",
+            20,
+            &[int("inverse", 1)],
+            &[Some(x), Some(ci(6)), Some(ci(-2))],
+            &[1, 2],
+            1,
+            dt,
+            1e-4,
+        );
+    }
 }
