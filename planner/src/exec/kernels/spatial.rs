@@ -394,6 +394,8 @@ struct RoiTable {
     pos: Tensor,
     weight: Tensor,
     samples: usize,
+    /// `max` mode: the largest weighted corner value over the samples, not their mean.
+    max: bool,
 }
 
 fn roi_table(
@@ -408,9 +410,11 @@ fn roi_table(
         d => kbail!("X must be [N, C, H, W], got {d:?}"),
     };
     let mode = cx.attrs.string("mode")?.unwrap_or_else(|| "avg".into());
-    if mode != "avg" {
-        kbail!("attribute \"mode\" = {mode:?} is not supported");
-    }
+    let max = match mode.as_str() {
+        "avg" => false,
+        "max" => true,
+        m => kbail!("attribute \"mode\" = {m:?} is not supported"),
+    };
     let ph = usize::try_from(cx.attrs.int_or("output_height", 1)?).unwrap_or(0);
     let pw = usize::try_from(cx.attrs.int_or("output_width", 1)?).unwrap_or(0);
     if ph == 0 || pw == 0 {
@@ -468,7 +472,8 @@ fn roi_table(
         } else {
             (rw / pw as f64).ceil().max(0.0) as usize
         };
-        let count = (gh * gw).max(1) as f64;
+        // The mean divides by the sample count; the max takes weighted corners as they are.
+        let count = if max { 1.0 } else { (gh * gw).max(1) as f64 };
         let mut entries = vec![];
         for py in 0..ph {
             for px in 0..pw {
@@ -478,6 +483,8 @@ fn roi_table(
                     for ix in 0..gw {
                         let xx = sw + px as f64 * bw + (ix as f64 + 0.5) * bw / gw as f64;
                         if y < -1.0 || y > h as f64 || xx < -1.0 || xx > w as f64 {
+                            // Outside the image: a zero sample (it counts in the max).
+                            e.push((b * h * w, 0.0));
                             continue;
                         }
                         let (mut y, mut xx) = (y.max(0.0), xx.max(0.0));
@@ -518,7 +525,13 @@ fn roi_table(
     let mut weight = Vec::with_capacity(per.len() * max_s);
     for (_, e) in &per {
         for k in 0..max_s {
-            let (p, wt) = e.get(k).copied().unwrap_or((0, 0.0));
+            // Padding repeats the cell's first entry for the max (it cannot change it) and
+            // adds zero weights for the mean.
+            let pad = match (max, e.first()) {
+                (true, Some(&f)) => f,
+                _ => (0, 0.0),
+            };
+            let (p, wt) = e.get(k).copied().unwrap_or(pad);
             pos.push(p as u32);
             weight.push(wt);
         }
@@ -528,6 +541,7 @@ fn roi_table(
         pos: Tensor::from_vec(pos, len, cx.device)?,
         weight: Tensor::from_vec(weight, len, cx.device)?.to_dtype(dtype)?,
         samples: max_s,
+        max,
     })
 }
 
@@ -552,11 +566,11 @@ fn roi_align_forward(
         .permute((1, 0, 2, 3))?
         .reshape((c, n * h * w))?
         .contiguous()?;
-    let y = xt
+    let v = xt
         .index_select(&t.pos, 1)?
         .reshape((c, cells, t.samples))?
-        .broadcast_mul(&t.weight.reshape((1, cells, t.samples))?)?
-        .sum(2)?;
+        .broadcast_mul(&t.weight.reshape((1, cells, t.samples))?)?;
+    let y = if t.max { v.max(2)? } else { v.sum(2)? };
     let (r, _, oh, ow) = match shape.as_slice() {
         [r, c2, oh, ow] => (*r, *c2, *oh, *ow),
         s => kbail!("output shape {s:?} is not 4-D"),
@@ -582,11 +596,28 @@ fn roi_align_backward(cx: &KernelCtx, g: &BwdArgs) -> KResult<Vec<Option<Tensor>
     };
     let (r, _, oh, ow) = dy.dims4()?;
     let cells = r * oh * ow;
-    let d = dy
+    let weight = t.weight.reshape((1, cells, t.samples))?;
+    let mut d = dy
         .permute((1, 0, 2, 3))?
         .reshape((c, cells, 1))?
-        .broadcast_mul(&t.weight.reshape((1, cells, t.samples))?)?
-        .reshape((c, cells * t.samples))?;
+        .broadcast_mul(&weight)?;
+    if t.max {
+        // Only the winning weighted corner of each cell gets the gradient.
+        let x = g.input(0)?;
+        let v = x
+            .permute((1, 0, 2, 3))?
+            .reshape((c, n * h * w))?
+            .contiguous()?
+            .index_select(&t.pos, 1)?
+            .reshape((c, cells, t.samples))?
+            .broadcast_mul(&weight)?;
+        let win = v.argmax_keepdim(2)?;
+        let slots =
+            Tensor::arange(0u32, t.samples as u32, cx.device)?.reshape((1, 1, t.samples))?;
+        let mask = slots.broadcast_eq(&win)?.to_dtype(d.dtype())?;
+        d = (d * mask)?;
+    }
+    let d = d.reshape((c, cells * t.samples))?;
     let dx = Tensor::zeros((c, n * h * w), dy.dtype(), cx.device)?
         .index_add(&t.pos, &d, 1)?
         .reshape((c, n, h, w))?
@@ -1170,6 +1201,44 @@ mod tests {
                 .attr(int("sampling_ratio", ratio)),
             );
         }
+    }
+
+    #[test]
+    fn roi_align_max_mode() {
+        // Boxes partly outside the image (zero samples count in the max).
+        let rois = vec![0.5, 1.0, 4.2, 3.9, -1.5, 0.3, 5.5, 6.4];
+        check(
+            &Case::new(
+                "RoiAlign",
+                16,
+                vec![
+                    In::Rand(vec![2, 2, 5, 6]),
+                    In::Floats(vec![2, 4], rois),
+                    In::Ints(DType::I64, vec![2], vec![1, 0]),
+                ],
+            )
+            .attr(string("mode", "max"))
+            .attr(int("output_height", 2))
+            .attr(int("output_width", 2)),
+        );
+        // One sample at a pixel centre: the max of its weighted corners is the pixel itself.
+        let x: Vec<f64> = (0..16).map(|i| i as f64).collect();
+        let y = forward(
+            "RoiAlign",
+            16,
+            &[string("mode", "max"), int("sampling_ratio", 1)],
+            &[
+                Some(t(&x, &[1, 1, 4, 4])),
+                Some(t(&[1.0, 1.0, 3.0, 3.0], &[1, 4])),
+                Some(Tensor::from_vec(vec![0i64], 1, &Device::Cpu).unwrap()),
+            ],
+            &[],
+            1,
+        )
+        .unwrap();
+        // Half-pixel: the box spans [0.5, 2.5), its single sample sits at (1.5, 1.5), whose
+        // four corners weigh 0.25 each: the max is 0.25 · x[2, 2] = 2.5.
+        close(&vals(&y[0]), &[2.5], 1e-12);
     }
 
     #[test]
