@@ -1365,4 +1365,329 @@ pub(crate) mod tests {
             );
         }
     }
+
+    /// Every node of these families in the exported fixture models runs through its
+    /// kernels at the manifest's dims: extras of the declared bytes, outputs of the
+    /// inferred shapes and types, and a backward from what the gradient rule saves.
+    #[test]
+    fn fixture_nodes_of_these_families_run() {
+        use crate::exec::kernel::{to_candle, BwdArgs, Rng};
+        use crate::model::ValueKind;
+        use crate::ops::Saved;
+        const OPS: &[&str] = &[
+            "LSTM",
+            "GRU",
+            "RNN",
+            "Attention",
+            "RMSNormalization",
+            "RotaryEmbedding",
+            "STFT",
+            "DFT",
+            "HannWindow",
+            "HammingWindow",
+            "BlackmanWindow",
+            "MelWeightMatrix",
+            "LpPool",
+            "GlobalLpPool",
+            "MaxUnpool",
+            "RoiAlign",
+            "Col2Im",
+            "CenterCropPad",
+            "AffineGrid",
+            "SoftmaxCrossEntropyLoss",
+            "NegativeLogLikelihoodLoss",
+        ];
+        let models: &[(&str, &[(&str, u64)])] = &[
+            ("crnn_gru.legacy13.onnx", &[("batch", 2), ("width", 128)]),
+            ("crnn_lstm.dynamo18.onnx", &[("batch", 2), ("width", 128)]),
+            ("crnn_lstm.legacy11.onnx", &[("batch", 2), ("width", 128)]),
+            ("crnn_lstm.legacy14.onnx", &[("batch", 2), ("width", 128)]),
+            ("gpt2_sdpa.dynamo18.onnx", &[("batch", 2), ("seq", 32)]),
+            ("gpt2_sdpa.dynamo23.onnx", &[("batch", 2), ("seq", 32)]),
+            ("gpt2_sdpa.legacy14.onnx", &[("batch", 2), ("seq", 32)]),
+            ("gpt2_sdpa.legacy18.onnx", &[("batch", 2), ("seq", 32)]),
+            ("llama.dynamo18.onnx", &[("batch", 2), ("seq", 32)]),
+            ("llama.dynamo23.onnx", &[("batch", 2), ("seq", 32)]),
+            ("llama.legacy17.onnx", &[("batch", 2), ("seq", 32)]),
+            ("logmel_cnn.dynamo18.onnx", &[("batch", 2)]),
+            ("logmel_cnn.legacy17.onnx", &[("batch", 2)]),
+            (
+                "paddle_ocr_like.opset11.onnx",
+                &[("batch", 2), ("width", 128)],
+            ),
+        ];
+        let dev = Device::Cpu;
+        let mut rng = Rng::new(3);
+        let mut ran: Vec<String> = vec![];
+        let mut failures: Vec<String> = vec![];
+        for (file, dims) in models {
+            let path = format!(
+                "{}/../fixtures/models/thirdparty/{file}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let opts = crate::ImportOptions {
+                dims: dims.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+                ..Default::default()
+            };
+            let model = crate::load(&bytes, &opts).unwrap_or_else(|e| panic!("{file}: {e}"));
+            for n in model.graph.node_weights() {
+                if n.folded || n.skipped || !OPS.contains(&n.op_type.as_str()) {
+                    continue;
+                }
+                let op: &'static str = OPS.iter().copied().find(|o| *o == n.op_type).unwrap_or("");
+                let res = (|| -> KResult<()> {
+                    let fact_of = |v: &Option<usize>| v.and_then(|v| model.values[v].fact.clone());
+                    let facts: Vec<Option<Fact>> = n.inputs.iter().map(fact_of).collect();
+                    let out_facts: Vec<Option<Fact>> = n.outputs.iter().map(fact_of).collect();
+                    let mut values: Vec<Option<Tensor>> = vec![];
+                    let mut visible: Vec<bool> = vec![];
+                    for (slot, (v, f)) in n.inputs.iter().zip(&facts).enumerate() {
+                        let Some(f) = f else {
+                            values.push(None);
+                            visible.push(false);
+                            continue;
+                        };
+                        let shape: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
+                        let count: usize = shape.iter().product();
+                        let t = match &f.value {
+                            Some(c) => crate::exec::value::from_planner(c, &dev)?,
+                            None if f.dtype.is_float() => {
+                                let v: Vec<f64> =
+                                    (0..count).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                                Tensor::from_vec(v, shape.clone(), &dev)?
+                                    .to_dtype(to_candle(f.dtype)?)?
+                            }
+                            None => {
+                                // Full sequence lengths, valid positions and labels, "attend" masks.
+                                let fill = match (op, slot) {
+                                    ("LSTM" | "GRU" | "RNN", 4) => facts[0]
+                                        .as_ref()
+                                        .and_then(|x| x.shape.first().copied())
+                                        .unwrap_or(0)
+                                        as i64,
+                                    _ if f.dtype == DType::Bool => 1,
+                                    _ => 0,
+                                };
+                                Tensor::from_vec(vec![fill; count], shape.clone(), &dev)?
+                                    .to_dtype(to_candle(f.dtype)?)?
+                            }
+                        };
+                        values.push(Some(t));
+                        let kind = v.map(|v| model.values[v].kind);
+                        visible.push(
+                            f.value.is_some()
+                                || !matches!(kind, Some(ValueKind::Data | ValueKind::Activation)),
+                        );
+                    }
+                    let attrs = Attrs {
+                        node: &n.name,
+                        op,
+                        list: &n.attrs,
+                    };
+                    let spec = op_registry()
+                        .get(op)
+                        .ok_or_else(|| KernelError::new("no shape rule"))?;
+                    let scx = Ctx {
+                        node: &n.name,
+                        op,
+                        opset: n.opset,
+                        attrs: Attrs { ..attrs },
+                        inputs: &facts,
+                        n_outputs: n.outputs.len(),
+                    };
+                    let outs: Vec<Fact> = out_facts.iter().flatten().cloned().collect();
+                    let needs: Vec<bool> = (0..facts.len())
+                        .map(|i| {
+                            facts[i]
+                                .as_ref()
+                                .is_some_and(|f| f.dtype.is_float() && f.value.is_none())
+                                && (spec.diff_in)(&scx, i)
+                        })
+                        .collect();
+                    let rule = (spec.grad)(&scx, &outs, &needs);
+                    let cx = KernelCtx {
+                        node: &n.name,
+                        op,
+                        opset: n.opset,
+                        attrs,
+                        inputs: &facts,
+                        outputs: &out_facts,
+                        device: &dev,
+                        seed: 5,
+                    };
+                    let kernel = crate::exec::kernels::registry()
+                        .get(op)
+                        .ok_or_else(|| KernelError::new("no kernel"))?;
+                    let mut extras = Extras::new();
+                    for sv in &rule.saved {
+                        if let Saved::Extra { tag, bytes, .. } = sv {
+                            let f = kernel
+                                .extra
+                                .ok_or_else(|| KernelError::new("no extra function"))?;
+                            let e = f(&cx, tag, &values)?;
+                            let got: usize = e
+                                .iter()
+                                .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+                                .sum();
+                            if got as u64 != *bytes {
+                                return Err(KernelError::new(format!(
+                                    "extra {tag} holds {got} bytes, the rule {bytes}"
+                                )));
+                            }
+                            extras.insert(tag.to_string(), e);
+                        }
+                    }
+                    let y = (kernel.forward)(&cx, &values, &extras)?;
+                    let mut seeds = vec![];
+                    for (k, (t, f)) in y.iter().zip(&out_facts).enumerate() {
+                        match (t, f) {
+                            (Some(t), Some(f)) => {
+                                let want: Vec<usize> =
+                                    f.shape.iter().map(|&d| d as usize).collect();
+                                if t.dims() != want.as_slice() || t.dtype() != to_candle(f.dtype)? {
+                                    return Err(KernelError::new(format!(
+                                        "output {k} is {:?} {:?}, the fact {want:?} {:?}",
+                                        t.dims(),
+                                        t.dtype(),
+                                        f.dtype
+                                    )));
+                                }
+                                seeds.push(
+                                    (f.dtype.is_float() && (spec.diff_out)(&scx, k))
+                                        .then(|| t.ones_like())
+                                        .transpose()?,
+                                );
+                            }
+                            (None, None) => seeds.push(None),
+                            _ => {
+                                return Err(KernelError::new(format!(
+                                    "output {k} presence differs from the graph"
+                                )))
+                            }
+                        }
+                    }
+                    if let (Some(bwd), true) = (kernel.backward, needs.iter().any(|&b| b)) {
+                        let mut bin: Vec<Option<Tensor>> = values
+                            .iter()
+                            .zip(&visible)
+                            .map(|(v, &vis)| if vis { v.clone() } else { None })
+                            .collect();
+                        let mut bout: Vec<Option<Tensor>> = vec![None; y.len()];
+                        for sv in &rule.saved {
+                            match sv {
+                                Saved::Input(i) => bin[*i] = values.get(*i).cloned().flatten(),
+                                Saved::Output(k) => bout[*k] = y.get(*k).cloned().flatten(),
+                                Saved::Extra { .. } => {}
+                            }
+                        }
+                        let g = bwd(
+                            &cx,
+                            &BwdArgs {
+                                inputs: &bin,
+                                outputs: &bout,
+                                extras: &extras,
+                                grads: &seeds,
+                                needs: &needs,
+                            },
+                        )?;
+                        for (i, need) in needs.iter().enumerate() {
+                            let got = g.get(i).cloned().flatten();
+                            match (need, got, &values[i]) {
+                                (true, Some(t), Some(x))
+                                    if t.dims() == x.dims() && t.dtype() == x.dtype() => {}
+                                (false, None, _) => {}
+                                (_, t, _) => {
+                                    return Err(KernelError::new(format!(
+                                        "gradient {i}: needed {need}, got {:?}",
+                                        t.map(|t| (t.dims().to_vec(), t.dtype()))
+                                    )))
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                })();
+                // The gradients of the node's configuration against finite differences
+                // (in f64, the harness's inputs at the node's shapes), once per op and model.
+                let res = res.and_then(|()| {
+                    if ran.iter().any(|r| *r == format!("{file}:{op}")) {
+                        return Ok(());
+                    }
+                    let mut inputs = vec![];
+                    for (slot, v) in n.inputs.iter().enumerate() {
+                        let f = v.and_then(|v| model.values[v].fact.clone());
+                        let kind = v.map(|v| model.values[v].kind);
+                        inputs.push(match f {
+                            None => In::None,
+                            Some(f) => {
+                                let shape: Vec<usize> =
+                                    f.shape.iter().map(|&d| d as usize).collect();
+                                let count: usize = shape.iter().product();
+                                match &f.value {
+                                    Some(c) => In::Const(f.dtype, shape, c.as_f64()),
+                                    // Parameters and values derived from them only are resident.
+                                    None if f.dtype.is_float()
+                                        && matches!(
+                                            kind,
+                                            Some(ValueKind::Param | ValueKind::Derived)
+                                        ) =>
+                                    {
+                                        In::Param(shape)
+                                    }
+                                    None if f.dtype.is_float() => In::Rand(shape),
+                                    None => {
+                                        let fill = match (op, slot) {
+                                            ("LSTM" | "GRU" | "RNN", 4) => n.inputs[0]
+                                                .and_then(|x| model.values[x].fact.as_ref())
+                                                .and_then(|x| x.shape.first().copied())
+                                                .unwrap_or(0)
+                                                as i64,
+                                            _ if f.dtype == DType::Bool => 1,
+                                            _ => 0,
+                                        };
+                                        In::Ints(f.dtype, shape, vec![fill; count])
+                                    }
+                                }
+                            }
+                        });
+                    }
+                    let mut case = Case::new(op, n.opset, inputs).outputs(n.outputs.len());
+                    case.attrs = n.attrs.clone();
+                    case.samples = 12;
+                    crate::exec::testing::check_on(&case, &dev)
+                });
+                match res {
+                    Ok(()) => ran.push(format!("{file}:{op}")),
+                    Err(e) => failures.push(format!(
+                        "{file}: {} ({op}): {e}; input kinds {:?}",
+                        n.name,
+                        n.inputs
+                            .iter()
+                            .map(|v| v.map(|v| (
+                                model.values[v].kind,
+                                model.values[v]
+                                    .producer
+                                    .map(|(p, _)| model.graph[p].op_type.clone())
+                            )))
+                            .collect::<Vec<_>>()
+                    )),
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        for op in [
+            "LSTM",
+            "GRU",
+            "Attention",
+            "STFT",
+            "RMSNormalization",
+            "RotaryEmbedding",
+        ] {
+            assert!(
+                ran.iter().any(|r| r.ends_with(&format!(":{op}"))),
+                "no fixture node of {op} ran: {ran:?}"
+            );
+        }
+    }
 }
