@@ -224,25 +224,39 @@ fn req(xs: &[Option<Tensor>], i: usize, what: &str) -> KResult<Tensor> {
         .ok_or_else(|| KernelError::new(format!("{what} (input {i}) is required but missing")))
 }
 
-/// Checks that `sequence_lens`, when given, is the full length for every batch entry.
-fn check_lens(sp: &Spec, xs: &[Option<Tensor>]) -> KResult<()> {
-    if let Some(l) = get(xs, 4) {
-        let v = l.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
-        if v.len() != sp.batch {
-            kbail!(
-                "sequence_lens has {} values for a batch of {}",
-                v.len(),
-                sp.batch
-            );
-        }
-        if v.iter().any(|&n| n as usize != sp.seq) {
-            kbail!(
-                "sequence_lens {v:?} is not supported: only full sequences of length {} are",
-                sp.seq
-            );
-        }
+/// The step mask of `sequence_lens` (`[seq, batch, 1]`, 1 where step t < the entry's
+/// length), `None` when absent or every sequence is full. Past its length an entry keeps
+/// its state and outputs zeros; a reverse direction starts at its last valid step.
+fn lens_mask(sp: &Spec, lens: Option<&Tensor>, dtype: DType) -> KResult<Option<Tensor>> {
+    let Some(l) = lens else { return Ok(None) };
+    let v = l.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
+    if v.len() != sp.batch {
+        kbail!(
+            "sequence_lens has {} values for a batch of {}",
+            v.len(),
+            sp.batch
+        );
     }
-    Ok(())
+    if v.iter().any(|&n| n < 0 || n as usize > sp.seq) {
+        kbail!("sequence_lens {v:?} falls outside 0..={} steps", sp.seq);
+    }
+    if v.iter().all(|&n| n as usize == sp.seq) {
+        return Ok(None);
+    }
+    let m: Vec<f32> = (0..sp.seq)
+        .flat_map(|t| {
+            v.iter()
+                .map(move |&n| if (t as i64) < n { 1.0 } else { 0.0 })
+        })
+        .collect();
+    Ok(Some(
+        Tensor::from_vec(m, (sp.seq, sp.batch, 1), l.device())?.to_dtype(dtype)?,
+    ))
+}
+
+/// `prev + m · (next − prev)`: the new state where the step is valid, the old one past it.
+fn blend(prev: &Tensor, next: &Tensor, m: &Tensor) -> KResult<Tensor> {
+    Ok((prev + (next - prev)?.broadcast_mul(m)?)?)
 }
 
 /// An initial state `[dirs, batch, hidden]` (layout 0) from an input in either layout.
@@ -256,8 +270,8 @@ fn state_in(sp: &Spec, t: Option<&Tensor>) -> KResult<Option<Tensor>> {
 
 /// The workspace of every direction: `[dirs, seq, batch, width]`.
 fn workspace(cx: &KernelCtx, sp: &Spec, xs: &[Option<Tensor>]) -> KResult<Tensor> {
-    check_lens(sp, xs)?;
     let x = req(xs, 0, "X")?;
+    let mask = lens_mask(sp, get(xs, 4), x.dtype())?;
     let x = if sp.layout1 {
         x.transpose(0, 1)?.contiguous()?
     } else {
@@ -323,7 +337,7 @@ fn workspace(cx: &KernelCtx, sp: &Spec, xs: &[Option<Tensor>]) -> KResult<Tensor
         let mut steps: Vec<Option<Tensor>> = vec![None; seq];
         for t in sp.order(d) {
             let xt = xw.get(t)?;
-            let ws = match sp.cell {
+            let (ws, hn, cn) = match sp.cell {
                 Cell::Lstm => {
                     let (f, g, hh) = (sp.act(d, 0)?, sp.act(d, 1)?, sp.act(d, 2)?);
                     let a = (xt + hp.matmul(&rt)?)?;
@@ -345,9 +359,7 @@ fn workspace(cx: &KernelCtx, sp: &Spec, xs: &[Option<Tensor>]) -> KResult<Tensor
                     let o = f.apply(&ao)?;
                     let hn = (&o * hh.apply(&cn)?)?;
                     let ws = Tensor::cat(&[&i, &o, &fg, &c, &hp, &cp], 1)?;
-                    hp = hn;
-                    cp = cn;
-                    ws
+                    (ws, hn, Some(cn))
                 }
                 Cell::Gru => {
                     let (f, g) = (sp.act(d, 0)?, sp.act(d, 1)?);
@@ -368,16 +380,29 @@ fn workspace(cx: &KernelCtx, sp: &Spec, xs: &[Option<Tensor>]) -> KResult<Tensor
                     let hh = g.apply(&ah)?;
                     let hn = (&hh + (&z * (&hp - &hh)?)?)?;
                     let ws = Tensor::cat(&[&z, &rg, &hh, &hp], 1)?;
-                    hp = hn;
-                    ws
+                    (ws, hn, None)
                 }
                 Cell::Rnn => {
                     let hn = sp.act(d, 0)?.apply(&(xt + hp.matmul(&rt)?)?)?;
                     let ws = Tensor::cat(&[&hn, &hp], 1)?;
-                    hp = hn;
-                    ws
+                    (ws, hn, None)
                 }
             };
+            match &mask {
+                Some(m) => {
+                    let mt = m.get(t)?;
+                    hp = blend(&hp, &hn, &mt)?;
+                    if let Some(cn) = cn {
+                        cp = blend(&cp, &cn, &mt)?;
+                    }
+                }
+                None => {
+                    hp = hn;
+                    if let Some(cn) = cn {
+                        cp = cn;
+                    }
+                }
+            }
             if let Some(s) = steps.get_mut(t) {
                 *s = Some(ws);
             }
@@ -418,17 +443,37 @@ fn rnn_forward(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Ve
         Some(w) => w.clone(),
         None => workspace(cx, &sp, xs)?,
     };
+    let mask = lens_mask(&sp, get(xs, 4), ws.dtype())?;
     let mut ys = vec![];
     let mut hl = vec![];
     let mut cl = vec![];
+    let (h, g) = (sp.hidden, sp.cell.gates());
     for d in 0..sp.dirs {
-        let (hs, cs) = states_of(&sp, d, &ws.get(d)?)?;
+        let wsd = ws.get(d)?;
+        let (hs, cs) = states_of(&sp, d, &wsd)?;
         let last = if sp.backwards(d) { 0 } else { sp.seq - 1 };
-        hl.push(hs.get(last)?);
-        if let Some(cs) = cs {
-            cl.push(cs.get(last)?);
+        match &mask {
+            Some(m) => {
+                // The state after the last step keeps what entries past their length had.
+                let (prev, mt) = (wsd.get(last)?, m.get(last)?);
+                hl.push(blend(&prev.narrow(1, g * h, h)?, &hs.get(last)?, &mt)?);
+                if let Some(cs) = &cs {
+                    cl.push(blend(
+                        &prev.narrow(1, (g + 1) * h, h)?,
+                        &cs.get(last)?,
+                        &mt,
+                    )?);
+                }
+                ys.push(hs.broadcast_mul(m)?);
+            }
+            None => {
+                hl.push(hs.get(last)?);
+                if let Some(cs) = &cs {
+                    cl.push(cs.get(last)?);
+                }
+                ys.push(hs);
+            }
         }
-        ys.push(hs);
     }
     // [seq, dirs, batch, hidden] and [dirs, batch, hidden] in layout 0.
     let mut y = Tensor::stack(&ys, 1)?;
@@ -502,6 +547,7 @@ fn backward_dir(
     r: &Tensor,
     b: Option<&Tensor>,
     p: Option<&Tensor>,
+    mask: Option<&Tensor>,
     dy: &Tensor,
     dh_last: Tensor,
     dc_last: Option<Tensor>,
@@ -528,7 +574,27 @@ fn backward_dir(
     for t in order {
         let wst = ws.get(t)?;
         let g = |k: usize| wst.narrow(1, k * h, h);
-        dh = (dh + dy.get(t)?)?;
+        // Past an entry's length the state passes through and the output is zero.
+        let (pass_h, pass_c) = match mask {
+            Some(m) => {
+                let mt = m.get(t)?;
+                let skip = mt.affine(-1.0, 1.0)?;
+                let ph = dh.broadcast_mul(&skip)?;
+                dh = (dh + dy.get(t)?)?.broadcast_mul(&mt)?;
+                let pc = match dc.take() {
+                    Some(c) => {
+                        dc = Some(c.broadcast_mul(&mt)?);
+                        Some(c.broadcast_mul(&skip)?)
+                    }
+                    None => None,
+                };
+                (Some(ph), pc)
+            }
+            None => {
+                dh = (dh + dy.get(t)?)?;
+                (None, None)
+            }
+        };
         let (dax, dar) = match sp.cell {
             Cell::Lstm => {
                 let (fa, ga, ha) = (sp.act(d, 0)?, sp.act(d, 1)?, sp.act(d, 2)?);
@@ -610,6 +676,15 @@ fn backward_dir(
                 (da.clone(), da)
             }
         };
+        if let Some(ph) = pass_h {
+            dh = (dh + ph)?;
+        }
+        if let Some(pc) = pass_c {
+            dc = Some(match dc {
+                Some(c) => (c + pc)?,
+                None => pc,
+            });
+        }
         if let Some(s) = da_x.get_mut(t) {
             *s = Some(dax);
         }
@@ -731,6 +806,8 @@ fn rnn_backward(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
             None => None,
         };
     }
+    let lens = if has(4) { Some(a.input(4)?) } else { None };
+    let mask = lens_mask(&sp, lens, x.dtype())?;
     let mut dx: Option<Tensor> = None;
     let (mut dw, mut dr, mut db, mut dh0, mut dc0, mut dp) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
@@ -757,6 +834,7 @@ fn rnn_backward(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
             &r.get(d)?,
             bd.as_ref(),
             pd.as_ref(),
+            mask.as_ref(),
             &dy.narrow(1, d, 1)?.squeeze(1)?,
             dyh.get(d)?,
             dc_last,
@@ -1074,22 +1152,90 @@ mod tests {
     }
 
     #[test]
-    fn partial_sequence_lengths_are_refused() {
-        let case = Case::new(
-            "RNN",
-            14,
-            vec![
-                In::Rand(vec![3, 2, 3]),
-                In::Param(vec![1, 2, 3]),
-                In::Param(vec![1, 2, 2]),
-                In::None,
-                In::Ints(DType::I32, vec![2], vec![3, 2]),
-            ],
-        )
-        .attr(int("hidden_size", 2));
-        let err = crate::exec::testing::check_on(&case, &candle_core::Device::Cpu)
-            .expect_err("partial lengths must fail");
-        assert!(err.0.contains("sequence_lens"), "{}", err.0);
+    fn partial_sequence_lengths() {
+        for (op, g) in [("LSTM", 4), ("GRU", 3), ("RNN", 1)] {
+            for dir in ["forward", "reverse", "bidirectional"] {
+                let dirs = if dir == "bidirectional" { 2 } else { 1 };
+                check(
+                    &Case::new(
+                        op,
+                        14,
+                        vec![
+                            In::Rand(vec![4, 3, 2]),
+                            In::Param(vec![dirs, g * 2, 2]),
+                            In::Param(vec![dirs, g * 2, 2]),
+                            In::Param(vec![dirs, 2 * g * 2]),
+                            In::Ints(DType::I32, vec![3], vec![4, 2, 0]),
+                            In::Rand(vec![dirs, 3, 2]),
+                        ],
+                    )
+                    .attr(string("direction", dir))
+                    .attr(int("hidden_size", 2))
+                    .outputs(if op == "LSTM" { 3 } else { 2 }),
+                );
+            }
+        }
+    }
+
+    /// Past its length an entry outputs zeros and its final state is the one at its last
+    /// valid step: the same as running the shorter sequence alone.
+    #[test]
+    fn short_sequences_match_running_them_alone() {
+        use crate::exec::kernels::attention::tests::{close, forward, seq, t, vals};
+        let x = seq(4 * 2 * 3, 0.7, 0.1);
+        let w = seq(4 * 2 * 3, 0.3, 0.2);
+        let r = seq(4 * 2 * 2, 0.5, 0.9);
+        let lens =
+            candle_core::Tensor::from_vec(vec![4i64, 2], 2, &candle_core::Device::Cpu).unwrap();
+        for dir in ["forward", "reverse"] {
+            let attrs = [string("direction", dir), int("hidden_size", 2)];
+            let both = forward(
+                "LSTM",
+                14,
+                &attrs,
+                &[
+                    Some(t(&x, &[4, 2, 3])),
+                    Some(t(&w, &[1, 8, 3])),
+                    Some(t(&r, &[1, 8, 2])),
+                    None,
+                    Some(lens.clone()),
+                ],
+                &[],
+                3,
+            )
+            .unwrap();
+            // Entry 1 alone over its first 2 steps.
+            let x1: Vec<f64> = (0..2)
+                .flat_map(|s| x[(s * 2 + 1) * 3..(s * 2 + 2) * 3].to_vec())
+                .collect();
+            let alone = forward(
+                "LSTM",
+                14,
+                &attrs,
+                &[
+                    Some(t(&x1, &[2, 1, 3])),
+                    Some(t(&w, &[1, 8, 3])),
+                    Some(t(&r, &[1, 8, 2])),
+                ],
+                &[],
+                3,
+            )
+            .unwrap();
+            let y = vals(&both[0]);
+            let ya = vals(&alone[0]);
+            for s in 0..4 {
+                let got = &y[(s * 2 + 1) * 2..(s * 2 + 2) * 2];
+                let want = if s < 2 {
+                    ya[s * 2..s * 2 + 2].to_vec()
+                } else {
+                    vec![0.0, 0.0]
+                };
+                close(got, &want, 1e-12);
+            }
+            for k in [1, 2] {
+                close(&vals(&both[k])[2..4], &vals(&alone[k]), 1e-12);
+            }
+        }
     }
 
     #[test]
