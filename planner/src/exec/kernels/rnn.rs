@@ -7,6 +7,11 @@
 //! `[dirs, seq, batch, (gates + states) · hidden]`. The outputs are an elementwise function
 //! of the workspace, so a forward given the workspace reproduces the first one exactly, and
 //! the backward is back-propagation through time without recomputing the recurrence.
+//!
+//! Supported: every direction, layouts 0 and 1, optional B, initial states and peepholes,
+//! partial `sequence_lens` (an entry past its length keeps its state and outputs zeros),
+//! GRU's `linear_before_reset`, and the activations Sigmoid, Tanh and Relu. `clip` and
+//! LSTM's `input_forget` are refused with an error naming the attribute.
 
 use crate::exec::kernel::{
     BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
