@@ -290,20 +290,20 @@ impl View<'_> {
         })
     }
 
-    /// The operand of `Mul(x, c)` that is not the fixed scalar `c`.
-    fn scaled(&self, mul: NodeIndex) -> Option<ValueId> {
+    /// The operand of `Mul(x, c)` that is not the fixed scalar `c`, and the value of `c`.
+    fn scaled(&self, mul: NodeIndex) -> Option<(ValueId, f64)> {
         let (a, b) = self.pair(mul)?;
-        let scalar = |v: ValueId| {
+        let is_scalar = |v: ValueId| {
             self.is_fixed(v)
                 && self.model.values[v]
                     .fact
                     .as_ref()
                     .is_some_and(|f| f.numel() == 1)
         };
-        if scalar(b) && !scalar(a) {
-            Some(a)
-        } else if scalar(a) && !scalar(b) {
-            Some(b)
+        if is_scalar(b) && !is_scalar(a) {
+            Some((a, scalar(self.model, b)?))
+        } else if is_scalar(a) && !is_scalar(b) {
+            Some((b, scalar(self.model, a)?))
         } else {
             None
         }
@@ -332,7 +332,7 @@ impl View<'_> {
         let (qs, ks) = self.pair(m1)?;
         let mq = self.producer(qs, "Mul")?;
         let mk = self.producer(ks, "Mul")?;
-        let (q, kt) = (self.scaled(mq)?, self.scaled(mk)?);
+        let ((q, sq), (kt, sk)) = (self.scaled(mq)?, self.scaled(mk)?);
         if self.only_user(qs)? != m1 || self.only_user(ks)? != m1 {
             return None;
         }
@@ -382,11 +382,16 @@ impl View<'_> {
         attr.name = KEY_TRANSPOSED.into();
         attr.type_ = onnx_protobuf::attribute_proto::AttributeType::INT.into();
         attr.i = 1;
+        // The two factors multiply into the attention's scale.
+        let mut scale = AttributeProto::new();
+        scale.name = "scale".into();
+        scale.type_ = onnx_protobuf::attribute_proto::AttributeType::FLOAT.into();
+        scale.f = (sq * sk) as f32;
         Some(Rewrite {
             last: m2,
             op: "Attention",
             inputs: vec![Some(q), Some(kt), Some(v), mask],
-            attrs: vec![attr],
+            attrs: vec![attr, scale],
             parts,
         })
     }

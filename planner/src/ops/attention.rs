@@ -170,20 +170,25 @@ fn attention_grad(cx: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
     let lse = attn_dims(cx)
         .map(|a| prod_sat(&[a.batch, a.q_heads, a.q_seq]))
         .unwrap_or(0);
-    GradRule::saves(
-        vec![
-            Saved::Input(0),
-            Saved::Input(1),
-            Saved::Input(2),
-            Saved::Output(0),
-            Saved::Extra {
-                tag: "stats",
-                bytes: bytes_of(DType::F32, lse),
-                cost: 0.0,
-            },
-        ],
-        2.5,
-    )
+    let mut saved = vec![
+        Saved::Input(0),
+        Saved::Input(1),
+        Saved::Input(2),
+        Saved::Output(0),
+        Saved::Extra {
+            tag: "stats",
+            bytes: bytes_of(DType::F32, lse),
+            cost: 0.0,
+        },
+    ];
+    // The backward rebuilds the probabilities, so it needs the mask (PyTorch's fused
+    // kernels keep `attn_bias`) and the past keys and values that the scores cover.
+    for i in 3..6 {
+        if cx.opt(i).is_some() {
+            saved.push(Saved::Input(i));
+        }
+    }
+    GradRule::saves(saved, 2.5)
 }
 
 fn rms_axis(cx: &Ctx) -> Result<usize> {
@@ -277,7 +282,14 @@ pub fn register(r: &mut Registry) {
             infer: rotary_infer,
             flops: |cx, _| 3.0 * cx.in_numel(0),
             diff_in: first,
-            grad: |_, _, _| GradRule::saves(vec![Saved::Input(1), Saved::Input(2)], 1.0),
+            // The cos/sin caches, and the position ids that index them.
+            grad: |cx, _, _| {
+                let mut saved = vec![Saved::Input(1), Saved::Input(2)];
+                if cx.opt(3).is_some() {
+                    saved.push(Saved::Input(3));
+                }
+                GradRule::saves(saved, 1.0)
+            },
             ..OpSpec::DEFAULT
         },
     );

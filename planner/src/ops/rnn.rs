@@ -123,17 +123,19 @@ fn rnn_grad(cx: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
     let states = if cx.op == "LSTM" { 2 } else { 1 };
     let per = crate::tensor::prod_sat(&[d.seq, d.batch, d.hidden, d.dirs]);
     let work = per.saturating_mul(gates(cx.op) + states);
-    GradRule::saves(
-        vec![
-            Saved::Input(0),
-            Saved::Extra {
-                tag: "workspace",
-                bytes: bytes_of(dtype, work),
-                cost: rnn_flops(cx, &[]),
-            },
-        ],
-        2.0,
-    )
+    let mut saved = vec![
+        Saved::Input(0),
+        Saved::Extra {
+            tag: "workspace",
+            bytes: bytes_of(dtype, work),
+            cost: rnn_flops(cx, &[]),
+        },
+    ];
+    // Partial sequence lengths decide which steps pass their state through.
+    if cx.opt(4).is_some() {
+        saved.push(Saved::Input(4));
+    }
+    GradRule::saves(saved, 2.0)
 }
 
 pub fn register(r: &mut Registry) {

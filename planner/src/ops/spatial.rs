@@ -283,7 +283,15 @@ pub fn register(r: &mut Registry) {
                     .unwrap_or(0.0)
             },
             diff_in: first,
-            grad: |_, _, _| GradRule::saves(vec![Saved::Input(1), Saved::Input(2)], 1.0),
+            // The sampling table comes from the boxes; max mode also needs X to find the
+            // winning sample of each cell.
+            grad: |cx, _, _| {
+                let mut saved = vec![Saved::Input(1), Saved::Input(2)];
+                if cx.attrs.string("mode").ok().flatten().as_deref() == Some("max") {
+                    saved.push(Saved::Input(0));
+                }
+                GradRule::saves(saved, 1.0)
+            },
             ..OpSpec::DEFAULT
         },
     );

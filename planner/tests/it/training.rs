@@ -526,6 +526,16 @@ fn decomposed_sdpa_keeps_what_the_attention_op_keeps() {
     let expect = 5 * 2 * 4 * 5 * 8 * 4 + 2 * 4 * 5 * 4;
     assert_eq!(saved("native"), expect, "native");
     assert_eq!(saved("sdpa"), expect, "sdpa");
+    // The fused node carries the product of the two factors as its scale.
+    let fused = load(&graph("sdpa").bytes(), &opts).unwrap_or_else(|e| panic!("sdpa: {e}"));
+    let scale = fused
+        .graph
+        .node_weights()
+        .filter(|n| n.op_type == "Attention" && !n.skipped)
+        .flat_map(|n| n.attrs.iter())
+        .find(|a| a.name == "scale")
+        .map(|a| a.f);
+    assert_eq!(scale, Some(0.25), "scale of the fused attention");
     // Eager keeps x, q, kᵀ, the probabilities and v, not the output or statistics, plus
     // the 4-byte scale constant its Mul reads.
     let probs = 2 * 4 * 5 * 5 * 4;
