@@ -232,10 +232,8 @@ pub fn register(r: &mut Registry) {
     r.insert("Asinh", u(|cx| unary_float(cx, f64::asinh), f4, save_x));
     r.insert("Acosh", u(|cx| unary_float(cx, f64::acosh), f4, save_x));
     r.insert("Atanh", u(|cx| unary_float(cx, f64::atanh), f4, save_x));
-    r.insert(
-        "Shrink",
-        u(|cx| unary_float(cx, |x| x), f1, super::nothing_saved),
-    );
+    // dX = dY·[|X| > lambd] needs X (PyTorch's hard/softshrink save self).
+    r.insert("Shrink", u(|cx| unary_float(cx, |x| x), f1, save_x));
     r.insert(
         "Neg",
         u(|cx| unary_float(cx, |x| -x), f1, super::nothing_saved),
@@ -357,9 +355,9 @@ pub fn register(r: &mut Registry) {
             infer: |cx| nary(cx, None, |a| int_pow(a[0], a[1]), |a| a[0].powf(a[1])),
             flops: f4,
             grad: |_, _, needs| {
-                let mut s = vec![Saved::Input(0)];
+                // dX needs the exponent too (PyTorch's pow saves both operands).
+                let mut s = vec![Saved::Input(0), Saved::Input(1)];
                 if needs.get(1) == Some(&true) {
-                    s.push(Saved::Input(1));
                     s.push(Saved::Output(0));
                 }
                 GradRule::saves(s, 3.0)
