@@ -295,3 +295,241 @@ pub fn register(r: &mut KernelRegistry) {
         r.insert(op, k(arg_fwd, None));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::kernels::elementwise::tests::{close, fwd, fwd1, V};
+    use crate::exec::testing::{check, int, ints, Case, In};
+    use crate::tensor::DType as OD;
+
+    const OPS: [&str; 10] = [
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+    ];
+
+    fn x(s: &[usize]) -> In {
+        // Positive, so that ReduceLogSum is defined; the others see no difference.
+        In::RandIn(s.to_vec(), 0.2, 1.5)
+    }
+    fn axes(v: &[i64]) -> In {
+        In::Const(
+            OD::I64,
+            vec![v.len()],
+            v.iter().map(|&a| a as f64).collect(),
+        )
+    }
+
+    #[test]
+    fn axes_as_input() {
+        for op in OPS {
+            check(&Case::new(op, 18, vec![x(&[2, 3, 4]), axes(&[1])]));
+            check(&Case::new(op, 18, vec![x(&[2, 3, 4]), axes(&[1])]).attr(int("keepdims", 0)));
+            check(&Case::new(op, 18, vec![x(&[2, 3, 4]), axes(&[-1, 0])]));
+            check(&Case::new(op, 18, vec![x(&[2, 3, 4]), axes(&[2, 0])]).attr(int("keepdims", 0)));
+            // No axes: every axis, or none with noop_with_empty_axes.
+            check(&Case::new(op, 18, vec![x(&[2, 3])]));
+            check(&Case::new(op, 18, vec![x(&[2, 3]), In::None]).attr(int("keepdims", 0)));
+            check(&Case::new(op, 18, vec![x(&[2, 3])]).attr(int("noop_with_empty_axes", 1)));
+        }
+        // Signed inputs where the op allows them.
+        for op in [
+            "ReduceSum",
+            "ReduceMean",
+            "ReduceSumSquare",
+            "ReduceL1",
+            "ReduceL2",
+        ] {
+            check(&Case::new(op, 18, vec![In::Rand(vec![3, 5]), axes(&[1])]));
+        }
+        for op in ["ReduceLogSumExp", "ReduceMax", "ReduceMin", "ReduceProd"] {
+            check(&Case::new(
+                op,
+                18,
+                vec![In::RandIn(vec![3, 5], -3.0, 3.0), axes(&[0])],
+            ));
+        }
+        check(&Case::new(
+            "ReduceSum",
+            13,
+            vec![x(&[2, 3, 4]), axes(&[1, 2])],
+        ));
+        check(
+            &Case::new("ReduceSum", 13, vec![x(&[2, 3, 4]), In::None])
+                .attr(int("noop_with_empty_axes", 1)),
+        );
+    }
+
+    #[test]
+    fn axes_as_attribute() {
+        for op in OPS {
+            if op == "ReduceSum" {
+                check(&Case::new(op, 11, vec![x(&[2, 3, 4])]).attr(ints("axes", &[1])));
+                continue;
+            }
+            check(&Case::new(op, 13, vec![x(&[2, 3, 4])]).attr(ints("axes", &[1])));
+            check(
+                &Case::new(op, 13, vec![x(&[2, 3, 4])])
+                    .attr(ints("axes", &[-1, 0]))
+                    .attr(int("keepdims", 0)),
+            );
+            check(&Case::new(op, 13, vec![x(&[2, 3, 4])]));
+        }
+    }
+
+    #[test]
+    fn values() {
+        let t = || V::T(OD::F64, vec![2, 3], vec![1.0, -2.0, 3.0, 0.5, 4.0, -1.0]);
+        let a = |v: &[i64]| {
+            V::C(
+                OD::I64,
+                vec![v.len()],
+                v.iter().map(|&a| a as f64).collect(),
+            )
+        };
+        let cases: [(&str, [f64; 3], [f64; 2]); 10] = [
+            ("ReduceSum", [1.5, 2.0, 2.0], [2.0, 3.5]),
+            ("ReduceMean", [0.75, 1.0, 1.0], [2.0 / 3.0, 3.5 / 3.0]),
+            ("ReduceSumSquare", [1.25, 20.0, 10.0], [14.0, 17.25]),
+            ("ReduceL1", [1.5, 6.0, 4.0], [6.0, 5.5]),
+            (
+                "ReduceL2",
+                [1.25f64.sqrt(), 20f64.sqrt(), 10f64.sqrt()],
+                [14f64.sqrt(), 17.25f64.sqrt()],
+            ),
+            ("ReduceMax", [1.0, 4.0, 3.0], [3.0, 4.0]),
+            ("ReduceMin", [0.5, -2.0, -1.0], [-2.0, -1.0]),
+            ("ReduceProd", [0.5, -8.0, -3.0], [-6.0, -2.0]),
+            (
+                "ReduceLogSumExp",
+                [
+                    (1f64.exp() + 0.5f64.exp()).ln(),
+                    ((-2f64).exp() + 4f64.exp()).ln(),
+                    (3f64.exp() + (-1f64).exp()).ln(),
+                ],
+                [
+                    (1f64.exp() + (-2f64).exp() + 3f64.exp()).ln(),
+                    (0.5f64.exp() + 4f64.exp() + (-1f64).exp()).ln(),
+                ],
+            ),
+            (
+                "ReduceLogSum",
+                [1.5f64.ln(), 2f64.ln(), 2f64.ln()],
+                [2f64.ln(), 3.5f64.ln()],
+            ),
+        ];
+        for (op, over0, over1) in cases {
+            let y = fwd(op, 18, &[int("keepdims", 0)], vec![t(), a(&[0])]).unwrap();
+            assert_eq!(y[0].0, vec![3], "{op}");
+            close(&y[0].1, &over0);
+            let y = fwd(op, 18, &[], vec![t(), a(&[-1])]).unwrap();
+            assert_eq!(y[0].0, vec![2, 1], "{op}");
+            close(&y[0].1, &over1);
+        }
+        // noop_with_empty_axes keeps the elementwise part.
+        let noop = [int("noop_with_empty_axes", 1)];
+        close(
+            &fwd1("ReduceSumSquare", 18, &noop, vec![t()]),
+            &[1.0, 4.0, 9.0, 0.25, 16.0, 1.0],
+        );
+        close(
+            &fwd1("ReduceL1", 18, &noop, vec![t()]),
+            &[1.0, 2.0, 3.0, 0.5, 4.0, 1.0],
+        );
+        close(
+            &fwd1("ReduceMax", 18, &noop, vec![t()]),
+            &[1.0, -2.0, 3.0, 0.5, 4.0, -1.0],
+        );
+        // Large values do not overflow LogSumExp.
+        let big = V::T(OD::F64, vec![2], vec![1000.0, 1000.0]);
+        close(
+            &fwd1("ReduceLogSumExp", 13, &[], vec![big]),
+            &[1000.0 + 2f64.ln()],
+        );
+        // Integers.
+        let i = || V::T(OD::I64, vec![2, 2], vec![3.0, -4.0, 5.0, 2.0]);
+        close(
+            &fwd1("ReduceSum", 13, &[], vec![i(), a(&[1])]),
+            &[-1.0, 7.0],
+        );
+        close(
+            &fwd1("ReduceProd", 13, &[ints("axes", &[0])], vec![i()]),
+            &[15.0, -8.0],
+        );
+        close(
+            &fwd1("ReduceMax", 13, &[ints("axes", &[0])], vec![i()]),
+            &[5.0, 2.0],
+        );
+        // Repeated and out-of-range axes are errors.
+        assert!(fwd("ReduceSum", 13, &[], vec![t(), a(&[1, -1])]).is_err());
+        assert!(fwd("ReduceSum", 13, &[], vec![t(), a(&[2])]).is_err());
+    }
+
+    /// ReduceProd's gradient is exact with zeros (the product of the other elements).
+    #[test]
+    fn prod_with_zeros() {
+        let v = vec![0.5, 0.0, 2.0, 0.0, 0.0, 3.0, -1.5, 0.7, 1.2];
+        check(&Case::new(
+            "ReduceProd",
+            18,
+            vec![In::Floats(vec![3, 3], v.clone()), axes(&[1])],
+        ));
+        check(&Case::new(
+            "ReduceProd",
+            18,
+            vec![In::Floats(vec![3, 3], v), axes(&[0])],
+        ));
+    }
+
+    #[test]
+    fn arg_extremes() {
+        let t = || V::T(OD::F32, vec![2, 3], vec![1.0, 5.0, 5.0, 7.0, 0.0, 7.0]);
+        let y = fwd("ArgMax", 13, &[int("axis", 1)], vec![t()]).unwrap();
+        assert_eq!(y[0].0, vec![2, 1]);
+        close(&y[0].1, &[1.0, 0.0]);
+        let y = fwd(
+            "ArgMax",
+            13,
+            &[
+                int("axis", -1),
+                int("select_last_index", 1),
+                int("keepdims", 0),
+            ],
+            vec![t()],
+        )
+        .unwrap();
+        assert_eq!(y[0].0, vec![2]);
+        close(&y[0].1, &[2.0, 2.0]);
+        close(&fwd1("ArgMin", 13, &[], vec![t()]), &[0.0, 1.0, 0.0]);
+        close(
+            &fwd1(
+                "ArgMin",
+                13,
+                &[int("axis", 1), int("keepdims", 0)],
+                vec![t()],
+            ),
+            &[0.0, 1.0],
+        );
+        let i = V::T(OD::I32, vec![4], vec![3.0, -4.0, 3.0, 2.0]);
+        close(
+            &fwd1("ArgMax", 13, &[int("select_last_index", 1)], vec![i]),
+            &[2.0],
+        );
+        for op in ["ArgMax", "ArgMin"] {
+            check(&Case::new(op, 13, vec![In::Rand(vec![3, 4])]).attr(int("axis", 1)));
+            check(
+                &Case::new(op, 13, vec![In::Rand(vec![3, 4])])
+                    .attr(int("axis", -2))
+                    .attr(int("keepdims", 0)),
+            );
+        }
+        assert!(fwd("ArgMax", 13, &[int("axis", 2)], vec![t()]).is_err());
+    }
+}
