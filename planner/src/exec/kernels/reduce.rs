@@ -120,9 +120,18 @@ fn prod(x: &Tensor, axes: &[usize]) -> KResult<Tensor> {
 }
 
 fn reduce_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
-    let x = input(xs, 0)?;
-    let axes = reduce_axes(cx, x.rank())?;
-    let float = x.dtype().is_float();
+    let x0 = input(xs, 0)?;
+    let axes = reduce_axes(cx, x0.rank())?;
+    let float = x0.dtype().is_float();
+    // Sums of half-precision values accumulate in f32 (as PyTorch does).
+    let widen = matches!(x0.dtype(), DType::F16 | DType::BF16)
+        && !matches!(cx.op, "ReduceMax" | "ReduceMin" | "ReduceProd");
+    let wide = if widen {
+        x0.to_dtype(DType::F32)?
+    } else {
+        x0.clone()
+    };
+    let x = &wide;
     let y = match cx.op {
         "ReduceSum" => sum(x, &axes)?,
         "ReduceMean" => {
@@ -156,7 +165,9 @@ fn reduce_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<
         "ReduceProd" => prod(x, &axes)?,
         other => kbail!("no reduction kernel for {other}"),
     };
-    Ok(vec![Some(y.reshape(cx.out_shape(0)?)?)])
+    Ok(vec![Some(
+        y.to_dtype(x0.dtype())?.reshape(cx.out_shape(0)?)?,
+    )])
 }
 
 /// `m + ln Σ e^{x − m}` with `m` the maximum (0 where it is infinite), so that it never
@@ -467,6 +478,12 @@ mod tests {
             &fwd1("ReduceMax", 13, &[ints("axes", &[0])], vec![i()]),
             &[5.0, 2.0],
         );
+        // Half precision accumulates in f32: in f16, 2048 + 1 rounds back to 2048 and the
+        // sum of 2048 and 2999 ones would stay 2048; 5047 rounds to 5048 in f16.
+        let mut h = vec![1.0; 3000];
+        h[0] = 2048.0;
+        let y = fwd1("ReduceSum", 13, &[], vec![V::T(OD::F16, vec![3000], h)]);
+        close(&y, &[5048.0]);
         // Repeated and out-of-range axes are errors.
         assert!(fwd("ReduceSum", 13, &[], vec![t(), a(&[1, -1])]).is_err());
         assert!(fwd("ReduceSum", 13, &[], vec![t(), a(&[2])]).is_err());
