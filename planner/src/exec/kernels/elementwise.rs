@@ -913,9 +913,12 @@ fn variadic_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
             let xs: Vec<Tensor> = (0..n)
                 .map(|i| a.input(i).cloned())
                 .collect::<KResult<_>>()?;
+            let Some((first, rest)) = xs.split_first() else {
+                kbail!("{} has no inputs", cx.op);
+            };
             let shape = g.dims().to_vec();
-            let mut y = xs[0].broadcast_as(shape.as_slice())?.contiguous()?;
-            for x in &xs[1..] {
+            let mut y = first.broadcast_as(shape.as_slice())?.contiguous()?;
+            for x in rest {
                 y = if cx.op == "Max" {
                     y.broadcast_maximum(x)?
                 } else {
@@ -926,14 +929,14 @@ fn variadic_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
                 .iter()
                 .map(|x| mask(&x.broadcast_eq(&y)?, dt))
                 .collect::<KResult<_>>()?;
-            let mut count = hits[0].clone();
-            for h in &hits[1..] {
+            let mut count = g.zeros_like()?;
+            for h in &hits {
                 count = (count + h)?;
             }
             let share = (&g / count)?;
-            for (i, o) in out.iter_mut().enumerate() {
+            for (i, (o, h)) in out.iter_mut().zip(&hits).enumerate() {
                 if a.need(i) {
-                    *o = Some(unbroadcast(&(&share * &hits[i])?, &cx.in_shape(i)?)?);
+                    *o = Some(unbroadcast(&(&share * h)?, &cx.in_shape(i)?)?);
                 }
             }
         }
