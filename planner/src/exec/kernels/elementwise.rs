@@ -1071,15 +1071,32 @@ pub(crate) mod tests {
 
     /// Runs an op's forward (shapes from its shape rule) on concrete values and returns its
     /// outputs as `f64`s with their shapes.
+    type Flat = (Vec<usize>, Vec<f64>);
+
+    /// Runs an op's forward (shapes from its shape rule) on concrete values and returns its
+    /// outputs as `f64`s with their shapes.
     pub(crate) fn fwd(
         op: &'static str,
         opset: i64,
         attrs: &[AttributeProto],
         inputs: Vec<V>,
-    ) -> KResult<Vec<(Vec<usize>, Vec<f64>)>> {
+    ) -> KResult<Vec<Flat>> {
+        Ok(run(op, opset, attrs, inputs, false)?.0)
+    }
+
+    /// Forward, then (with `backward`) the backward with every input and output visible and
+    /// fixed output gradients; run-time float inputs get gradients where differentiable.
+    pub(crate) fn run(
+        op: &'static str,
+        opset: i64,
+        attrs: &[AttributeProto],
+        inputs: Vec<V>,
+        backward: bool,
+    ) -> KResult<(Vec<Flat>, Vec<Option<Flat>>)> {
         let dev = Device::Cpu;
         let mut facts = vec![];
         let mut values = vec![];
+        let mut runtime_float = vec![];
         for v in inputs {
             let is_const = matches!(v, V::C(..));
             match v {
@@ -1087,6 +1104,7 @@ pub(crate) mod tests {
                     let shape: Vec<u64> = s.iter().map(|&d| d as u64).collect();
                     let t = Tensor::from_vec(x.clone(), s.clone(), &dev)?
                         .to_dtype(crate::exec::kernel::to_candle(d)?)?;
+                    runtime_float.push(!is_const && d.is_float());
                     facts.push(Some(if is_const {
                         Fact::with_value(PTensor::new(d, shape, Data::F(x)))
                     } else {
@@ -1097,6 +1115,7 @@ pub(crate) mod tests {
                 V::None => {
                     facts.push(None);
                     values.push(None);
+                    runtime_float.push(false);
                 }
             }
         }
@@ -1108,15 +1127,16 @@ pub(crate) mod tests {
         let spec = op_registry()
             .get(op)
             .ok_or_else(|| KernelError::new("no shape rule"))?;
-        let outs = (spec.infer)(&Ctx {
+        let scx = Ctx {
             node: "n",
             op,
             opset,
             attrs: attrs_of(),
             inputs: &facts,
             n_outputs: 1,
-        })?;
-        let out_facts: Vec<Option<Fact>> = outs.into_iter().map(Some).collect();
+        };
+        let outs = (spec.infer)(&scx)?;
+        let out_facts: Vec<Option<Fact>> = outs.iter().cloned().map(Some).collect();
         let cx = KernelCtx {
             node: "n",
             op,
@@ -1131,15 +1151,50 @@ pub(crate) mod tests {
             .get(op)
             .ok_or_else(|| KernelError::new("no kernel"))?;
         let ys = (k.forward)(&cx, &values, &Default::default())?;
-        ys.into_iter()
-            .flatten()
+        let flat = |t: &Tensor| -> KResult<Flat> {
+            Ok((
+                t.dims().to_vec(),
+                t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?,
+            ))
+        };
+        let y: Vec<Flat> = ys.iter().flatten().map(flat).collect::<KResult<_>>()?;
+        if !backward {
+            return Ok((y, vec![]));
+        }
+        let needs: Vec<bool> = (0..facts.len())
+            .map(|i| runtime_float[i] && (spec.diff_in)(&scx, i))
+            .collect();
+        let grads: Vec<Option<Tensor>> = ys
+            .iter()
             .map(|t| {
-                Ok((
-                    t.dims().to_vec(),
-                    t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?,
-                ))
+                t.as_ref()
+                    .filter(|t| t.dtype().is_float())
+                    .map(|t| -> KResult<Tensor> {
+                        let n = t.elem_count();
+                        let v: Vec<f64> = (0..n).map(|i| 0.25 * (i % 7) as f64 - 0.6).collect();
+                        Ok(Tensor::from_vec(v, t.dims(), &dev)?.to_dtype(t.dtype())?)
+                    })
+                    .transpose()
             })
-            .collect()
+            .collect::<KResult<_>>()?;
+        let bwd = k
+            .backward
+            .ok_or_else(|| KernelError::new("no backward kernel"))?;
+        let d = bwd(
+            &cx,
+            &crate::exec::kernel::BwdArgs {
+                inputs: &values,
+                outputs: &ys,
+                extras: &Default::default(),
+                grads: &grads,
+                needs: &needs,
+            },
+        )?;
+        let d = d
+            .iter()
+            .map(|t| t.as_ref().map(flat).transpose())
+            .collect::<KResult<_>>()?;
+        Ok((y, d))
     }
 
     /// The values of the single output.
@@ -1862,6 +1917,120 @@ pub(crate) mod tests {
             ],
         );
         close(&y, &[1.0, 9.0, 2.0, 9.0]);
+    }
+
+    /// Models run in f32 (sometimes f16): forward and backward of every differentiable op
+    /// agree with the f64 run.
+    #[test]
+    fn single_and_half_precision_match_double() {
+        let xs: Vec<f64> = (0..12).map(|i| -1.73 + 0.31 * i as f64).collect();
+        let pos: Vec<f64> = (0..12).map(|i| 0.4 + 0.13 * i as f64).collect();
+        let unit: Vec<f64> = (0..12).map(|i| -0.9 + 0.15 * i as f64).collect();
+        /// Op, opset, attributes, and the inputs in f64, f32 and f16.
+        type Row = (
+            &'static str,
+            i64,
+            Vec<AttributeProto>,
+            Vec<V>,
+            Vec<V>,
+            Vec<V>,
+        );
+        let cases: Vec<Row> = {
+            let mut v = vec![];
+            let mk = |f: &dyn Fn(OD) -> Vec<V>| (f(OD::F64), f(OD::F32), f(OD::F16));
+            for op in super::UNARY {
+                let data = match *op {
+                    "Sqrt" | "Log" | "Reciprocal" | "Acosh" => {
+                        if *op == "Acosh" {
+                            pos.iter().map(|p| p + 1.0).collect()
+                        } else {
+                            pos.clone()
+                        }
+                    }
+                    "Asin" | "Acos" | "Atanh" | "Tan" => unit.clone(),
+                    _ => xs.clone(),
+                };
+                let (a, b, c) = mk(&|d| vec![V::T(d, vec![3, 4], data.clone())]);
+                v.push((*op, 17, vec![], a, b, c));
+            }
+            let two = |d: OD, x: &Vec<f64>, y: Vec<f64>, ys: Vec<usize>| {
+                vec![V::T(d, vec![3, 4], x.clone()), V::T(d, ys, y)]
+            };
+            for op in [
+                "Add", "Sub", "Mul", "Div", "PRelu", "Mod", "Max", "Min", "Sum", "Mean",
+            ] {
+                let (a, b, c) = mk(&|d| two(d, &xs, vec![0.5, 1.5, 2.5, 3.5], vec![4]));
+                let attrs = if op == "Mod" {
+                    vec![int("fmod", 1)]
+                } else {
+                    vec![]
+                };
+                v.push((op, 14, attrs, a, b, c));
+            }
+            let (a, b, c) = mk(&|d| two(d, &pos, vec![0.5, -1.5, 2.0, 3.0], vec![4]));
+            v.push(("Pow", 15, vec![], a, b, c));
+            let (a, b, c) =
+                mk(&|d| vec![V::T(d, vec![3, 4], xs.clone()), V::C(d, vec![], vec![3.0])]);
+            v.push(("Pow", 15, vec![], a, b, c));
+            let (a, b, c) = mk(&|d| {
+                vec![
+                    V::T(OD::Bool, vec![4], vec![1.0, 0.0, 0.0, 1.0]),
+                    V::T(d, vec![3, 4], xs.clone()),
+                    V::T(d, vec![], vec![0.5]),
+                ]
+            });
+            v.push(("Where", 16, vec![], a, b, c));
+            for op in [
+                "ReduceSum",
+                "ReduceMean",
+                "ReduceSumSquare",
+                "ReduceL1",
+                "ReduceL2",
+                "ReduceLogSum",
+                "ReduceLogSumExp",
+                "ReduceMax",
+                "ReduceMin",
+                "ReduceProd",
+            ] {
+                let (a, b, c) = mk(&|d| {
+                    vec![
+                        V::T(d, vec![3, 4], pos.clone()),
+                        V::C(OD::I64, vec![1], vec![1.0]),
+                    ]
+                });
+                v.push((op, 18, vec![], a, b, c));
+            }
+            v
+        };
+        for (op, opset, attrs, d64, d32, d16) in cases {
+            let (y64, g64) =
+                run(op, opset, &attrs, d64, true).unwrap_or_else(|e| panic!("{op} f64: {e}"));
+            for (name, data, tol) in [("f32", d32, 1e-5), ("f16", d16, 2e-2)] {
+                let (y, g) = run(op, opset, &attrs, data, true)
+                    .unwrap_or_else(|e| panic!("{op} {name}: {e}"));
+                let near = |a: &[f64], b: &[f64], what: &str| {
+                    let scale = b.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                    for (p, q) in a.iter().zip(b) {
+                        assert!(
+                            (p - q).abs() <= tol * scale,
+                            "{op} {name} {what}: {a:?} vs {b:?}"
+                        );
+                    }
+                };
+                for (a, b) in y.iter().zip(&y64) {
+                    assert_eq!(a.0, b.0, "{op} {name}");
+                    near(&a.1, &b.1, "output");
+                }
+                assert_eq!(g.len(), g64.len(), "{op} {name}");
+                for (a, b) in g.iter().zip(&g64) {
+                    match (a, b) {
+                        (Some(a), Some(b)) => near(&a.1, &b.1, "gradient"),
+                        (None, None) => {}
+                        _ => panic!("{op} {name}: gradients differ in presence"),
+                    }
+                }
+            }
+        }
     }
 
     /// Models run in f32 (sometimes f16): every float kernel runs there too.
