@@ -363,7 +363,12 @@ fn unary_float(cx: &KernelCtx, x: &Tensor) -> KResult<Tensor> {
         "Mish" => (x * softplus(x)?.tanh()?)?,
         "Swish" => {
             let alpha = fattr(cx, "alpha", 1.0)?;
-            (x * sigmoid(&scale(x, alpha)?)?)?
+            if alpha == 1.0 {
+                // SiLU (what the fusion produces): one candle op.
+                x.silu()?
+            } else {
+                (x * sigmoid(&scale(x, alpha)?)?)?
+            }
         }
         "ThresholdedRelu" => {
             let alpha = fattr(cx, "alpha", 1.0)?;
