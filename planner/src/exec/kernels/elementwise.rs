@@ -78,6 +78,11 @@ pub(crate) fn unbroadcast(g: &Tensor, shape: &[usize]) -> KResult<Tensor> {
     }
     let s = if axes.is_empty() {
         g.clone()
+    } else if matches!(g.dtype(), DType::F16 | DType::BF16) {
+        // Half-precision sums accumulate in f32.
+        g.to_dtype(DType::F32)?
+            .sum_keepdim(axes)?
+            .to_dtype(g.dtype())?
     } else {
         g.sum_keepdim(axes)?
     };
