@@ -232,10 +232,8 @@ pub fn register(r: &mut Registry) {
     r.insert("Asinh", u(|cx| unary_float(cx, f64::asinh), f4, save_x));
     r.insert("Acosh", u(|cx| unary_float(cx, f64::acosh), f4, save_x));
     r.insert("Atanh", u(|cx| unary_float(cx, f64::atanh), f4, save_x));
-    r.insert(
-        "Shrink",
-        u(|cx| unary_float(cx, |x| x), f1, super::nothing_saved),
-    );
+    // dX = dY·[|X| > lambd] needs X (PyTorch's hard/softshrink save self).
+    r.insert("Shrink", u(|cx| unary_float(cx, |x| x), f1, save_x));
     r.insert(
         "Neg",
         u(|cx| unary_float(cx, |x| -x), f1, super::nothing_saved),
@@ -282,7 +280,12 @@ pub fn register(r: &mut Registry) {
             },
             flops: f1,
             diff_in: first,
-            grad: save_x,
+            // dX = dY·[min ≤ X ≤ max]: bounds computed at run time are saved too.
+            grad: |cx, _, _| {
+                let mut s = vec![Saved::Input(0)];
+                s.extend((1..3).filter(|&i| computed(cx, i)).map(Saved::Input));
+                GradRule::saves(s, 1.0)
+            },
             ..OpSpec::DEFAULT
         },
     );
@@ -356,10 +359,14 @@ pub fn register(r: &mut Registry) {
         OpSpec {
             infer: |cx| nary(cx, None, |a| int_pow(a[0], a[1]), |a| a[0].powf(a[1])),
             flops: f4,
-            grad: |_, _, needs| {
+            grad: |cx, _, needs| {
                 let mut s = vec![Saved::Input(0)];
-                if needs.get(1) == Some(&true) {
+                // dX needs the exponent too: a constant one is always resident, a computed
+                // one is saved (PyTorch's pow saves both operands).
+                if needs.get(1) == Some(&true) || computed(cx, 1) {
                     s.push(Saved::Input(1));
+                }
+                if needs.get(1) == Some(&true) {
                     s.push(Saved::Output(0));
                 }
                 GradRule::saves(s, 3.0)
@@ -525,6 +532,11 @@ pub fn register(r: &mut Registry) {
             ..OpSpec::DEFAULT
         },
     );
+}
+
+/// Whether input `i` is present and computed at run time (not a constant known at import).
+fn computed(cx: &Ctx, i: usize) -> bool {
+    cx.opt(i).is_some_and(|f| f.value.is_none())
 }
 
 fn unary_rounding(op: &str) -> fn(&Ctx) -> Result<Vec<Fact>> {
