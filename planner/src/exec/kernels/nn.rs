@@ -46,7 +46,7 @@ fn sum_to(t: &Tensor, shape: &[usize]) -> KResult<Tensor> {
     let mut t = t.clone();
     if r > q {
         let lead: Vec<usize> = (0..r - q).collect();
-        t = t.sum(lead)?;
+        t = fsum(&t, &lead)?;
     }
     let dims = t.dims().to_vec();
     let off = shape.len().saturating_sub(dims.len());
@@ -63,9 +63,49 @@ fn sum_to(t: &Tensor, shape: &[usize]) -> KResult<Tensor> {
         }
     }
     if !axes.is_empty() {
-        t = t.sum_keepdim(axes)?;
+        t = fsum_keepdim(&t, &axes)?;
     }
     Ok(t.reshape(shape)?)
+}
+
+/// Sum over `dims` keeping them as unit dims. Runs of adjacent reduced (and kept) dims are
+/// merged first, so that candle reduces contiguous rows (a strided reduction over several
+/// dims is two orders of magnitude slower on the CPU).
+fn fsum_keepdim(t: &Tensor, dims: &[usize]) -> KResult<Tensor> {
+    let shape = t.dims().to_vec();
+    let mut merged: Vec<(usize, bool)> = vec![];
+    for (i, &d) in shape.iter().enumerate() {
+        let r = dims.contains(&i);
+        match merged.last_mut() {
+            Some((s, rr)) if *rr == r => *s *= d,
+            _ => merged.push((d, r)),
+        }
+    }
+    let sizes: Vec<usize> = merged.iter().map(|m| m.0).collect();
+    let mut v = t.contiguous()?.reshape(sizes)?;
+    for (j, m) in merged.iter().enumerate().rev() {
+        if m.1 {
+            v = v.sum_keepdim(j)?;
+        }
+    }
+    let keep: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if dims.contains(&i) { 1 } else { d })
+        .collect();
+    Ok(v.reshape(keep)?)
+}
+
+/// Sum over `dims`, dropping them.
+fn fsum(t: &Tensor, dims: &[usize]) -> KResult<Tensor> {
+    let kept: Vec<usize> = t
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !dims.contains(i))
+        .map(|(_, &d)| d)
+        .collect();
+    Ok(fsum_keepdim(t, dims)?.reshape(kept)?)
 }
 
 /// Shape `[1, c, 1, ...]` of rank `rank` (a per-channel vector broadcast over NCHW data).
@@ -341,8 +381,297 @@ fn uniform_dilation(w: &Tensor, p: &G2) -> KResult<(Tensor, G2)> {
     Ok((w2, q))
 }
 
+// Host im2col / col2im (CPU): one pass over contiguous memory, split over threads. On other
+// devices the convolutions run on candle's conv2d (below).
+
+/// Unfolds `[N, C, H, W]` into columns (zeros where the window is in the padding), or folds
+/// columns back (summing overlaps) when `fold`. Columns are `[N, C * kh * kw, O0 * O1]`
+/// (batch-major), or `[C * kh * kw, N * O0 * O1]` when `cmajor` (one large matrix product
+/// for small images).
+#[derive(Clone, Debug)]
+struct Unfold {
+    n: usize,
+    c: usize,
+    hw: [usize; 2],
+    p: G2,
+    fold: bool,
+    cmajor: bool,
+}
+
+impl Unfold {
+    fn kk(&self) -> usize {
+        self.p.k[0] * self.p.k[1]
+    }
+    fn oo(&self) -> usize {
+        self.p.out[0] * self.p.out[1]
+    }
+    fn cols_len(&self) -> usize {
+        self.n * self.c * self.kk() * self.oo()
+    }
+    fn x_len(&self) -> usize {
+        self.n * self.c * self.hw[0] * self.hw[1]
+    }
+
+    /// Visits every (kernel offset, output position, input offset) of one image plane.
+    fn each(&self, mut f: impl FnMut(usize, usize, usize)) {
+        let p = &self.p;
+        let (h, w) = (self.hw[0] as isize, self.hw[1] as isize);
+        let (o0, o1) = (p.out[0], p.out[1]);
+        for ki in 0..p.k[0] {
+            for kj in 0..p.k[1] {
+                let kidx = ki * p.k[1] + kj;
+                for oh in 0..o0 {
+                    let ih = (oh * p.s[0] + ki * p.d[0]) as isize - p.pb[0] as isize;
+                    if ih < 0 || ih >= h {
+                        continue;
+                    }
+                    for ow in 0..o1 {
+                        let iw = (ow * p.s[1] + kj * p.d[1]) as isize - p.pb[1] as isize;
+                        if iw >= 0 && iw < w {
+                            f(kidx, oh * o1 + ow, (ih * w + iw) as usize);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Fills the output unit `u` (a channel block of channel-major columns, otherwise one
+    /// `(n, c)` plane of the output).
+    fn unit<T: candle_core::WithDType>(&self, u: usize, src: &[T], out: &mut [T]) {
+        let (kk, oo, n_all) = (self.kk(), self.oo(), self.n);
+        let plane = self.hw[0] * self.hw[1];
+        match (self.fold, self.cmajor) {
+            (false, false) => {
+                if let Some(inp) = src.get(u * plane..(u + 1) * plane) {
+                    self.each(|k, o, xi| out[k * oo + o] = inp[xi]);
+                }
+            }
+            (false, true) => {
+                let c = u;
+                for n in 0..n_all {
+                    let base = (n * self.c + c) * plane;
+                    if let Some(inp) = src.get(base..base + plane) {
+                        self.each(|k, o, xi| out[(k * n_all + n) * oo + o] = inp[xi]);
+                    }
+                }
+            }
+            (true, false) => {
+                if let Some(inp) = src.get(u * kk * oo..(u + 1) * kk * oo) {
+                    self.each(|k, o, xi| out[xi] += inp[k * oo + o]);
+                }
+            }
+            (true, true) => {
+                let (n, c) = (u / self.c, u % self.c);
+                let base = c * kk * n_all * oo;
+                if let Some(inp) = src.get(base..base + kk * n_all * oo) {
+                    self.each(|k, o, xi| out[xi] += inp[(k * n_all + n) * oo + o]);
+                }
+            }
+        }
+    }
+
+    fn run<T: candle_core::WithDType>(&self, src: &[T]) -> Vec<T> {
+        let (units, unit_len) = match (self.fold, self.cmajor) {
+            (false, true) => (self.c, self.kk() * self.n * self.oo()),
+            (false, false) => (self.n * self.c, self.kk() * self.oo()),
+            (true, _) => (self.n * self.c, self.hw[0] * self.hw[1]),
+        };
+        let mut dst = vec![T::from_f64(0.0); units * unit_len];
+        if unit_len == 0 {
+            return dst;
+        }
+        let threads = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, units.max(1));
+        let per = units.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (ci, chunk) in dst.chunks_mut(per * unit_len).enumerate() {
+                scope.spawn(move || {
+                    for (k, out) in chunk.chunks_mut(unit_len).enumerate() {
+                        self.unit(ci * per + k, src, out);
+                    }
+                });
+            }
+        });
+        dst
+    }
+}
+
+impl candle_core::CustomOp1 for Unfold {
+    fn name(&self) -> &'static str {
+        if self.fold {
+            "remat-col2im"
+        } else {
+            "remat-im2col"
+        }
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let (a, b) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("unfold needs a contiguous input".into()))?;
+        let want = if self.fold {
+            self.cols_len()
+        } else {
+            self.x_len()
+        };
+        if b - a != want {
+            return Err(candle_core::Error::Msg(format!(
+                "unfold input has {} elements, expected {want}",
+                b - a
+            )));
+        }
+        let out = match s {
+            S::F32(v) => S::F32(self.run(&v[a..b])),
+            S::F64(v) => S::F64(self.run(&v[a..b])),
+            S::F16(v) => S::F16(self.run(&v[a..b])),
+            S::BF16(v) => S::BF16(self.run(&v[a..b])),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "unfold supports f16, bf16, f32 and f64 data only".into(),
+                ))
+            }
+        };
+        let shape = match (self.fold, self.cmajor) {
+            (true, _) => candle_core::Shape::from((self.n, self.c, self.hw[0], self.hw[1])),
+            (false, false) => candle_core::Shape::from((self.n, self.c * self.kk(), self.oo())),
+            (false, true) => candle_core::Shape::from((self.c * self.kk(), self.n * self.oo())),
+        };
+        Ok((out, shape))
+    }
+}
+
+/// Whether convolutions on `dev` use the host im2col path.
+fn host_unfold(dev: &candle_core::Device) -> bool {
+    dev.is_cpu()
+}
+
+/// Images with fewer output positions than this use channel-major columns (one matrix
+/// product over the whole batch instead of a thin one per image).
+const CMAJOR_BELOW: usize = 256;
+
+/// `x` `[N, C, H, W]` unfolded: `[N, g, C/g * kh * kw, O0 * O1]`, or
+/// `[g, C/g * kh * kw, N * O0 * O1]` when `cmajor`.
+fn im2col(x: &Tensor, p: &G2, cmajor: bool) -> KResult<Tensor> {
+    let (n, c, h, w) = x.dims4()?;
+    let u = Unfold {
+        n,
+        c,
+        hw: [h, w],
+        p: p.clone(),
+        fold: false,
+        cmajor,
+    };
+    let cols = x.contiguous()?.apply_op1_no_bwd(&u)?;
+    let kk = p.k[0] * p.k[1];
+    let oo = p.out[0] * p.out[1];
+    if cmajor {
+        Ok(cols.reshape((p.g, c / p.g * kk, n * oo))?)
+    } else {
+        Ok(cols.reshape((n, p.g, c / p.g * kk, oo))?)
+    }
+}
+
+/// Columns (as [`im2col`] lays them out) folded back to `[N, C, H, W]`.
+fn col2im(
+    cols: &Tensor,
+    p: &G2,
+    n: usize,
+    c: usize,
+    hw: [usize; 2],
+    cmajor: bool,
+) -> KResult<Tensor> {
+    let u = Unfold {
+        n,
+        c,
+        hw,
+        p: p.clone(),
+        fold: true,
+        cmajor,
+    };
+    Ok(cols.contiguous()?.apply_op1_no_bwd(&u)?)
+}
+
+/// `[N, OC, O0, O1]` as `[g, OC/g, N * O0 * O1]` (channel-major) or `[N, g, OC/g, O0 * O1]`.
+fn out_cols(t: &Tensor, g: usize, cmajor: bool) -> KResult<Tensor> {
+    let (n, oc, o0, o1) = t.dims4()?;
+    if cmajor {
+        Ok(t.transpose(0, 1)?
+            .contiguous()?
+            .reshape((g, oc / g, n * o0 * o1))?)
+    } else {
+        Ok(t.contiguous()?.reshape((n, g, oc / g, o0 * o1))?)
+    }
+}
+
+fn c2_fwd_host(x: &Tensor, w: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
+    let n = x.dim(0)?;
+    let (oc, cg, kh, kw) = w.dims4()?;
+    let g = p.g;
+    let cols = im2col(x, p, cm)?;
+    if cm {
+        let y = w.reshape((g, oc / g, cg * kh * kw))?.matmul(&cols)?;
+        Ok(y.reshape((oc, n, p.out[0], p.out[1]))?
+            .transpose(0, 1)?
+            .contiguous()?)
+    } else {
+        let wm = w.reshape((1, g, oc / g, cg * kh * kw))?;
+        let y = wm.broadcast_matmul(&cols)?;
+        Ok(y.reshape((n, oc, p.out[0], p.out[1]))?)
+    }
+}
+
+fn c2_dx_host(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2], cm: bool) -> KResult<Tensor> {
+    let (n, _, o0, o1) = dy.dims4()?;
+    let (oc, cg, kh, kw) = w.dims4()?;
+    let g = p.g;
+    let mut q = p.clone();
+    q.out = [o0, o1];
+    let d = out_cols(dy, g, cm)?;
+    let dcols = if cm {
+        w.reshape((g, oc / g, cg * kh * kw))?
+            .transpose(1, 2)?
+            .matmul(&d)?
+    } else {
+        w.reshape((1, g, oc / g, cg * kh * kw))?
+            .transpose(2, 3)?
+            .broadcast_matmul(&d)?
+    };
+    col2im(&dcols, &q, n, g * cg, input, cm)
+}
+
+fn c2_dw_host(x: &Tensor, dy: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
+    let (_, oc, o0, o1) = dy.dims4()?;
+    let g = p.g;
+    let mut q = p.clone();
+    q.out = [o0, o1];
+    let cols = im2col(x, &q, cm)?;
+    let d = out_cols(dy, g, cm)?;
+    let dw = if cm {
+        d.matmul(&cols.transpose(1, 2)?)?
+    } else {
+        d.matmul(&cols.transpose(2, 3)?)?.sum(0)?
+    };
+    let c = x.dim(1)?;
+    Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?)
+}
+
 /// `x` `[N, C, H, W]`, `w` `[OC, C/g, kh, kw]` → `[N, OC, out...]`.
 fn c2_fwd(x: &Tensor, w: &Tensor, p: &G2) -> KResult<Tensor> {
+    if host_unfold(x.device()) {
+        return c2_fwd_host(x, w, p, p.out[0] * p.out[1] < CMAJOR_BELOW);
+    }
+    c2_fwd_candle(x, w, p)
+}
+
+fn c2_fwd_candle(x: &Tensor, w: &Tensor, p: &G2) -> KResult<Tensor> {
     let (w, q) = uniform_dilation(w, p)?;
     let uniform_pad = q.pb[0] == q.pb[1] && q.pe[0] == q.pe[1] && q.pb[0] == q.pe[0];
     let (xin, pad) = if uniform_pad {
@@ -373,6 +702,14 @@ fn c2_fwd(x: &Tensor, w: &Tensor, p: &G2) -> KResult<Tensor> {
 
 /// Gradient of [`c2_fwd`] with respect to `x` (spatial size `input`), from `dy`.
 fn c2_dx(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<Tensor> {
+    if host_unfold(dy.device()) {
+        let oo = dy.dim(2)? * dy.dim(3)?;
+        return c2_dx_host(dy, w, p, input, oo < CMAJOR_BELOW);
+    }
+    c2_dx_candle(dy, w, p, input)
+}
+
+fn c2_dx_candle(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<Tensor> {
     let (w, q) = uniform_dilation(w, p)?;
     let (oc, cg, kh, kw) = w.dims4()?;
     let g = q.g;
@@ -431,6 +768,14 @@ fn c2_dx(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<Tensor> 
 /// Gradient of [`c2_fwd`] with respect to `w` (`[OC, C/g, kh, kw]`): one matrix product of
 /// the gradient with the unfolded input per group.
 fn c2_dw(x: &Tensor, dy: &Tensor, p: &G2) -> KResult<Tensor> {
+    if host_unfold(x.device()) {
+        let oo = dy.dim(2)? * dy.dim(3)?;
+        return c2_dw_host(x, dy, p, oo < CMAJOR_BELOW);
+    }
+    c2_dw_candle(x, dy, p)
+}
+
+fn c2_dw_candle(x: &Tensor, dy: &Tensor, p: &G2) -> KResult<Tensor> {
     let (n, c, h, wd) = x.dims4()?;
     let (_, oc, o0, o1) = dy.dims4()?;
     let g = p.g;
@@ -714,7 +1059,7 @@ fn conv_apply_dw(x: &Tensor, dy: &Tensor, geo: &ConvGeo) -> KResult<Tensor> {
 
 fn bias_grad(g: &Tensor) -> KResult<Tensor> {
     let dims: Vec<usize> = (0..g.rank()).filter(|&d| d != 1).collect();
-    Ok(g.sum(dims)?)
+    fsum(g, &dims)
 }
 
 fn add_bias(y: Tensor, b: Option<&Tensor>) -> KResult<Tensor> {
@@ -942,9 +1287,9 @@ fn moments(x: &Tensor, dims: &[usize], eps: f64) -> KResult<(Tensor, Tensor)> {
         kbail!("normalization over an empty set of elements");
     }
     let inv = 1.0 / cnt as f64;
-    let mean = x.sum_keepdim(dims)?.affine(inv, 0.0)?;
+    let mean = fsum_keepdim(x, dims)?.affine(inv, 0.0)?;
     let xc = x.broadcast_sub(&mean)?;
-    let var = xc.sqr()?.sum_keepdim(dims)?.affine(inv, 0.0)?;
+    let var = fsum_keepdim(&xc.sqr()?, dims)?.affine(inv, 0.0)?;
     let r = var.affine(1.0, eps)?.sqrt()?.recip()?;
     Ok((mean, r))
 }
@@ -953,8 +1298,8 @@ fn moments(x: &Tensor, dims: &[usize], eps: f64) -> KResult<(Tensor, Tensor)> {
 fn norm_dx(xhat: &Tensor, r: &Tensor, g: &Tensor, dims: &[usize]) -> KResult<Tensor> {
     let cnt: usize = dims.iter().map(|&d| g.dims()[d]).product();
     let inv = 1.0 / cnt.max(1) as f64;
-    let mg = g.sum_keepdim(dims)?.affine(inv, 0.0)?;
-    let mgx = (g * xhat)?.sum_keepdim(dims)?.affine(inv, 0.0)?;
+    let mg = fsum_keepdim(g, dims)?.affine(inv, 0.0)?;
+    let mgx = fsum_keepdim(&(g * xhat)?, dims)?.affine(inv, 0.0)?;
     let t = g.broadcast_sub(&mg)?.sub(&xhat.broadcast_mul(&mgx)?)?;
     Ok(t.broadcast_mul(r)?)
 }
@@ -1113,11 +1458,11 @@ fn bn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         out[0] = Some(dx.to_dtype(x.dtype())?);
     }
     if a.need(1) {
-        let ds = (&g * &xhat)?.sum(dims.clone())?;
+        let ds = fsum(&(&g * &xhat)?, &dims)?;
         out[1] = Some(ds.to_dtype(x.dtype())?.reshape(cx.in_shape(1)?)?);
     }
     if a.need(2) {
-        let db = g.sum(dims.clone())?;
+        let db = fsum(&g, &dims)?;
         out[2] = Some(db.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
     }
     Ok(out)
@@ -1180,11 +1525,11 @@ fn in_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         out[0] = Some(dx.to_dtype(x.dtype())?);
     }
     if a.need(1) {
-        let ds = (&g * &xhat)?.sum(all_but_1(rank))?;
+        let ds = fsum(&(&g * &xhat)?, &all_but_1(rank))?;
         out[1] = Some(ds.to_dtype(x.dtype())?.reshape(cx.in_shape(1)?)?);
     }
     if a.need(2) {
-        let db = g.sum(all_but_1(rank))?;
+        let db = fsum(&g, &all_but_1(rank))?;
         out[2] = Some(db.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
     }
     Ok(out)
@@ -1373,11 +1718,11 @@ fn gn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     }
     if a.need(1) {
         let xh = xhat.reshape(x.dims())?;
-        let dc = (&gy * &xh)?.sum(all_but_1(rank))?;
+        let dc = fsum(&(&gy * &xh)?, &all_but_1(rank))?;
         out[1] = Some(gn_param_grad(&dc, c, g, &cx.in_shape(1)?)?.to_dtype(x.dtype())?);
     }
     if a.need(2) {
-        let dc = gy.sum(all_but_1(rank))?;
+        let dc = fsum(&gy, &all_but_1(rank))?;
         out[2] = Some(gn_param_grad(&dc, c, g, &cx.in_shape(2)?)?.to_dtype(x.dtype())?);
     }
     Ok(out)
@@ -1676,7 +2021,9 @@ fn gap_fwd(_: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Opti
     if x.rank() < 3 {
         kbail!("input must be [N, C, spatial...]");
     }
-    Ok(vec![Some(x.mean_keepdim(spatial_dims(x.rank()))?)])
+    let plane: usize = x.dims()[2..].iter().product();
+    let s = fsum_keepdim(x, &spatial_dims(x.rank()))?;
+    Ok(vec![Some(s.affine(1.0 / plane.max(1) as f64, 0.0)?)])
 }
 
 fn gap_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
@@ -2283,6 +2630,68 @@ mod tests {
                 .attr(int("group", 2))
                 .attr(ints("pads", &[1, 0, 0, 1, 0, 0])),
         );
+    }
+
+    /// The candle-op convolution path (used off the CPU) agrees with the host im2col path.
+    #[test]
+    fn conv_paths_agree() {
+        use super::{
+            c2_dw_candle, c2_dw_host, c2_dx_candle, c2_dx_host, c2_fwd_candle, c2_fwd_host, G2,
+        };
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let geos = [
+            // k, s, d, pb, pe, in, c, oc, g
+            ([3, 3], [1, 1], [1, 1], [1, 1], [1, 1], [6, 6], 4, 6, 1),
+            ([3, 2], [2, 1], [1, 2], [0, 1], [2, 0], [7, 6], 4, 6, 2),
+            ([1, 1], [2, 2], [1, 1], [0, 0], [0, 0], [5, 5], 3, 4, 1),
+            ([3, 3], [2, 2], [2, 2], [2, 1], [1, 2], [8, 7], 4, 4, 4),
+            ([7, 7], [2, 2], [1, 1], [3, 3], [3, 3], [12, 12], 3, 4, 1),
+        ];
+        for (k, s, d, pb, pe, hw, c, oc, g) in geos {
+            let out = [0, 1].map(|j| (hw[j] + pb[j] + pe[j] - ((k[j] - 1) * d[j] + 1)) / s[j] + 1);
+            let p = G2 {
+                k,
+                s,
+                d,
+                pb,
+                pe,
+                out,
+                g,
+            };
+            let x = Tensor::randn(0f64, 1.0, (2, c, hw[0], hw[1]), &dev).unwrap();
+            let w = Tensor::randn(0f64, 1.0, (oc, c / g, k[0], k[1]), &dev).unwrap();
+            let dy = Tensor::randn(0f64, 1.0, (2, oc, out[0], out[1]), &dev).unwrap();
+            let diff = |a: Tensor, b: Tensor| {
+                assert_eq!(a.dims(), b.dims());
+                (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap()
+            };
+            for cm in [false, true] {
+                let e1 = diff(
+                    c2_fwd_host(&x, &w, &p, cm).unwrap(),
+                    c2_fwd_candle(&x, &w, &p).unwrap(),
+                );
+                let e2 = diff(
+                    c2_dx_host(&dy, &w, &p, hw, cm).unwrap(),
+                    c2_dx_candle(&dy, &w, &p, hw).unwrap(),
+                );
+                let e3 = diff(
+                    c2_dw_host(&x, &dy, &p, cm).unwrap(),
+                    c2_dw_candle(&x, &dy, &p).unwrap(),
+                );
+                assert!(
+                    e1 < 1e-10 && e2 < 1e-10 && e3 < 1e-10,
+                    "{p:?} {cm}: {e1} {e2} {e3}"
+                );
+            }
+        }
     }
 
     #[test]
