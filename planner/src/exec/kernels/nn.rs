@@ -1,5 +1,3208 @@
-//! Kernels (see `exec::kernel` for the contract).
+//! Kernels of the neural-network family (see `exec::kernel` for the contract): convolutions,
+//! matrix products, normalizations, pooling, softmax, dropout, einsum.
+//!
+//! Convolutions run on candle's `conv2d` (1-D as 2-D with a unit height, 3-D as a sum of
+//! 2-D convolutions over the kernel depth). The backward of the data is a `conv2d` of the
+//! stride-dilated gradient with the flipped, transposed kernel; the backward of the weight is
+//! one matrix product of the gradient with the unfolded input (im2col built from strided
+//! windows). Pooling works on strided windows of the padded input, in any number of spatial
+//! dims. Normalization statistics are computed in f32 (f64 when the input is f64).
 
-use crate::exec::kernel::KernelRegistry;
+use crate::exec::kernel::{
+    to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
+};
+use crate::kbail;
+use candle_core::{DType, Tensor};
 
-pub fn register(_r: &mut KernelRegistry) {}
+// ---------------------------------------------------------------------------------------------
+// Small helpers
+
+fn req(xs: &[Option<Tensor>], i: usize) -> KResult<&Tensor> {
+    xs.get(i)
+        .and_then(|t| t.as_ref())
+        .ok_or_else(|| KernelError::new(format!("input {i} is required but missing")))
+}
+
+fn opt(xs: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
+    xs.get(i).and_then(|t| t.as_ref())
+}
+
+/// The dtype statistics are computed in: f64 for f64 data, f32 otherwise.
+fn compute_dtype(d: DType) -> DType {
+    if d == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Sums a broadcast gradient back to `shape` (ONNX multidirectional broadcasting).
+fn sum_to(t: &Tensor, shape: &[usize]) -> KResult<Tensor> {
+    if t.dims() == shape {
+        return Ok(t.clone());
+    }
+    let r = t.rank();
+    let q = shape.len();
+    let mut t = t.clone();
+    if r > q {
+        let lead: Vec<usize> = (0..r - q).collect();
+        t = fsum(&t, &lead)?;
+    }
+    let dims = t.dims().to_vec();
+    let off = shape.len().saturating_sub(dims.len());
+    let mut axes = vec![];
+    for (i, &d) in dims.iter().enumerate() {
+        let want = shape.get(i + off).copied().unwrap_or(1);
+        if want == 1 && d != 1 {
+            axes.push(i);
+        } else if want != d {
+            kbail!(
+                "gradient of shape {:?} cannot be summed to {shape:?}",
+                t.dims()
+            );
+        }
+    }
+    if !axes.is_empty() {
+        t = fsum_keepdim(&t, &axes)?;
+    }
+    Ok(t.reshape(shape)?)
+}
+
+/// Sum over `dims` keeping them as unit dims. Runs of adjacent reduced (and kept) dims are
+/// merged first, so that candle reduces contiguous rows (a strided reduction over several
+/// dims is two orders of magnitude slower on the CPU).
+fn fsum_keepdim(t: &Tensor, dims: &[usize]) -> KResult<Tensor> {
+    let shape = t.dims().to_vec();
+    let mut merged: Vec<(usize, bool)> = vec![];
+    for (i, &d) in shape.iter().enumerate() {
+        let r = dims.contains(&i);
+        match merged.last_mut() {
+            Some((s, rr)) if *rr == r => *s *= d,
+            _ => merged.push((d, r)),
+        }
+    }
+    let sizes: Vec<usize> = merged.iter().map(|m| m.0).collect();
+    let mut v = t.contiguous()?.reshape(sizes)?;
+    for (j, m) in merged.iter().enumerate().rev() {
+        if m.1 {
+            v = v.sum_keepdim(j)?;
+        }
+    }
+    let keep: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if dims.contains(&i) { 1 } else { d })
+        .collect();
+    Ok(v.reshape(keep)?)
+}
+
+/// Sum over `dims`, dropping them.
+fn fsum(t: &Tensor, dims: &[usize]) -> KResult<Tensor> {
+    let kept: Vec<usize> = t
+        .dims()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !dims.contains(i))
+        .map(|(_, &d)| d)
+        .collect();
+    Ok(fsum_keepdim(t, dims)?.reshape(kept)?)
+}
+
+/// Shape `[1, c, 1, ...]` of rank `rank` (a per-channel vector broadcast over NCHW data).
+fn chan_shape(c: usize, rank: usize) -> Vec<usize> {
+    let mut s = vec![1; rank.max(1)];
+    s[usize::from(rank > 1)] = c;
+    s
+}
+
+/// Output dtype of a float output whose rule type is `k`'s fact (f64 when the data is f64).
+fn float_out(cx: &KernelCtx, k: usize, data: DType) -> KResult<DType> {
+    if data == DType::F64 {
+        return Ok(DType::F64);
+    }
+    match cx.outputs.get(k).and_then(|f| f.as_ref()) {
+        Some(f) => to_candle(f.dtype),
+        None => Ok(data),
+    }
+}
+
+fn want(cx: &KernelCtx, k: usize) -> bool {
+    cx.outputs.get(k).map(|f| f.is_some()).unwrap_or(false)
+}
+
+fn usizes(cx: &KernelCtx, name: &str, v: &[i64]) -> KResult<Vec<usize>> {
+    v.iter()
+        .map(|&x| {
+            usize::try_from(x).map_err(|_| {
+                KernelError::new(format!(
+                    "attribute {name:?} value {x} must be non-negative (node {})",
+                    cx.node
+                ))
+            })
+        })
+        .collect()
+}
+
+fn ints_attr(cx: &KernelCtx, name: &str, n: usize, default: usize) -> KResult<Vec<usize>> {
+    match cx.attrs.ints(name)? {
+        Some(v) => {
+            let v = usizes(cx, name, v)?;
+            if v.len() != n {
+                kbail!(
+                    "attribute {name:?} has {} values for {n} spatial dims",
+                    v.len()
+                );
+            }
+            Ok(v)
+        }
+        None => Ok(vec![default; n]),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Windows: strides, dilations, pads of conv and pooling ops
+
+#[derive(Clone, Debug)]
+struct Win {
+    k: Vec<usize>,
+    s: Vec<usize>,
+    d: Vec<usize>,
+    pb: Vec<usize>,
+    pe: Vec<usize>,
+    /// Output spatial size.
+    out: Vec<usize>,
+}
+
+impl Win {
+    fn eff(&self, j: usize) -> usize {
+        (self.k[j] - 1) * self.d[j] + 1
+    }
+}
+
+/// Reads strides, dilations and pads (resolving `auto_pad`) for input spatial size `input`
+/// and output spatial size `out` (from the shape rule).
+fn read_win(cx: &KernelCtx, k: Vec<usize>, input: &[usize], out: &[usize]) -> KResult<Win> {
+    let n = k.len();
+    if input.len() != n || out.len() != n {
+        kbail!(
+            "kernel has {n} spatial dims, the input {} and the output {}",
+            input.len(),
+            out.len()
+        );
+    }
+    let s = ints_attr(cx, "strides", n, 1)?;
+    let d = ints_attr(cx, "dilations", n, 1)?;
+    if k.contains(&0) || s.contains(&0) || d.contains(&0) {
+        kbail!("kernel, strides and dilations must be positive");
+    }
+    let auto_pad = cx.attrs.string("auto_pad")?.unwrap_or_default();
+    let (pb, pe) = match auto_pad.as_str() {
+        "" | "NOTSET" => {
+            let p = ints_attr(cx, "pads", 2 * n, 0)?;
+            (p[..n].to_vec(), p[n..].to_vec())
+        }
+        "VALID" => (vec![0; n], vec![0; n]),
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let mut pb = vec![0; n];
+            let mut pe = vec![0; n];
+            for j in 0..n {
+                let eff = (k[j] - 1) * d[j] + 1;
+                let total = (out[j].saturating_sub(1) * s[j] + eff).saturating_sub(input[j]);
+                if auto_pad == "SAME_UPPER" {
+                    pb[j] = total / 2;
+                    pe[j] = total - pb[j];
+                } else {
+                    pe[j] = total / 2;
+                    pb[j] = total - pe[j];
+                }
+            }
+            (pb, pe)
+        }
+        other => kbail!("attribute \"auto_pad\" = {other:?} is not supported"),
+    };
+    if out.contains(&0) {
+        kbail!("output spatial size {out:?} is empty");
+    }
+    Ok(Win {
+        k,
+        s,
+        d,
+        pb,
+        pe,
+        out: out.to_vec(),
+    })
+}
+
+/// Elements `off + o * s` for `o < out` along `dim`.
+fn take_strided(x: &Tensor, dim: usize, off: usize, s: usize, out: usize) -> KResult<Tensor> {
+    let len = x.dim(dim)?;
+    if out == 0 || off + (out - 1) * s >= len {
+        kbail!("window at {off} with stride {s} and {out} steps exceeds length {len}");
+    }
+    if s == 1 {
+        return Ok(x.narrow(dim, off, out)?);
+    }
+    if out == 1 {
+        return Ok(x.narrow(dim, off, 1)?);
+    }
+    let idx: Vec<u32> = (0..out).map(|o| (off + o * s) as u32).collect();
+    let idx = Tensor::from_vec(idx, out, x.device())?;
+    Ok(x.contiguous()?.index_select(&idx, dim)?)
+}
+
+/// Inserts `s - 1` zeros between the elements along `dim` (length `(n - 1) * s + 1`).
+fn zero_insert(g: &Tensor, dim: usize, s: usize) -> KResult<Tensor> {
+    let n = g.dim(dim)?;
+    if s == 1 || n <= 1 {
+        return Ok(g.clone());
+    }
+    let mut shape = g.dims().to_vec();
+    shape[dim] = n * s;
+    let z = g
+        .unsqueeze(dim + 1)?
+        .pad_with_zeros(dim + 1, 0, s - 1)?
+        .reshape(shape)?;
+    Ok(z.narrow(dim, 0, (n - 1) * s + 1)?)
+}
+
+/// Adjoint of [`take_strided`]: `g` placed at `off + o * s` in zeros of length `len`.
+fn put_strided(g: &Tensor, dim: usize, off: usize, s: usize, len: usize) -> KResult<Tensor> {
+    let z = zero_insert(g, dim, s)?;
+    let zl = z.dim(dim)?;
+    if off + zl > len {
+        kbail!("window at {off} of length {zl} exceeds length {len}");
+    }
+    Ok(z.pad_with_zeros(dim, off, len - off - zl)?)
+}
+
+/// The window at kernel offset `off` (already multiplied by the dilation) over spatial dims
+/// starting at `base`.
+fn window(x: &Tensor, base: usize, off: &[usize], s: &[usize], out: &[usize]) -> KResult<Tensor> {
+    let mut t = x.clone();
+    for j in 0..off.len() {
+        t = take_strided(&t, base + j, off[j], s[j], out[j])?;
+    }
+    Ok(t)
+}
+
+/// Adjoint of [`window`]: `g` scattered into zeros of spatial size `lens`.
+fn unwindow(
+    g: &Tensor,
+    base: usize,
+    off: &[usize],
+    s: &[usize],
+    lens: &[usize],
+) -> KResult<Tensor> {
+    let mut t = g.clone();
+    for j in 0..off.len() {
+        t = put_strided(&t, base + j, off[j], s[j], lens[j])?;
+    }
+    Ok(t)
+}
+
+/// Pads spatial dims (from `base`) with `value`.
+fn pad_dims(x: &Tensor, base: usize, pb: &[usize], pe: &[usize], value: f64) -> KResult<Tensor> {
+    let mut t = x.clone();
+    for j in 0..pb.len() {
+        let dim = base + j;
+        if pb[j] == 0 && pe[j] == 0 {
+            continue;
+        }
+        if value == 0.0 {
+            t = t.pad_with_zeros(dim, pb[j], pe[j])?;
+        } else {
+            let mut parts = vec![];
+            let mut shape = t.dims().to_vec();
+            if pb[j] > 0 {
+                shape[dim] = pb[j];
+                parts.push(Tensor::full(value, shape.clone(), t.device())?.to_dtype(t.dtype())?);
+            }
+            parts.push(t.clone());
+            if pe[j] > 0 {
+                shape[dim] = pe[j];
+                parts.push(Tensor::full(value, shape.clone(), t.device())?.to_dtype(t.dtype())?);
+            }
+            t = Tensor::cat(&parts, dim)?;
+        }
+    }
+    Ok(t)
+}
+
+/// Every kernel offset (row-major over the kernel), each already multiplied by the dilation.
+fn offsets(w: &Win) -> Vec<Vec<usize>> {
+    let mut all: Vec<Vec<usize>> = vec![vec![]];
+    for j in 0..w.k.len() {
+        let mut next = vec![];
+        for o in &all {
+            for i in 0..w.k[j] {
+                let mut v = o.clone();
+                v.push(i * w.d[j]);
+                next.push(v);
+            }
+        }
+        all = next;
+    }
+    all
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2-D convolution core (1-D and 3-D are built on it)
+
+#[derive(Clone, Debug)]
+struct G2 {
+    k: [usize; 2],
+    s: [usize; 2],
+    d: [usize; 2],
+    pb: [usize; 2],
+    pe: [usize; 2],
+    out: [usize; 2],
+    g: usize,
+}
+
+impl G2 {
+    fn eff(&self, j: usize) -> usize {
+        (self.k[j] - 1) * self.d[j] + 1
+    }
+}
+
+/// With different dilations per dim, the kernel is dilated explicitly (zeros inserted) so
+/// that candle sees dilation 1.
+fn uniform_dilation(w: &Tensor, p: &G2) -> KResult<(Tensor, G2)> {
+    if p.d[0] == p.d[1] {
+        return Ok((w.clone(), p.clone()));
+    }
+    let mut w2 = w.clone();
+    for j in 0..2 {
+        w2 = zero_insert(&w2, 2 + j, p.d[j])?;
+    }
+    let mut q = p.clone();
+    q.k = [p.eff(0), p.eff(1)];
+    q.d = [1, 1];
+    Ok((w2, q))
+}
+
+// Host im2col / col2im (CPU): one pass over contiguous memory, split over threads. On other
+// devices the convolutions run on candle's conv2d (below).
+
+/// Unfolds `[N, C, H, W]` into columns (zeros where the window is in the padding), or folds
+/// columns back (summing overlaps) when `fold`. Columns are `[N, C * kh * kw, O0 * O1]`
+/// (batch-major), or `[C * kh * kw, N * O0 * O1]` when `cmajor` (one large matrix product
+/// for small images).
+#[derive(Clone, Debug)]
+struct Unfold {
+    n: usize,
+    c: usize,
+    hw: [usize; 2],
+    p: G2,
+    fold: bool,
+    cmajor: bool,
+}
+
+impl Unfold {
+    fn kk(&self) -> usize {
+        self.p.k[0] * self.p.k[1]
+    }
+    fn oo(&self) -> usize {
+        self.p.out[0] * self.p.out[1]
+    }
+    fn cols_len(&self) -> usize {
+        self.n * self.c * self.kk() * self.oo()
+    }
+    fn x_len(&self) -> usize {
+        self.n * self.c * self.hw[0] * self.hw[1]
+    }
+
+    /// Visits every (kernel offset, output position, input offset) of one image plane.
+    fn each(&self, mut f: impl FnMut(usize, usize, usize)) {
+        let p = &self.p;
+        let (h, w) = (self.hw[0] as isize, self.hw[1] as isize);
+        let (o0, o1) = (p.out[0], p.out[1]);
+        for ki in 0..p.k[0] {
+            for kj in 0..p.k[1] {
+                let kidx = ki * p.k[1] + kj;
+                for oh in 0..o0 {
+                    let ih = (oh * p.s[0] + ki * p.d[0]) as isize - p.pb[0] as isize;
+                    if ih < 0 || ih >= h {
+                        continue;
+                    }
+                    for ow in 0..o1 {
+                        let iw = (ow * p.s[1] + kj * p.d[1]) as isize - p.pb[1] as isize;
+                        if iw >= 0 && iw < w {
+                            f(kidx, oh * o1 + ow, (ih * w + iw) as usize);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Fills the output unit `u` (a channel block of channel-major columns, otherwise one
+    /// `(n, c)` plane of the output).
+    fn unit<T: candle_core::WithDType>(&self, u: usize, src: &[T], out: &mut [T]) {
+        let (kk, oo, n_all) = (self.kk(), self.oo(), self.n);
+        let plane = self.hw[0] * self.hw[1];
+        match (self.fold, self.cmajor) {
+            (false, false) => {
+                if let Some(inp) = src.get(u * plane..(u + 1) * plane) {
+                    self.each(|k, o, xi| out[k * oo + o] = inp[xi]);
+                }
+            }
+            (false, true) => {
+                let c = u;
+                for n in 0..n_all {
+                    let base = (n * self.c + c) * plane;
+                    if let Some(inp) = src.get(base..base + plane) {
+                        self.each(|k, o, xi| out[(k * n_all + n) * oo + o] = inp[xi]);
+                    }
+                }
+            }
+            (true, false) => {
+                if let Some(inp) = src.get(u * kk * oo..(u + 1) * kk * oo) {
+                    self.each(|k, o, xi| out[xi] += inp[k * oo + o]);
+                }
+            }
+            (true, true) => {
+                let (n, c) = (u / self.c, u % self.c);
+                let base = c * kk * n_all * oo;
+                if let Some(inp) = src.get(base..base + kk * n_all * oo) {
+                    self.each(|k, o, xi| out[xi] += inp[(k * n_all + n) * oo + o]);
+                }
+            }
+        }
+    }
+
+    fn run<T: candle_core::WithDType>(&self, src: &[T]) -> Vec<T> {
+        let (units, unit_len) = match (self.fold, self.cmajor) {
+            (false, true) => (self.c, self.kk() * self.n * self.oo()),
+            (false, false) => (self.n * self.c, self.kk() * self.oo()),
+            (true, _) => (self.n * self.c, self.hw[0] * self.hw[1]),
+        };
+        let mut dst = vec![T::from_f64(0.0); units * unit_len];
+        if unit_len == 0 {
+            return dst;
+        }
+        let threads = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, units.max(1));
+        let per = units.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (ci, chunk) in dst.chunks_mut(per * unit_len).enumerate() {
+                scope.spawn(move || {
+                    for (k, out) in chunk.chunks_mut(unit_len).enumerate() {
+                        self.unit(ci * per + k, src, out);
+                    }
+                });
+            }
+        });
+        dst
+    }
+}
+
+impl candle_core::CustomOp1 for Unfold {
+    fn name(&self) -> &'static str {
+        if self.fold {
+            "remat-col2im"
+        } else {
+            "remat-im2col"
+        }
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let (a, b) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("unfold needs a contiguous input".into()))?;
+        let want = if self.fold {
+            self.cols_len()
+        } else {
+            self.x_len()
+        };
+        if b - a != want {
+            return Err(candle_core::Error::Msg(format!(
+                "unfold input has {} elements, expected {want}",
+                b - a
+            )));
+        }
+        let out = match s {
+            S::F32(v) => S::F32(self.run(&v[a..b])),
+            S::F64(v) => S::F64(self.run(&v[a..b])),
+            S::F16(v) => S::F16(self.run(&v[a..b])),
+            S::BF16(v) => S::BF16(self.run(&v[a..b])),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "unfold supports f16, bf16, f32 and f64 data only".into(),
+                ))
+            }
+        };
+        let shape = match (self.fold, self.cmajor) {
+            (true, _) => candle_core::Shape::from((self.n, self.c, self.hw[0], self.hw[1])),
+            (false, false) => candle_core::Shape::from((self.n, self.c * self.kk(), self.oo())),
+            (false, true) => candle_core::Shape::from((self.c * self.kk(), self.n * self.oo())),
+        };
+        Ok((out, shape))
+    }
+}
+
+/// Whether convolutions on `dev` use the host im2col path.
+fn host_unfold(dev: &candle_core::Device) -> bool {
+    dev.is_cpu()
+}
+
+/// Images with fewer output positions than this use channel-major columns (one matrix
+/// product over the whole batch instead of a thin one per image).
+const CMAJOR_BELOW: usize = 256;
+
+/// `x` `[N, C, H, W]` unfolded: `[N, g, C/g * kh * kw, O0 * O1]`, or
+/// `[g, C/g * kh * kw, N * O0 * O1]` when `cmajor`.
+fn im2col(x: &Tensor, p: &G2, cmajor: bool) -> KResult<Tensor> {
+    let (n, c, h, w) = x.dims4()?;
+    let u = Unfold {
+        n,
+        c,
+        hw: [h, w],
+        p: p.clone(),
+        fold: false,
+        cmajor,
+    };
+    let cols = x.contiguous()?.apply_op1_no_bwd(&u)?;
+    let kk = p.k[0] * p.k[1];
+    let oo = p.out[0] * p.out[1];
+    if cmajor {
+        Ok(cols.reshape((p.g, c / p.g * kk, n * oo))?)
+    } else {
+        Ok(cols.reshape((n, p.g, c / p.g * kk, oo))?)
+    }
+}
+
+/// Columns (as [`im2col`] lays them out) folded back to `[N, C, H, W]`.
+fn col2im(
+    cols: &Tensor,
+    p: &G2,
+    n: usize,
+    c: usize,
+    hw: [usize; 2],
+    cmajor: bool,
+) -> KResult<Tensor> {
+    let u = Unfold {
+        n,
+        c,
+        hw,
+        p: p.clone(),
+        fold: true,
+        cmajor,
+    };
+    Ok(cols.contiguous()?.apply_op1_no_bwd(&u)?)
+}
+
+/// `[N, OC, O0, O1]` as `[g, OC/g, N * O0 * O1]` (channel-major) or `[N, g, OC/g, O0 * O1]`.
+fn out_cols(t: &Tensor, g: usize, cmajor: bool) -> KResult<Tensor> {
+    let (n, oc, o0, o1) = t.dims4()?;
+    if cmajor {
+        Ok(t.transpose(0, 1)?
+            .contiguous()?
+            .reshape((g, oc / g, n * o0 * o1))?)
+    } else {
+        Ok(t.contiguous()?.reshape((n, g, oc / g, o0 * o1))?)
+    }
+}
+
+fn c2_fwd_host(x: &Tensor, w: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
+    let n = x.dim(0)?;
+    let (oc, cg, kh, kw) = w.dims4()?;
+    let g = p.g;
+    let cols = im2col(x, p, cm)?;
+    if cm {
+        let y = w.reshape((g, oc / g, cg * kh * kw))?.matmul(&cols)?;
+        Ok(y.reshape((oc, n, p.out[0], p.out[1]))?
+            .transpose(0, 1)?
+            .contiguous()?)
+    } else {
+        let wm = w.reshape((1, g, oc / g, cg * kh * kw))?;
+        let y = wm.broadcast_matmul(&cols)?;
+        Ok(y.reshape((n, oc, p.out[0], p.out[1]))?)
+    }
+}
+
+fn c2_dx_host(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2], cm: bool) -> KResult<Tensor> {
+    let (n, _, o0, o1) = dy.dims4()?;
+    let (oc, cg, kh, kw) = w.dims4()?;
+    let g = p.g;
+    let mut q = p.clone();
+    q.out = [o0, o1];
+    let d = out_cols(dy, g, cm)?;
+    let dcols = if cm {
+        w.reshape((g, oc / g, cg * kh * kw))?
+            .transpose(1, 2)?
+            .matmul(&d)?
+    } else {
+        w.reshape((1, g, oc / g, cg * kh * kw))?
+            .transpose(2, 3)?
+            .broadcast_matmul(&d)?
+    };
+    col2im(&dcols, &q, n, g * cg, input, cm)
+}
+
+fn c2_dw_host(x: &Tensor, dy: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
+    let (_, oc, o0, o1) = dy.dims4()?;
+    let g = p.g;
+    let mut q = p.clone();
+    q.out = [o0, o1];
+    let cols = im2col(x, &q, cm)?;
+    let d = out_cols(dy, g, cm)?;
+    let dw = if cm {
+        d.matmul(&cols.transpose(1, 2)?)?
+    } else {
+        d.matmul(&cols.transpose(2, 3)?)?.sum(0)?
+    };
+    let c = x.dim(1)?;
+    Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?)
+}
+
+/// `x` `[N, C, H, W]`, `w` `[OC, C/g, kh, kw]` → `[N, OC, out...]`.
+fn c2_fwd(x: &Tensor, w: &Tensor, p: &G2) -> KResult<Tensor> {
+    if host_unfold(x.device()) {
+        return c2_fwd_host(x, w, p, p.out[0] * p.out[1] < CMAJOR_BELOW);
+    }
+    c2_fwd_candle(x, w, p)
+}
+
+fn c2_fwd_candle(x: &Tensor, w: &Tensor, p: &G2) -> KResult<Tensor> {
+    let (w, q) = uniform_dilation(w, p)?;
+    let uniform_pad = q.pb[0] == q.pb[1] && q.pe[0] == q.pe[1] && q.pb[0] == q.pe[0];
+    let (xin, pad) = if uniform_pad {
+        (x.clone(), q.pb[0])
+    } else {
+        (pad_dims(x, 2, &q.pb, &q.pe, 0.0)?, 0)
+    };
+    let same_stride = q.s[0] == q.s[1];
+    let st = if same_stride { q.s[0] } else { 1 };
+    let mut y = xin.conv2d(&w, pad, st, q.d[0], q.g)?;
+    if !same_stride {
+        y = window(&y, 2, &[0, 0], &q.s, &q.out)?;
+    }
+    for j in 0..2 {
+        let have = y.dim(2 + j)?;
+        if have < q.out[j] {
+            kbail!(
+                "convolution produced {have} positions along spatial dim {j}, expected {}",
+                q.out[j]
+            );
+        }
+        if have > q.out[j] {
+            y = y.narrow(2 + j, 0, q.out[j])?;
+        }
+    }
+    Ok(y)
+}
+
+/// Gradient of [`c2_fwd`] with respect to `x` (spatial size `input`), from `dy`.
+fn c2_dx(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<Tensor> {
+    if host_unfold(dy.device()) {
+        let oo = dy.dim(2)? * dy.dim(3)?;
+        return c2_dx_host(dy, w, p, input, oo < CMAJOR_BELOW);
+    }
+    c2_dx_candle(dy, w, p, input)
+}
+
+fn c2_dx_candle(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<Tensor> {
+    let (w, q) = uniform_dilation(w, p)?;
+    let (oc, cg, kh, kw) = w.dims4()?;
+    let g = q.g;
+    if g == 0 || !oc.is_multiple_of(g) {
+        kbail!("{oc} output channels do not split into {g} groups");
+    }
+    let wt = w
+        .reshape((g, oc / g, cg, kh, kw))?
+        .transpose(1, 2)?
+        .reshape((g * cg, oc / g, kh, kw))?
+        .flip(&[2, 3])?
+        .contiguous()?;
+    let mut z = dy.clone();
+    let mut lr = [(0isize, 0isize); 2];
+    for j in 0..2 {
+        z = zero_insert(&z, 2 + j, q.s[j])?;
+        let o = dy.dim(2 + j)? as isize;
+        let l = ((q.k[j] - 1) * q.d[j]) as isize - q.pb[j] as isize;
+        let r = input[j] as isize + q.pb[j] as isize - (o - 1) * q.s[j] as isize - 1;
+        lr[j] = (l, r);
+    }
+    let uniform = lr[0].0 == lr[0].1 && lr[1] == lr[0] && lr[0].0 >= 0;
+    let pad = if uniform {
+        lr[0].0 as usize
+    } else {
+        for (j, &(l, r)) in lr.iter().enumerate() {
+            let dim = 2 + j;
+            if l < 0 {
+                let len = z.dim(dim)?;
+                let cut = (-l) as usize;
+                if cut >= len {
+                    kbail!("padding {} exceeds the gradient length {len}", q.pb[j]);
+                }
+                z = z.narrow(dim, cut, len - cut)?;
+            }
+            if r < 0 {
+                let len = z.dim(dim)?;
+                let cut = (-r) as usize;
+                if cut >= len {
+                    kbail!("the gradient of length {len} does not reach the input");
+                }
+                z = z.narrow(dim, 0, len - cut)?;
+            }
+            z = z.pad_with_zeros(dim, l.max(0) as usize, r.max(0) as usize)?;
+        }
+        0
+    };
+    let dx = z.conv2d(&wt, pad, 1, q.d[0], g)?;
+    let want = [dy.dim(0)?, g * cg, input[0], input[1]];
+    if dx.dims() != want {
+        kbail!("data gradient has shape {:?}, expected {want:?}", dx.dims());
+    }
+    Ok(dx)
+}
+
+/// Gradient of [`c2_fwd`] with respect to `w` (`[OC, C/g, kh, kw]`): one matrix product of
+/// the gradient with the unfolded input per group.
+fn c2_dw(x: &Tensor, dy: &Tensor, p: &G2) -> KResult<Tensor> {
+    if host_unfold(x.device()) {
+        let oo = dy.dim(2)? * dy.dim(3)?;
+        return c2_dw_host(x, dy, p, oo < CMAJOR_BELOW);
+    }
+    c2_dw_candle(x, dy, p)
+}
+
+fn c2_dw_candle(x: &Tensor, dy: &Tensor, p: &G2) -> KResult<Tensor> {
+    let (n, c, h, wd) = x.dims4()?;
+    let (_, oc, o0, o1) = dy.dims4()?;
+    let g = p.g;
+    if g == 0 || !c.is_multiple_of(g) || !oc.is_multiple_of(g) {
+        kbail!("{c} input and {oc} output channels do not split into {g} groups");
+    }
+    let input = [h, wd];
+    let mut pe = [0usize; 2];
+    for j in 0..2 {
+        let o = [o0, o1][j];
+        let need = (o - 1) * p.s[j] + p.eff(j);
+        pe[j] = need.saturating_sub(input[j] + p.pb[j]);
+    }
+    let xt = pad_dims(&x.transpose(0, 1)?, 2, &p.pb, &pe, 0.0)?;
+    let mut cols = Vec::with_capacity(p.k[0] * p.k[1]);
+    for i in 0..p.k[0] {
+        for j in 0..p.k[1] {
+            cols.push(window(&xt, 2, &[i * p.d[0], j * p.d[1]], &p.s, &[o0, o1])?);
+        }
+    }
+    let kk = n * o0 * o1;
+    let cols = Tensor::stack(&cols, 1)?.reshape((g, c / g * p.k[0] * p.k[1], kk))?;
+    let dym = dy.transpose(0, 1)?.contiguous()?.reshape((g, oc / g, kk))?;
+    let dw = dym.matmul(&cols.t()?)?;
+    Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conv
+
+/// Convolution geometry of a node: its window and groups.
+struct ConvGeo {
+    win: Win,
+    g: usize,
+}
+
+fn conv_geo(cx: &KernelCtx, transpose: bool) -> KResult<ConvGeo> {
+    let x = cx.in_shape(0)?;
+    let w = cx.in_shape(1)?;
+    if x.len() < 3 || w.len() != x.len() {
+        kbail!("input {x:?} and weight {w:?} must be [N, C, spatial...] of the same rank");
+    }
+    let n = x.len() - 2;
+    let g = cx.attrs.int_or("group", 1)?;
+    if g < 1 {
+        kbail!("attribute \"group\" = {g} must be positive");
+    }
+    let g = g as usize;
+    let k = match cx.attrs.ints("kernel_shape")? {
+        Some(v) => {
+            let v = usizes(cx, "kernel_shape", v)?;
+            if v != w[2..] {
+                kbail!("attribute \"kernel_shape\" = {v:?} does not match the weight {w:?}");
+            }
+            v
+        }
+        None => w[2..].to_vec(),
+    };
+    let y = cx.out_shape(0)?;
+    if y.len() != x.len() {
+        kbail!("output {y:?} does not match the input rank");
+    }
+    let win = if transpose {
+        convt_win(cx, k, &x[2..], &y[2..])?
+    } else {
+        read_win(cx, k, &x[2..], &y[2..])?
+    };
+    if win.k.len() != n {
+        kbail!("kernel does not match {n} spatial dims");
+    }
+    Ok(ConvGeo { win, g })
+}
+
+/// Window of a ConvTranspose: `out` is its output (the larger side); pads from `pads`,
+/// `auto_pad` or `output_shape` as the ONNX spec computes them.
+fn convt_win(cx: &KernelCtx, k: Vec<usize>, input: &[usize], out: &[usize]) -> KResult<Win> {
+    let n = k.len();
+    let s = ints_attr(cx, "strides", n, 1)?;
+    let d = ints_attr(cx, "dilations", n, 1)?;
+    let op = ints_attr(cx, "output_padding", n, 0)?;
+    if k.contains(&0) || s.contains(&0) || d.contains(&0) {
+        kbail!("kernel, strides and dilations must be positive");
+    }
+    let auto_pad = cx.attrs.string("auto_pad")?.unwrap_or_default();
+    let explicit_shape = cx.attrs.ints("output_shape")?.is_some();
+    let mut pb = vec![0; n];
+    let mut pe = vec![0; n];
+    match auto_pad.as_str() {
+        "" | "NOTSET" if !explicit_shape => {
+            let p = ints_attr(cx, "pads", 2 * n, 0)?;
+            pb = p[..n].to_vec();
+            pe = p[n..].to_vec();
+        }
+        "" | "NOTSET" | "SAME_UPPER" | "SAME_LOWER" | "VALID" => {
+            for j in 0..n {
+                let eff = (k[j] - 1) * d[j] + 1;
+                let full = s[j] * input[j].saturating_sub(1) + op[j] + eff;
+                if auto_pad == "VALID" {
+                    continue;
+                }
+                let total = full.checked_sub(out[j]).ok_or_else(|| {
+                    KernelError::new(format!(
+                        "output size {} exceeds the full transposed size {full}",
+                        out[j]
+                    ))
+                })?;
+                if auto_pad == "SAME_LOWER" {
+                    pb[j] = total - total / 2;
+                    pe[j] = total / 2;
+                } else {
+                    pb[j] = total / 2;
+                    pe[j] = total - total / 2;
+                }
+            }
+        }
+        other => kbail!("attribute \"auto_pad\" = {other:?} is not supported"),
+    }
+    Ok(Win {
+        k,
+        s,
+        d,
+        pb,
+        pe,
+        out: input.to_vec(),
+    })
+}
+
+/// The 2-D geometry of spatial dims `dims` of a window (a unit dim when `None`).
+fn g2_of(w: &Win, dims: [Option<usize>; 2], out: [usize; 2], g: usize) -> G2 {
+    let pick = |v: &[usize], j: usize, def: usize| dims[j].map(|i| v[i]).unwrap_or(def);
+    G2 {
+        k: [pick(&w.k, 0, 1), pick(&w.k, 1, 1)],
+        s: [pick(&w.s, 0, 1), pick(&w.s, 1, 1)],
+        d: [pick(&w.d, 0, 1), pick(&w.d, 1, 1)],
+        pb: [pick(&w.pb, 0, 0), pick(&w.pb, 1, 0)],
+        pe: [pick(&w.pe, 0, 0), pick(&w.pe, 1, 0)],
+        out,
+        g,
+    }
+}
+
+/// A convolution in the layout candle's 2-D kernels take: 1-D data gets a unit height, 3-D
+/// data is handled by the caller as a sum over kernel depth.
+fn to4(t: &Tensor) -> KResult<Tensor> {
+    match t.rank() {
+        3 => Ok(t.unsqueeze(2)?),
+        4 => Ok(t.clone()),
+        r => kbail!("rank {r} is not a 1-D or 2-D convolution layout"),
+    }
+}
+
+fn from4(t: &Tensor, rank: usize) -> KResult<Tensor> {
+    if rank == 3 {
+        Ok(t.squeeze(2)?)
+    } else {
+        Ok(t.clone())
+    }
+}
+
+/// 2-D geometry for rank-3 or rank-4 data.
+fn g2_for(geo: &ConvGeo, rank: usize, out: &[usize]) -> KResult<G2> {
+    match rank {
+        3 => Ok(g2_of(&geo.win, [None, Some(0)], [1, out[0]], geo.g)),
+        4 => Ok(g2_of(&geo.win, [Some(0), Some(1)], [out[0], out[1]], geo.g)),
+        r => kbail!("convolution over {} spatial dims is not supported", r - 2),
+    }
+}
+
+/// Depth slice `t` of a padded 5-D input, as a batch of 2-D images `[N * OD, C, H, W]`.
+fn depth_slice(xpd: &Tensor, w: &Win, t: usize) -> KResult<Tensor> {
+    let xs = take_strided(xpd, 2, t * w.d[0], w.s[0], w.out[0])?;
+    let (n, c, od, h, wd) = xs.dims5()?;
+    Ok(xs
+        .permute((0, 2, 1, 3, 4))?
+        .contiguous()?
+        .reshape((n * od, c, h, wd))?)
+}
+
+/// Depth padding of a 5-D input: left pad and the right pad the windows need.
+fn depth_pads(w: &Win, depth: usize) -> (usize, usize) {
+    let need = (w.out[0] - 1) * w.s[0] + w.eff(0);
+    (w.pb[0], need.saturating_sub(depth + w.pb[0]))
+}
+
+/// Forward convolution of `x` with `w` under `geo` (any of 1, 2, 3 spatial dims).
+fn conv_apply(x: &Tensor, w: &Tensor, geo: &ConvGeo) -> KResult<Tensor> {
+    let rank = x.rank();
+    if rank == 5 {
+        let win = &geo.win;
+        let (n, _, d, _, _) = x.dims5()?;
+        let (pb, pe) = depth_pads(win, d);
+        let xpd = x.pad_with_zeros(2, pb, pe)?;
+        let p = g2_of(win, [Some(1), Some(2)], [win.out[1], win.out[2]], geo.g);
+        let mut acc: Option<Tensor> = None;
+        for t in 0..win.k[0] {
+            let xs = depth_slice(&xpd, win, t)?;
+            let wt = w.narrow(2, t, 1)?.squeeze(2)?.contiguous()?;
+            let y = c2_fwd(&xs, &wt, &p)?;
+            acc = Some(match acc {
+                None => y,
+                Some(a) => (a + y)?,
+            });
+        }
+        let y = acc.ok_or_else(|| KernelError::new("empty kernel depth"))?;
+        let (_, oc, oh, ow) = y.dims4()?;
+        return Ok(y
+            .reshape((n, win.out[0], oc, oh, ow))?
+            .permute((0, 2, 1, 3, 4))?
+            .contiguous()?);
+    }
+    let p = g2_for(geo, rank, &geo.win.out)?;
+    from4(&c2_fwd(&to4(x)?, &to4(w)?, &p)?, rank)
+}
+
+/// Gradient of [`conv_apply`] with respect to its input (spatial size `input`).
+fn conv_apply_dx(dy: &Tensor, w: &Tensor, geo: &ConvGeo, input: &[usize]) -> KResult<Tensor> {
+    let rank = dy.rank();
+    if rank == 5 {
+        let win = &geo.win;
+        let (n, _, od, oh, ow) = dy.dims5()?;
+        let oc = dy.dim(1)?;
+        let dy2 = dy
+            .permute((0, 2, 1, 3, 4))?
+            .contiguous()?
+            .reshape((n * od, oc, oh, ow))?;
+        let p = g2_of(win, [Some(1), Some(2)], [oh, ow], geo.g);
+        let (pb, pe) = depth_pads(win, input[0]);
+        let dp = input[0] + pb + pe;
+        let mut acc: Option<Tensor> = None;
+        for t in 0..win.k[0] {
+            let wt = w.narrow(2, t, 1)?.squeeze(2)?.contiguous()?;
+            let dxs = c2_dx(&dy2, &wt, &p, [input[1], input[2]])?;
+            let c = dxs.dim(1)?;
+            let dxs = dxs
+                .reshape((n, od, c, input[1], input[2]))?
+                .permute((0, 2, 1, 3, 4))?;
+            let placed = put_strided(&dxs, 2, t * win.d[0], win.s[0], dp)?;
+            acc = Some(match acc {
+                None => placed,
+                Some(a) => (a + placed)?,
+            });
+        }
+        let dx = acc.ok_or_else(|| KernelError::new("empty kernel depth"))?;
+        return Ok(dx.narrow(2, pb, input[0])?.contiguous()?);
+    }
+    let out: Vec<usize> = dy.dims()[2..].to_vec();
+    let p = g2_for(geo, rank, &out)?;
+    let inp = if rank == 3 {
+        [1, input[0]]
+    } else {
+        [input[0], input[1]]
+    };
+    from4(&c2_dx(&to4(dy)?, &to4(w)?, &p, inp)?, rank)
+}
+
+/// Gradient of [`conv_apply`] with respect to its weight.
+fn conv_apply_dw(x: &Tensor, dy: &Tensor, geo: &ConvGeo) -> KResult<Tensor> {
+    let rank = x.rank();
+    if rank == 5 {
+        let win = &geo.win;
+        let (n, _, d, _, _) = x.dims5()?;
+        let (_, oc, od, oh, ow) = dy.dims5()?;
+        let dy2 = dy
+            .permute((0, 2, 1, 3, 4))?
+            .contiguous()?
+            .reshape((n * od, oc, oh, ow))?;
+        let (pb, pe) = depth_pads(win, d);
+        let xpd = x.pad_with_zeros(2, pb, pe)?;
+        let p = g2_of(win, [Some(1), Some(2)], [oh, ow], geo.g);
+        let mut parts = vec![];
+        for t in 0..win.k[0] {
+            let xs = depth_slice(&xpd, win, t)?;
+            parts.push(c2_dw(&xs, &dy2, &p)?);
+        }
+        return Ok(Tensor::stack(&parts, 2)?);
+    }
+    let out: Vec<usize> = dy.dims()[2..].to_vec();
+    let p = g2_for(geo, rank, &out)?;
+    from4(&c2_dw(&to4(x)?, &to4(dy)?, &p)?, rank)
+}
+
+fn bias_grad(g: &Tensor) -> KResult<Tensor> {
+    let dims: Vec<usize> = (0..g.rank()).filter(|&d| d != 1).collect();
+    fsum(g, &dims)
+}
+
+fn add_bias(y: Tensor, b: Option<&Tensor>) -> KResult<Tensor> {
+    match b {
+        None => Ok(y),
+        Some(b) => {
+            let c = y.dim(1)?;
+            if b.elem_count() != c {
+                kbail!("bias has {} elements for {c} channels", b.elem_count());
+            }
+            Ok(y.broadcast_add(&b.reshape(chan_shape(c, y.rank()))?)?)
+        }
+    }
+}
+
+fn conv_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let geo = conv_geo(cx, false)?;
+    let y = conv_apply(req(xs, 0)?, req(xs, 1)?, &geo)?;
+    Ok(vec![Some(add_bias(y, opt(xs, 2))?)])
+}
+
+fn conv_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let geo = conv_geo(cx, false)?;
+    let g = a.grad(cx, 0)?;
+    let x_shape = cx.in_shape(0)?;
+    let mut out = vec![None; a.inputs.len()];
+    if a.need(0) {
+        out[0] = Some(conv_apply_dx(&g, a.input(1)?, &geo, &x_shape[2..])?);
+    }
+    if a.need(1) {
+        let dw = conv_apply_dw(a.input(0)?, &g, &geo)?;
+        out[1] = Some(dw.reshape(cx.in_shape(1)?)?);
+    }
+    if a.need(2) {
+        out[2] = Some(bias_grad(&g)?.reshape(cx.in_shape(2)?)?);
+    }
+    Ok(out)
+}
+
+// ConvTranspose: the data gradient of a convolution (whose input is this op's output).
+
+fn convt_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let geo = conv_geo(cx, true)?;
+    let x = req(xs, 0)?;
+    if x.rank() == 5 {
+        kbail!("ConvTranspose over 3 spatial dims is not supported");
+    }
+    let y_shape = cx.out_shape(0)?;
+    let y = conv_apply_dx(x, req(xs, 1)?, &geo, &y_shape[2..])?;
+    Ok(vec![Some(add_bias(y, opt(xs, 2))?)])
+}
+
+fn convt_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let mut geo = conv_geo(cx, true)?;
+    let g = a.grad(cx, 0)?;
+    let x_shape = cx.in_shape(0)?;
+    let y_shape = cx.out_shape(0)?;
+    // As a convolution of dY: its output is X's spatial size; the end pads only need to
+    // cover the last window.
+    for j in 0..geo.win.k.len() {
+        let need = (x_shape[2 + j] - 1) * geo.win.s[j] + geo.win.eff(j);
+        geo.win.pe[j] = need.saturating_sub(y_shape[2 + j] + geo.win.pb[j]);
+    }
+    let mut out = vec![None; a.inputs.len()];
+    if a.need(0) {
+        out[0] = Some(conv_apply(&g, a.input(1)?, &geo)?);
+    }
+    if a.need(1) {
+        let dw = conv_apply_dw(&g, a.input(0)?, &geo)?;
+        out[1] = Some(dw.reshape(cx.in_shape(1)?)?);
+    }
+    if a.need(2) {
+        out[2] = Some(bias_grad(&g)?.reshape(cx.in_shape(2)?)?);
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// MatMul, Gemm
+
+/// Operands of a MatMul with 1-D operands made 2-D.
+fn mm_operands(a: &Tensor, b: &Tensor) -> KResult<(Tensor, Tensor)> {
+    let a2 = if a.rank() == 1 {
+        a.unsqueeze(0)?
+    } else {
+        a.clone()
+    };
+    let b2 = if b.rank() == 1 {
+        b.unsqueeze(1)?
+    } else {
+        b.clone()
+    };
+    Ok((a2, b2))
+}
+
+fn matmul_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let (a, b) = mm_operands(req(xs, 0)?, req(xs, 1)?)?;
+    let y = if a.rank() == 2 && b.rank() == 2 {
+        a.matmul(&b)?
+    } else {
+        a.broadcast_matmul(&b)?
+    };
+    Ok(vec![Some(y.reshape(cx.out_shape(0)?)?)])
+}
+
+fn matmul_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let sa = cx.in_shape(0)?;
+    let sb = cx.in_shape(1)?;
+    let a2s: Vec<usize> = if sa.len() == 1 {
+        vec![1, sa[0]]
+    } else {
+        sa.clone()
+    };
+    let b2s: Vec<usize> = if sb.len() == 1 {
+        vec![sb[0], 1]
+    } else {
+        sb.clone()
+    };
+    // dY with the squeezed unit dims put back: batch..., m, n.
+    let g = a.grad(cx, 0)?;
+    let ys = g.dims().to_vec();
+    let mut g2s = ys.clone();
+    if sa.len() == 1 {
+        g2s.insert(g2s.len() - usize::from(sb.len() != 1), 1);
+    }
+    if sb.len() == 1 {
+        g2s.push(1);
+    }
+    let g2 = g.reshape(g2s)?;
+    let mut out = vec![None, None];
+    if a.need(0) {
+        let b = a.input(1)?.reshape(b2s.clone())?;
+        let da = g2.broadcast_matmul(&b.t()?)?;
+        out[0] = Some(sum_to(&da, &a2s)?.reshape(sa.clone())?);
+    }
+    if a.need(1) {
+        let x = a.input(0)?.reshape(a2s.clone())?;
+        let db = x.t()?.broadcast_matmul(&g2)?;
+        out[1] = Some(sum_to(&db, &b2s)?.reshape(sb.clone())?);
+    }
+    Ok(out)
+}
+
+struct GemmAttrs {
+    alpha: f64,
+    beta: f64,
+    ta: bool,
+    tb: bool,
+}
+
+fn gemm_attrs(cx: &KernelCtx) -> KResult<GemmAttrs> {
+    Ok(GemmAttrs {
+        alpha: cx.attrs.float_or("alpha", 1.0)? as f64,
+        beta: cx.attrs.float_or("beta", 1.0)? as f64,
+        ta: cx.attrs.int_or("transA", 0)? != 0,
+        tb: cx.attrs.int_or("transB", 0)? != 0,
+    })
+}
+
+fn tr(t: &Tensor, yes: bool) -> KResult<Tensor> {
+    if yes {
+        Ok(t.t()?)
+    } else {
+        Ok(t.clone())
+    }
+}
+
+fn gemm_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let p = gemm_attrs(cx)?;
+    let a = tr(req(xs, 0)?, p.ta)?;
+    let b = tr(req(xs, 1)?, p.tb)?;
+    let mut y = a.matmul(&b)?;
+    if p.alpha != 1.0 {
+        y = y.affine(p.alpha, 0.0)?;
+    }
+    if let Some(c) = opt(xs, 2) {
+        let c = if p.beta != 1.0 {
+            c.affine(p.beta, 0.0)?
+        } else {
+            c.clone()
+        };
+        y = y.broadcast_add(&c)?;
+    }
+    Ok(vec![Some(y)])
+}
+
+fn gemm_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let p = gemm_attrs(cx)?;
+    let g = a.grad(cx, 0)?;
+    let g = if p.alpha != 1.0 {
+        g.affine(p.alpha, 0.0)?
+    } else {
+        g
+    };
+    let mut out = vec![None; a.inputs.len()];
+    if a.need(0) {
+        let b = tr(a.input(1)?, p.tb)?;
+        let da = g.matmul(&b.t()?)?;
+        out[0] = Some(tr(&da, p.ta)?.contiguous()?);
+    }
+    if a.need(1) {
+        let x = tr(a.input(0)?, p.ta)?;
+        let db = x.t()?.matmul(&g)?;
+        out[1] = Some(tr(&db, p.tb)?.contiguous()?);
+    }
+    if a.need(2) {
+        let g0 = a.grad(cx, 0)?;
+        let dc = sum_to(&g0, &cx.in_shape(2)?)?;
+        out[2] = Some(if p.beta != 1.0 {
+            dc.affine(p.beta, 0.0)?
+        } else {
+            dc
+        });
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalizations
+
+/// Mean and inverse standard deviation over `dims` (keepdim), in `x`'s dtype.
+fn moments(x: &Tensor, dims: &[usize], eps: f64) -> KResult<(Tensor, Tensor)> {
+    let cnt: usize = dims.iter().map(|&d| x.dims()[d]).product();
+    if cnt == 0 {
+        kbail!("normalization over an empty set of elements");
+    }
+    let inv = 1.0 / cnt as f64;
+    let mean = fsum_keepdim(x, dims)?.affine(inv, 0.0)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = fsum_keepdim(&xc.sqr()?, dims)?.affine(inv, 0.0)?;
+    let r = var.affine(1.0, eps)?.sqrt()?.recip()?;
+    Ok((mean, r))
+}
+
+/// `dx = r * (g - mean(g) - xhat * mean(g * xhat))` over `dims`.
+fn norm_dx(xhat: &Tensor, r: &Tensor, g: &Tensor, dims: &[usize]) -> KResult<Tensor> {
+    let cnt: usize = dims.iter().map(|&d| g.dims()[d]).product();
+    let inv = 1.0 / cnt.max(1) as f64;
+    let mg = fsum_keepdim(g, dims)?.affine(inv, 0.0)?;
+    let mgx = fsum_keepdim(&(g * xhat)?, dims)?.affine(inv, 0.0)?;
+    let t = g.broadcast_sub(&mg)?.sub(&xhat.broadcast_mul(&mgx)?)?;
+    Ok(t.broadcast_mul(r)?)
+}
+
+/// The statistics as the `stats` extra: mean and inverse std, flat, in f32.
+fn stats_extra(mean: &Tensor, r: &Tensor) -> KResult<Vec<Tensor>> {
+    Ok(vec![
+        mean.flatten_all()?.to_dtype(DType::F32)?,
+        r.flatten_all()?.to_dtype(DType::F32)?,
+    ])
+}
+
+/// Saved statistics back in compute dtype and keepdim `shape`.
+fn stats_from(v: &[Tensor], dt: DType, shape: &[usize]) -> KResult<(Tensor, Tensor)> {
+    match v {
+        [m, r] => Ok((
+            m.to_dtype(dt)?.reshape(shape)?,
+            r.to_dtype(dt)?.reshape(shape)?,
+        )),
+        _ => kbail!("the stats extra must hold mean and inverse std"),
+    }
+}
+
+/// Statistics for the forward: the saved ones when they are exact (computed in the same
+/// dtype), otherwise computed here.
+fn fwd_stats(xc: &Tensor, dims: &[usize], eps: f64, ex: &Extras) -> KResult<(Tensor, Tensor)> {
+    if let Some(v) = ex.get("stats") {
+        if xc.dtype() == DType::F32 {
+            let mut shape = xc.dims().to_vec();
+            for &d in dims {
+                shape[d] = 1;
+            }
+            return stats_from(v, DType::F32, &shape);
+        }
+    }
+    moments(xc, dims, eps)
+}
+
+fn eps_attr(cx: &KernelCtx) -> KResult<f64> {
+    Ok(cx.attrs.float_or("epsilon", 1e-5)? as f64)
+}
+
+/// Per-channel parameter `t` (C elements) as `[1, C, 1, ...]` in dtype `dt`.
+fn per_chan(t: &Tensor, c: usize, rank: usize, dt: DType) -> KResult<Tensor> {
+    if t.elem_count() != c {
+        kbail!(
+            "per-channel input has {} elements for {c} channels",
+            t.elem_count()
+        );
+    }
+    Ok(t.to_dtype(dt)?.reshape(chan_shape(c, rank))?)
+}
+
+fn all_but_1(rank: usize) -> Vec<usize> {
+    (0..rank).filter(|&d| d != 1).collect()
+}
+
+fn bn_training(cx: &KernelCtx) -> KResult<bool> {
+    if cx.opset >= 14 {
+        Ok(cx.attrs.int_or("training_mode", 0)? != 0)
+    } else {
+        Ok(cx.outputs.len() > 1)
+    }
+}
+
+fn bn_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
+    if tag != "stats" {
+        kbail!("no extra value {tag:?}");
+    }
+    let x = req(xs, 0)?;
+    let xc = x.to_dtype(compute_dtype(x.dtype()))?;
+    let (m, r) = moments(&xc, &all_but_1(x.rank()), eps_attr(cx)?)?;
+    stats_extra(&m, &r)
+}
+
+fn bn_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    let dt = compute_dtype(x.dtype());
+    let rank = x.rank();
+    if rank < 2 {
+        kbail!("input must be [N, C, ...]");
+    }
+    let c = x.dim(1)?;
+    let eps = eps_attr(cx)?;
+    let xc = x.to_dtype(dt)?;
+    let scale = per_chan(req(xs, 1)?, c, rank, dt)?;
+    let bias = per_chan(req(xs, 2)?, c, rank, dt)?;
+    let mut outs: Vec<Option<Tensor>> = vec![None; cx.outputs.len().max(1)];
+    if bn_training(cx)? {
+        let dims = all_but_1(rank);
+        let (m, r) = fwd_stats(&xc, &dims, eps, ex)?;
+        let a = scale.broadcast_mul(&r)?;
+        let b = bias.broadcast_sub(&m.broadcast_mul(&a)?)?;
+        let y = xc.broadcast_mul(&a)?.broadcast_add(&b)?;
+        outs[0] = Some(y.to_dtype(x.dtype())?);
+        if cx.outputs.len() > 1 {
+            let momentum = cx.attrs.float_or("momentum", 0.9)? as f64;
+            // Biased batch variance, as the ONNX reference computes it.
+            let var = r.sqr()?.recip()?.affine(1.0, -eps)?;
+            let m1 = m.flatten_all()?;
+            let v1 = var.flatten_all()?;
+            let run_m = per_chan(req(xs, 3)?, c, 1, dt)?.flatten_all()?;
+            let run_v = per_chan(req(xs, 4)?, c, 1, dt)?.flatten_all()?;
+            let new_m = (run_m.affine(momentum, 0.0)? + m1.affine(1.0 - momentum, 0.0)?)?;
+            let new_v = (run_v.affine(momentum, 0.0)? + v1.affine(1.0 - momentum, 0.0)?)?;
+            let vals = [new_m, new_v, m1, v1];
+            for (k, v) in vals.into_iter().enumerate() {
+                if want(cx, k + 1) {
+                    outs[k + 1] = Some(v.to_dtype(float_out(cx, k + 1, x.dtype())?)?);
+                }
+            }
+        }
+    } else {
+        let m = per_chan(req(xs, 3)?, c, rank, dt)?;
+        let v = per_chan(req(xs, 4)?, c, rank, dt)?;
+        let a = scale.broadcast_mul(&v.affine(1.0, eps)?.sqrt()?.recip()?)?;
+        let b = bias.broadcast_sub(&m.broadcast_mul(&a)?)?;
+        let y = xc.broadcast_mul(&a)?.broadcast_add(&b)?;
+        outs[0] = Some(y.to_dtype(x.dtype())?);
+        for (k, src) in [(1usize, 3usize), (2, 4)] {
+            if want(cx, k) {
+                outs[k] = Some(req(xs, src)?.clone());
+            }
+        }
+    }
+    Ok(outs)
+}
+
+fn bn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let x = a.input(0)?;
+    let dt = compute_dtype(x.dtype());
+    let rank = x.rank();
+    let c = x.dim(1)?;
+    let eps = eps_attr(cx)?;
+    let xc = x.to_dtype(dt)?;
+    let g = a.grad(cx, 0)?.to_dtype(dt)?;
+    let dims = all_but_1(rank);
+    let (xhat, r) = if bn_training(cx)? {
+        let (m, r) = stats_from(a.extra("stats")?, dt, &chan_shape(c, rank))?;
+        (xc.broadcast_sub(&m)?.broadcast_mul(&r)?, r)
+    } else {
+        let m = per_chan(a.input(3)?, c, rank, dt)?;
+        let v = per_chan(a.input(4)?, c, rank, dt)?;
+        let r = v.affine(1.0, eps)?.sqrt()?.recip()?;
+        (xc.broadcast_sub(&m)?.broadcast_mul(&r)?, r)
+    };
+    let mut out = vec![None; a.inputs.len()];
+    if a.need(0) {
+        let scale = per_chan(a.input(1)?, c, rank, dt)?;
+        let gs = g.broadcast_mul(&scale)?;
+        let dx = if bn_training(cx)? {
+            norm_dx(&xhat, &r, &gs, &dims)?
+        } else {
+            gs.broadcast_mul(&r)?
+        };
+        out[0] = Some(dx.to_dtype(x.dtype())?);
+    }
+    if a.need(1) {
+        let ds = fsum(&(&g * &xhat)?, &dims)?;
+        out[1] = Some(ds.to_dtype(x.dtype())?.reshape(cx.in_shape(1)?)?);
+    }
+    if a.need(2) {
+        let db = fsum(&g, &dims)?;
+        out[2] = Some(db.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
+    }
+    Ok(out)
+}
+
+// InstanceNormalization: per-(n, c) statistics over the spatial dims.
+
+fn in_dims(rank: usize) -> Vec<usize> {
+    (2..rank).collect()
+}
+
+fn in_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
+    if tag != "stats" {
+        kbail!("no extra value {tag:?}");
+    }
+    let x = req(xs, 0)?;
+    if x.rank() < 3 {
+        kbail!("input must be [N, C, spatial...]");
+    }
+    let xc = x.to_dtype(compute_dtype(x.dtype()))?;
+    let (m, r) = moments(&xc, &in_dims(x.rank()), eps_attr(cx)?)?;
+    stats_extra(&m, &r)
+}
+
+fn in_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    let rank = x.rank();
+    if rank < 3 {
+        kbail!("input must be [N, C, spatial...]");
+    }
+    let dt = compute_dtype(x.dtype());
+    let c = x.dim(1)?;
+    let xc = x.to_dtype(dt)?;
+    let (m, r) = fwd_stats(&xc, &in_dims(rank), eps_attr(cx)?, ex)?;
+    let scale = per_chan(req(xs, 1)?, c, rank, dt)?;
+    let bias = per_chan(req(xs, 2)?, c, rank, dt)?;
+    let y = xc
+        .broadcast_sub(&m)?
+        .broadcast_mul(&r.broadcast_mul(&scale)?)?
+        .broadcast_add(&bias)?;
+    Ok(vec![Some(y.to_dtype(x.dtype())?)])
+}
+
+fn in_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let x = a.input(0)?;
+    let rank = x.rank();
+    let dt = compute_dtype(x.dtype());
+    let (n, c) = (x.dim(0)?, x.dim(1)?);
+    let xc = x.to_dtype(dt)?;
+    let mut sshape = vec![1; rank];
+    sshape[0] = n;
+    sshape[1] = c;
+    let (m, r) = stats_from(a.extra("stats")?, dt, &sshape)?;
+    let xhat = xc.broadcast_sub(&m)?.broadcast_mul(&r)?;
+    let g = a.grad(cx, 0)?.to_dtype(dt)?;
+    let mut out = vec![None; a.inputs.len()];
+    if a.need(0) {
+        let scale = per_chan(a.input(1)?, c, rank, dt)?;
+        let dx = norm_dx(&xhat, &r, &g.broadcast_mul(&scale)?, &in_dims(rank))?;
+        out[0] = Some(dx.to_dtype(x.dtype())?);
+    }
+    if a.need(1) {
+        let ds = fsum(&(&g * &xhat)?, &all_but_1(rank))?;
+        out[1] = Some(ds.to_dtype(x.dtype())?.reshape(cx.in_shape(1)?)?);
+    }
+    if a.need(2) {
+        let db = fsum(&g, &all_but_1(rank))?;
+        out[2] = Some(db.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
+    }
+    Ok(out)
+}
+
+// LayerNormalization: statistics over the dims from `axis` on.
+
+fn ln_axis(cx: &KernelCtx, rank: usize) -> KResult<usize> {
+    cx.axis(cx.attrs.int_or("axis", -1)?, rank)
+}
+
+fn ln_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
+    if tag != "stats" {
+        kbail!("no extra value {tag:?}");
+    }
+    let x = req(xs, 0)?;
+    let axis = ln_axis(cx, x.rank())?;
+    let xc = x.to_dtype(compute_dtype(x.dtype()))?;
+    let dims: Vec<usize> = (axis..x.rank()).collect();
+    let (m, r) = moments(&xc, &dims, eps_attr(cx)?)?;
+    stats_extra(&m, &r)
+}
+
+fn ln_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    let dt = compute_dtype(x.dtype());
+    let axis = ln_axis(cx, x.rank())?;
+    let dims: Vec<usize> = (axis..x.rank()).collect();
+    let xc = x.to_dtype(dt)?;
+    let (m, r) = fwd_stats(&xc, &dims, eps_attr(cx)?, ex)?;
+    let mut y = xc.broadcast_sub(&m)?.broadcast_mul(&r)?;
+    if let Some(s) = opt(xs, 1) {
+        y = y.broadcast_mul(&s.to_dtype(dt)?)?;
+    }
+    if let Some(b) = opt(xs, 2) {
+        y = y.broadcast_add(&b.to_dtype(dt)?)?;
+    }
+    let mut outs = vec![Some(y.to_dtype(x.dtype())?)];
+    for (k, v) in [(1usize, &m), (2, &r)] {
+        if k < cx.outputs.len() {
+            outs.push(if want(cx, k) {
+                Some(v.to_dtype(float_out(cx, k, x.dtype())?)?)
+            } else {
+                None
+            });
+        }
+    }
+    Ok(outs)
+}
+
+fn ln_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let x = a.input(0)?;
+    let dt = compute_dtype(x.dtype());
+    let rank = x.rank();
+    let axis = ln_axis(cx, rank)?;
+    let dims: Vec<usize> = (axis..rank).collect();
+    let mut sshape = x.dims().to_vec();
+    for d in &mut sshape[axis..] {
+        *d = 1;
+    }
+    let (m, r) = stats_from(a.extra("stats")?, dt, &sshape)?;
+    let xhat = x.to_dtype(dt)?.broadcast_sub(&m)?.broadcast_mul(&r)?;
+    let g = a.grad(cx, 0)?.to_dtype(dt)?;
+    let mut out = vec![None; a.inputs.len()];
+    if a.need(0) {
+        let gs = match a.inputs.get(1).and_then(|t| t.as_ref()) {
+            Some(s) => g.broadcast_mul(&s.to_dtype(dt)?)?,
+            None if cx.inputs.get(1).map(|f| f.is_some()).unwrap_or(false) => {
+                kbail!("the backward needs the scale (input 1), which is not resident")
+            }
+            None => g.clone(),
+        };
+        out[0] = Some(norm_dx(&xhat, &r, &gs, &dims)?.to_dtype(x.dtype())?);
+    }
+    if a.need(1) {
+        let ds = sum_to(&(&g * &xhat)?, &cx.in_shape(1)?)?;
+        out[1] = Some(ds.to_dtype(x.dtype())?);
+    }
+    if a.need(2) {
+        out[2] = Some(sum_to(&g, &cx.in_shape(2)?)?.to_dtype(x.dtype())?);
+    }
+    Ok(out)
+}
+
+// GroupNormalization: statistics per (n, group); scale and bias per channel (opset 21 and
+// the fused form) or per group (opset 18).
+
+fn gn_groups(cx: &KernelCtx, c: usize) -> KResult<usize> {
+    let g = cx
+        .attrs
+        .int("num_groups")?
+        .ok_or_else(|| KernelError::new("attribute \"num_groups\" is required but missing"))?;
+    if g < 1 || !c.is_multiple_of(g as usize) {
+        kbail!("attribute \"num_groups\" = {g} does not divide {c} channels");
+    }
+    Ok(g as usize)
+}
+
+/// `x` as `[N, G, rest]`.
+fn gn_view(x: &Tensor, g: usize) -> KResult<Tensor> {
+    let n = x.dim(0)?;
+    let rest = x.elem_count() / (n * g).max(1);
+    Ok(x.contiguous()?.reshape((n, g, rest))?)
+}
+
+/// Scale or bias as a per-channel `[1, C, 1, ...]` tensor.
+fn gn_param(t: &Tensor, c: usize, g: usize, rank: usize, dt: DType) -> KResult<Tensor> {
+    let n = t.elem_count();
+    let t = t.to_dtype(dt)?.flatten_all()?;
+    let t = if n == c {
+        t
+    } else if n == g {
+        t.reshape((g, 1))?
+            .broadcast_as((g, c / g))?
+            .contiguous()?
+            .flatten_all()?
+    } else {
+        kbail!("scale and bias must have {c} (channels) or {g} (groups) elements, got {n}");
+    };
+    Ok(t.reshape(chan_shape(c, rank))?)
+}
+
+/// Per-channel gradient `[C]` summed back to a parameter of `n` elements and `shape`.
+fn gn_param_grad(dc: &Tensor, c: usize, g: usize, shape: &[usize]) -> KResult<Tensor> {
+    let n: usize = shape.iter().product();
+    let t = if n == c {
+        dc.clone()
+    } else {
+        dc.reshape((g, c / g))?.sum(1)?
+    };
+    Ok(t.reshape(shape)?)
+}
+
+fn gn_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
+    if tag != "stats" {
+        kbail!("no extra value {tag:?}");
+    }
+    let x = req(xs, 0)?;
+    let g = gn_groups(cx, x.dim(1)?)?;
+    let xg = gn_view(&x.to_dtype(compute_dtype(x.dtype()))?, g)?;
+    let (m, r) = moments(&xg, &[2], eps_attr(cx)?)?;
+    stats_extra(&m, &r)
+}
+
+fn gn_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    if x.rank() < 2 {
+        kbail!("input must be [N, C, ...]");
+    }
+    let dt = compute_dtype(x.dtype());
+    let (c, rank) = (x.dim(1)?, x.rank());
+    let g = gn_groups(cx, c)?;
+    let xg = gn_view(&x.to_dtype(dt)?, g)?;
+    let (m, r) = fwd_stats(&xg, &[2], eps_attr(cx)?, ex)?;
+    let mut y = xg.broadcast_sub(&m)?.broadcast_mul(&r)?.reshape(x.dims())?;
+    if let Some(s) = opt(xs, 1) {
+        y = y.broadcast_mul(&gn_param(s, c, g, rank, dt)?)?;
+    }
+    if let Some(b) = opt(xs, 2) {
+        y = y.broadcast_add(&gn_param(b, c, g, rank, dt)?)?;
+    }
+    Ok(vec![Some(y.to_dtype(x.dtype())?)])
+}
+
+fn gn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let x = a.input(0)?;
+    let dt = compute_dtype(x.dtype());
+    let (n, c, rank) = (x.dim(0)?, x.dim(1)?, x.rank());
+    let g = gn_groups(cx, c)?;
+    let (m, r) = stats_from(a.extra("stats")?, dt, &[n, g, 1])?;
+    let xhat = gn_view(&x.to_dtype(dt)?, g)?
+        .broadcast_sub(&m)?
+        .broadcast_mul(&r)?;
+    let gy = a.grad(cx, 0)?.to_dtype(dt)?;
+    let mut out = vec![None; a.inputs.len()];
+    if a.need(0) {
+        let gs = match a.inputs.get(1).and_then(|t| t.as_ref()) {
+            Some(s) => gy.broadcast_mul(&gn_param(s, c, g, rank, dt)?)?,
+            None if cx.inputs.get(1).map(|f| f.is_some()).unwrap_or(false) => {
+                kbail!("the backward needs the scale (input 1), which is not resident")
+            }
+            None => gy.clone(),
+        };
+        let dx = norm_dx(&xhat, &r, &gn_view(&gs, g)?, &[2])?;
+        out[0] = Some(dx.reshape(x.dims())?.to_dtype(x.dtype())?);
+    }
+    if a.need(1) {
+        let xh = xhat.reshape(x.dims())?;
+        let dc = fsum(&(&gy * &xh)?, &all_but_1(rank))?;
+        out[1] = Some(gn_param_grad(&dc, c, g, &cx.in_shape(1)?)?.to_dtype(x.dtype())?);
+    }
+    if a.need(2) {
+        let dc = fsum(&gy, &all_but_1(rank))?;
+        out[2] = Some(gn_param_grad(&dc, c, g, &cx.in_shape(2)?)?.to_dtype(x.dtype())?);
+    }
+    Ok(out)
+}
+
+// LRN: y = x / (bias + alpha / size * sum of squares over a channel window) ^ beta.
+
+struct LrnAttrs {
+    alpha: f64,
+    beta: f64,
+    bias: f64,
+    size: usize,
+}
+
+fn lrn_attrs(cx: &KernelCtx) -> KResult<LrnAttrs> {
+    let size = cx
+        .attrs
+        .int("size")?
+        .ok_or_else(|| KernelError::new("attribute \"size\" is required but missing"))?;
+    if size < 1 {
+        kbail!("attribute \"size\" = {size} must be positive");
+    }
+    Ok(LrnAttrs {
+        alpha: cx.attrs.float_or("alpha", 1e-4)? as f64,
+        beta: cx.attrs.float_or("beta", 0.75)? as f64,
+        bias: cx.attrs.float_or("bias", 1.0)? as f64,
+        size: size as usize,
+    })
+}
+
+/// Sum over the channel window `[c - lo, c + hi]` (zeros outside).
+fn chan_window_sum(t: &Tensor, lo: usize, hi: usize) -> KResult<Tensor> {
+    let c = t.dim(1)?;
+    let p = t.pad_with_zeros(1, lo, hi)?;
+    let mut acc = p.narrow(1, 0, c)?;
+    for i in 1..=lo + hi {
+        acc = (acc + p.narrow(1, i, c)?)?;
+    }
+    Ok(acc)
+}
+
+/// The denominator base `bias + alpha / size * window sum of x^2`.
+fn lrn_base(x: &Tensor, p: &LrnAttrs) -> KResult<Tensor> {
+    let lo = (p.size - 1) / 2;
+    let hi = p.size - 1 - lo;
+    Ok(chan_window_sum(&x.sqr()?, lo, hi)?.affine(p.alpha / p.size as f64, p.bias)?)
+}
+
+fn lrn_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let p = lrn_attrs(cx)?;
+    let x = req(xs, 0)?;
+    let s = lrn_base(x, &p)?;
+    Ok(vec![Some((x * s.powf(-p.beta)?)?)])
+}
+
+fn lrn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let p = lrn_attrs(cx)?;
+    let x = a.input(0)?;
+    let y = a.output(0)?;
+    let g = a.grad(cx, 0)?;
+    let s = lrn_base(x, &p)?;
+    let lo = (p.size - 1) / 2;
+    let hi = p.size - 1 - lo;
+    // dx_c = g_c s_c^-b - 2 a b / n x_c sum_{c' : c in window(c')} g_c' y_c' / s_c'
+    let t = ((&g * y)? / &s)?;
+    let back = chan_window_sum(&t, hi, lo)?;
+    let dx = ((&g * s.powf(-p.beta)?)?
+        - (x * back)?.affine(2.0 * p.alpha * p.beta / p.size as f64, 0.0)?)?;
+    Ok(vec![Some(dx)])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pooling
+
+struct PoolGeo {
+    win: Win,
+    /// End pads including what ceil_mode windows reach beyond the declared pads.
+    pe_full: Vec<usize>,
+    x: Vec<usize>,
+}
+
+fn pool_geo(cx: &KernelCtx) -> KResult<PoolGeo> {
+    let x = cx.in_shape(0)?;
+    if x.len() < 3 {
+        kbail!("input must be [N, C, spatial...], got {x:?}");
+    }
+    let k = match cx.attrs.ints("kernel_shape")? {
+        Some(v) => usizes(cx, "kernel_shape", v)?,
+        None => kbail!("attribute \"kernel_shape\" is required but missing"),
+    };
+    let y = cx.out_shape(0)?;
+    let win = read_win(cx, k, &x[2..], &y[2..])?;
+    let mut pe_full = win.pe.clone();
+    for j in 0..win.k.len() {
+        let need = (win.out[j] - 1) * win.s[j] + win.eff(j);
+        let have = x[2 + j] + win.pb[j] + win.pe[j];
+        pe_full[j] += need.saturating_sub(have);
+    }
+    Ok(PoolGeo { win, pe_full, x })
+}
+
+/// Max pooling with the flat index (into the whole input) of each maximum.
+fn max_pool_with_indices(x: &Tensor, p: &PoolGeo) -> KResult<(Tensor, Tensor)> {
+    let w = &p.win;
+    let xp = pad_dims(x, 2, &w.pb, &p.pe_full, f64::NEG_INFINITY)?;
+    let dev = x.device();
+    let n_sp = p.x.len() - 2;
+    let nc = p.x[0] * p.x[1];
+    let plane: usize = p.x[2..].iter().product();
+    // Flat strides of the spatial dims.
+    let mut strides = vec![1usize; n_sp];
+    for j in (0..n_sp.saturating_sub(1)).rev() {
+        strides[j] = strides[j + 1] * p.x[3 + j];
+    }
+    let base: Vec<i64> = (0..nc).map(|i| (i * plane) as i64).collect();
+    let mut bshape = vec![p.x[0], p.x[1]];
+    bshape.extend(std::iter::repeat_n(1, n_sp));
+    let mut idx0 = Tensor::from_vec(base, bshape, dev)?;
+    for j in 0..n_sp {
+        let v: Vec<i64> = (0..w.out[j])
+            .map(|o| (o as i64 * w.s[j] as i64 - w.pb[j] as i64) * strides[j] as i64)
+            .collect();
+        let mut shape = vec![1; 2 + n_sp];
+        shape[2 + j] = w.out[j];
+        idx0 = idx0.broadcast_add(&Tensor::from_vec(v, shape, dev)?)?;
+    }
+    let mut best: Option<(Tensor, Tensor)> = None;
+    for off in offsets(w) {
+        let v = window(&xp, 2, &off, &w.s, &w.out)?;
+        let add: i64 = off
+            .iter()
+            .zip(&strides)
+            .map(|(&o, &s)| (o * s) as i64)
+            .sum();
+        let idx = idx0.broadcast_add(&Tensor::new(add, dev)?)?;
+        best = Some(match best {
+            None => (v.contiguous()?, idx),
+            Some((bv, bi)) => {
+                let m = v.gt(&bv)?;
+                (m.where_cond(&v, &bv)?, m.where_cond(&idx, &bi)?)
+            }
+        });
+    }
+    let (y, i) = best.ok_or_else(|| KernelError::new("empty pooling kernel"))?;
+    let last = (x.elem_count().max(1) - 1) as f64;
+    Ok((y, i.clamp(0f64, last)?))
+}
+
+fn maxpool_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
+    if tag != "indices" {
+        kbail!("no extra value {tag:?}");
+    }
+    let p = pool_geo(cx)?;
+    Ok(vec![max_pool_with_indices(req(xs, 0)?, &p)?.1])
+}
+
+fn maxpool_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    let p = pool_geo(cx)?;
+    if cx.attrs.int_or("storage_order", 0)? != 0 && want(cx, 1) {
+        kbail!("attribute \"storage_order\" = 1 is not supported");
+    }
+    let y_shape = cx.out_shape(0)?;
+    let saved = ex.get("indices").and_then(|v| v.first());
+    let (y, idx) = match saved {
+        Some(i) => {
+            let y = x
+                .flatten_all()?
+                .index_select(&i.flatten_all()?, 0)?
+                .reshape(y_shape)?;
+            (y, Some(i.clone()))
+        }
+        None if want(cx, 1) || p.win.k.len() != 2 || p.win.d != [1, 1] => {
+            let (y, i) = max_pool_with_indices(x, &p)?;
+            (y, Some(i))
+        }
+        None => {
+            let w = &p.win;
+            let xp = pad_dims(x, 2, &w.pb, &p.pe_full, f64::NEG_INFINITY)?;
+            let y = xp.max_pool2d_with_stride((w.k[0], w.k[1]), (w.s[0], w.s[1]))?;
+            let y = y.narrow(2, 0, w.out[0])?.narrow(3, 0, w.out[1])?;
+            (y, None)
+        }
+    };
+    let mut outs = vec![Some(y)];
+    if cx.outputs.len() > 1 {
+        outs.push(if want(cx, 1) { idx } else { None });
+    }
+    Ok(outs)
+}
+
+fn maxpool_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let idx = a
+        .extra("indices")?
+        .first()
+        .ok_or_else(|| KernelError::new("the indices extra is empty"))?;
+    let g = a.grad(cx, 0)?;
+    let x_shape = cx.in_shape(0)?;
+    let n: usize = x_shape.iter().product();
+    let dx = Tensor::zeros(n, g.dtype(), g.device())?
+        .index_add(&idx.flatten_all()?, &g.flatten_all()?, 0)?
+        .reshape(x_shape)?;
+    let mut out = vec![Some(dx)];
+    out.resize(a.inputs.len(), None);
+    Ok(out)
+}
+
+/// Window element counts of an average pool (`[1, 1, out...]`).
+fn avg_counts(p: &PoolGeo, include_pad: bool, like: &Tensor) -> KResult<Tensor> {
+    let w = &p.win;
+    let n_sp = w.k.len();
+    let dev = like.device();
+    let mut mask: Option<Tensor> = None;
+    for j in 0..n_sp {
+        let len = p.x[2 + j] + w.pb[j] + p.pe_full[j];
+        let (lo, hi) = if include_pad {
+            (0, p.x[2 + j] + w.pb[j] + w.pe[j])
+        } else {
+            (w.pb[j], w.pb[j] + p.x[2 + j])
+        };
+        let v: Vec<f64> = (0..len)
+            .map(|i| if i >= lo && i < hi { 1.0 } else { 0.0 })
+            .collect();
+        let mut shape = vec![1; 2 + n_sp];
+        shape[2 + j] = len;
+        let t = Tensor::from_vec(v, shape, dev)?.to_dtype(like.dtype())?;
+        mask = Some(match mask {
+            None => t,
+            Some(m) => m.broadcast_mul(&t)?,
+        });
+    }
+    let mask = mask.ok_or_else(|| KernelError::new("pooling without spatial dims"))?;
+    let mut cnt: Option<Tensor> = None;
+    for off in offsets(w) {
+        let v = window(&mask, 2, &off, &w.s, &w.out)?;
+        cnt = Some(match cnt {
+            None => v.contiguous()?,
+            Some(c) => (c + v)?,
+        });
+    }
+    let cnt = cnt.ok_or_else(|| KernelError::new("empty pooling kernel"))?;
+    Ok(cnt.clamp(1f64, f64::INFINITY)?)
+}
+
+fn avgpool_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    let p = pool_geo(cx)?;
+    let include = cx.attrs.int_or("count_include_pad", 0)? != 0;
+    let w = &p.win;
+    let xp = pad_dims(x, 2, &w.pb, &p.pe_full, 0.0)?;
+    let mut acc: Option<Tensor> = None;
+    for off in offsets(w) {
+        let v = window(&xp, 2, &off, &w.s, &w.out)?;
+        acc = Some(match acc {
+            None => v.contiguous()?,
+            Some(a) => (a + v)?,
+        });
+    }
+    let acc = acc.ok_or_else(|| KernelError::new("empty pooling kernel"))?;
+    let cnt = avg_counts(&p, include, x)?;
+    Ok(vec![Some(acc.broadcast_div(&cnt)?)])
+}
+
+fn avgpool_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let p = pool_geo(cx)?;
+    let include = cx.attrs.int_or("count_include_pad", 0)? != 0;
+    let g = a.grad(cx, 0)?;
+    let w = &p.win;
+    let gc = g.broadcast_div(&avg_counts(&p, include, &g)?)?;
+    let lens: Vec<usize> = (0..w.k.len())
+        .map(|j| p.x[2 + j] + w.pb[j] + p.pe_full[j])
+        .collect();
+    let mut acc: Option<Tensor> = None;
+    for off in offsets(w) {
+        let v = unwindow(&gc, 2, &off, &w.s, &lens)?;
+        acc = Some(match acc {
+            None => v,
+            Some(a) => (a + v)?,
+        });
+    }
+    let mut dx = acc.ok_or_else(|| KernelError::new("empty pooling kernel"))?;
+    for j in 0..w.k.len() {
+        dx = dx.narrow(2 + j, w.pb[j], p.x[2 + j])?;
+    }
+    let mut out = vec![Some(dx.contiguous()?)];
+    out.resize(a.inputs.len(), None);
+    Ok(out)
+}
+
+fn spatial_dims(rank: usize) -> Vec<usize> {
+    (2..rank).collect()
+}
+
+fn gap_fwd(_: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    if x.rank() < 3 {
+        kbail!("input must be [N, C, spatial...]");
+    }
+    let plane: usize = x.dims()[2..].iter().product();
+    let s = fsum_keepdim(x, &spatial_dims(x.rank()))?;
+    Ok(vec![Some(s.affine(1.0 / plane.max(1) as f64, 0.0)?)])
+}
+
+fn gap_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let x_shape = cx.in_shape(0)?;
+    let plane: usize = x_shape[2..].iter().product();
+    let g = a.grad(cx, 0)?;
+    let dx = g
+        .affine(1.0 / plane.max(1) as f64, 0.0)?
+        .broadcast_as(x_shape)?
+        .contiguous()?;
+    Ok(vec![Some(dx)])
+}
+
+/// Global max: values and flat indices into the whole input.
+fn gmp_indices(x: &Tensor) -> KResult<Tensor> {
+    if x.rank() < 3 {
+        kbail!("input must be [N, C, spatial...]");
+    }
+    let (n, c) = (x.dim(0)?, x.dim(1)?);
+    let plane = x.elem_count() / (n * c).max(1);
+    let arg = x
+        .contiguous()?
+        .reshape((n * c, plane))?
+        .argmax_keepdim(1)?
+        .to_dtype(DType::I64)?;
+    let base: Vec<i64> = (0..n * c).map(|i| (i * plane) as i64).collect();
+    let base = Tensor::from_vec(base, (n * c, 1), x.device())?;
+    let mut shape = vec![n, c];
+    shape.extend(std::iter::repeat_n(1, x.rank() - 2));
+    Ok((arg + base)?.reshape(shape)?)
+}
+
+fn gmp_extra(_: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
+    if tag != "indices" {
+        kbail!("no extra value {tag:?}");
+    }
+    Ok(vec![gmp_indices(req(xs, 0)?)?])
+}
+
+fn gmp_fwd(_: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    let idx = match ex.get("indices").and_then(|v| v.first()) {
+        Some(i) => i.clone(),
+        None => gmp_indices(x)?,
+    };
+    let y = x
+        .flatten_all()?
+        .index_select(&idx.flatten_all()?, 0)?
+        .reshape(idx.dims())?;
+    Ok(vec![Some(y)])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax, LogSoftmax, Hardmax
+
+/// `x` as `[outer, n, inner]` for a softmax at the node's axis (opset < 13 flattens the
+/// dims from the axis on into one).
+fn softmax_view(cx: &KernelCtx, x: &Tensor) -> KResult<Tensor> {
+    let rank = x.rank();
+    let default = if cx.opset >= 13 { -1 } else { 1 };
+    let axis = cx.axis(cx.attrs.int_or("axis", default)?, rank.max(1))?;
+    let dims = x.dims();
+    let outer: usize = dims[..axis.min(dims.len())].iter().product();
+    let (n, inner) = if cx.opset >= 13 {
+        (
+            dims.get(axis).copied().unwrap_or(1),
+            dims[(axis + 1).min(dims.len())..].iter().product(),
+        )
+    } else {
+        (dims[axis.min(dims.len())..].iter().product(), 1)
+    };
+    Ok(x.contiguous()?.reshape((outer, n, inner))?)
+}
+
+fn softmax_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    let v = softmax_view(cx, x)?;
+    let m = v.max_keepdim(1)?;
+    let z = v.broadcast_sub(&m)?;
+    let y = if cx.op == "LogSoftmax" {
+        let lse = z.exp()?.sum_keepdim(1)?.log()?;
+        z.broadcast_sub(&lse)?
+    } else {
+        let e = z.exp()?;
+        e.broadcast_div(&e.sum_keepdim(1)?)?
+    };
+    Ok(vec![Some(y.reshape(x.dims())?)])
+}
+
+fn softmax_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let y = a.output(0)?;
+    let yv = softmax_view(cx, y)?;
+    let g = softmax_view(cx, &a.grad(cx, 0)?)?;
+    let dx = if cx.op == "LogSoftmax" {
+        (&g - yv.exp()?.broadcast_mul(&g.sum_keepdim(1)?)?)?
+    } else {
+        let s = (&g * &yv)?.sum_keepdim(1)?;
+        (&yv * g.broadcast_sub(&s)?)?
+    };
+    Ok(vec![Some(dx.reshape(y.dims())?)])
+}
+
+fn hardmax_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    let v = softmax_view(cx, x)?;
+    let n = v.dim(1)?;
+    let arg = v.argmax_keepdim(1)?;
+    let ar = Tensor::arange(0u32, n as u32, x.device())?.reshape((1, n, 1))?;
+    let y = ar.broadcast_eq(&arg)?.to_dtype(x.dtype())?;
+    Ok(vec![Some(y.reshape(x.dims())?)])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout
+
+fn dropout_ratio(cx: &KernelCtx) -> KResult<f64> {
+    if cx.opset < 12 {
+        return Ok(cx.attrs.float_or("ratio", 0.5)? as f64);
+    }
+    match cx.const_floats(1)? {
+        None => Ok(0.5),
+        Some(v) => v
+            .first()
+            .copied()
+            .ok_or_else(|| KernelError::new("input 1 (ratio) is empty")),
+    }
+}
+
+/// Whether the dropout drops: as the gradient rule decides, a positive ratio (the training
+/// graph models training, whatever `training_mode` the model was exported with).
+fn dropout_active(cx: &KernelCtx) -> KResult<bool> {
+    let r = dropout_ratio(cx)?;
+    if !(0.0..=1.0).contains(&r) {
+        kbail!("ratio {r} must be in [0, 1]");
+    }
+    Ok(r > 0.0)
+}
+
+/// The keep mask (1 = kept) drawn from the node's seed.
+fn dropout_mask(cx: &KernelCtx) -> KResult<Tensor> {
+    let shape = cx.in_shape(0)?;
+    let n: usize = shape.iter().product();
+    let ratio = dropout_ratio(cx)?;
+    let mut rng = Rng::new(cx.seed);
+    let v: Vec<u8> = (0..n)
+        .map(|_| u8::from(rng.uniform(0.0, 1.0) >= ratio))
+        .collect();
+    Ok(Tensor::from_vec(v, shape, cx.device)?)
+}
+
+fn dropout_extra(cx: &KernelCtx, tag: &str, _: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
+    if tag != "mask" {
+        kbail!("no extra value {tag:?}");
+    }
+    Ok(vec![dropout_mask(cx)?])
+}
+
+/// `t * mask / (1 - ratio)`.
+fn apply_mask(t: &Tensor, mask: &Tensor, ratio: f64) -> KResult<Tensor> {
+    let scale = if ratio >= 1.0 {
+        0.0
+    } else {
+        1.0 / (1.0 - ratio)
+    };
+    Ok((t * mask.to_dtype(t.dtype())?)?.affine(scale, 0.0)?)
+}
+
+fn dropout_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let x = req(xs, 0)?;
+    let (y, mask) = if dropout_active(cx)? {
+        let mask = match ex.get("mask").and_then(|v| v.first()) {
+            Some(m) => m.clone(),
+            None => dropout_mask(cx)?,
+        };
+        (apply_mask(x, &mask, dropout_ratio(cx)?)?, mask)
+    } else {
+        (x.clone(), Tensor::ones(x.dims(), DType::U8, x.device())?)
+    };
+    let mut outs = vec![Some(y)];
+    if cx.outputs.len() > 1 {
+        outs.push(if want(cx, 1) { Some(mask) } else { None });
+    }
+    Ok(outs)
+}
+
+fn dropout_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let g = a.grad(cx, 0)?;
+    let dx = if dropout_active(cx)? {
+        let mask = a
+            .extra("mask")?
+            .first()
+            .ok_or_else(|| KernelError::new("the mask extra is empty"))?;
+        apply_mask(&g, mask, dropout_ratio(cx)?)?
+    } else {
+        g
+    };
+    let mut out = vec![Some(dx)];
+    out.resize(a.inputs.len(), None);
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Einsum (one or two operands, no ellipsis, no repeated letter within an operand)
+
+struct Equation {
+    text: String,
+    ins: Vec<Vec<char>>,
+    out: Vec<char>,
+}
+
+fn einsum_eq(cx: &KernelCtx) -> KResult<Equation> {
+    let eq = cx
+        .attrs
+        .string("equation")?
+        .ok_or_else(|| KernelError::new("attribute \"equation\" is required but missing"))?;
+    let text: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+    let unsupported = |why: &str| -> KernelError {
+        KernelError::new(format!(
+            "attribute \"equation\" = {text:?} is not supported: {why}"
+        ))
+    };
+    if text.contains("...") {
+        return Err(unsupported("ellipsis"));
+    }
+    let (lhs, rhs) = match text.split_once("->") {
+        Some((l, r)) => (l.to_string(), Some(r.to_string())),
+        None => (text.clone(), None),
+    };
+    let ins: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
+    let out: Vec<char> = match rhs {
+        Some(r) => r.chars().collect(),
+        None => {
+            let mut letters: Vec<char> = ins.iter().flatten().copied().collect();
+            letters.sort_unstable();
+            let mut once: Vec<char> = letters
+                .iter()
+                .copied()
+                .filter(|c| letters.iter().filter(|d| *d == c).count() == 1)
+                .collect();
+            once.dedup();
+            once
+        }
+    };
+    if ins.is_empty() || ins.len() > 2 {
+        return Err(unsupported("only one or two operands are supported"));
+    }
+    for term in ins.iter().chain(std::iter::once(&out)) {
+        for (i, c) in term.iter().enumerate() {
+            if !c.is_ascii_alphabetic() {
+                return Err(unsupported("invalid character"));
+            }
+            if term[..i].contains(c) {
+                return Err(unsupported("a letter repeated within one term (diagonal)"));
+            }
+        }
+    }
+    for c in &out {
+        if !ins.iter().any(|t| t.contains(c)) {
+            return Err(unsupported("an output letter appears in no operand"));
+        }
+    }
+    Ok(Equation { text, ins, out })
+}
+
+fn letter_pos(term: &[char], l: char) -> KResult<usize> {
+    term.iter()
+        .position(|&c| c == l)
+        .ok_or_else(|| KernelError::new(format!("letter {l:?} is not in {term:?}")))
+}
+
+/// Sums out the dims of `t` whose letter is not in `keep`.
+fn sum_letters(
+    t: &Tensor,
+    tl: &[char],
+    keep: impl Fn(char) -> bool,
+) -> KResult<(Tensor, Vec<char>)> {
+    let dims: Vec<usize> = (0..tl.len()).filter(|&i| !keep(tl[i])).collect();
+    let rest: Vec<char> = tl.iter().copied().filter(|&c| keep(c)).collect();
+    if dims.is_empty() {
+        return Ok((t.clone(), rest));
+    }
+    Ok((t.sum(dims)?, rest))
+}
+
+/// Permutes `t` (letters `tl`) to the order `to` (a permutation of `tl`).
+fn permute_letters(t: &Tensor, tl: &[char], to: &[char]) -> KResult<Tensor> {
+    if tl == to {
+        return Ok(t.clone());
+    }
+    let perm = to
+        .iter()
+        .map(|&l| letter_pos(tl, l))
+        .collect::<KResult<Vec<usize>>>()?;
+    Ok(t.permute(perm)?)
+}
+
+/// `einsum(a, b -> out)` for letters without repeats; sizes must agree.
+fn ein2(a: &Tensor, al: &[char], b: &Tensor, bl: &[char], out: &[char]) -> KResult<Tensor> {
+    let (a, al) = sum_letters(a, al, |c| out.contains(&c) || bl.contains(&c))?;
+    let (b, bl) = sum_letters(b, bl, |c| out.contains(&c) || al.contains(&c))?;
+    let batch: Vec<char> = out
+        .iter()
+        .copied()
+        .filter(|c| al.contains(c) && bl.contains(c))
+        .collect();
+    let ak: Vec<char> = out
+        .iter()
+        .copied()
+        .filter(|c| al.contains(c) && !bl.contains(c))
+        .collect();
+    let bk: Vec<char> = out
+        .iter()
+        .copied()
+        .filter(|c| bl.contains(c) && !al.contains(c))
+        .collect();
+    let con: Vec<char> = al
+        .iter()
+        .copied()
+        .filter(|c| bl.contains(c) && !out.contains(c))
+        .collect();
+    let size = |t: &Tensor, tl: &[char], ls: &[char]| -> KResult<Vec<usize>> {
+        ls.iter()
+            .map(|&l| Ok(t.dims()[letter_pos(tl, l)?]))
+            .collect()
+    };
+    let bs = size(&a, &al, &batch)?;
+    let ms = size(&a, &al, &ak)?;
+    let ns = size(&b, &bl, &bk)?;
+    let ks = size(&a, &al, &con)?;
+    let kb = size(&b, &bl, &con)?;
+    let bb = size(&b, &bl, &batch)?;
+    if ks != kb || bs != bb {
+        kbail!("operand sizes disagree on shared letters");
+    }
+    let p = |v: &[usize]| v.iter().product::<usize>();
+    let ao: Vec<char> = [batch.clone(), ak.clone(), con.clone()].concat();
+    let bo: Vec<char> = [batch.clone(), con.clone(), bk.clone()].concat();
+    let a3 = permute_letters(&a, &al, &ao)?
+        .contiguous()?
+        .reshape((p(&bs), p(&ms), p(&ks)))?;
+    let b3 = permute_letters(&b, &bl, &bo)?
+        .contiguous()?
+        .reshape((p(&bs), p(&ks), p(&ns)))?;
+    let c = a3.matmul(&b3)?;
+    let cl: Vec<char> = [batch, ak, bk].concat();
+    let cs: Vec<usize> = [bs, ms, ns].concat();
+    let c = c.reshape(cs)?;
+    Ok(permute_letters(&c, &cl, out)?.contiguous()?)
+}
+
+/// `einsum(a -> out)`.
+fn ein1(a: &Tensor, al: &[char], out: &[char]) -> KResult<Tensor> {
+    let (a, al) = sum_letters(a, al, |c| out.contains(&c))?;
+    Ok(permute_letters(&a, &al, out)?.contiguous()?)
+}
+
+/// `g` (letters `gl`, a subset of `tl`) broadcast to `shape` (letters `tl`).
+fn ein_expand(g: &Tensor, gl: &[char], tl: &[char], shape: &[usize]) -> KResult<Tensor> {
+    let present: Vec<char> = tl.iter().copied().filter(|c| gl.contains(c)).collect();
+    let g = permute_letters(g, gl, &present)?;
+    let view: Vec<usize> = tl
+        .iter()
+        .zip(shape)
+        .map(|(c, &d)| if gl.contains(c) { d } else { 1 })
+        .collect();
+    Ok(g.contiguous()?
+        .reshape(view)?
+        .broadcast_as(shape)?
+        .contiguous()?)
+}
+
+/// Letter sizes over all operands (the largest, for size-1 broadcasting).
+fn letter_sizes(eq: &Equation, xs: &[&Tensor]) -> KResult<std::collections::HashMap<char, usize>> {
+    let mut m = std::collections::HashMap::new();
+    for (t, tl) in xs.iter().zip(&eq.ins) {
+        if t.rank() != tl.len() {
+            kbail!(
+                "operand of rank {} for term {:?} in {:?}",
+                t.rank(),
+                tl.iter().collect::<String>(),
+                eq.text
+            );
+        }
+        for (&l, &d) in tl.iter().zip(t.dims()) {
+            let e = m.entry(l).or_insert(d);
+            if *e != d && *e != 1 && d != 1 {
+                kbail!("letter {l:?} has sizes {e} and {d} in {:?}", eq.text);
+            }
+            *e = (*e).max(d);
+        }
+    }
+    Ok(m)
+}
+
+fn expand_to_letters(
+    t: &Tensor,
+    tl: &[char],
+    sizes: &std::collections::HashMap<char, usize>,
+) -> KResult<Tensor> {
+    let shape: Vec<usize> = tl
+        .iter()
+        .map(|c| sizes.get(c).copied().unwrap_or(1))
+        .collect();
+    if t.dims() == shape.as_slice() {
+        Ok(t.clone())
+    } else {
+        Ok(t.broadcast_as(shape)?.contiguous()?)
+    }
+}
+
+fn einsum_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    let eq = einsum_eq(cx)?;
+    let ops = (0..eq.ins.len())
+        .map(|i| req(xs, i))
+        .collect::<KResult<Vec<&Tensor>>>()?;
+    let sizes = letter_sizes(&eq, &ops)?;
+    let y = if ops.len() == 1 {
+        ein1(ops[0], &eq.ins[0], &eq.out)?
+    } else {
+        let a = expand_to_letters(ops[0], &eq.ins[0], &sizes)?;
+        let b = expand_to_letters(ops[1], &eq.ins[1], &sizes)?;
+        ein2(&a, &eq.ins[0], &b, &eq.ins[1], &eq.out)?
+    };
+    Ok(vec![Some(y)])
+}
+
+fn einsum_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+    let eq = einsum_eq(cx)?;
+    let g = a.grad(cx, 0)?;
+    let mut out = vec![None; a.inputs.len()];
+    if eq.ins.len() == 1 {
+        if a.need(0) {
+            let shape = cx.in_shape(0)?;
+            out[0] = Some(ein_expand(&g, &eq.out, &eq.ins[0], &shape)?);
+        }
+        return Ok(out);
+    }
+    let ops = [a.input(0)?, a.input(1)?];
+    let sizes = letter_sizes(&eq, &ops)?;
+    let full = [
+        expand_to_letters(ops[0], &eq.ins[0], &sizes)?,
+        expand_to_letters(ops[1], &eq.ins[1], &sizes)?,
+    ];
+    for i in 0..2 {
+        if !a.need(i) {
+            continue;
+        }
+        let (tl, ol) = (&eq.ins[i], &eq.ins[1 - i]);
+        // Letters of this operand that reach the output or the other operand.
+        let kept: Vec<char> = tl
+            .iter()
+            .copied()
+            .filter(|c| eq.out.contains(c) || ol.contains(c))
+            .collect();
+        let d = ein2(&g, &eq.out, &full[1 - i], ol, &kept)?;
+        let d = ein_expand(&d, &kept, tl, full[i].dims())?;
+        out[i] = Some(sum_to(&d, &cx.in_shape(i)?)?);
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+pub fn register(r: &mut KernelRegistry) {
+    let k = |forward, extra, backward| Kernel {
+        forward,
+        extra,
+        backward,
+    };
+    r.insert("Conv", k(conv_fwd, None, Some(conv_bwd)));
+    r.insert("ConvTranspose", k(convt_fwd, None, Some(convt_bwd)));
+    r.insert("MatMul", k(matmul_fwd, None, Some(matmul_bwd)));
+    r.insert("Gemm", k(gemm_fwd, None, Some(gemm_bwd)));
+    r.insert(
+        "BatchNormalization",
+        k(bn_fwd, Some(bn_extra), Some(bn_bwd)),
+    );
+    r.insert(
+        "InstanceNormalization",
+        k(in_fwd, Some(in_extra), Some(in_bwd)),
+    );
+    r.insert(
+        "LayerNormalization",
+        k(ln_fwd, Some(ln_extra), Some(ln_bwd)),
+    );
+    r.insert(
+        "GroupNormalization",
+        k(gn_fwd, Some(gn_extra), Some(gn_bwd)),
+    );
+    r.insert("LRN", k(lrn_fwd, None, Some(lrn_bwd)));
+    r.insert(
+        "MaxPool",
+        k(maxpool_fwd, Some(maxpool_extra), Some(maxpool_bwd)),
+    );
+    r.insert("AveragePool", k(avgpool_fwd, None, Some(avgpool_bwd)));
+    r.insert("GlobalAveragePool", k(gap_fwd, None, Some(gap_bwd)));
+    r.insert(
+        "GlobalMaxPool",
+        k(gmp_fwd, Some(gmp_extra), Some(maxpool_bwd)),
+    );
+    r.insert("Softmax", k(softmax_fwd, None, Some(softmax_bwd)));
+    r.insert("LogSoftmax", k(softmax_fwd, None, Some(softmax_bwd)));
+    r.insert("Hardmax", k(hardmax_fwd, None, None));
+    r.insert(
+        "Dropout",
+        k(dropout_fwd, Some(dropout_extra), Some(dropout_bwd)),
+    );
+    r.insert("Einsum", k(einsum_fwd, None, Some(einsum_bwd)));
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::testing::{check, float, int, ints, string, Case, In};
+    use crate::tensor::DType;
+
+    fn r(s: &[usize]) -> In {
+        In::Rand(s.to_vec())
+    }
+    fn p(s: &[usize]) -> In {
+        In::Param(s.to_vec())
+    }
+
+    #[test]
+    fn conv2d_pads_strides_bias() {
+        check(
+            &Case::new(
+                "Conv",
+                17,
+                vec![r(&[2, 3, 5, 5]), p(&[4, 3, 3, 3]), p(&[4])],
+            )
+            .attr(ints("pads", &[1, 1, 1, 1]))
+            .attr(ints("strides", &[2, 2])),
+        );
+        check(&Case::new(
+            "Conv",
+            17,
+            vec![r(&[1, 2, 4, 4]), r(&[3, 2, 1, 1])],
+        ));
+        check(
+            &Case::new("Conv", 17, vec![r(&[1, 2, 5, 5]), p(&[3, 2, 1, 1])])
+                .attr(ints("strides", &[2, 2])),
+        );
+    }
+
+    #[test]
+    fn conv2d_groups_dilations_asymmetric() {
+        check(
+            &Case::new(
+                "Conv",
+                17,
+                vec![r(&[2, 4, 6, 7]), p(&[6, 2, 3, 2]), p(&[6])],
+            )
+            .attr(int("group", 2))
+            .attr(ints("dilations", &[2, 2]))
+            .attr(ints("pads", &[0, 1, 2, 0]))
+            .attr(ints("strides", &[1, 2])),
+        );
+        check(
+            &Case::new("Conv", 17, vec![r(&[1, 2, 7, 7]), p(&[2, 2, 3, 3])])
+                .attr(ints("dilations", &[1, 2]))
+                .attr(ints("pads", &[1, 2, 1, 2])),
+        );
+    }
+
+    #[test]
+    fn conv2d_depthwise_auto_pad() {
+        check(
+            &Case::new("Conv", 17, vec![r(&[1, 4, 6, 6]), p(&[4, 1, 3, 3])])
+                .attr(int("group", 4))
+                .attr(string("auto_pad", "SAME_UPPER"))
+                .attr(ints("strides", &[2, 2])),
+        );
+        check(
+            &Case::new("Conv", 17, vec![r(&[1, 2, 5, 6]), p(&[8, 1, 2, 2])])
+                .attr(int("group", 2))
+                .attr(string("auto_pad", "SAME_LOWER")),
+        );
+        check(
+            &Case::new("Conv", 17, vec![r(&[1, 2, 5, 6]), p(&[2, 2, 3, 3])])
+                .attr(string("auto_pad", "VALID"))
+                .attr(ints("kernel_shape", &[3, 3])),
+        );
+    }
+
+    #[test]
+    fn conv1d_and_conv3d() {
+        check(
+            &Case::new("Conv", 17, vec![r(&[2, 2, 7]), p(&[3, 2, 3]), p(&[3])])
+                .attr(ints("pads", &[1, 2]))
+                .attr(ints("strides", &[2])),
+        );
+        check(
+            &Case::new(
+                "Conv",
+                17,
+                vec![r(&[1, 2, 4, 5, 5]), p(&[3, 2, 2, 3, 3]), p(&[3])],
+            )
+            .attr(ints("pads", &[1, 0, 1, 0, 1, 1]))
+            .attr(ints("strides", &[2, 1, 2]))
+            .attr(ints("dilations", &[1, 2, 1])),
+        );
+        check(
+            &Case::new("Conv", 17, vec![r(&[2, 4, 3, 4, 4]), p(&[4, 2, 3, 1, 1])])
+                .attr(int("group", 2))
+                .attr(ints("pads", &[1, 0, 0, 1, 0, 0])),
+        );
+    }
+
+    /// The candle-op convolution path (used off the CPU) agrees with the host im2col path.
+    #[test]
+    fn conv_paths_agree() {
+        use super::{
+            c2_dw_candle, c2_dw_host, c2_dx_candle, c2_dx_host, c2_fwd_candle, c2_fwd_host, G2,
+        };
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let geos = [
+            // k, s, d, pb, pe, in, c, oc, g
+            ([3, 3], [1, 1], [1, 1], [1, 1], [1, 1], [6, 6], 4, 6, 1),
+            ([3, 2], [2, 1], [1, 2], [0, 1], [2, 0], [7, 6], 4, 6, 2),
+            ([1, 1], [2, 2], [1, 1], [0, 0], [0, 0], [5, 5], 3, 4, 1),
+            ([3, 3], [2, 2], [2, 2], [2, 1], [1, 2], [8, 7], 4, 4, 4),
+            ([7, 7], [2, 2], [1, 1], [3, 3], [3, 3], [12, 12], 3, 4, 1),
+        ];
+        for (k, s, d, pb, pe, hw, c, oc, g) in geos {
+            let out = [0, 1].map(|j| (hw[j] + pb[j] + pe[j] - ((k[j] - 1) * d[j] + 1)) / s[j] + 1);
+            let p = G2 {
+                k,
+                s,
+                d,
+                pb,
+                pe,
+                out,
+                g,
+            };
+            let x = Tensor::randn(0f64, 1.0, (2, c, hw[0], hw[1]), &dev).unwrap();
+            let w = Tensor::randn(0f64, 1.0, (oc, c / g, k[0], k[1]), &dev).unwrap();
+            let dy = Tensor::randn(0f64, 1.0, (2, oc, out[0], out[1]), &dev).unwrap();
+            let diff = |a: Tensor, b: Tensor| {
+                assert_eq!(a.dims(), b.dims());
+                (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap()
+            };
+            for cm in [false, true] {
+                let e1 = diff(
+                    c2_fwd_host(&x, &w, &p, cm).unwrap(),
+                    c2_fwd_candle(&x, &w, &p).unwrap(),
+                );
+                let e2 = diff(
+                    c2_dx_host(&dy, &w, &p, hw, cm).unwrap(),
+                    c2_dx_candle(&dy, &w, &p, hw).unwrap(),
+                );
+                let e3 = diff(
+                    c2_dw_host(&x, &dy, &p, cm).unwrap(),
+                    c2_dw_candle(&x, &dy, &p).unwrap(),
+                );
+                assert!(
+                    e1 < 1e-10 && e2 < 1e-10 && e3 < 1e-10,
+                    "{p:?} {cm}: {e1} {e2} {e3}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn conv_transpose() {
+        check(
+            &Case::new(
+                "ConvTranspose",
+                17,
+                vec![r(&[2, 3, 3, 4]), p(&[3, 2, 3, 3]), p(&[2])],
+            )
+            .attr(ints("strides", &[2, 2]))
+            .attr(ints("pads", &[1, 1, 1, 1]))
+            .attr(ints("output_padding", &[1, 0])),
+        );
+        check(
+            &Case::new(
+                "ConvTranspose",
+                17,
+                vec![r(&[1, 4, 3, 3]), p(&[4, 1, 2, 2])],
+            )
+            .attr(int("group", 2))
+            .attr(ints("dilations", &[2, 1]))
+            .attr(ints("pads", &[0, 1, 1, 0])),
+        );
+        check(
+            &Case::new("ConvTranspose", 17, vec![r(&[1, 2, 5]), p(&[2, 3, 3])])
+                .attr(ints("strides", &[2]))
+                .attr(string("auto_pad", "SAME_UPPER")),
+        );
+        check(
+            &Case::new(
+                "ConvTranspose",
+                17,
+                vec![r(&[1, 2, 3, 3]), p(&[2, 2, 3, 3])],
+            )
+            .attr(ints("strides", &[2, 2]))
+            .attr(ints("output_shape", &[6, 7])),
+        );
+    }
+
+    #[test]
+    fn gemm() {
+        for (ta, tb) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            let a = if ta == 1 { r(&[4, 3]) } else { r(&[3, 4]) };
+            let b = if tb == 1 { r(&[5, 4]) } else { r(&[4, 5]) };
+            check(
+                &Case::new("Gemm", 13, vec![a, b, r(&[5])])
+                    .attr(int("transA", ta))
+                    .attr(int("transB", tb))
+                    .attr(float("alpha", 0.5))
+                    .attr(float("beta", 2.0)),
+            );
+        }
+        check(&Case::new(
+            "Gemm",
+            13,
+            vec![r(&[3, 4]), p(&[4, 5]), r(&[3, 1])],
+        ));
+        check(&Case::new(
+            "Gemm",
+            13,
+            vec![r(&[3, 4]), p(&[4, 5]), r(&[3, 5])],
+        ));
+        check(&Case::new("Gemm", 13, vec![r(&[3, 4]), p(&[5, 4])]).attr(int("transB", 1)));
+    }
+
+    #[test]
+    fn matmul() {
+        check(&Case::new("MatMul", 13, vec![r(&[3, 4]), r(&[4, 5])]));
+        check(&Case::new("MatMul", 13, vec![r(&[2, 3, 4]), p(&[4, 5])]));
+        check(&Case::new(
+            "MatMul",
+            13,
+            vec![r(&[2, 1, 3, 4]), r(&[3, 4, 2])],
+        ));
+        check(&Case::new("MatMul", 13, vec![r(&[4]), r(&[2, 4, 3])]));
+        check(&Case::new("MatMul", 13, vec![r(&[2, 3, 4]), r(&[4])]));
+        check(&Case::new("MatMul", 13, vec![r(&[4]), r(&[4])]));
+    }
+
+    fn pos(c: usize) -> In {
+        In::Const(
+            DType::F32,
+            vec![c],
+            (0..c).map(|i| 0.5 + 0.25 * i as f64).collect(),
+        )
+    }
+    fn small(c: usize) -> In {
+        In::Const(
+            DType::F32,
+            vec![c],
+            (0..c).map(|i| 0.1 * i as f64 - 0.1).collect(),
+        )
+    }
+
+    #[test]
+    fn batch_norm_training() {
+        check(
+            &Case::new(
+                "BatchNormalization",
+                15,
+                vec![r(&[3, 2, 3, 3]), p(&[2]), p(&[2]), small(2), pos(2)],
+            )
+            .attr(int("training_mode", 1))
+            .attr(float("momentum", 0.8))
+            .outputs(3),
+        );
+        check(
+            &Case::new(
+                "BatchNormalization",
+                9,
+                vec![r(&[4, 3]), p(&[3]), p(&[3]), small(3), pos(3)],
+            )
+            .outputs(5),
+        );
+    }
+
+    #[test]
+    fn batch_norm_running_stats_follow_onnx() {
+        use crate::exec::kernel::{Extras, KernelCtx};
+        use crate::onnx::Attrs;
+        use crate::tensor::Fact;
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let x = Tensor::new(&[[1.0f64, 3.0], [5.0, 7.0]], &dev).unwrap();
+        let ones = Tensor::new(&[1.0f64, 1.0], &dev).unwrap();
+        let zeros = Tensor::new(&[0.0f64, 0.0], &dev).unwrap();
+        let attrs = vec![int("training_mode", 1), float("momentum", 0.9)];
+        let f2 = Some(Fact::new(DType::F64, vec![2]));
+        let inputs = vec![
+            Some(Fact::new(DType::F64, vec![2, 2])),
+            f2.clone(),
+            f2.clone(),
+            f2.clone(),
+            f2.clone(),
+        ];
+        let outputs = vec![Some(Fact::new(DType::F64, vec![2, 2])), f2.clone(), f2];
+        let cx = KernelCtx {
+            node: "bn",
+            op: "BatchNormalization",
+            opset: 15,
+            attrs: Attrs {
+                node: "bn",
+                op: "BatchNormalization",
+                list: &attrs,
+            },
+            inputs: &inputs,
+            outputs: &outputs,
+            device: &dev,
+            seed: 1,
+        };
+        let xs = vec![
+            Some(x),
+            Some(ones.clone()),
+            Some(zeros.clone()),
+            Some(zeros),
+            Some(ones),
+        ];
+        let y = super::bn_fwd(&cx, &xs, &Extras::new()).unwrap();
+        let m = y[1].as_ref().unwrap().to_vec1::<f64>().unwrap();
+        let v = y[2].as_ref().unwrap().to_vec1::<f64>().unwrap();
+        // Batch means 3 and 5, biased variances 4 and 4 (momentum is an f32 attribute).
+        assert!(
+            (m[0] - 0.3).abs() < 1e-6 && (m[1] - 0.5).abs() < 1e-6,
+            "{m:?}"
+        );
+        assert!(
+            (v[0] - 1.3).abs() < 1e-6 && (v[1] - 1.3).abs() < 1e-6,
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn batch_norm_inference() {
+        check(&Case::new(
+            "BatchNormalization",
+            15,
+            vec![r(&[2, 3, 2, 2]), p(&[3]), p(&[3]), small(3), pos(3)],
+        ));
+    }
+
+    #[test]
+    fn instance_norm() {
+        check(
+            &Case::new(
+                "InstanceNormalization",
+                6,
+                vec![r(&[2, 3, 3, 2]), p(&[3]), p(&[3])],
+            )
+            .tol(1e-5),
+        );
+    }
+
+    #[test]
+    fn layer_norm() {
+        check(&Case::new(
+            "LayerNormalization",
+            17,
+            vec![r(&[2, 3, 5]), p(&[5]), p(&[5])],
+        ));
+        check(
+            &Case::new(
+                "LayerNormalization",
+                17,
+                vec![r(&[2, 3, 4]), p(&[3, 4]), In::None],
+            )
+            .attr(int("axis", 1))
+            .attr(float("epsilon", 1e-3))
+            .outputs(3),
+        );
+        check(&Case::new("LayerNormalization", 17, vec![r(&[3, 6])]));
+    }
+
+    #[test]
+    fn group_norm() {
+        check(
+            &Case::new(
+                "GroupNormalization",
+                21,
+                vec![r(&[2, 4, 3, 2]), p(&[4]), p(&[4])],
+            )
+            .attr(int("num_groups", 2)),
+        );
+        check(
+            &Case::new(
+                "GroupNormalization",
+                18,
+                vec![r(&[2, 6, 5]), p(&[3]), p(&[3])],
+            )
+            .attr(int("num_groups", 3))
+            .attr(float("epsilon", 1e-2)),
+        );
+        // The fused form: per-channel scale shaped [C, 1, 1], no bias.
+        check(
+            &Case::new(
+                "GroupNormalization",
+                17,
+                vec![r(&[1, 4, 2, 3]), p(&[4, 1, 1])],
+            )
+            .attr(int("num_groups", 2)),
+        );
+    }
+
+    #[test]
+    fn lrn() {
+        check(&Case::new("LRN", 13, vec![r(&[2, 5, 3, 3])]).attr(int("size", 3)));
+        check(
+            &Case::new("LRN", 13, vec![r(&[1, 6, 2, 2])])
+                .attr(int("size", 4))
+                .attr(float("alpha", 0.1))
+                .attr(float("beta", 0.6))
+                .attr(float("bias", 2.0)),
+        );
+    }
+
+    #[test]
+    fn max_pool() {
+        check(
+            &Case::new("MaxPool", 12, vec![r(&[2, 3, 7, 7])])
+                .attr(ints("kernel_shape", &[3, 3]))
+                .attr(ints("strides", &[2, 2]))
+                .attr(ints("pads", &[1, 1, 1, 1])),
+        );
+        check(
+            &Case::new("MaxPool", 12, vec![r(&[1, 2, 6, 7])])
+                .attr(ints("kernel_shape", &[2, 3]))
+                .attr(ints("strides", &[2, 2]))
+                .attr(int("ceil_mode", 1))
+                .outputs(2),
+        );
+        check(
+            &Case::new("MaxPool", 12, vec![r(&[1, 2, 7, 7])])
+                .attr(ints("kernel_shape", &[2, 2]))
+                .attr(ints("dilations", &[2, 2]))
+                .attr(ints("pads", &[0, 1, 1, 0])),
+        );
+        check(
+            &Case::new("MaxPool", 12, vec![r(&[2, 2, 9])])
+                .attr(ints("kernel_shape", &[3]))
+                .attr(ints("strides", &[2]))
+                .attr(string("auto_pad", "SAME_UPPER")),
+        );
+        check(
+            &Case::new("MaxPool", 12, vec![r(&[1, 2, 4, 4, 5])])
+                .attr(ints("kernel_shape", &[2, 2, 3]))
+                .attr(ints("strides", &[2, 1, 2])),
+        );
+    }
+
+    #[test]
+    fn max_pool_indices_are_onnx_flat_indices() {
+        use crate::exec::kernel::{Extras, KernelCtx};
+        use crate::onnx::Attrs;
+        use crate::tensor::Fact;
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let x = Tensor::new(
+            &[
+                [[[1.0f64, 5.0, 2.0], [0.0, 3.0, 9.0]]],
+                [[[4.0, 1.0, 0.0], [2.0, 8.0, 1.0]]],
+            ],
+            &dev,
+        )
+        .unwrap();
+        let attrs = vec![ints("kernel_shape", &[2, 2])];
+        let inputs = vec![Some(Fact::new(DType::F64, vec![2, 1, 2, 3]))];
+        let outputs = vec![
+            Some(Fact::new(DType::F64, vec![2, 1, 1, 2])),
+            Some(Fact::new(DType::I64, vec![2, 1, 1, 2])),
+        ];
+        let cx = KernelCtx {
+            node: "mp",
+            op: "MaxPool",
+            opset: 12,
+            attrs: Attrs {
+                node: "mp",
+                op: "MaxPool",
+                list: &attrs,
+            },
+            inputs: &inputs,
+            outputs: &outputs,
+            device: &dev,
+            seed: 1,
+        };
+        let y = super::maxpool_fwd(&cx, &[Some(x)], &Extras::new()).unwrap();
+        let v = y[0]
+            .as_ref()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let i = y[1]
+            .as_ref()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<i64>()
+            .unwrap();
+        assert_eq!(v, vec![5.0, 9.0, 8.0, 8.0]);
+        assert_eq!(i, vec![1, 5, 10, 10]);
+    }
+
+    #[test]
+    fn average_pool() {
+        for include in [0, 1] {
+            check(
+                &Case::new("AveragePool", 19, vec![r(&[2, 2, 5, 6])])
+                    .attr(ints("kernel_shape", &[3, 3]))
+                    .attr(ints("strides", &[2, 2]))
+                    .attr(ints("pads", &[1, 1, 1, 0]))
+                    .attr(int("ceil_mode", 1))
+                    .attr(int("count_include_pad", include)),
+            );
+        }
+        check(
+            &Case::new("AveragePool", 19, vec![r(&[1, 3, 8])])
+                .attr(ints("kernel_shape", &[2]))
+                .attr(ints("strides", &[2])),
+        );
+        check(
+            &Case::new("AveragePool", 19, vec![r(&[1, 1, 3, 4, 4])])
+                .attr(ints("kernel_shape", &[2, 2, 2]))
+                .attr(ints("pads", &[1, 0, 1, 0, 1, 1])),
+        );
+    }
+
+    #[test]
+    fn global_pools() {
+        check(&Case::new("GlobalAveragePool", 13, vec![r(&[2, 3, 4, 5])]));
+        check(&Case::new("GlobalAveragePool", 13, vec![r(&[2, 3, 4])]));
+        check(&Case::new("GlobalMaxPool", 13, vec![r(&[2, 3, 4, 5])]));
+        check(&Case::new("GlobalMaxPool", 13, vec![r(&[1, 2, 2, 3, 2])]));
+    }
+
+    #[test]
+    fn softmax_and_log_softmax() {
+        for op in ["Softmax", "LogSoftmax"] {
+            check(&Case::new(op, 13, vec![r(&[2, 3, 4])]));
+            check(&Case::new(op, 13, vec![r(&[2, 3, 4])]).attr(int("axis", 1)));
+            // Opset < 13: flattened at the axis.
+            check(&Case::new(op, 11, vec![r(&[2, 3, 4])]));
+            check(&Case::new(op, 11, vec![r(&[2, 3, 4])]).attr(int("axis", 2)));
+        }
+    }
+
+    #[test]
+    fn hardmax() {
+        use crate::exec::kernel::{Extras, KernelCtx};
+        use crate::onnx::Attrs;
+        use crate::tensor::Fact;
+        use candle_core::{Device, Tensor};
+        check(&Case::new("Hardmax", 13, vec![r(&[2, 3, 4])]).attr(int("axis", 1)));
+        let dev = Device::Cpu;
+        let x = Tensor::new(&[[1.0f64, 3.0, 2.0], [4.0, 0.0, 4.0]], &dev).unwrap();
+        let f = Some(Fact::new(DType::F64, vec![2, 3]));
+        let inputs = vec![f.clone()];
+        let outputs = vec![f];
+        let cx = KernelCtx {
+            node: "h",
+            op: "Hardmax",
+            opset: 13,
+            attrs: Attrs {
+                node: "h",
+                op: "Hardmax",
+                list: &[],
+            },
+            inputs: &inputs,
+            outputs: &outputs,
+            device: &dev,
+            seed: 1,
+        };
+        let y = super::hardmax_fwd(&cx, &[Some(x)], &Extras::new()).unwrap();
+        let v = y[0].as_ref().unwrap().to_vec2::<f64>().unwrap();
+        assert_eq!(v, vec![vec![0.0, 1.0, 0.0], vec![1.0, 0.0, 0.0]]);
+    }
+
+    #[test]
+    fn dropout() {
+        let ratio = |v: f64| In::Const(DType::F32, vec![], vec![v]);
+        check(&Case::new("Dropout", 13, vec![r(&[4, 5]), ratio(0.3)]).outputs(2));
+        check(&Case::new("Dropout", 13, vec![r(&[4, 5]), ratio(0.0)]));
+        check(&Case::new("Dropout", 13, vec![r(&[3, 3])]));
+        check(&Case::new("Dropout", 10, vec![r(&[4, 5])]).attr(float("ratio", 0.25)));
+    }
+
+    #[test]
+    fn dropout_mask_is_seeded_and_scaled() {
+        use crate::exec::kernel::{Extras, KernelCtx};
+        use crate::onnx::Attrs;
+        use crate::tensor::{Data, Fact, Tensor as PTensor};
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let ratio = PTensor::new(DType::F32, vec![], Data::F(vec![0.5]));
+        let inputs = vec![
+            Some(Fact::new(DType::F64, vec![1000])),
+            Some(Fact::with_value(ratio)),
+        ];
+        let outputs = vec![
+            Some(Fact::new(DType::F64, vec![1000])),
+            Some(Fact::new(DType::Bool, vec![1000])),
+        ];
+        let run = |seed: u64| {
+            let cx = KernelCtx {
+                node: "d",
+                op: "Dropout",
+                opset: 13,
+                attrs: Attrs {
+                    node: "d",
+                    op: "Dropout",
+                    list: &[],
+                },
+                inputs: &inputs,
+                outputs: &outputs,
+                device: &dev,
+                seed,
+            };
+            let x = Tensor::ones(1000, candle_core::DType::F64, &dev).unwrap();
+            let y = super::dropout_fwd(&cx, &[Some(x), None], &Extras::new()).unwrap();
+            (
+                y[0].as_ref().unwrap().to_vec1::<f64>().unwrap(),
+                y[1].as_ref().unwrap().to_vec1::<u8>().unwrap(),
+            )
+        };
+        let (y1, m1) = run(3);
+        let (y2, m2) = run(3);
+        let (_, m3) = run(4);
+        assert_eq!(m1, m2);
+        assert_eq!(y1, y2);
+        assert_ne!(m1, m3);
+        let kept = m1.iter().filter(|&&b| b == 1).count();
+        assert!(
+            (400..600).contains(&kept),
+            "{kept} of 1000 kept at ratio 0.5"
+        );
+        for (y, m) in y1.iter().zip(&m1) {
+            assert_eq!(*y, if *m == 1 { 2.0 } else { 0.0 });
+        }
+    }
+
+    #[test]
+    fn einsum() {
+        let eq = |e: &str| string("equation", e);
+        check(&Case::new("Einsum", 12, vec![r(&[3, 4]), r(&[4, 5])]).attr(eq("ij,jk->ik")));
+        check(
+            &Case::new("Einsum", 12, vec![r(&[2, 3, 4]), r(&[2, 4, 5])]).attr(eq("bij,bjk->bik")),
+        );
+        check(
+            &Case::new("Einsum", 12, vec![r(&[2, 2, 3, 4]), r(&[2, 2, 5, 4])])
+                .attr(eq("bhqd,bhkd->bhqk")),
+        );
+        check(&Case::new("Einsum", 12, vec![r(&[3, 4])]).attr(eq("ij->ji")));
+        check(&Case::new("Einsum", 12, vec![r(&[3, 4])]).attr(eq("ij->i")));
+        check(&Case::new("Einsum", 12, vec![r(&[3]), r(&[4])]).attr(eq("i,j->ij")));
+        check(&Case::new("Einsum", 12, vec![r(&[3, 4]), r(&[3, 4])]).attr(eq("ij,ij->")));
+        check(&Case::new("Einsum", 12, vec![r(&[3, 4]), r(&[4, 2])]).attr(eq("ij,jk")));
+        check(&Case::new("Einsum", 12, vec![r(&[2, 3, 4]), r(&[4, 5])]).attr(eq("bij,jk->bki")));
+        check(&Case::new("Einsum", 12, vec![r(&[3, 4, 2]), r(&[4])]).attr(eq("ijk,j->ik")));
+    }
+
+    #[test]
+    fn einsum_unsupported_equation_is_a_clear_error() {
+        use crate::exec::testing::check_on;
+        use candle_core::Device;
+        let e = check_on(
+            &Case::new("Einsum", 12, vec![r(&[3, 3])]).attr(string("equation", "ii->i")),
+            &Device::Cpu,
+        );
+        match e {
+            Err(e) => assert!(e.0.contains("ii->i"), "{e}"),
+            Ok(()) => panic!("a diagonal equation must be refused"),
+        }
+    }
+}
