@@ -342,7 +342,7 @@ fn slice_spec(cx: &Ctx, rank: usize) -> Result<SliceSpec> {
 }
 
 /// Per axis: the first index, the step and the count.
-fn slice_ranges(cx: &Ctx, shape: &[u64]) -> Result<Vec<(i64, i64, u64)>> {
+pub(crate) fn slice_ranges(cx: &Ctx, shape: &[u64]) -> Result<Vec<(i64, i64, u64)>> {
     let spec = slice_spec(cx, shape.len())?;
     let mut r: Vec<(i64, i64, u64)> = shape.iter().map(|&d| (0, 1, d)).collect();
     for k in 0..spec.axes.len() {

@@ -1,5 +1,1513 @@
-//! Kernels (see `exec::kernel` for the contract).
+//! Kernels of the layout and shape ops (`crate::ops::array`): views, concatenation and
+//! slicing, gathers and scatters, padding and resizing, the shape sources, and the random,
+//! quantization and small normalization ops registered with them (see `exec::kernel` for the
+//! contract).
+//!
+//! Ops that move elements without arithmetic (gathers, reflect padding, nearest resizing,
+//! reversals) compute an index list on the host from the shapes and move the data with
+//! candle's `index_select`; their backward sends the gradient back with `index_add`, so both
+//! run on the tensors' device for every element type.
 
-use crate::exec::kernel::KernelRegistry;
+use crate::exec::kernel::{
+    to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
+};
+use crate::exec::value::from_planner;
+use crate::kbail;
+use crate::ops::Ctx;
+use crate::tensor::DType;
+use candle_core::{DType as CD, Device, Tensor};
 
-pub fn register(_r: &mut KernelRegistry) {}
+type Outs = KResult<Vec<Option<Tensor>>>;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Input tensor `i` of a forward call.
+fn inp(xs: &[Option<Tensor>], i: usize) -> KResult<&Tensor> {
+    xs.get(i)
+        .and_then(|t| t.as_ref())
+        .ok_or_else(|| KernelError::new(format!("input {i} is required but missing")))
+}
+
+/// The shape-rule context of a kernel context (to share the shape rules' attribute parsing).
+fn sctx<'a>(cx: &'a KernelCtx) -> Ctx<'a> {
+    Ctx {
+        node: cx.node,
+        op: cx.op,
+        opset: cx.opset,
+        attrs: cx.attrs,
+        inputs: cx.inputs,
+        n_outputs: cx.outputs.len(),
+    }
+}
+
+/// All elements of `t` as `i64`, row-major.
+fn host_i64(t: &Tensor) -> KResult<Vec<i64>> {
+    Ok(t.to_dtype(CD::I64)?.flatten_all()?.to_vec1::<i64>()?)
+}
+
+/// All elements of `t` as `f64`, row-major.
+fn host_f64(t: &Tensor) -> KResult<Vec<f64>> {
+    Ok(t.to_dtype(CD::F64)?.flatten_all()?.to_vec1::<f64>()?)
+}
+
+/// Integer values of input `i`: the constant known at import, else the run-time tensor.
+fn ints_in(cx: &KernelCtx, xs: &[Option<Tensor>], i: usize) -> KResult<Option<Vec<i64>>> {
+    match cx.inputs.get(i).and_then(|f| f.as_ref()) {
+        None => Ok(None),
+        Some(f) => match &f.value {
+            Some(v) => Ok(Some(v.as_i64())),
+            None => match xs.get(i).and_then(|t| t.as_ref()) {
+                Some(t) => Ok(Some(host_i64(t)?)),
+                None => Err(KernelError::new(format!("input {i} is missing"))),
+            },
+        },
+    }
+}
+
+/// A 1-D `i64` index tensor.
+fn ids(v: Vec<i64>, dev: &Device) -> KResult<Tensor> {
+    let n = v.len();
+    Ok(Tensor::from_vec(v, n, dev)?)
+}
+
+/// Normalizes possibly negative indices against an axis of size `d`, rejecting those out of range.
+fn norm_indices(v: &mut [i64], d: usize, what: &str) -> KResult<()> {
+    let d = d as i64;
+    for x in v.iter_mut() {
+        let n = if *x < 0 { *x + d } else { *x };
+        if n < 0 || n >= d {
+            kbail!("{what} {x} is out of range for an axis of size {d}");
+        }
+        *x = n;
+    }
+    Ok(())
+}
+
+/// The candle dtype of output `k`.
+fn out_dtype(cx: &KernelCtx, k: usize) -> KResult<CD> {
+    let f = cx
+        .outputs
+        .get(k)
+        .and_then(|f| f.as_ref())
+        .ok_or_else(|| KernelError::new(format!("output {k} is not in the graph")))?;
+    to_candle(f.dtype)
+}
+
+/// The candle dtype of input `i`.
+fn in_dtype(cx: &KernelCtx, i: usize) -> KResult<CD> {
+    to_candle(cx.input(i)?.dtype)
+}
+
+/// `t` filled with `v` (any element type).
+fn full(v: f64, shape: &[usize], dt: CD, dev: &Device) -> KResult<Tensor> {
+    Ok(Tensor::full(v, shape, dev)?.to_dtype(dt)?)
+}
+
+/// Row-major strides.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Sums a gradient over the broadcast dimensions back to `shape`.
+fn sum_to(g: &Tensor, shape: &[usize]) -> KResult<Tensor> {
+    let mut g = g.clone();
+    let r = g.rank();
+    if shape.len() > r {
+        kbail!(
+            "cannot reduce a gradient of shape {:?} to {shape:?}",
+            g.dims()
+        );
+    }
+    let lead = r - shape.len();
+    if lead > 0 {
+        g = g.sum((0..lead).collect::<Vec<_>>())?;
+    }
+    let dims: Vec<usize> = shape
+        .iter()
+        .enumerate()
+        .filter(|&(i, &d)| d == 1 && g.dims().get(i).is_some_and(|&gd| gd != 1))
+        .map(|(i, _)| i)
+        .collect();
+    if !dims.is_empty() {
+        g = g.sum_keepdim(dims)?;
+    }
+    Ok(g.reshape(shape)?)
+}
+
+/// A backward result with a gradient for input 0 only (when it needs one).
+fn grad0(cx: &KernelCtx, a: &BwdArgs, f: impl FnOnce() -> KResult<Tensor>) -> Outs {
+    let mut v = vec![None; cx.inputs.len()];
+    if a.need(0) {
+        if let Some(slot) = v.first_mut() {
+            *slot = Some(f()?);
+        }
+    }
+    Ok(v)
+}
+
+/// Moves elements of `x` along `axis` to the positions `idx` lists (`index_select`).
+fn select(x: &Tensor, idx: &[i64], axis: usize) -> KResult<Tensor> {
+    Ok(x.contiguous()?
+        .index_select(&ids(idx.to_vec(), x.device())?, axis)?)
+}
+
+/// The transpose of [`select`]: a tensor of `d` entries along `axis` receiving `g`'s slices.
+fn unselect(g: &Tensor, idx: &[i64], axis: usize, d: usize) -> KResult<Tensor> {
+    let mut shape = g.dims().to_vec();
+    if let Some(s) = shape.get_mut(axis) {
+        *s = d;
+    }
+    let z = Tensor::zeros(shape, g.dtype(), g.device())?;
+    Ok(z.index_add(&ids(idx.to_vec(), g.device())?, &g.contiguous()?, axis)?)
+}
+
+fn kernel(
+    forward: crate::exec::kernel::ForwardFn,
+    backward: Option<crate::exec::kernel::BackwardFn>,
+) -> Kernel {
+    Kernel {
+        forward,
+        extra: None,
+        backward,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views: Identity, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand
+// ---------------------------------------------------------------------------------------------
+
+fn identity_fwd(_: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    Ok(vec![Some(inp(xs, 0)?.clone())])
+}
+
+fn identity_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || a.grad(cx, 0))
+}
+
+/// Reshape, Flatten, Squeeze, Unsqueeze: the shape rule already knows the output shape.
+fn reshape_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    Ok(vec![Some(inp(xs, 0)?.reshape(cx.out_shape(0)?)?)])
+}
+
+fn reshape_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || Ok(a.grad(cx, 0)?.reshape(cx.in_shape(0)?)?))
+}
+
+fn perm_of(cx: &KernelCtx) -> KResult<Vec<usize>> {
+    let rank = cx.input(0)?.rank();
+    match cx.attrs.ints("perm")? {
+        Some(p) => {
+            let p = sctx(cx).axes(p, rank)?;
+            if p.len() != rank {
+                kbail!("attribute \"perm\" has {} entries for rank {rank}", p.len());
+            }
+            Ok(p)
+        }
+        None => Ok((0..rank).rev().collect()),
+    }
+}
+
+fn transpose_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let p = perm_of(cx)?;
+    Ok(vec![Some(inp(xs, 0)?.permute(p)?.contiguous()?)])
+}
+
+fn transpose_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    let p = perm_of(cx)?;
+    let mut inv = vec![0; p.len()];
+    for (k, &q) in p.iter().enumerate() {
+        if let Some(s) = inv.get_mut(q) {
+            *s = k;
+        }
+    }
+    grad0(cx, a, || Ok(a.grad(cx, 0)?.permute(inv)?.contiguous()?))
+}
+
+fn expand_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let out = cx.out_shape(0)?;
+    if out.len() < x.rank() {
+        kbail!("cannot expand {:?} to {out:?}", x.dims());
+    }
+    let mut padded = vec![1; out.len() - x.rank()];
+    padded.extend(x.dims());
+    Ok(vec![Some(
+        x.reshape(padded)?.broadcast_as(out)?.contiguous()?,
+    )])
+}
+
+fn expand_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || sum_to(&a.grad(cx, 0)?, &cx.in_shape(0)?))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slice, Split, Concat
+// ---------------------------------------------------------------------------------------------
+
+/// Per axis: first index, step, count (the shape rule's own reading of the inputs).
+fn slice_plan(cx: &KernelCtx) -> KResult<Vec<(i64, i64, u64)>> {
+    let shape = cx.input(0)?.shape.clone();
+    Ok(crate::ops::array::slice_ranges(&sctx(cx), &shape)?)
+}
+
+fn slice_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let mut x = inp(xs, 0)?.clone();
+    let shape = cx.in_shape(0)?;
+    for (a, &(s, step, n)) in slice_plan(cx)?.iter().enumerate() {
+        let d = shape.get(a).copied().unwrap_or(0);
+        let n = n as usize;
+        if step == 1 {
+            if s != 0 || n != d {
+                x = x.narrow(a, s as usize, n)?;
+            }
+        } else {
+            let idx: Vec<i64> = (0..n as i64).map(|j| s + j * step).collect();
+            x = select(&x, &idx, a)?;
+        }
+    }
+    Ok(vec![Some(x.contiguous()?)])
+}
+
+fn slice_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let mut g = a.grad(cx, 0)?;
+        let shape = cx.in_shape(0)?;
+        for (ax, &(s, step, n)) in slice_plan(cx)?.iter().enumerate().rev() {
+            let d = shape.get(ax).copied().unwrap_or(0);
+            let n = n as usize;
+            if step == 1 {
+                if s != 0 || n != d {
+                    let s = s as usize;
+                    g = g.pad_with_zeros(ax, s, d.saturating_sub(s + n))?;
+                }
+            } else {
+                let idx: Vec<i64> = (0..n as i64).map(|j| s + j * step).collect();
+                g = unselect(&g, &idx, ax, d)?;
+            }
+        }
+        Ok(g)
+    })
+}
+
+/// Split: the axis and the size of every output along it.
+fn split_plan(cx: &KernelCtx, xs: Option<&[Option<Tensor>]>) -> KResult<(usize, Vec<usize>)> {
+    let shape = cx.in_shape(0)?;
+    let axis = cx.axis(cx.attrs.int_or("axis", 0)?, shape.len())?;
+    let d = shape.get(axis).copied().unwrap_or(0);
+    let n = cx.outputs.len().max(1);
+    let given = if cx.opset < 13 {
+        cx.attrs.ints("split")?.map(|s| s.to_vec())
+    } else {
+        match xs {
+            Some(xs) => ints_in(cx, xs, 1)?,
+            None => cx.const_ints(1)?,
+        }
+    };
+    let sizes: Vec<usize> = match given {
+        Some(s) => {
+            if s.iter().any(|&v| v < 0) {
+                kbail!("split {s:?} has a negative size");
+            }
+            s.iter().map(|&v| v as usize).collect()
+        }
+        None => {
+            let chunk = d.div_ceil(n);
+            (0..n)
+                .map(|i| chunk.min(d.saturating_sub(i * chunk)))
+                .collect()
+        }
+    };
+    if sizes.len() != n || sizes.iter().sum::<usize>() != d {
+        kbail!("split {sizes:?} does not divide axis {axis} of size {d} into {n} outputs");
+    }
+    Ok((axis, sizes))
+}
+
+fn split_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let (axis, sizes) = split_plan(cx, Some(xs))?;
+    let mut off = 0;
+    let mut out = vec![];
+    for (k, &n) in sizes.iter().enumerate() {
+        let present = cx.outputs.get(k).is_some_and(|f| f.is_some());
+        out.push(if present {
+            Some(x.narrow(axis, off, n)?.contiguous()?)
+        } else {
+            None
+        });
+        off += n;
+    }
+    Ok(out)
+}
+
+fn split_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let (axis, sizes) = split_plan(cx, None)?;
+        let shape = cx.in_shape(0)?;
+        let dt = in_dtype(cx, 0)?;
+        let mut parts = vec![];
+        for (k, &n) in sizes.iter().enumerate() {
+            let g = match a.grads.get(k).and_then(|g| g.as_ref()) {
+                Some(g) => g.clone(),
+                None => {
+                    let mut s = shape.clone();
+                    if let Some(d) = s.get_mut(axis) {
+                        *d = n;
+                    }
+                    Tensor::zeros(s, dt, cx.device)?
+                }
+            };
+            parts.push(g);
+        }
+        Ok(Tensor::cat(&parts, axis)?)
+    })
+}
+
+fn concat_axis(cx: &KernelCtx) -> KResult<usize> {
+    let axis = cx
+        .attrs
+        .int("axis")?
+        .ok_or_else(|| KernelError::new("attribute \"axis\" is required"))?;
+    cx.axis(axis, cx.input(0)?.rank())
+}
+
+fn concat_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let axis = concat_axis(cx)?;
+    let parts: Vec<&Tensor> = (0..xs.len()).map(|i| inp(xs, i)).collect::<KResult<_>>()?;
+    Ok(vec![Some(Tensor::cat(&parts, axis)?)])
+}
+
+fn concat_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    let axis = concat_axis(cx)?;
+    let g = a.grad(cx, 0)?;
+    let mut off = 0;
+    let mut v = vec![];
+    for i in 0..cx.inputs.len() {
+        let n = cx.in_shape(i)?.get(axis).copied().unwrap_or(0);
+        v.push(if a.need(i) {
+            Some(g.narrow(axis, off, n)?.contiguous()?)
+        } else {
+            None
+        });
+        off += n;
+    }
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gather, GatherElements
+// ---------------------------------------------------------------------------------------------
+
+fn gather_axis(cx: &KernelCtx) -> KResult<usize> {
+    cx.axis(cx.attrs.int_or("axis", 0)?, cx.input(0)?.rank())
+}
+
+fn gather_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let axis = gather_axis(cx)?;
+    let mut idx = host_i64(inp(xs, 1)?)?;
+    norm_indices(&mut idx, x.dims().get(axis).copied().unwrap_or(0), "index")?;
+    Ok(vec![Some(
+        select(x, &idx, axis)?.reshape(cx.out_shape(0)?)?,
+    )])
+}
+
+fn gather_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let shape = cx.in_shape(0)?;
+        let axis = gather_axis(cx)?;
+        let d = shape.get(axis).copied().unwrap_or(0);
+        let mut idx = host_i64(a.input(1)?)?;
+        norm_indices(&mut idx, d, "index")?;
+        let mut gs = shape[..axis].to_vec();
+        gs.push(idx.len());
+        gs.extend(&shape[axis + 1..]);
+        let g = a.grad(cx, 0)?.reshape(gs)?;
+        unselect(&g, &idx, axis, d)
+    })
+}
+
+/// Flat positions in the data of every index of an elements-wise gather or scatter.
+fn element_positions(
+    data: &[usize],
+    ind_shape: &[usize],
+    axis: usize,
+    idx: &[i64],
+) -> KResult<Vec<i64>> {
+    if ind_shape.len() != data.len() {
+        kbail!("indices of shape {ind_shape:?} do not match data of shape {data:?}");
+    }
+    for (k, (&i, &d)) in ind_shape.iter().zip(data).enumerate() {
+        if k != axis && i > d {
+            kbail!("indices of shape {ind_shape:?} exceed data of shape {data:?}");
+        }
+    }
+    let d = data.get(axis).copied().unwrap_or(0) as i64;
+    let ds = strides(data);
+    let is = strides(ind_shape);
+    let mut out = Vec::with_capacity(idx.len());
+    for (flat, &v) in idx.iter().enumerate() {
+        let v = if v < 0 { v + d } else { v };
+        if v < 0 || v >= d {
+            kbail!("index {v} is out of range for axis {axis} of size {d}");
+        }
+        let mut rem = flat;
+        let mut pos = 0i64;
+        for k in 0..ind_shape.len() {
+            let c = rem / is[k];
+            rem -= c * is[k];
+            let c = if k == axis { v as usize } else { c };
+            pos += (c * ds[k]) as i64;
+        }
+        out.push(pos);
+    }
+    Ok(out)
+}
+
+fn gather_elements_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let ind = inp(xs, 1)?;
+    let axis = gather_axis(cx)?;
+    let pos = element_positions(x.dims(), ind.dims(), axis, &host_i64(ind)?)?;
+    let y = select(&x.flatten_all()?, &pos, 0)?.reshape(ind.dims())?;
+    Ok(vec![Some(y)])
+}
+
+fn gather_elements_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let shape = cx.in_shape(0)?;
+        let ind = a.input(1)?;
+        let axis = gather_axis(cx)?;
+        let pos = element_positions(&shape, ind.dims(), axis, &host_i64(ind)?)?;
+        let n = shape.iter().product();
+        let g = a.grad(cx, 0)?.flatten_all()?;
+        Ok(unselect(&g, &pos, 0, n)?.reshape(shape)?)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cast, CastLike
+// ---------------------------------------------------------------------------------------------
+
+fn cast_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let to = cx
+        .outputs
+        .first()
+        .and_then(|f| f.as_ref())
+        .ok_or_else(|| KernelError::new("output 0 is not in the graph"))?
+        .dtype;
+    let y = if to == DType::Bool {
+        x.ne(&x.zeros_like()?)?
+    } else {
+        x.to_dtype(to_candle(to)?)?
+    };
+    Ok(vec![Some(y)])
+}
+
+fn cast_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || Ok(a.grad(cx, 0)?.to_dtype(in_dtype(cx, 0)?)?))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pad
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum PadMode {
+    Constant,
+    Reflect,
+    Edge,
+    Wrap,
+}
+
+struct PadPlan {
+    mode: PadMode,
+    /// Per padded axis: (axis, before, after); negative values crop.
+    axes: Vec<(usize, i64, i64)>,
+}
+
+fn pad_plan(cx: &KernelCtx, xs: &[Option<Tensor>]) -> KResult<PadPlan> {
+    let rank = cx.input(0)?.rank();
+    let mode = match cx.attrs.string("mode")?.as_deref().unwrap_or("constant") {
+        "constant" => PadMode::Constant,
+        "reflect" => PadMode::Reflect,
+        "edge" => PadMode::Edge,
+        "wrap" => PadMode::Wrap,
+        m => kbail!("attribute \"mode\" = {m:?} is not supported"),
+    };
+    let pads = if cx.opset < 11 {
+        cx.attrs.ints("pads")?.map(|p| p.to_vec())
+    } else {
+        ints_in(cx, xs, 1)?
+    }
+    .ok_or_else(|| KernelError::new("pads are required"))?;
+    let axes: Vec<usize> = match if cx.opset >= 18 {
+        ints_in(cx, xs, 3)?
+    } else {
+        None
+    } {
+        Some(a) => sctx(cx).axes(&a, rank)?,
+        None => (0..rank).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        kbail!("pads {pads:?} do not match {} axes", axes.len());
+    }
+    let n = axes.len();
+    let axes = axes
+        .iter()
+        .enumerate()
+        .filter_map(|(k, &a)| {
+            let (b, e) = (pads.get(k).copied()?, pads.get(k + n).copied()?);
+            (b != 0 || e != 0).then_some((a, b, e))
+        })
+        .collect();
+    Ok(PadPlan { mode, axes })
+}
+
+fn pad_value(cx: &KernelCtx, xs: &[Option<Tensor>]) -> KResult<f64> {
+    if cx.opset < 11 {
+        return Ok(f64::from(cx.attrs.float_or("value", 0.0)?));
+    }
+    match xs.get(2).and_then(|t| t.as_ref()) {
+        Some(t) if t.elem_count() > 0 => Ok(host_f64(t)?.first().copied().unwrap_or(0.0)),
+        _ => Ok(0.0),
+    }
+}
+
+/// Source index of output position `p` (relative to the original start) along an axis of
+/// size `d`, for the non-constant modes.
+fn pad_source(mode: PadMode, p: i64, d: i64) -> i64 {
+    match mode {
+        PadMode::Edge | PadMode::Constant => p.clamp(0, d - 1),
+        PadMode::Wrap => p.rem_euclid(d),
+        PadMode::Reflect => {
+            if d == 1 {
+                0
+            } else {
+                let m = p.rem_euclid(2 * (d - 1));
+                if m < d {
+                    m
+                } else {
+                    2 * (d - 1) - m
+                }
+            }
+        }
+    }
+}
+
+fn pad_indices(mode: PadMode, b: i64, e: i64, d: usize) -> KResult<Vec<i64>> {
+    let d = d as i64;
+    if d == 0 {
+        kbail!("cannot pad an empty axis in mode {mode:?}");
+    }
+    Ok((-b..d + e).map(|p| pad_source(mode, p, d)).collect())
+}
+
+fn pad_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let plan = pad_plan(cx, xs)?;
+    let value = pad_value(cx, xs)?;
+    let mut x = inp(xs, 0)?.clone();
+    for &(a, b, e) in &plan.axes {
+        let d = x.dims().get(a).copied().unwrap_or(0);
+        if plan.mode == PadMode::Constant {
+            let lo = (-b).max(0) as usize;
+            let hi = (-e).max(0) as usize;
+            if lo + hi > d {
+                kbail!("pads ({b}, {e}) crop more than axis {a} of size {d}");
+            }
+            if lo + hi > 0 {
+                x = x.narrow(a, lo, d - lo - hi)?;
+            }
+            let mut parts = vec![];
+            let block = |n: usize| -> KResult<Tensor> {
+                let mut s = x.dims().to_vec();
+                if let Some(v) = s.get_mut(a) {
+                    *v = n;
+                }
+                full(value, &s, x.dtype(), x.device())
+            };
+            if b > 0 {
+                parts.push(block(b as usize)?);
+            }
+            parts.push(x.clone());
+            if e > 0 {
+                parts.push(block(e as usize)?);
+            }
+            if parts.len() > 1 {
+                x = Tensor::cat(&parts, a)?;
+            }
+        } else {
+            x = select(&x, &pad_indices(plan.mode, b, e, d)?, a)?;
+        }
+    }
+    Ok(vec![Some(x.contiguous()?)])
+}
+
+fn pad_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let plan = pad_plan(cx, a.inputs)?;
+        let shape = cx.in_shape(0)?;
+        let mut g = a.grad(cx, 0)?;
+        for &(ax, b, e) in plan.axes.iter().rev() {
+            let d = shape.get(ax).copied().unwrap_or(0);
+            if plan.mode == PadMode::Constant {
+                let lo = (-b).max(0) as usize;
+                let hi = (-e).max(0) as usize;
+                let kept = d.saturating_sub(lo + hi);
+                g = g.narrow(ax, b.max(0) as usize, kept)?;
+                if lo + hi > 0 {
+                    g = g.pad_with_zeros(ax, lo, hi)?;
+                }
+            } else {
+                g = unselect(&g, &pad_indices(plan.mode, b, e, d)?, ax, d)?;
+            }
+        }
+        Ok(g)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resize, Upsample
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq)]
+enum Interp {
+    Nearest,
+    Linear,
+}
+
+/// One resized axis: the source positions and weights of every output position.
+struct AxisMap {
+    axis: usize,
+    /// Nearest: one source per output; linear: (low, high) sources and the high weight.
+    lo: Vec<i64>,
+    hi: Vec<i64>,
+    w: Vec<f64>,
+}
+
+fn resize_plan(cx: &KernelCtx) -> KResult<(Interp, Vec<AxisMap>)> {
+    let in_shape = cx.in_shape(0)?;
+    let out_shape = cx.out_shape(0)?;
+    let rank = in_shape.len();
+    let legacy = cx.op == "Upsample" || cx.opset < 11;
+    let mode = cx.attrs.string("mode")?.unwrap_or_else(|| "nearest".into());
+    let interp = match mode.as_str() {
+        "nearest" => Interp::Nearest,
+        "linear" | "bilinear" => Interp::Linear,
+        m => kbail!("attribute \"mode\" = {m:?} is not supported"),
+    };
+    let (coord, nearest) = if legacy {
+        ("asymmetric".to_string(), "floor".to_string())
+    } else {
+        (
+            cx.attrs
+                .string("coordinate_transformation_mode")?
+                .unwrap_or_else(|| "half_pixel".into()),
+            cx.attrs
+                .string("nearest_mode")?
+                .unwrap_or_else(|| "round_prefer_floor".into()),
+        )
+    };
+    if cx.attrs.int_or("antialias", 0)? != 0 {
+        kbail!("attribute \"antialias\" = 1 is not supported");
+    }
+    if let Some(p) = cx.attrs.string("keep_aspect_ratio_policy")? {
+        if p != "stretch" {
+            kbail!("attribute \"keep_aspect_ratio_policy\" = {p:?} is not supported");
+        }
+    }
+    // Scales per axis: the given ones when scales are the input, else output / input.
+    let axes: Vec<usize> = match cx.attrs.ints("axes")? {
+        Some(a) => sctx(cx).axes(a, rank)?,
+        None => (0..rank).collect(),
+    };
+    let given: Option<Vec<f64>> = if cx.op == "Upsample" && cx.opset < 9 {
+        cx.attrs
+            .floats("scales")?
+            .map(|s| s.iter().map(|&f| f64::from(f)).collect())
+    } else if legacy {
+        cx.const_floats(1)?
+    } else {
+        let sizes = cx.const_ints(3)?.filter(|s| !s.is_empty());
+        if sizes.is_some() {
+            None
+        } else {
+            cx.const_floats(2)?
+        }
+    }
+    .filter(|s| !s.is_empty());
+    let mut scales: Vec<f64> = in_shape
+        .iter()
+        .zip(&out_shape)
+        .map(|(&i, &o)| if i == 0 { 1.0 } else { o as f64 / i as f64 })
+        .collect();
+    if let Some(g) = given {
+        if g.len() != axes.len() {
+            kbail!("scales {g:?} do not match {} axes", axes.len());
+        }
+        for (k, &a) in axes.iter().enumerate() {
+            if let (Some(s), Some(&v)) = (scales.get_mut(a), g.get(k)) {
+                *s = v;
+            }
+        }
+    }
+    let mut maps = vec![];
+    for a in 0..rank {
+        let (di, dout) = (in_shape[a], out_shape[a]);
+        let scale = scales[a];
+        if di == 0 || dout == 0 || scale <= 0.0 {
+            if di != dout {
+                kbail!("cannot resize axis {a} from {di} to {dout}");
+            }
+            continue;
+        }
+        let (fi, fo) = (di as f64, dout as f64);
+        let mut lo = Vec::with_capacity(dout);
+        let mut hi = Vec::with_capacity(dout);
+        let mut w = Vec::with_capacity(dout);
+        for i in 0..dout {
+            let x = i as f64;
+            let src = match coord.as_str() {
+                "half_pixel" => (x + 0.5) / scale - 0.5,
+                "pytorch_half_pixel" => {
+                    if dout > 1 {
+                        (x + 0.5) / scale - 0.5
+                    } else {
+                        0.0
+                    }
+                }
+                "align_corners" => {
+                    if dout == 1 {
+                        0.0
+                    } else {
+                        x * (fi - 1.0) / (fo - 1.0)
+                    }
+                }
+                "asymmetric" => x / scale,
+                "tf_half_pixel_for_nn" => (x + 0.5) / scale,
+                "half_pixel_symmetric" => {
+                    let adj = fo / (scale * fi);
+                    let center = fi / 2.0;
+                    center * (1.0 - adj) + (x + 0.5) / scale - 0.5
+                }
+                m => {
+                    kbail!("attribute \"coordinate_transformation_mode\" = {m:?} is not supported")
+                }
+            };
+            let last = di as i64 - 1;
+            match interp {
+                Interp::Nearest => {
+                    let f = src.floor();
+                    let frac = src - f;
+                    let r = match nearest.as_str() {
+                        "round_prefer_floor" => {
+                            if frac == 0.5 {
+                                f
+                            } else {
+                                src.round()
+                            }
+                        }
+                        "round_prefer_ceil" => {
+                            if frac == 0.5 {
+                                f + 1.0
+                            } else {
+                                src.round()
+                            }
+                        }
+                        "floor" => f,
+                        "ceil" => src.ceil(),
+                        m => kbail!("attribute \"nearest_mode\" = {m:?} is not supported"),
+                    };
+                    lo.push((r as i64).clamp(0, last));
+                }
+                Interp::Linear => {
+                    let f = src.floor();
+                    lo.push((f as i64).clamp(0, last));
+                    hi.push((f as i64 + 1).clamp(0, last));
+                    w.push(src - f);
+                }
+            }
+        }
+        let identity = dout == di
+            && lo.iter().enumerate().all(|(i, &s)| s == i as i64)
+            && (interp == Interp::Nearest
+                || w.iter()
+                    .zip(&hi)
+                    .enumerate()
+                    .all(|(i, (&wv, &h))| wv == 0.0 || h == i as i64));
+        if !identity {
+            maps.push(AxisMap { axis: a, lo, hi, w });
+        }
+    }
+    Ok((interp, maps))
+}
+
+/// Interpolation weights along `axis`, shaped to broadcast against a tensor of `rank`.
+fn axis_weights(w: &[f64], axis: usize, rank: usize, dt: CD, dev: &Device) -> KResult<Tensor> {
+    let mut shape = vec![1; rank];
+    if let Some(s) = shape.get_mut(axis) {
+        *s = w.len();
+    }
+    Ok(Tensor::from_vec(w.to_vec(), shape, dev)?.to_dtype(dt)?)
+}
+
+fn resize_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let (interp, maps) = resize_plan(cx)?;
+    let mut x = inp(xs, 0)?.clone();
+    for m in &maps {
+        x = match interp {
+            Interp::Nearest => select(&x, &m.lo, m.axis)?,
+            Interp::Linear => {
+                let wh = axis_weights(&m.w, m.axis, x.rank(), x.dtype(), x.device())?;
+                let wl = wh.affine(-1.0, 1.0)?;
+                let a = select(&x, &m.lo, m.axis)?.broadcast_mul(&wl)?;
+                let b = select(&x, &m.hi, m.axis)?.broadcast_mul(&wh)?;
+                (a + b)?
+            }
+        };
+    }
+    Ok(vec![Some(x)])
+}
+
+fn resize_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let (interp, maps) = resize_plan(cx)?;
+        let shape = cx.in_shape(0)?;
+        let mut g = a.grad(cx, 0)?;
+        for m in maps.iter().rev() {
+            let d = shape.get(m.axis).copied().unwrap_or(0);
+            g = match interp {
+                Interp::Nearest => unselect(&g, &m.lo, m.axis, d)?,
+                Interp::Linear => {
+                    let wh = axis_weights(&m.w, m.axis, g.rank(), g.dtype(), g.device())?;
+                    let wl = wh.affine(-1.0, 1.0)?;
+                    let lo = unselect(&g.broadcast_mul(&wl)?, &m.lo, m.axis, d)?;
+                    let hi = unselect(&g.broadcast_mul(&wh)?, &m.hi, m.axis, d)?;
+                    (lo + hi)?
+                }
+            };
+        }
+        Ok(g)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// CumSum
+// ---------------------------------------------------------------------------------------------
+
+/// Cumulative sum along `axis` (float tensors with candle ops, integers on the host).
+fn cumsum(x: &Tensor, axis: usize, exclusive: bool, reverse: bool) -> KResult<Tensor> {
+    let d = x.dims().get(axis).copied().unwrap_or(0);
+    if d == 0 {
+        return Ok(x.clone());
+    }
+    if x.dtype().is_float() {
+        let mut t = x.contiguous()?;
+        if reverse {
+            t = t.flip(&[axis])?;
+        }
+        let mut y = t.cumsum(axis)?.contiguous()?;
+        if exclusive {
+            y = y
+                .narrow(axis, 0, d - 1)?
+                .pad_with_zeros(axis, 1, 0)?
+                .contiguous()?;
+        }
+        if reverse {
+            y = y.flip(&[axis])?;
+        }
+        Ok(y.contiguous()?)
+    } else {
+        let v = host_i64(x)?;
+        let outer: usize = x.dims()[..axis].iter().product();
+        let inner: usize = x.dims()[axis + 1..].iter().product();
+        let mut out = vec![0i64; v.len()];
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = 0i64;
+                for s in 0..d {
+                    let j = if reverse { d - 1 - s } else { s };
+                    let p = (o * d + j) * inner + i;
+                    let val = v.get(p).copied().unwrap_or(0);
+                    if exclusive {
+                        out[p] = acc;
+                        acc = acc.wrapping_add(val);
+                    } else {
+                        acc = acc.wrapping_add(val);
+                        out[p] = acc;
+                    }
+                }
+            }
+        }
+        Ok(Tensor::from_vec(out, x.dims(), x.device())?.to_dtype(x.dtype())?)
+    }
+}
+
+fn cumsum_axis(cx: &KernelCtx, xs: &[Option<Tensor>]) -> KResult<usize> {
+    let a = ints_in(cx, xs, 1)?
+        .and_then(|v| v.first().copied())
+        .ok_or_else(|| KernelError::new("input 1 (axis) is required"))?;
+    cx.axis(a, cx.input(0)?.rank())
+}
+
+fn cumsum_flags(cx: &KernelCtx) -> KResult<(bool, bool)> {
+    Ok((
+        cx.attrs.int_or("exclusive", 0)? != 0,
+        cx.attrs.int_or("reverse", 0)? != 0,
+    ))
+}
+
+fn cumsum_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let axis = cumsum_axis(cx, xs)?;
+    let (ex, rev) = cumsum_flags(cx)?;
+    Ok(vec![Some(cumsum(inp(xs, 0)?, axis, ex, rev)?)])
+}
+
+fn cumsum_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let axis = cumsum_axis(cx, a.inputs)?;
+        let (ex, rev) = cumsum_flags(cx)?;
+        cumsum(&a.grad(cx, 0)?, axis, ex, !rev)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shape sources: Shape, Size, Constant, ConstantOfShape, Range
+// ---------------------------------------------------------------------------------------------
+
+/// Output 0 from the value the shape rule folded.
+fn folded_fwd(cx: &KernelCtx, _: &[Option<Tensor>], _: &Extras) -> Outs {
+    let f = cx
+        .outputs
+        .first()
+        .and_then(|f| f.as_ref())
+        .ok_or_else(|| KernelError::new("output 0 is not in the graph"))?;
+    match &f.value {
+        Some(v) => Ok(vec![Some(from_planner(v, cx.device)?)]),
+        None => kbail!(
+            "the value of this {} ({:?}, shape {:?}) is not kept at import",
+            cx.op,
+            f.dtype,
+            f.shape
+        ),
+    }
+}
+
+fn shape_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], e: &Extras) -> Outs {
+    if cx
+        .outputs
+        .first()
+        .is_some_and(|f| f.as_ref().is_some_and(|f| f.value.is_some()))
+    {
+        return folded_fwd(cx, xs, e);
+    }
+    let shape = cx.in_shape(0)?;
+    let r = shape.len() as i64;
+    let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let start = clamp(cx.attrs.int_or("start", 0)?);
+    let end = clamp(cx.attrs.int_or("end", r)?).max(start);
+    let dims: Vec<i64> = shape[start..end].iter().map(|&d| d as i64).collect();
+    Ok(vec![Some(ids(dims, cx.device)?)])
+}
+
+fn size_fwd(cx: &KernelCtx, _: &[Option<Tensor>], _: &Extras) -> Outs {
+    let n: usize = cx.in_shape(0)?.iter().product();
+    Ok(vec![Some(Tensor::new(n as i64, cx.device)?)])
+}
+
+fn constant_of_shape_fwd(cx: &KernelCtx, _: &[Option<Tensor>], _: &Extras) -> Outs {
+    let fill = match cx.attrs.tensor("value")? {
+        Some(t) => crate::onnx::decode_tensor(t, cx.node)?
+            .value
+            .and_then(|v| v.data.get_f64(0))
+            .unwrap_or(0.0),
+        None => 0.0,
+    };
+    let shape = cx.out_shape(0)?;
+    Ok(vec![Some(full(
+        fill,
+        &shape,
+        out_dtype(cx, 0)?,
+        cx.device,
+    )?)])
+}
+
+fn range_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let n = cx.out_shape(0)?.first().copied().unwrap_or(0);
+    let dt = out_dtype(cx, 0)?;
+    let y = if dt.is_float() {
+        let s = host_f64(inp(xs, 0)?)?.first().copied().unwrap_or(0.0);
+        let d = host_f64(inp(xs, 2)?)?.first().copied().unwrap_or(0.0);
+        let v: Vec<f64> = (0..n).map(|k| s + k as f64 * d).collect();
+        Tensor::from_vec(v, n, cx.device)?.to_dtype(dt)?
+    } else {
+        let s = host_i64(inp(xs, 0)?)?.first().copied().unwrap_or(0);
+        let d = host_i64(inp(xs, 2)?)?.first().copied().unwrap_or(0);
+        let v: Vec<i64> = (0..n as i64)
+            .map(|k| s.wrapping_add(k.wrapping_mul(d)))
+            .collect();
+        Tensor::from_vec(v, n, cx.device)?.to_dtype(dt)?
+    };
+    Ok(vec![Some(y)])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registry
+// ---------------------------------------------------------------------------------------------
+
+pub fn register(r: &mut KernelRegistry) {
+    r.insert("Identity", kernel(identity_fwd, Some(identity_bwd)));
+    for op in ["Reshape", "Flatten", "Squeeze", "Unsqueeze"] {
+        r.insert(op, kernel(reshape_fwd, Some(reshape_bwd)));
+    }
+    r.insert("Transpose", kernel(transpose_fwd, Some(transpose_bwd)));
+    r.insert("Expand", kernel(expand_fwd, Some(expand_bwd)));
+    r.insert("Slice", kernel(slice_fwd, Some(slice_bwd)));
+    r.insert("Split", kernel(split_fwd, Some(split_bwd)));
+    r.insert("Concat", kernel(concat_fwd, Some(concat_bwd)));
+    r.insert("Gather", kernel(gather_fwd, Some(gather_bwd)));
+    r.insert(
+        "GatherElements",
+        kernel(gather_elements_fwd, Some(gather_elements_bwd)),
+    );
+    r.insert("Cast", kernel(cast_fwd, Some(cast_bwd)));
+    r.insert("CastLike", kernel(cast_fwd, Some(cast_bwd)));
+    r.insert("Pad", kernel(pad_fwd, Some(pad_bwd)));
+    r.insert("Resize", kernel(resize_fwd, Some(resize_bwd)));
+    r.insert("Upsample", kernel(resize_fwd, Some(resize_bwd)));
+    r.insert("CumSum", kernel(cumsum_fwd, Some(cumsum_bwd)));
+    r.insert("Shape", kernel(shape_fwd, None));
+    r.insert("Size", kernel(size_fwd, None));
+    r.insert("Constant", kernel(folded_fwd, None));
+    r.insert("ConstantOfShape", kernel(constant_of_shape_fwd, None));
+    r.insert("Range", kernel(range_fwd, None));
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::testing::{check, float, int, ints, string, Case, In};
+    use crate::tensor::DType;
+
+    fn c64(v: &[i64]) -> In {
+        In::Const(
+            DType::I64,
+            vec![v.len()],
+            v.iter().map(|&x| x as f64).collect(),
+        )
+    }
+    /// A one-element tensor attribute of ONNX type `dtype` (7 = int64, 11 = double).
+    fn tensor_attr(name: &str, dtype: i32, v: &[i64]) -> onnx_protobuf::AttributeProto {
+        let mut t = onnx_protobuf::TensorProto::new();
+        t.data_type = dtype;
+        t.dims = vec![v.len() as i64];
+        if dtype == 11 {
+            t.double_data = v.iter().map(|&x| x as f64).collect();
+        } else {
+            t.int64_data = v.to_vec();
+        }
+        let mut a = onnx_protobuf::AttributeProto::new();
+        a.name = name.into();
+        a.type_ = onnx_protobuf::attribute_proto::AttributeType::TENSOR.into();
+        a.t = Some(t).into();
+        a
+    }
+    fn scalar(v: i64) -> In {
+        In::Const(DType::I64, vec![], vec![v as f64])
+    }
+
+    #[test]
+    fn views() {
+        check(&Case::new("Identity", 17, vec![In::Rand(vec![2, 3])]));
+        let x = || In::Rand(vec![2, 3, 4]);
+        check(&Case::new("Reshape", 17, vec![x(), c64(&[0, -1, 2])]));
+        check(&Case::new("Reshape", 17, vec![x(), c64(&[4, 6])]).attr(int("allowzero", 1)));
+        check(
+            &Case::new("Reshape", 17, vec![In::Rand(vec![0, 3]), c64(&[3, 0])])
+                .attr(int("allowzero", 1)),
+        );
+        for axis in [0, 2, -1] {
+            check(&Case::new("Flatten", 13, vec![x()]).attr(int("axis", axis)));
+        }
+        let y = || In::Rand(vec![2, 1, 3, 1]);
+        check(&Case::new("Squeeze", 13, vec![y(), c64(&[1, -1])]));
+        check(&Case::new("Squeeze", 13, vec![y()]));
+        check(&Case::new("Squeeze", 11, vec![y()]).attr(ints("axes", &[3])));
+        check(&Case::new("Unsqueeze", 13, vec![x(), c64(&[0, -1])]));
+        check(&Case::new("Unsqueeze", 11, vec![x()]).attr(ints("axes", &[1])));
+        check(&Case::new("Transpose", 13, vec![x()]).attr(ints("perm", &[2, 0, 1])));
+        check(&Case::new("Transpose", 13, vec![x()]));
+        check(&Case::new(
+            "Expand",
+            13,
+            vec![In::Rand(vec![3, 1]), c64(&[2, 3, 4])],
+        ));
+        check(&Case::new(
+            "Expand",
+            13,
+            vec![In::Rand(vec![1]), c64(&[2, 2])],
+        ));
+        check(&Case::new(
+            "Expand",
+            13,
+            vec![In::Rand(vec![2, 1, 4]), c64(&[1, 3, 1])],
+        ));
+    }
+
+    #[test]
+    fn slice() {
+        let x = || In::Rand(vec![4, 5, 6]);
+        // Negative start, end past the end, default axes and steps.
+        check(&Case::new(
+            "Slice",
+            13,
+            vec![x(), c64(&[-3, 1]), c64(&[i64::MAX, 4])],
+        ));
+        // Axes, steps > 1, negative axis.
+        check(&Case::new(
+            "Slice",
+            13,
+            vec![x(), c64(&[1, 0]), c64(&[5, 6]), c64(&[-1, 1]), c64(&[2, 3])],
+        ));
+        // Negative steps: reversal and a strided reversal with clamped bounds.
+        check(&Case::new(
+            "Slice",
+            13,
+            vec![
+                x(),
+                c64(&[-1, 10]),
+                c64(&[i64::MIN, 0]),
+                c64(&[0, 2]),
+                c64(&[-1, -2]),
+            ],
+        ));
+        // Empty result.
+        check(&Case::new(
+            "Slice",
+            13,
+            vec![x(), c64(&[3]), c64(&[1]), c64(&[0])],
+        ));
+        // Opset < 10: attributes.
+        check(
+            &Case::new("Slice", 9, vec![x()])
+                .attr(ints("starts", &[1, -2]))
+                .attr(ints("ends", &[3, 100]))
+                .attr(ints("axes", &[0, 2])),
+        );
+    }
+
+    #[test]
+    fn split_concat() {
+        let x = || In::Rand(vec![2, 5, 3]);
+        check(
+            &Case::new("Split", 13, vec![x(), c64(&[1, 4])])
+                .attr(int("axis", 1))
+                .outputs(2),
+        );
+        check(
+            &Case::new("Split", 11, vec![x()])
+                .attr(ints("split", &[2, 3]))
+                .attr(int("axis", -2))
+                .outputs(2),
+        );
+        check(
+            &Case::new("Split", 18, vec![x()])
+                .attr(int("axis", 1))
+                .attr(int("num_outputs", 3))
+                .outputs(3),
+        );
+        check(&Case::new("Split", 13, vec![x()]).outputs(2));
+        check(
+            &Case::new(
+                "Concat",
+                13,
+                vec![
+                    In::Rand(vec![2, 1, 3]),
+                    In::Rand(vec![2, 4, 3]),
+                    In::Param(vec![2, 2, 3]),
+                ],
+            )
+            .attr(int("axis", 1)),
+        );
+        check(
+            &Case::new(
+                "Concat",
+                13,
+                vec![In::Rand(vec![2, 3]), In::Rand(vec![2, 2])],
+            )
+            .attr(int("axis", -1)),
+        );
+        check(
+            &Case::new(
+                "Concat",
+                13,
+                vec![
+                    In::Ints(DType::I64, vec![2], vec![1, 2]),
+                    In::Ints(DType::I64, vec![1], vec![3]),
+                ],
+            )
+            .attr(int("axis", 0)),
+        );
+    }
+
+    #[test]
+    fn gather() {
+        let x = || In::Rand(vec![4, 3, 2]);
+        check(&Case::new(
+            "Gather",
+            13,
+            vec![x(), In::Ints(DType::I64, vec![2, 2], vec![0, -1, 2, 0])],
+        ));
+        check(
+            &Case::new(
+                "Gather",
+                13,
+                vec![x(), In::Ints(DType::I32, vec![], vec![-1])],
+            )
+            .attr(int("axis", 1)),
+        );
+        check(&Case::new("Gather", 13, vec![x(), c64(&[1, 1, 0])]).attr(int("axis", -1)));
+        check(&Case::new(
+            "Gather",
+            13,
+            vec![
+                In::Ints(DType::I64, vec![3], vec![7, 8, 9]),
+                In::Ints(DType::I64, vec![2], vec![2, 0]),
+            ],
+        ));
+        check(
+            &Case::new(
+                "GatherElements",
+                13,
+                vec![
+                    In::Rand(vec![2, 3]),
+                    In::Ints(DType::I64, vec![2, 2], vec![0, 2, -1, 1]),
+                ],
+            )
+            .attr(int("axis", 1)),
+        );
+        check(&Case::new(
+            "GatherElements",
+            13,
+            vec![
+                In::Rand(vec![3, 2]),
+                In::Ints(DType::I64, vec![2, 2], vec![2, 0, 0, 0]),
+            ],
+        ));
+    }
+
+    #[test]
+    fn cast() {
+        let x = || In::Rand(vec![2, 3]);
+        check(&Case::new("Cast", 13, vec![x()]).attr(int("to", 11)));
+        check(&Case::new("Cast", 13, vec![x()]).attr(int("to", 9)));
+        check(&Case::new("Cast", 13, vec![x()]).attr(int("to", 7)));
+        check(
+            &Case::new(
+                "Cast",
+                13,
+                vec![In::Ints(DType::I64, vec![3], vec![0, 2, -1])],
+            )
+            .attr(int("to", 9)),
+        );
+        check(
+            &Case::new("Cast", 13, vec![In::Ints(DType::Bool, vec![2], vec![0, 1])])
+                .attr(int("to", 11)),
+        );
+        check(&Case::new(
+            "CastLike",
+            15,
+            vec![x(), In::Ints(DType::I32, vec![1], vec![0])],
+        ));
+        check(&Case::new(
+            "CastLike",
+            15,
+            vec![x(), In::Floats(vec![1], vec![0.0])],
+        ));
+    }
+
+    #[test]
+    fn pad() {
+        let x = || In::Rand(vec![2, 3, 4]);
+        let value = || In::Const(DType::F32, vec![], vec![0.5]);
+        check(&Case::new(
+            "Pad",
+            13,
+            vec![x(), c64(&[0, 1, 2, 1, 0, 3]), value()],
+        ));
+        check(&Case::new("Pad", 13, vec![x(), c64(&[0, -1, 2, 1, 1, -3])]));
+        for mode in ["reflect", "edge"] {
+            check(
+                &Case::new("Pad", 13, vec![x(), c64(&[1, 2, 3, 0, 2, 3])])
+                    .attr(string("mode", mode)),
+            );
+        }
+        check(
+            &Case::new("Pad", 19, vec![x(), c64(&[0, 2, 5, 0, 1, 1])]).attr(string("mode", "wrap")),
+        );
+        check(
+            &Case::new("Pad", 2, vec![x()])
+                .attr(ints("pads", &[1, 0, 0, 0, 2, 1]))
+                .attr(float("value", -1.0)),
+        );
+        check(
+            &Case::new(
+                "Pad",
+                18,
+                vec![x(), c64(&[1, 2, 0, 1]), In::None, c64(&[-1, 1])],
+            )
+            .attr(string("mode", "reflect")),
+        );
+        check(&Case::new(
+            "Pad",
+            13,
+            vec![In::Ints(DType::I64, vec![2], vec![4, 5]), c64(&[1, 1])],
+        ));
+    }
+
+    fn f32s(v: &[f64]) -> In {
+        In::Const(DType::F32, vec![v.len()], v.to_vec())
+    }
+
+    #[test]
+    fn resize() {
+        let x = || In::Rand(vec![1, 2, 3, 4]);
+        // Nearest, as the exporters write it.
+        check(
+            &Case::new(
+                "Resize",
+                13,
+                vec![x(), In::None, f32s(&[1.0, 1.0, 2.0, 2.0])],
+            )
+            .attr(string("coordinate_transformation_mode", "asymmetric"))
+            .attr(string("nearest_mode", "floor")),
+        );
+        check(&Case::new(
+            "Resize",
+            13,
+            vec![x(), In::None, f32s(&[1.0, 1.0, 1.5, 0.5])],
+        ));
+        check(
+            &Case::new(
+                "Resize",
+                13,
+                vec![x(), In::None, In::None, c64(&[1, 2, 5, 7])],
+            )
+            .attr(string(
+                "coordinate_transformation_mode",
+                "pytorch_half_pixel",
+            ))
+            .attr(string("nearest_mode", "round_prefer_ceil")),
+        );
+        // Linear with the transformations of bilinear / align_corners.
+        for ctm in [
+            "half_pixel",
+            "align_corners",
+            "pytorch_half_pixel",
+            "asymmetric",
+        ] {
+            check(
+                &Case::new(
+                    "Resize",
+                    13,
+                    vec![x(), f32s(&[]), f32s(&[1.0, 1.0, 2.0, 1.5])],
+                )
+                .attr(string("mode", "linear"))
+                .attr(string("coordinate_transformation_mode", ctm)),
+            );
+        }
+        check(
+            &Case::new(
+                "Resize",
+                13,
+                vec![x(), In::None, In::None, c64(&[1, 2, 2, 3])],
+            )
+            .attr(string("mode", "linear"))
+            .attr(string("coordinate_transformation_mode", "align_corners")),
+        );
+        check(
+            &Case::new("Resize", 18, vec![x(), In::None, f32s(&[3.0, 0.5])])
+                .attr(string("mode", "linear"))
+                .attr(ints("axes", &[2, 3])),
+        );
+        check(&Case::new(
+            "Resize",
+            10,
+            vec![x(), f32s(&[1.0, 1.0, 2.0, 3.0])],
+        ));
+        check(&Case::new(
+            "Upsample",
+            9,
+            vec![x(), f32s(&[1.0, 1.0, 2.0, 2.0])],
+        ));
+        check(
+            &Case::new("Upsample", 7, vec![x()])
+                .attr(crate::exec::testing::floats(
+                    "scales",
+                    &[1.0, 1.0, 2.0, 2.0],
+                ))
+                .attr(string("mode", "linear")),
+        );
+    }
+
+    #[test]
+    fn cumsum() {
+        let x = || In::Rand(vec![3, 4]);
+        for (ex, rev) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+            check(
+                &Case::new("CumSum", 14, vec![x(), scalar(1)])
+                    .attr(int("exclusive", ex))
+                    .attr(int("reverse", rev)),
+            );
+        }
+        check(&Case::new("CumSum", 14, vec![x(), scalar(-2)]).attr(int("reverse", 1)));
+        check(
+            &Case::new(
+                "CumSum",
+                14,
+                vec![
+                    In::Ints(DType::I64, vec![2, 3], vec![1, 2, 3, 4, 5, 6]),
+                    scalar(1),
+                ],
+            )
+            .attr(int("exclusive", 1)),
+        );
+    }
+
+    #[test]
+    fn sources() {
+        check(&Case::new("Shape", 15, vec![In::Rand(vec![2, 3, 4])]).attr(int("start", 1)));
+        check(&Case::new("Size", 13, vec![In::Rand(vec![2, 3, 4])]));
+        check(&Case::new("Constant", 13, vec![]).attr(ints("value_ints", &[3, 4])));
+        check(
+            &Case::new("ConstantOfShape", 13, vec![c64(&[2, 3])]).attr(tensor_attr(
+                "value",
+                7,
+                &[5],
+            )),
+        );
+        check(
+            &Case::new("ConstantOfShape", 13, vec![c64(&[3])]).attr(tensor_attr("value", 11, &[2])),
+        );
+        check(&Case::new(
+            "Range",
+            13,
+            vec![scalar(2), scalar(11), scalar(3)],
+        ));
+        check(&Case::new(
+            "Range",
+            13,
+            vec![
+                In::Const(DType::F32, vec![], vec![1.0]),
+                In::Const(DType::F32, vec![], vec![-2.0]),
+                In::Const(DType::F32, vec![], vec![-0.75]),
+            ],
+        ));
+    }
+}
