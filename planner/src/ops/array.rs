@@ -1097,11 +1097,13 @@ pub fn register_more(r: &mut Registry) {
             ..OpSpec::DEFAULT
         },
     );
+    // The backward reverses the gradient with the same lengths: it keeps `sequence_lens`.
     r.insert(
         "ReverseSequence",
         OpSpec {
             infer: same_as_input,
             diff_in: first,
+            grad: save_indices,
             ..OpSpec::DEFAULT
         },
     );

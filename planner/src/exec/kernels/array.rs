@@ -1059,6 +1059,582 @@ fn range_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Tile, Trilu, DepthToSpace, SpaceToDepth, ReverseSequence
+// ---------------------------------------------------------------------------------------------
+
+fn tile_reps(cx: &KernelCtx, xs: &[Option<Tensor>]) -> KResult<Vec<usize>> {
+    let reps =
+        ints_in(cx, xs, 1)?.ok_or_else(|| KernelError::new("input 1 (repeats) is required"))?;
+    if reps.len() != cx.input(0)?.rank() || reps.iter().any(|&r| r < 0) {
+        kbail!("repeats {reps:?} do not match rank {}", cx.input(0)?.rank());
+    }
+    Ok(reps.iter().map(|&r| r as usize).collect())
+}
+
+fn tile_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let reps = tile_reps(cx, xs)?;
+    Ok(vec![Some(inp(xs, 0)?.repeat(reps)?.contiguous()?)])
+}
+
+fn tile_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let reps = tile_reps(cx, a.inputs)?;
+        let shape = cx.in_shape(0)?;
+        // Output index rep * d + j: view as (r0, d0, r1, d1, ...) and sum the repetitions.
+        let mut split = vec![];
+        for (&r, &d) in reps.iter().zip(&shape) {
+            split.push(r);
+            split.push(d);
+        }
+        let g = a.grad(cx, 0)?.reshape(split)?;
+        let rep_axes: Vec<usize> = (0..reps.len()).map(|k| 2 * k).collect();
+        Ok(g.sum(rep_axes)?.reshape(shape)?)
+    })
+}
+
+/// Trilu's keep mask over the last two dims, broadcast to the input's shape.
+fn trilu_mask(cx: &KernelCtx, xs: &[Option<Tensor>]) -> KResult<Tensor> {
+    let shape = cx.in_shape(0)?;
+    let r = shape.len();
+    if r < 2 {
+        kbail!("Trilu needs a rank >= 2 input, got {shape:?}");
+    }
+    let k = ints_in(cx, xs, 1)?
+        .and_then(|v| v.first().copied())
+        .unwrap_or(0);
+    let upper = cx.attrs.int_or("upper", 1)? != 0;
+    let (rows, cols) = (shape[r - 2], shape[r - 1]);
+    let mut m = Vec::with_capacity(rows * cols);
+    for i in 0..rows as i64 {
+        for j in 0..cols as i64 {
+            let keep = if upper { j - i >= k } else { j - i <= k };
+            m.push(u8::from(keep));
+        }
+    }
+    Ok(Tensor::from_vec(m, (rows, cols), cx.device)?
+        .broadcast_as(shape)?
+        .contiguous()?)
+}
+
+fn trilu_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let m = trilu_mask(cx, xs)?;
+    Ok(vec![Some(
+        m.where_cond(&x.contiguous()?, &x.zeros_like()?)?,
+    )])
+}
+
+fn trilu_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let g = a.grad(cx, 0)?.contiguous()?;
+        let m = trilu_mask(cx, a.inputs)?;
+        Ok(m.where_cond(&g, &g.zeros_like()?)?)
+    })
+}
+
+/// DepthToSpace / SpaceToDepth as reshape → permute → reshape: the intermediate shape, the
+/// permutation and whether the op runs forward (`to_space`).
+fn depth_plan(cx: &KernelCtx) -> KResult<(Vec<usize>, Vec<usize>)> {
+    let s = cx.in_shape(0)?;
+    let b = cx.attrs.int("blocksize")?.unwrap_or(0);
+    if s.len() != 4 || b < 1 {
+        kbail!("needs a 4-D input and a positive \"blocksize\", got {s:?} and {b}");
+    }
+    let b = b as usize;
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    if cx.op == "DepthToSpace" {
+        let c2 = c / (b * b);
+        match cx.attrs.string("mode")?.as_deref().unwrap_or("DCR") {
+            "DCR" => Ok((vec![n, b, b, c2, h, w], vec![0, 3, 4, 1, 5, 2])),
+            "CRD" => Ok((vec![n, c2, b, b, h, w], vec![0, 1, 4, 2, 5, 3])),
+            m => kbail!("attribute \"mode\" = {m:?} is not supported"),
+        }
+    } else {
+        Ok((vec![n, c, h / b, b, w / b, b], vec![0, 3, 5, 1, 2, 4]))
+    }
+}
+
+fn depth_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let (mid, perm) = depth_plan(cx)?;
+    let y = inp(xs, 0)?
+        .reshape(mid)?
+        .permute(perm)?
+        .contiguous()?
+        .reshape(cx.out_shape(0)?)?;
+    Ok(vec![Some(y)])
+}
+
+fn depth_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let (mid, perm) = depth_plan(cx)?;
+        let permuted: Vec<usize> = perm
+            .iter()
+            .map(|&p| mid.get(p).copied().unwrap_or(1))
+            .collect();
+        let mut inv = vec![0; perm.len()];
+        for (k, &p) in perm.iter().enumerate() {
+            if let Some(s) = inv.get_mut(p) {
+                *s = k;
+            }
+        }
+        Ok(a.grad(cx, 0)?
+            .reshape(permuted)?
+            .permute(inv)?
+            .contiguous()?
+            .reshape(cx.in_shape(0)?)?)
+    })
+}
+
+/// ReverseSequence: the flat source of every output element.
+fn reverse_positions(cx: &KernelCtx, lens: &[i64]) -> KResult<Vec<i64>> {
+    let shape = cx.in_shape(0)?;
+    let r = shape.len();
+    let ba = cx.axis(cx.attrs.int_or("batch_axis", 1)?, r)?;
+    let ta = cx.axis(cx.attrs.int_or("time_axis", 0)?, r)?;
+    if ba == ta {
+        kbail!("attributes \"batch_axis\" and \"time_axis\" are both {ba}");
+    }
+    let (nb, nt) = (shape[ba], shape[ta]);
+    if lens.len() != nb {
+        kbail!(
+            "sequence_lens has {} entries for a batch of {nb}",
+            lens.len()
+        );
+    }
+    if let Some(bad) = lens.iter().find(|&&l| l < 0 || l as usize > nt) {
+        kbail!("sequence length {bad} is out of range for a time axis of {nt}");
+    }
+    let st = strides(&shape);
+    let n: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(n);
+    for flat in 0..n {
+        let b = flat / st[ba] % nb;
+        let t = flat / st[ta] % nt;
+        let l = lens[b] as usize;
+        let src = if t < l { l - 1 - t } else { t };
+        out.push((flat + src * st[ta] - t * st[ta]) as i64);
+    }
+    Ok(out)
+}
+
+fn reverse_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let pos = reverse_positions(cx, &host_i64(inp(xs, 1)?)?)?;
+    Ok(vec![Some(
+        select(&x.flatten_all()?, &pos, 0)?.reshape(x.dims())?,
+    )])
+}
+
+fn reverse_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let lens = ints_in(cx, a.inputs, 1)?
+            .ok_or_else(|| KernelError::new("the backward needs input 1 (sequence_lens)"))?;
+        let pos = reverse_positions(cx, &lens)?;
+        let shape = cx.in_shape(0)?;
+        let n = shape.iter().product();
+        Ok(unselect(&a.grad(cx, 0)?.flatten_all()?, &pos, 0, n)?.reshape(shape)?)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// GatherND, ScatterND, ScatterElements
+// ---------------------------------------------------------------------------------------------
+
+/// GatherND / ScatterND rows: the data viewed as `[rows, slice]` and, per index tuple, the row it
+/// addresses.
+struct NdPlan {
+    rows: usize,
+    slice: usize,
+    picks: Vec<i64>,
+}
+
+fn nd_plan(data: &[usize], ind_shape: &[usize], idx: &[i64], batch: usize) -> KResult<NdPlan> {
+    let k = ind_shape.last().copied().unwrap_or(0);
+    if ind_shape.is_empty() || batch + k > data.len() || batch >= ind_shape.len() {
+        kbail!("indices {ind_shape:?} with batch_dims {batch} do not index data {data:?}");
+    }
+    if data[..batch] != ind_shape[..batch] {
+        kbail!("batch dims of indices {ind_shape:?} and data {data:?} differ");
+    }
+    let bsize: usize = data[..batch].iter().product();
+    let indexed = &data[batch..batch + k];
+    let per_batch: usize = indexed.iter().product();
+    let slice: usize = data[batch + k..].iter().product();
+    let tuples: usize = ind_shape[..ind_shape.len() - 1].iter().product();
+    let per_b = tuples.checked_div(bsize).unwrap_or(0);
+    let st = strides(indexed);
+    let mut picks = Vec::with_capacity(tuples);
+    for t in 0..tuples {
+        let b = t.checked_div(per_b).unwrap_or(0);
+        let mut row = b * per_batch;
+        for j in 0..k {
+            let v = idx.get(t * k + j).copied().unwrap_or(0);
+            let d = indexed[j] as i64;
+            let v = if v < 0 { v + d } else { v };
+            if v < 0 || v >= d {
+                kbail!("index {v} is out of range for a dim of size {d}");
+            }
+            row += v as usize * st[j];
+        }
+        picks.push(row as i64);
+    }
+    Ok(NdPlan {
+        rows: bsize * per_batch,
+        slice,
+        picks,
+    })
+}
+
+fn gather_nd_plan(cx: &KernelCtx, ind: &Tensor) -> KResult<NdPlan> {
+    let b = cx.attrs.int_or("batch_dims", 0)?;
+    let b = usize::try_from(b)
+        .map_err(|_| KernelError::new("attribute \"batch_dims\" must be non-negative"))?;
+    nd_plan(&cx.in_shape(0)?, ind.dims(), &host_i64(ind)?, b)
+}
+
+fn gather_nd_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let p = gather_nd_plan(cx, inp(xs, 1)?)?;
+    let y = select(&x.reshape((p.rows, p.slice))?, &p.picks, 0)?.reshape(cx.out_shape(0)?)?;
+    Ok(vec![Some(y)])
+}
+
+fn gather_nd_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let p = gather_nd_plan(cx, a.input(1)?)?;
+        let g = a.grad(cx, 0)?.reshape((p.picks.len(), p.slice))?;
+        Ok(unselect(&g, &p.picks, 0, p.rows)?.reshape(cx.in_shape(0)?)?)
+    })
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Reduction {
+    None,
+    Add,
+}
+
+fn reduction(cx: &KernelCtx) -> KResult<Reduction> {
+    match cx.attrs.string("reduction")?.as_deref().unwrap_or("none") {
+        "none" => Ok(Reduction::None),
+        "add" => Ok(Reduction::Add),
+        m => kbail!("attribute \"reduction\" = {m:?} is not supported"),
+    }
+}
+
+/// Rows of a `[rows, slice]` view hit by `picks`, as a `[rows, 1]` mask.
+fn hit_mask(rows: usize, picks: &[i64], dev: &Device) -> KResult<Tensor> {
+    let mut m = vec![0u8; rows];
+    for &p in picks {
+        if let Some(v) = m.get_mut(p as usize) {
+            *v = 1;
+        }
+    }
+    Ok(Tensor::from_vec(m, (rows, 1), dev)?)
+}
+
+/// Writes (or adds) `upd` (`[picks, slice]`) into the rows `picks` of `data` (`[rows, slice]`).
+fn scatter_rows(data: &Tensor, picks: &[i64], upd: &Tensor, red: Reduction) -> KResult<Tensor> {
+    let (rows, slice) = data.dims2()?;
+    let id = ids(picks.to_vec(), data.device())?;
+    let upd = upd.contiguous()?;
+    match red {
+        Reduction::Add => Ok(data.contiguous()?.index_add(&id, &upd, 0)?),
+        Reduction::None => {
+            let placed = Tensor::zeros((rows, slice), data.dtype(), data.device())?
+                .index_add(&id, &upd, 0)?;
+            let hit = hit_mask(rows, picks, data.device())?.broadcast_as((rows, slice))?;
+            Ok(hit.where_cond(&placed, &data.contiguous()?)?)
+        }
+    }
+}
+
+/// Gradients of a row scatter: (d data, d updates) from `g` (`[rows, slice]`).
+fn scatter_rows_bwd(g: &Tensor, picks: &[i64], red: Reduction) -> KResult<(Tensor, Tensor)> {
+    let (rows, slice) = g.dims2()?;
+    let g = g.contiguous()?;
+    let dd = match red {
+        Reduction::Add => g.clone(),
+        Reduction::None => {
+            let hit = hit_mask(rows, picks, g.device())?.broadcast_as((rows, slice))?;
+            hit.where_cond(&g.zeros_like()?, &g)?
+        }
+    };
+    Ok((dd, select(&g, picks, 0)?))
+}
+
+/// Scatter plan: `[rows, slice]`, the picked rows, and the updates' shape.
+fn scatter_plan(cx: &KernelCtx, ind: &Tensor) -> KResult<NdPlan> {
+    let data = cx.in_shape(0)?;
+    let idx = host_i64(ind)?;
+    if cx.op == "ScatterND" {
+        nd_plan(&data, ind.dims(), &idx, 0)
+    } else {
+        let axis = cx.axis(cx.attrs.int_or("axis", 0)?, data.len())?;
+        let picks = element_positions(&data, ind.dims(), axis, &idx)?;
+        Ok(NdPlan {
+            rows: data.iter().product(),
+            slice: 1,
+            picks,
+        })
+    }
+}
+
+fn scatter_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let upd = inp(xs, 2)?;
+    let p = scatter_plan(cx, inp(xs, 1)?)?;
+    let y = scatter_rows(
+        &x.reshape((p.rows, p.slice))?,
+        &p.picks,
+        &upd.reshape((p.picks.len(), p.slice))?,
+        reduction(cx)?,
+    )?;
+    Ok(vec![Some(y.reshape(x.dims())?)])
+}
+
+fn scatter_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    let p = scatter_plan(cx, a.input(1)?)?;
+    let g = a.grad(cx, 0)?.reshape((p.rows, p.slice))?;
+    let (dd, du) = scatter_rows_bwd(&g, &p.picks, reduction(cx)?)?;
+    let mut v = vec![None; cx.inputs.len()];
+    if a.need(0) {
+        if let Some(slot) = v.get_mut(0) {
+            *slot = Some(dd.reshape(cx.in_shape(0)?)?);
+        }
+    }
+    if a.need(2) {
+        if let Some(slot) = v.get_mut(2) {
+            *slot = Some(du.reshape(cx.in_shape(2)?)?);
+        }
+    }
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------------------------------
+// TopK
+// ---------------------------------------------------------------------------------------------
+
+fn topk_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let shape = x.dims().to_vec();
+    let axis = cx.axis(cx.attrs.int_or("axis", -1)?, shape.len())?;
+    let k = cx.out_shape(0)?.get(axis).copied().unwrap_or(0);
+    let largest = cx.attrs.int_or("largest", 1)? != 0;
+    let d = shape[axis];
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    let v = host_f64(x)?;
+    let mut idx = vec![0i64; outer * k * inner];
+    let mut order: Vec<usize> = Vec::with_capacity(d);
+    for o in 0..outer {
+        for i in 0..inner {
+            order.clear();
+            order.extend(0..d);
+            let at = |j: usize| v[(o * d + j) * inner + i];
+            // Stable: equal values keep the lower index first.
+            if largest {
+                order.sort_by(|&p, &q| at(q).total_cmp(&at(p)));
+            } else {
+                order.sort_by(|&p, &q| at(p).total_cmp(&at(q)));
+            }
+            for (r, &j) in order.iter().take(k).enumerate() {
+                idx[(o * k + r) * inner + i] = j as i64;
+            }
+        }
+    }
+    let mut out_shape = shape.clone();
+    out_shape[axis] = k;
+    let it = Tensor::from_vec(idx, out_shape, x.device())?;
+    let values = x.contiguous()?.gather(&it, axis)?;
+    let present = |k: usize| cx.outputs.get(k).is_some_and(|f| f.is_some());
+    Ok(vec![present(0).then_some(values), present(1).then_some(it)])
+}
+
+fn topk_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let shape = cx.in_shape(0)?;
+        let axis = cx.axis(cx.attrs.int_or("axis", -1)?, shape.len())?;
+        let idx = a.output(1)?.to_dtype(CD::I64)?.contiguous()?;
+        let g = a.grad(cx, 0)?.contiguous()?;
+        let z = Tensor::zeros(shape, g.dtype(), g.device())?;
+        Ok(z.scatter_add(&idx, &g, axis)?)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// OneHot, EyeLike, NonZero
+// ---------------------------------------------------------------------------------------------
+
+fn onehot_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let ind = inp(xs, 0)?;
+    let out = cx.out_shape(0)?;
+    let axis = cx.axis(cx.attrs.int_or("axis", -1)?, out.len())?;
+    let depth = out[axis] as i64;
+    // Indices in [-depth, depth) count from the end when negative; others select nothing.
+    let idx: Vec<i64> = host_i64(ind)?
+        .into_iter()
+        .map(|v| {
+            let v = if v < 0 { v + depth } else { v };
+            if (0..depth).contains(&v) {
+                v
+            } else {
+                -1
+            }
+        })
+        .collect();
+    let it = Tensor::from_vec(idx, ind.dims(), cx.device)?.unsqueeze(axis)?;
+    let mut ar_shape = vec![1; out.len()];
+    ar_shape[axis] = depth as usize;
+    let ar = Tensor::arange(0i64, depth, cx.device)?.reshape(ar_shape)?;
+    let mask = it.broadcast_eq(&ar)?.contiguous()?;
+    let values = inp(xs, 2)?.flatten_all()?;
+    if values.elem_count() != 2 {
+        kbail!(
+            "values must hold [off, on], got {} elements",
+            values.elem_count()
+        );
+    }
+    let off = values
+        .narrow(0, 0, 1)?
+        .reshape(())?
+        .broadcast_as(out.as_slice())?;
+    let on = values
+        .narrow(0, 1, 1)?
+        .reshape(())?
+        .broadcast_as(out.as_slice())?;
+    Ok(vec![Some(
+        mask.where_cond(&on.contiguous()?, &off.contiguous()?)?,
+    )])
+}
+
+fn eyelike_fwd(cx: &KernelCtx, _: &[Option<Tensor>], _: &Extras) -> Outs {
+    let shape = cx.out_shape(0)?;
+    if shape.len() != 2 {
+        kbail!("EyeLike needs a 2-D input, got {shape:?}");
+    }
+    let k = cx.attrs.int_or("k", 0)?;
+    let (r, c) = (shape[0], shape[1]);
+    let v: Vec<f64> = (0..r as i64)
+        .flat_map(|i| (0..c as i64).map(move |j| if j - i == k { 1.0 } else { 0.0 }))
+        .collect();
+    Ok(vec![Some(
+        Tensor::from_vec(v, (r, c), cx.device)?.to_dtype(out_dtype(cx, 0)?)?,
+    )])
+}
+
+fn nonzero_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let shape = x.dims().to_vec();
+    let st = strides(&shape);
+    let nz: Vec<usize> = host_f64(x)?
+        .iter()
+        .enumerate()
+        .filter(|(_, &v)| v != 0.0)
+        .map(|(i, _)| i)
+        .collect();
+    let r = shape.len();
+    let mut data = Vec::with_capacity(r * nz.len());
+    for k in 0..r {
+        data.extend(nz.iter().map(|&f| (f / st[k] % shape[k]) as i64));
+    }
+    let want = cx.out_shape(0)?;
+    if want != [r, nz.len()] {
+        kbail!(
+            "the input has {} non-zero elements, the shape rule expected {want:?}",
+            nz.len()
+        );
+    }
+    Ok(vec![Some(Tensor::from_vec(
+        data,
+        (r, nz.len()),
+        cx.device,
+    )?)])
+}
+
+// ---------------------------------------------------------------------------------------------
+// LpNormalization, MeanVarianceNormalization
+// ---------------------------------------------------------------------------------------------
+
+fn lp_params(cx: &KernelCtx) -> KResult<(usize, i64)> {
+    let axis = cx.axis(cx.attrs.int_or("axis", -1)?, cx.input(0)?.rank())?;
+    let p = cx.attrs.int_or("p", 2)?;
+    if p != 1 && p != 2 {
+        kbail!("attribute \"p\" = {p} is not supported (1 or 2)");
+    }
+    Ok((axis, p))
+}
+
+fn lp_norm(x: &Tensor, axis: usize, p: i64) -> KResult<Tensor> {
+    Ok(if p == 1 {
+        x.abs()?.sum_keepdim(axis)?
+    } else {
+        x.sqr()?.sum_keepdim(axis)?.sqrt()?
+    })
+}
+
+fn lp_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let (axis, p) = lp_params(cx)?;
+    Ok(vec![Some(x.broadcast_div(&lp_norm(x, axis, p)?)?)])
+}
+
+fn lp_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let (axis, p) = lp_params(cx)?;
+        let x = a.input(0)?;
+        let y = a.output(0)?;
+        let g = a.grad(cx, 0)?;
+        let n = lp_norm(x, axis, p)?;
+        // dx = (g - dn/dx * sum(g * y)) / n, with dn/dx = y (p = 2) or sign(x) (p = 1).
+        let s = (&g * y)?.sum_keepdim(axis)?;
+        let dn = if p == 1 { x.sign()? } else { y.clone() };
+        Ok((g - dn.broadcast_mul(&s)?)?.broadcast_div(&n)?)
+    })
+}
+
+fn mvn_axes(cx: &KernelCtx) -> KResult<Vec<usize>> {
+    let rank = cx.input(0)?.rank();
+    match cx.attrs.ints("axes")? {
+        Some(a) => Ok(sctx(cx).axes(a, rank)?),
+        None => Ok(sctx(cx).axes(&[0, 2, 3], rank)?),
+    }
+}
+
+const MVN_EPS: f64 = 1e-9;
+
+/// The centred input, the standard deviation and the element count per group.
+fn mvn_parts(x: &Tensor, axes: &[usize]) -> KResult<(Tensor, Tensor, f64)> {
+    let n: usize = axes
+        .iter()
+        .map(|&a| x.dims().get(a).copied().unwrap_or(1))
+        .product();
+    let xc = x.broadcast_sub(&x.mean_keepdim(axes)?)?;
+    let std = xc.sqr()?.mean_keepdim(axes)?.sqrt()?;
+    Ok((xc, std, n as f64))
+}
+
+fn mvn_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let axes = mvn_axes(cx)?;
+    let (xc, std, _) = mvn_parts(inp(xs, 0)?, &axes)?;
+    Ok(vec![Some(xc.broadcast_div(&std.affine(1.0, MVN_EPS)?)?)])
+}
+
+fn mvn_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let axes = mvn_axes(cx)?;
+        let (xc, std, _) = mvn_parts(a.input(0)?, &axes)?;
+        let g = a.grad(cx, 0)?;
+        let d = std.affine(1.0, MVN_EPS)?;
+        // y = xc / (s + eps): dx = (g - mean g) / d - xc * mean(g * xc) / (d² s).
+        let gc = g.broadcast_sub(&g.mean_keepdim(axes.as_slice())?)?;
+        let m = (&g * &xc)?.mean_keepdim(axes.as_slice())?;
+        let den = d.sqr()?.mul(&std)?;
+        let term = xc.broadcast_mul(&m.div(&den)?)?;
+        Ok((gc.broadcast_div(&d)? - term)?)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
 // Registry
 // ---------------------------------------------------------------------------------------------
 
@@ -1088,6 +1664,21 @@ pub fn register(r: &mut KernelRegistry) {
     r.insert("Constant", kernel(folded_fwd, None));
     r.insert("ConstantOfShape", kernel(constant_of_shape_fwd, None));
     r.insert("Range", kernel(range_fwd, None));
+    r.insert("Tile", kernel(tile_fwd, Some(tile_bwd)));
+    r.insert("Trilu", kernel(trilu_fwd, Some(trilu_bwd)));
+    r.insert("DepthToSpace", kernel(depth_fwd, Some(depth_bwd)));
+    r.insert("SpaceToDepth", kernel(depth_fwd, Some(depth_bwd)));
+    r.insert("GatherND", kernel(gather_nd_fwd, Some(gather_nd_bwd)));
+    for op in ["ScatterND", "ScatterElements", "Scatter"] {
+        r.insert(op, kernel(scatter_fwd, Some(scatter_bwd)));
+    }
+    r.insert("TopK", kernel(topk_fwd, Some(topk_bwd)));
+    r.insert("OneHot", kernel(onehot_fwd, None));
+    r.insert("EyeLike", kernel(eyelike_fwd, None));
+    r.insert("NonZero", kernel(nonzero_fwd, None));
+    r.insert("ReverseSequence", kernel(reverse_fwd, Some(reverse_bwd)));
+    r.insert("LpNormalization", kernel(lp_fwd, Some(lp_bwd)));
+    r.insert("MeanVarianceNormalization", kernel(mvn_fwd, Some(mvn_bwd)));
 }
 
 #[cfg(test)]
@@ -1509,5 +2100,192 @@ mod tests {
                 In::Const(DType::F32, vec![], vec![-0.75]),
             ],
         ));
+    }
+    #[test]
+    fn tile_trilu_depth() {
+        check(&Case::new(
+            "Tile",
+            13,
+            vec![In::Rand(vec![2, 3]), c64(&[2, 3])],
+        ));
+        check(&Case::new(
+            "Tile",
+            13,
+            vec![In::Rand(vec![2, 1, 3]), c64(&[1, 4, 1])],
+        ));
+        let x = || In::Rand(vec![2, 3, 4]);
+        check(&Case::new("Trilu", 14, vec![x()]));
+        check(&Case::new("Trilu", 14, vec![x(), scalar(-1)]).attr(int("upper", 0)));
+        check(&Case::new("Trilu", 14, vec![x(), scalar(2)]));
+        let y = || In::Rand(vec![1, 8, 2, 3]);
+        check(&Case::new("DepthToSpace", 13, vec![y()]).attr(int("blocksize", 2)));
+        check(
+            &Case::new("DepthToSpace", 13, vec![y()])
+                .attr(int("blocksize", 2))
+                .attr(string("mode", "CRD")),
+        );
+        check(
+            &Case::new("SpaceToDepth", 13, vec![In::Rand(vec![2, 2, 4, 6])])
+                .attr(int("blocksize", 2)),
+        );
+    }
+
+    #[test]
+    fn scatter_gather_nd() {
+        let x = || In::Rand(vec![3, 4, 2]);
+        check(&Case::new(
+            "GatherND",
+            13,
+            vec![x(), In::Ints(DType::I64, vec![2, 2], vec![0, 1, -1, 3])],
+        ));
+        check(&Case::new(
+            "GatherND",
+            13,
+            vec![x(), In::Ints(DType::I64, vec![2, 1, 1], vec![2, 0])],
+        ));
+        check(
+            &Case::new(
+                "GatherND",
+                13,
+                vec![x(), In::Ints(DType::I64, vec![3, 1], vec![1, 3, 0])],
+            )
+            .attr(int("batch_dims", 1)),
+        );
+        check(&Case::new(
+            "ScatterND",
+            13,
+            vec![
+                x(),
+                In::Ints(DType::I64, vec![2, 1], vec![2, 0]),
+                In::Rand(vec![2, 4, 2]),
+            ],
+        ));
+        check(
+            &Case::new(
+                "ScatterND",
+                16,
+                vec![
+                    x(),
+                    In::Ints(DType::I64, vec![3, 2], vec![0, 1, 0, 1, 2, -1]),
+                    In::Rand(vec![3, 2]),
+                ],
+            )
+            .attr(string("reduction", "add")),
+        );
+        let d = || In::Rand(vec![3, 3]);
+        check(&Case::new(
+            "ScatterElements",
+            13,
+            vec![
+                d(),
+                In::Ints(DType::I64, vec![2, 3], vec![1, 0, 2, 0, 2, 1]),
+                In::Rand(vec![2, 3]),
+            ],
+        ));
+        check(
+            &Case::new(
+                "ScatterElements",
+                16,
+                vec![
+                    d(),
+                    In::Ints(DType::I64, vec![1, 2], vec![1, -1]),
+                    In::Rand(vec![1, 2]),
+                ],
+            )
+            .attr(int("axis", 1))
+            .attr(string("reduction", "add")),
+        );
+        check(
+            &Case::new(
+                "Scatter",
+                9,
+                vec![
+                    d(),
+                    In::Ints(DType::I64, vec![1, 2], vec![2, 0]),
+                    In::Param(vec![1, 2]),
+                ],
+            )
+            .attr(int("axis", 1)),
+        );
+    }
+
+    #[test]
+    fn topk_onehot_misc() {
+        let x = || In::Rand(vec![3, 5]);
+        check(&Case::new("TopK", 11, vec![x(), c64(&[2])]).outputs(2));
+        check(
+            &Case::new("TopK", 11, vec![In::Rand(vec![4, 3]), c64(&[3])])
+                .attr(int("axis", 0))
+                .attr(int("largest", 0))
+                .outputs(2),
+        );
+        check(&Case::new("TopK", 1, vec![x()]).attr(int("k", 1)).outputs(2));
+        let vals = In::Const(DType::F32, vec![2], vec![-1.0, 3.0]);
+        check(&Case::new(
+            "OneHot",
+            11,
+            vec![
+                In::Ints(DType::I64, vec![2, 2], vec![0, -1, 2, 7]),
+                scalar(4),
+                vals.clone(),
+            ],
+        ));
+        check(
+            &Case::new(
+                "OneHot",
+                11,
+                vec![
+                    In::Ints(DType::I32, vec![3], vec![1, 0, 2]),
+                    scalar(3),
+                    c64(&[0, 1]),
+                ],
+            )
+            .attr(int("axis", 0)),
+        );
+        check(&Case::new("EyeLike", 9, vec![In::Rand(vec![3, 4])]).attr(int("k", 1)));
+        check(&Case::new("EyeLike", 9, vec![In::Rand(vec![3, 2])]).attr(int("dtype", 7)));
+        check(&Case::new(
+            "NonZero",
+            13,
+            vec![In::Const(
+                DType::I64,
+                vec![2, 3],
+                vec![0.0, 1.0, 0.0, 2.0, 0.0, 3.0],
+            )],
+        ));
+        let lens = || In::Ints(DType::I64, vec![3], vec![2, 4, 1]);
+        check(&Case::new(
+            "ReverseSequence",
+            10,
+            vec![In::Rand(vec![4, 3, 2]), lens()],
+        ));
+        check(
+            &Case::new("ReverseSequence", 10, vec![In::Rand(vec![3, 4]), lens()])
+                .attr(int("batch_axis", 0))
+                .attr(int("time_axis", 1)),
+        );
+    }
+
+    #[test]
+    fn normalizations() {
+        check(&Case::new("LpNormalization", 1, vec![In::Rand(vec![3, 4])]));
+        check(
+            &Case::new("LpNormalization", 1, vec![In::Rand(vec![3, 4])])
+                .attr(int("axis", 0))
+                .attr(int("p", 1)),
+        );
+        check(
+            &Case::new(
+                "MeanVarianceNormalization",
+                13,
+                vec![In::Rand(vec![2, 3, 2, 2])],
+            )
+            .tol(1e-5),
+        );
+        check(
+            &Case::new("MeanVarianceNormalization", 13, vec![In::Rand(vec![2, 5])])
+                .attr(ints("axes", &[1]))
+                .tol(1e-5),
+        );
     }
 }
