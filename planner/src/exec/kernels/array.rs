@@ -9,7 +9,7 @@
 //! run on the tensors' device for every element type.
 
 use crate::exec::kernel::{
-    to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
+    to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
 };
 use crate::exec::value::from_planner;
 use crate::kbail;
@@ -1635,6 +1635,477 @@ fn mvn_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
 }
 
 // ---------------------------------------------------------------------------------------------
+// RandomNormal(Like), RandomUniform(Like), Bernoulli
+// ---------------------------------------------------------------------------------------------
+
+/// A standard normal draw (Box-Muller).
+fn normal(rng: &mut Rng) -> f64 {
+    let u1 = rng.uniform(f64::MIN_POSITIVE, 1.0);
+    let u2 = rng.uniform(0.0, 1.0);
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+fn random_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let shape = cx.out_shape(0)?;
+    let dt = out_dtype(cx, 0)?;
+    let n: usize = shape.iter().product();
+    let mut rng = Rng::new(cx.seed);
+    let f = |name: &str, d: f32| -> KResult<f64> { Ok(f64::from(cx.attrs.float_or(name, d)?)) };
+    let v: Vec<f64> = match cx.op {
+        "RandomNormal" | "RandomNormalLike" => {
+            let (mean, scale) = (f("mean", 0.0)?, f("scale", 1.0)?);
+            (0..n).map(|_| mean + scale * normal(&mut rng)).collect()
+        }
+        "RandomUniform" | "RandomUniformLike" => {
+            let (lo, hi) = (f("low", 0.0)?, f("high", 1.0)?);
+            (0..n).map(|_| rng.uniform(lo, hi)).collect()
+        }
+        "Bernoulli" => {
+            let p = host_f64(inp(xs, 0)?)?;
+            if p.len() != n {
+                kbail!(
+                    "probabilities hold {} elements for an output of {n}",
+                    p.len()
+                );
+            }
+            p.iter()
+                .map(|&q| if rng.uniform(0.0, 1.0) < q { 1.0 } else { 0.0 })
+                .collect()
+        }
+        op => kbail!("{op} is not a random op"),
+    };
+    Ok(vec![Some(
+        Tensor::from_vec(v, shape, cx.device)?.to_dtype(dt)?,
+    )])
+}
+
+// ---------------------------------------------------------------------------------------------
+// QuantizeLinear, DequantizeLinear
+// ---------------------------------------------------------------------------------------------
+
+/// The range of an ONNX integer type.
+fn int_range(d: DType) -> KResult<(f64, f64)> {
+    Ok(match d {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::U16 => (0.0, 65535.0),
+        DType::I16 => (-32768.0, 32767.0),
+        DType::I32 => (-2147483648.0, 2147483647.0),
+        DType::U32 => (0.0, 4294967295.0),
+        other => kbail!("quantized type {other:?} is not supported"),
+    })
+}
+
+/// Integer tensor values as floats of type `ft`, reading `int8` (held in `u8`) as signed.
+fn int_values(t: &Tensor, d: DType, ft: CD) -> KResult<Tensor> {
+    let v = t.to_dtype(ft)?;
+    if d == DType::I8 {
+        let neg = t.ge(128u8)?;
+        return Ok(neg.where_cond(&v.affine(1.0, -256.0)?, &v)?);
+    }
+    Ok(v)
+}
+
+/// `scale`/`zero_point` shaped to broadcast against an input of `rank` (per-axis when 1-D).
+fn quant_param(cx: &KernelCtx, t: &Tensor, rank: usize) -> KResult<Tensor> {
+    if cx.attrs.int_or("block_size", 0)? != 0 {
+        kbail!("attribute \"block_size\" (blocked quantization) is not supported");
+    }
+    if t.rank() == 0 || t.elem_count() == 1 {
+        return Ok(t.flatten_all()?.reshape(())?);
+    }
+    if t.rank() != 1 {
+        kbail!(
+            "scale of shape {:?} is neither a scalar nor per-axis",
+            t.dims()
+        );
+    }
+    let axis = cx.axis(cx.attrs.int_or("axis", 1)?, rank)?;
+    let mut shape = vec![1; rank];
+    shape[axis] = t.elem_count();
+    Ok(t.reshape(shape)?)
+}
+
+/// Round half to even.
+fn round_even(v: &Tensor) -> KResult<Tensor> {
+    let r = v.round()?;
+    let even = v.affine(0.5, 0.0)?.round()?.affine(2.0, 0.0)?;
+    let tie = (v - v.floor()?)?.eq(0.5)?;
+    Ok(tie.where_cond(&even, &r)?)
+}
+
+fn quantize_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let rank = x.rank();
+    let ft = if x.dtype() == CD::F64 {
+        CD::F64
+    } else {
+        CD::F32
+    };
+    let to = cx
+        .outputs
+        .first()
+        .and_then(|f| f.as_ref())
+        .ok_or_else(|| KernelError::new("output 0 is not in the graph"))?
+        .dtype;
+    let (lo, hi) = int_range(to)?;
+    let scale = quant_param(cx, &inp(xs, 1)?.to_dtype(ft)?, rank)?;
+    let mut q = round_even(&x.to_dtype(ft)?.broadcast_div(&scale)?)?;
+    if let Some(zp) = xs.get(2).and_then(|t| t.as_ref()) {
+        let zd = cx.input(2)?.dtype;
+        q = q.broadcast_add(&quant_param(cx, &int_values(zp, zd, ft)?, rank)?)?;
+    }
+    let q = q
+        .clamp(lo, hi)?
+        .to_dtype(CD::I64)?
+        .to_dtype(to_candle(to)?)?;
+    Ok(vec![Some(q)])
+}
+
+/// The output is an integer tensor: no gradient reaches the input through it.
+fn quantize_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        Ok(Tensor::zeros(cx.in_shape(0)?, in_dtype(cx, 0)?, cx.device)?)
+    })
+}
+
+fn dequantize_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let rank = x.rank();
+    let dt = out_dtype(cx, 0)?;
+    let ft = if dt == CD::F64 { CD::F64 } else { CD::F32 };
+    let mut v = int_values(x, cx.input(0)?.dtype, ft)?;
+    if let Some(zp) = xs.get(2).and_then(|t| t.as_ref()) {
+        let zd = cx.input(2)?.dtype;
+        v = v.broadcast_sub(&quant_param(cx, &int_values(zp, zd, ft)?, rank)?)?;
+    }
+    let scale = quant_param(cx, &inp(xs, 1)?.to_dtype(ft)?, rank)?;
+    Ok(vec![Some(v.broadcast_mul(&scale)?.to_dtype(dt)?)])
+}
+
+/// d y / d x = scale (for an input read as real values).
+fn dequantize_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let g = a.grad(cx, 0)?;
+        let scale = quant_param(cx, &a.input(1)?.to_dtype(g.dtype())?, g.rank())?;
+        Ok(g.broadcast_mul(&scale)?.to_dtype(in_dtype(cx, 0)?)?)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// GridSample (4-D, host loops)
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq)]
+enum GridPad {
+    Zeros,
+    Border,
+    Reflection,
+}
+
+struct GridPlan {
+    nearest: bool,
+    pad: GridPad,
+    align: bool,
+    /// N, C, H, W of the input; Ho, Wo of the grid.
+    dims: [usize; 6],
+}
+
+fn grid_plan(cx: &KernelCtx) -> KResult<GridPlan> {
+    let x = cx.in_shape(0)?;
+    let g = cx.in_shape(1)?;
+    if x.len() != 4 || g.len() != 4 || g[3] != 2 || g[0] != x[0] {
+        kbail!("GridSample supports 4-D inputs with an [N, H, W, 2] grid, got {x:?} and {g:?}");
+    }
+    let nearest = match cx.attrs.string("mode")?.as_deref().unwrap_or("bilinear") {
+        "bilinear" | "linear" => false,
+        "nearest" => true,
+        m => kbail!("attribute \"mode\" = {m:?} is not supported"),
+    };
+    let pad = match cx
+        .attrs
+        .string("padding_mode")?
+        .as_deref()
+        .unwrap_or("zeros")
+    {
+        "zeros" => GridPad::Zeros,
+        "border" => GridPad::Border,
+        "reflection" => GridPad::Reflection,
+        m => kbail!("attribute \"padding_mode\" = {m:?} is not supported"),
+    };
+    Ok(GridPlan {
+        nearest,
+        pad,
+        align: cx.attrs.int_or("align_corners", 0)? != 0,
+        dims: [x[0], x[1], x[2], x[3], g[1], g[2]],
+    })
+}
+
+/// Reflects `x` into [lo/2, hi/2] (PyTorch's `reflect_coordinates`), with d out / d x.
+fn reflect(x: f64, twice_lo: f64, twice_hi: f64) -> (f64, f64) {
+    if twice_lo == twice_hi {
+        return (0.0, 0.0);
+    }
+    let min = twice_lo / 2.0;
+    let span = (twice_hi - twice_lo) / 2.0;
+    let (mut x, mut sign) = (x - min, 1.0);
+    if x < 0.0 {
+        x = -x;
+        sign = -1.0;
+    }
+    let extra = x % span;
+    let flips = (x / span).floor();
+    if flips % 2.0 == 0.0 {
+        (extra + min, sign)
+    } else {
+        (span - extra + min, -sign)
+    }
+}
+
+/// Source coordinate of a normalized grid value along an axis of `size`, with d coord / d g.
+fn grid_coord(p: &GridPlan, g: f64, size: usize) -> (f64, f64) {
+    let s = size as f64;
+    let (mut c, mut d) = if p.align {
+        ((g + 1.0) / 2.0 * (s - 1.0), (s - 1.0) / 2.0)
+    } else {
+        (((g + 1.0) * s - 1.0) / 2.0, s / 2.0)
+    };
+    let clip = |c: f64, d: f64| {
+        if c <= 0.0 {
+            (0.0, 0.0)
+        } else if c >= s - 1.0 {
+            (s - 1.0, 0.0)
+        } else {
+            (c, d)
+        }
+    };
+    match p.pad {
+        GridPad::Zeros => {}
+        GridPad::Border => (c, d) = clip(c, d),
+        GridPad::Reflection => {
+            let (r, rd) = if p.align {
+                reflect(c, 0.0, 2.0 * (s - 1.0))
+            } else {
+                reflect(c, -1.0, 2.0 * s - 1.0)
+            };
+            (c, d) = clip(r, d * rd);
+        }
+    }
+    (c, d)
+}
+
+/// Bilinear taps (y, x, weight, d weight / d cx, d weight / d cy) of a source point.
+fn taps(cx: f64, cy: f64) -> [(i64, i64, f64, f64, f64); 4] {
+    let (x0, y0) = (cx.floor(), cy.floor());
+    let (wx, wy) = (cx - x0, cy - y0);
+    let (x0, y0) = (x0 as i64, y0 as i64);
+    [
+        (y0, x0, (1.0 - wx) * (1.0 - wy), -(1.0 - wy), -(1.0 - wx)),
+        (y0, x0 + 1, wx * (1.0 - wy), 1.0 - wy, -wx),
+        (y0 + 1, x0, (1.0 - wx) * wy, -wy, 1.0 - wx),
+        (y0 + 1, x0 + 1, wx * wy, wy, wx),
+    ]
+}
+
+/// Runs GridSample on host data: the output, and when `g` is given the input and grid gradients.
+fn grid_sample(
+    p: &GridPlan,
+    x: &[f64],
+    grid: &[f64],
+    g: Option<&[f64]>,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let [n, c, h, w, ho, wo] = p.dims;
+    let mut y = vec![0.0; n * c * ho * wo];
+    let (mut dx, mut dgrid) = if g.is_some() {
+        (vec![0.0; x.len()], vec![0.0; grid.len()])
+    } else {
+        (vec![], vec![])
+    };
+    let at = |b: usize, ch: usize, yy: i64, xx: i64| -> Option<usize> {
+        (yy >= 0 && xx >= 0 && (yy as usize) < h && (xx as usize) < w)
+            .then(|| ((b * c + ch) * h + yy as usize) * w + xx as usize)
+    };
+    for b in 0..n {
+        for i in 0..ho {
+            for j in 0..wo {
+                let gi = ((b * ho + i) * wo + j) * 2;
+                let (gx, gy) = (
+                    grid.get(gi).copied().unwrap_or(0.0),
+                    grid.get(gi + 1).copied().unwrap_or(0.0),
+                );
+                let (sx, dsx) = grid_coord(p, gx, w);
+                let (sy, dsy) = grid_coord(p, gy, h);
+                let (mut dcx, mut dcy) = (0.0, 0.0);
+                for ch in 0..c {
+                    let yi = ((b * c + ch) * ho + i) * wo + j;
+                    let go = g.and_then(|g| g.get(yi).copied()).unwrap_or(0.0);
+                    if p.nearest {
+                        let (rx, ry) = (sx.round_ties_even() as i64, sy.round_ties_even() as i64);
+                        if let Some(k) = at(b, ch, ry, rx) {
+                            y[yi] = x.get(k).copied().unwrap_or(0.0);
+                            if let Some(d) = dx.get_mut(k) {
+                                *d += go;
+                            }
+                        }
+                        continue;
+                    }
+                    for (ty, tx, wt, dwx, dwy) in taps(sx, sy) {
+                        if let Some(k) = at(b, ch, ty, tx) {
+                            let v = x.get(k).copied().unwrap_or(0.0);
+                            y[yi] += wt * v;
+                            if let Some(d) = dx.get_mut(k) {
+                                *d += go * wt;
+                            }
+                            dcx += go * v * dwx;
+                            dcy += go * v * dwy;
+                        }
+                    }
+                }
+                if let Some(d) = dgrid.get_mut(gi) {
+                    *d = dcx * dsx;
+                }
+                if let Some(d) = dgrid.get_mut(gi + 1) {
+                    *d = dcy * dsy;
+                }
+            }
+        }
+    }
+    (y, dx, dgrid)
+}
+
+fn grid_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let p = grid_plan(cx)?;
+    let x = inp(xs, 0)?;
+    let (y, _, _) = grid_sample(&p, &host_f64(x)?, &host_f64(inp(xs, 1)?)?, None);
+    let [n, c, _, _, ho, wo] = p.dims;
+    Ok(vec![Some(
+        Tensor::from_vec(y, (n, c, ho, wo), cx.device)?.to_dtype(x.dtype())?,
+    )])
+}
+
+fn grid_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    let p = grid_plan(cx)?;
+    let x = a.input(0)?;
+    let grid = a.input(1)?;
+    let g = host_f64(&a.grad(cx, 0)?)?;
+    let (_, dx, dgrid) = grid_sample(&p, &host_f64(x)?, &host_f64(grid)?, Some(&g));
+    let mut v = vec![None; cx.inputs.len()];
+    if a.need(0) {
+        if let Some(slot) = v.get_mut(0) {
+            *slot = Some(Tensor::from_vec(dx, x.dims(), cx.device)?.to_dtype(x.dtype())?);
+        }
+    }
+    if a.need(1) {
+        if let Some(slot) = v.get_mut(1) {
+            *slot = Some(Tensor::from_vec(dgrid, grid.dims(), cx.device)?.to_dtype(grid.dtype())?);
+        }
+    }
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Det (host LU with partial pivoting)
+// ---------------------------------------------------------------------------------------------
+
+/// LU factorization of an `n × n` row-major matrix in place: the pivot rows, the
+/// determinant's sign, and `false` when the matrix is singular.
+fn lu(a: &mut [f64], n: usize) -> (Vec<usize>, f64, bool) {
+    let mut piv: Vec<usize> = (0..n).collect();
+    let mut sign = 1.0;
+    for k in 0..n {
+        let p = (k..n)
+            .max_by(|&i, &j| a[i * n + k].abs().total_cmp(&a[j * n + k].abs()))
+            .unwrap_or(k);
+        if a[p * n + k] == 0.0 {
+            return (piv, 0.0, false);
+        }
+        if p != k {
+            for j in 0..n {
+                a.swap(k * n + j, p * n + j);
+            }
+            piv.swap(k, p);
+            sign = -sign;
+        }
+        for i in k + 1..n {
+            let f = a[i * n + k] / a[k * n + k];
+            a[i * n + k] = f;
+            for j in k + 1..n {
+                a[i * n + j] -= f * a[k * n + j];
+            }
+        }
+    }
+    (piv, sign, true)
+}
+
+fn det_dims(cx: &KernelCtx) -> KResult<(usize, usize)> {
+    let s = cx.in_shape(0)?;
+    let r = s.len();
+    if r < 2 || s[r - 1] != s[r - 2] {
+        kbail!("Det needs square matrices, got {s:?}");
+    }
+    Ok((s[..r - 2].iter().product(), s[r - 1]))
+}
+
+fn det_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
+    let x = inp(xs, 0)?;
+    let (batch, n) = det_dims(cx)?;
+    let v = host_f64(x)?;
+    let mut out = Vec::with_capacity(batch);
+    for b in 0..batch {
+        let mut m = v[b * n * n..(b + 1) * n * n].to_vec();
+        let (_, sign, ok) = lu(&mut m, n);
+        out.push(if ok {
+            sign * (0..n).map(|i| m[i * n + i]).product::<f64>()
+        } else {
+            0.0
+        });
+    }
+    Ok(vec![Some(
+        Tensor::from_vec(out, cx.out_shape(0)?, cx.device)?.to_dtype(x.dtype())?,
+    )])
+}
+
+/// d det / d A = det · A^-T.
+fn det_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
+    grad0(cx, a, || {
+        let x = a.input(0)?;
+        let (batch, n) = det_dims(cx)?;
+        let v = host_f64(x)?;
+        let d = host_f64(a.output(0)?)?;
+        let g = host_f64(&a.grad(cx, 0)?)?;
+        let mut out = vec![0.0; v.len()];
+        for b in 0..batch {
+            let mut m = v[b * n * n..(b + 1) * n * n].to_vec();
+            let (piv, _, ok) = lu(&mut m, n);
+            if !ok {
+                kbail!("matrix {b} is singular: the gradient of Det needs its inverse");
+            }
+            let scale = g[b] * d[b];
+            // Column j of A^-1 solves A x = e_j; with P A = L U.
+            for j in 0..n {
+                let mut col: Vec<f64> = piv.iter().map(|&p| f64::from(u8::from(p == j))).collect();
+                for i in 0..n {
+                    for k in 0..i {
+                        col[i] -= m[i * n + k] * col[k];
+                    }
+                }
+                for i in (0..n).rev() {
+                    for k in i + 1..n {
+                        col[i] -= m[i * n + k] * col[k];
+                    }
+                    col[i] /= m[i * n + i];
+                }
+                // (A^-T)[j][i] = (A^-1)[i][j] = col[i].
+                for (i, &c) in col.iter().enumerate() {
+                    out[b * n * n + j * n + i] = scale * c;
+                }
+            }
+        }
+        Ok(Tensor::from_vec(out, x.dims(), cx.device)?.to_dtype(x.dtype())?)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
 // Registry
 // ---------------------------------------------------------------------------------------------
 
@@ -1679,6 +2150,27 @@ pub fn register(r: &mut KernelRegistry) {
     r.insert("ReverseSequence", kernel(reverse_fwd, Some(reverse_bwd)));
     r.insert("LpNormalization", kernel(lp_fwd, Some(lp_bwd)));
     r.insert("MeanVarianceNormalization", kernel(mvn_fwd, Some(mvn_bwd)));
+    register_more(r);
+}
+
+/// The ops of `crate::ops::array::register_more`.
+fn register_more(r: &mut KernelRegistry) {
+    for op in [
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Bernoulli",
+    ] {
+        r.insert(op, kernel(random_fwd, None));
+    }
+    r.insert("QuantizeLinear", kernel(quantize_fwd, Some(quantize_bwd)));
+    r.insert(
+        "DequantizeLinear",
+        kernel(dequantize_fwd, Some(dequantize_bwd)),
+    );
+    r.insert("GridSample", kernel(grid_fwd, Some(grid_bwd)));
+    r.insert("Det", kernel(det_fwd, Some(det_bwd)));
 }
 
 #[cfg(test)]
@@ -2287,5 +2779,104 @@ mod tests {
                 .attr(ints("axes", &[1]))
                 .tol(1e-5),
         );
+    }
+    #[test]
+    fn random() {
+        for op in ["RandomNormal", "RandomUniform"] {
+            check(
+                &Case::new(op, 1, vec![])
+                    .attr(ints("shape", &[2, 3]))
+                    .attr(int("dtype", 11)),
+            );
+        }
+        for op in ["RandomNormalLike", "RandomUniformLike"] {
+            check(&Case::new(op, 1, vec![In::Rand(vec![4])]).attr(float("high", 3.0)));
+        }
+        check(&Case::new(
+            "Bernoulli",
+            15,
+            vec![In::RandIn(vec![3, 3], 0.0, 1.0)],
+        ));
+        check(
+            &Case::new("Bernoulli", 15, vec![In::RandIn(vec![3], 0.0, 1.0)]).attr(int("dtype", 9)),
+        );
+    }
+
+    #[test]
+    fn quantization() {
+        let scale = || In::Const(DType::F32, vec![], vec![0.05]);
+        check(&Case::new(
+            "QuantizeLinear",
+            13,
+            vec![
+                In::Rand(vec![2, 3]),
+                scale(),
+                In::Ints(DType::U8, vec![], vec![128]),
+            ],
+        ));
+        check(&Case::new(
+            "QuantizeLinear",
+            13,
+            vec![
+                In::Rand(vec![2, 3]),
+                scale(),
+                In::Ints(DType::I8, vec![], vec![-3]),
+            ],
+        ));
+        check(
+            &Case::new(
+                "QuantizeLinear",
+                13,
+                vec![
+                    In::Rand(vec![2, 3]),
+                    In::Const(DType::F32, vec![3], vec![0.1, 0.01, 1.0]),
+                ],
+            )
+            .attr(int("axis", 1)),
+        );
+        check(&Case::new(
+            "DequantizeLinear",
+            13,
+            vec![
+                In::Ints(DType::U8, vec![2, 2], vec![0, 10, 200, 255]),
+                In::Const(DType::F64, vec![], vec![0.5]),
+                In::Ints(DType::U8, vec![], vec![100]),
+            ],
+        ));
+        check(
+            &Case::new(
+                "DequantizeLinear",
+                13,
+                vec![
+                    In::Ints(DType::I8, vec![2, 2], vec![-128, -1, 0, 127]),
+                    In::Const(DType::F64, vec![2], vec![0.5, 2.0]),
+                    In::Ints(DType::I8, vec![2], vec![-2, 3]),
+                ],
+            )
+            .attr(int("axis", 0)),
+        );
+    }
+
+    #[test]
+    fn grid_sample() {
+        let x = || In::Rand(vec![2, 2, 3, 4]);
+        let g = || In::RandIn(vec![2, 3, 2, 2], -1.2, 1.2);
+        for pad in ["zeros", "border", "reflection"] {
+            for align in [0, 1] {
+                check(
+                    &Case::new("GridSample", 16, vec![x(), g()])
+                        .attr(string("padding_mode", pad))
+                        .attr(int("align_corners", align)),
+                );
+            }
+        }
+        check(&Case::new("GridSample", 16, vec![x(), g()]).attr(string("mode", "nearest")));
+        check(&Case::new("GridSample", 20, vec![x(), g()]).attr(string("mode", "linear")));
+    }
+
+    #[test]
+    fn det() {
+        check(&Case::new("Det", 11, vec![In::Rand(vec![3, 3])]));
+        check(&Case::new("Det", 11, vec![In::Rand(vec![2, 4, 4])]).tol(1e-5));
     }
 }
