@@ -2879,4 +2879,662 @@ mod tests {
         check(&Case::new("Det", 11, vec![In::Rand(vec![3, 3])]));
         check(&Case::new("Det", 11, vec![In::Rand(vec![2, 4, 4])]).tol(1e-5));
     }
+    /// Runs an op's forward on fixed inputs (no gradient check) and returns its outputs'
+    /// values, to compare with ONNX's reference outputs.
+    fn run_with(
+        op: &'static str,
+        opset: i64,
+        attrs: Vec<onnx_protobuf::AttributeProto>,
+        inputs: Vec<In>,
+        n_out: usize,
+        seed: u64,
+    ) -> Vec<Vec<f64>> {
+        use crate::exec::kernel::{to_candle, Extras, KernelCtx};
+        use crate::exec::kernels::registry;
+        use crate::onnx::Attrs;
+        use crate::ops::{registry as op_registry, Ctx};
+        use crate::tensor::{Data, Fact, Tensor as PTensor};
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let u64s = |s: &[usize]| s.iter().map(|&d| d as u64).collect::<Vec<u64>>();
+        let mut facts = vec![];
+        let mut vals = vec![];
+        for i in inputs {
+            match i {
+                In::Floats(s, v) => {
+                    facts.push(Some(Fact::new(DType::F64, u64s(&s))));
+                    vals.push(Some(Tensor::from_vec(v, s, &dev).unwrap()));
+                }
+                In::Const(d, s, v) => {
+                    let d = if d.is_float() { DType::F64 } else { d };
+                    let t = PTensor::new(d, u64s(&s), Data::F(v));
+                    vals.push(Some(crate::exec::value::from_planner(&t, &dev).unwrap()));
+                    facts.push(Some(Fact::with_value(t)));
+                }
+                In::Ints(d, s, v) => {
+                    facts.push(Some(Fact::new(d, u64s(&s))));
+                    let t = Tensor::from_vec(v, s, &dev).unwrap();
+                    vals.push(Some(t.to_dtype(to_candle(d).unwrap()).unwrap()));
+                }
+                In::None => {
+                    facts.push(None);
+                    vals.push(None);
+                }
+                other => panic!("value tests take fixed inputs, not {other:?}"),
+            }
+        }
+        let a = Attrs {
+            node: "n",
+            op,
+            list: &attrs,
+        };
+        let scx = Ctx {
+            node: "n",
+            op,
+            opset,
+            attrs: a,
+            inputs: &facts,
+            n_outputs: n_out,
+        };
+        let outs = (op_registry()[op].infer)(&scx).unwrap();
+        let of: Vec<Option<Fact>> = outs.into_iter().map(Some).collect();
+        let cx = KernelCtx {
+            node: "n",
+            op,
+            opset,
+            attrs: a,
+            inputs: &facts,
+            outputs: &of,
+            device: &dev,
+            seed,
+        };
+        let y = (registry()[op].forward)(&cx, &vals, &Extras::new()).unwrap();
+        y.iter()
+            .map(|t| {
+                t.as_ref()
+                    .unwrap()
+                    .to_dtype(candle_core::DType::F64)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    fn run(
+        op: &'static str,
+        opset: i64,
+        attrs: Vec<onnx_protobuf::AttributeProto>,
+        inputs: Vec<In>,
+    ) -> Vec<f64> {
+        run_with(op, opset, attrs, inputs, 1, 7).remove(0)
+    }
+
+    fn fl(shape: &[usize], v: &[f64]) -> In {
+        In::Floats(shape.to_vec(), v.to_vec())
+    }
+
+    fn iota(shape: &[usize]) -> In {
+        let n: usize = shape.iter().product();
+        fl(shape, &(0..n).map(|i| i as f64).collect::<Vec<_>>())
+    }
+
+    fn close(got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-3, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn values_slice_pad_gather() {
+        let x = iota(&[10]);
+        close(
+            &run(
+                "Slice",
+                13,
+                vec![],
+                vec![
+                    x.clone(),
+                    c64(&[-2]),
+                    c64(&[i64::MIN]),
+                    c64(&[0]),
+                    c64(&[-3]),
+                ],
+            ),
+            &[8.0, 5.0, 2.0],
+        );
+        close(
+            &run(
+                "Slice",
+                13,
+                vec![],
+                vec![x, c64(&[1]), c64(&[100]), c64(&[0]), c64(&[4])],
+            ),
+            &[1.0, 5.0, 9.0],
+        );
+        let v = || fl(&[3], &[1.0, 2.0, 3.0]);
+        let pads = || c64(&[2, 1]);
+        close(
+            &run(
+                "Pad",
+                13,
+                vec![string("mode", "reflect")],
+                vec![v(), pads()],
+            ),
+            &[3.0, 2.0, 1.0, 2.0, 3.0, 2.0],
+        );
+        close(
+            &run("Pad", 13, vec![string("mode", "edge")], vec![v(), pads()]),
+            &[1.0, 1.0, 1.0, 2.0, 3.0, 3.0],
+        );
+        close(
+            &run("Pad", 19, vec![string("mode", "wrap")], vec![v(), pads()]),
+            &[2.0, 3.0, 1.0, 2.0, 3.0, 1.0],
+        );
+        let nine = In::Const(DType::F32, vec![], vec![9.0]);
+        close(
+            &run("Pad", 13, vec![], vec![v(), c64(&[1, -1]), nine]),
+            &[9.0, 1.0, 2.0],
+        );
+        let data = || fl(&[3], &[10.0, 20.0, 30.0]);
+        close(
+            &run(
+                "Gather",
+                13,
+                vec![],
+                vec![data(), In::Ints(DType::I64, vec![2], vec![-1, 0])],
+            ),
+            &[30.0, 10.0],
+        );
+        close(
+            &run(
+                "GatherElements",
+                13,
+                vec![int("axis", 1)],
+                vec![
+                    iota(&[2, 3]),
+                    In::Ints(DType::I64, vec![2, 2], vec![2, 0, -1, 1]),
+                ],
+            ),
+            &[2.0, 0.0, 5.0, 4.0],
+        );
+        close(
+            &run("Tile", 13, vec![], vec![fl(&[2], &[1.0, 2.0]), c64(&[2])]),
+            &[1.0, 2.0, 1.0, 2.0],
+        );
+        close(
+            &run(
+                "Expand",
+                13,
+                vec![],
+                vec![fl(&[2, 1], &[1.0, 2.0]), c64(&[2, 2])],
+            ),
+            &[1.0, 1.0, 2.0, 2.0],
+        );
+        close(
+            &run(
+                "Cast",
+                13,
+                vec![int("to", 9)],
+                vec![fl(&[3], &[0.0, 0.5, -1.0])],
+            ),
+            &[0.0, 1.0, 1.0],
+        );
+        close(
+            &run(
+                "Transpose",
+                13,
+                vec![ints("perm", &[1, 0])],
+                vec![iota(&[2, 3])],
+            ),
+            &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0],
+        );
+        let split = run_with("Split", 13, vec![], vec![iota(&[5]), c64(&[2, 3])], 2, 7);
+        close(&split[1], &[2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn values_resize() {
+        let x = || fl(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        let s2 = || f32s(&[1.0, 1.0, 2.0, 2.0]);
+        // ONNX backend test resize_upsample_scales_linear.
+        close(
+            &run(
+                "Resize",
+                13,
+                vec![string("mode", "linear")],
+                vec![x(), In::None, s2()],
+            ),
+            &[
+                1.0, 1.25, 1.75, 2.0, 1.5, 1.75, 2.25, 2.5, 2.5, 2.75, 3.25, 3.5, 3.0, 3.25, 3.75,
+                4.0,
+            ],
+        );
+        // resize_upsample_scales_linear_align_corners.
+        let t = 1.0 / 3.0;
+        close(
+            &run(
+                "Resize",
+                13,
+                vec![
+                    string("mode", "linear"),
+                    string("coordinate_transformation_mode", "align_corners"),
+                ],
+                vec![x(), In::None, s2()],
+            ),
+            &[
+                1.0,
+                1.0 + t,
+                1.0 + 2.0 * t,
+                2.0,
+                1.0 + 2.0 * t,
+                2.0,
+                2.0 + t,
+                2.0 + 2.0 * t,
+                2.0 + t,
+                2.0 + 2.0 * t,
+                3.0,
+                3.0 + t,
+                3.0,
+                3.0 + t,
+                3.0 + 2.0 * t,
+                4.0,
+            ],
+        );
+        // resize_downsample_scales_nearest.
+        close(
+            &run(
+                "Resize",
+                13,
+                vec![],
+                vec![iota(&[1, 1, 2, 4]), In::None, f32s(&[1.0, 1.0, 0.6, 0.6])],
+            ),
+            &[0.0, 2.0],
+        );
+        // resize_upsample_sizes_nearest (half_pixel, round_prefer_floor).
+        let y = run(
+            "Resize",
+            13,
+            vec![],
+            vec![x(), In::None, In::None, c64(&[1, 1, 7, 8])],
+        );
+        let row = |a: f64, b: f64| [a, a, a, a, b, b, b, b];
+        let mut want = vec![];
+        for r in 0..7 {
+            want.extend(if r < 4 { row(1.0, 2.0) } else { row(3.0, 4.0) });
+        }
+        close(&y, &want);
+        // Exporters' nearest: asymmetric + floor, and the legacy Upsample.
+        let z = run(
+            "Resize",
+            13,
+            vec![
+                string("coordinate_transformation_mode", "asymmetric"),
+                string("nearest_mode", "floor"),
+            ],
+            vec![fl(&[1, 3], &[1.0, 2.0, 3.0]), In::None, f32s(&[1.0, 2.0])],
+        );
+        close(&z, &[1.0, 1.0, 2.0, 2.0, 3.0, 3.0]);
+        close(
+            &run(
+                "Upsample",
+                9,
+                vec![],
+                vec![fl(&[1, 2], &[1.0, 2.0]), f32s(&[1.0, 3.0])],
+            ),
+            &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0],
+        );
+        // pytorch_half_pixel bilinear downsampling by 2 averages neighbours.
+        close(
+            &run(
+                "Resize",
+                13,
+                vec![
+                    string("mode", "linear"),
+                    string("coordinate_transformation_mode", "pytorch_half_pixel"),
+                ],
+                vec![
+                    fl(&[1, 4], &[1.0, 2.0, 3.0, 5.0]),
+                    In::None,
+                    f32s(&[1.0, 0.5]),
+                ],
+            ),
+            &[1.5, 4.0],
+        );
+    }
+
+    #[test]
+    fn values_rearrange() {
+        let v = || fl(&[3], &[1.0, 2.0, 3.0]);
+        let ax = || scalar(0);
+        close(
+            &run("CumSum", 14, vec![], vec![v(), ax()]),
+            &[1.0, 3.0, 6.0],
+        );
+        close(
+            &run("CumSum", 14, vec![int("exclusive", 1)], vec![v(), ax()]),
+            &[0.0, 1.0, 3.0],
+        );
+        close(
+            &run("CumSum", 14, vec![int("reverse", 1)], vec![v(), ax()]),
+            &[6.0, 5.0, 3.0],
+        );
+        close(
+            &run(
+                "CumSum",
+                14,
+                vec![int("exclusive", 1), int("reverse", 1)],
+                vec![v(), ax()],
+            ),
+            &[5.0, 3.0, 0.0],
+        );
+        close(
+            &run(
+                "CumSum",
+                14,
+                vec![int("reverse", 1)],
+                vec![In::Ints(DType::I32, vec![3], vec![1, 2, 3]), ax()],
+            ),
+            &[6.0, 5.0, 3.0],
+        );
+        // DepthToSpace, from the ONNX operator documentation.
+        let dcr = run(
+            "DepthToSpace",
+            13,
+            vec![int("blocksize", 2)],
+            vec![iota(&[1, 8, 2, 3])],
+        );
+        close(
+            &dcr[..12],
+            &[
+                0.0, 12.0, 1.0, 13.0, 2.0, 14.0, 24.0, 36.0, 25.0, 37.0, 26.0, 38.0,
+            ],
+        );
+        let crd = run(
+            "DepthToSpace",
+            13,
+            vec![int("blocksize", 2), string("mode", "CRD")],
+            vec![iota(&[1, 8, 2, 3])],
+        );
+        close(
+            &crd[..12],
+            &[
+                0.0, 6.0, 1.0, 7.0, 2.0, 8.0, 12.0, 18.0, 13.0, 19.0, 14.0, 20.0,
+            ],
+        );
+        // SpaceToDepth inverts DepthToSpace (DCR).
+        let back = run(
+            "SpaceToDepth",
+            13,
+            vec![int("blocksize", 2)],
+            vec![fl(&[1, 2, 4, 6], &dcr)],
+        );
+        close(&back, &(0..48).map(|i| i as f64).collect::<Vec<_>>());
+        // ReverseSequence, from the ONNX documentation.
+        close(
+            &run(
+                "ReverseSequence",
+                10,
+                vec![],
+                vec![
+                    iota(&[4, 4]),
+                    In::Ints(DType::I64, vec![4], vec![4, 3, 2, 1]),
+                ],
+            ),
+            &[
+                12.0, 9.0, 6.0, 3.0, 8.0, 5.0, 2.0, 7.0, 4.0, 1.0, 10.0, 11.0, 0.0, 13.0, 14.0,
+                15.0,
+            ],
+        );
+        close(
+            &run("Trilu", 14, vec![], vec![iota(&[3, 3]), scalar(1)]),
+            &[0.0, 1.0, 2.0, 0.0, 0.0, 5.0, 0.0, 0.0, 0.0],
+        );
+        close(
+            &run("Trilu", 14, vec![int("upper", 0)], vec![iota(&[2, 3])]),
+            &[0.0, 0.0, 0.0, 3.0, 4.0, 0.0],
+        );
+    }
+
+    #[test]
+    fn values_index_ops() {
+        let y = run_with(
+            "TopK",
+            11,
+            vec![],
+            vec![fl(&[4], &[3.0, 1.0, 3.0, 2.0]), c64(&[2])],
+            2,
+            7,
+        );
+        close(&y[0], &[3.0, 3.0]);
+        close(&y[1], &[0.0, 2.0]);
+        let y = run_with(
+            "TopK",
+            11,
+            vec![int("largest", 0)],
+            vec![fl(&[4], &[3.0, 1.0, 3.0, 2.0]), c64(&[3])],
+            2,
+            7,
+        );
+        close(&y[1], &[1.0, 3.0, 0.0]);
+        close(
+            &run(
+                "OneHot",
+                11,
+                vec![],
+                vec![
+                    In::Ints(DType::I64, vec![3], vec![0, -1, 7]),
+                    scalar(3),
+                    c64(&[0, 1]),
+                ],
+            ),
+            &[1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+        );
+        // GatherND with batch_dims = 1 (ONNX example 5).
+        close(
+            &run(
+                "GatherND",
+                13,
+                vec![int("batch_dims", 1)],
+                vec![
+                    iota(&[2, 2, 2]),
+                    In::Ints(DType::I64, vec![2, 1], vec![1, 0]),
+                ],
+            ),
+            &[2.0, 3.0, 4.0, 5.0],
+        );
+        // ScatterND (ONNX example 1).
+        close(
+            &run(
+                "ScatterND",
+                13,
+                vec![],
+                vec![
+                    fl(&[8], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]),
+                    In::Ints(DType::I64, vec![4, 1], vec![4, 3, 1, 7]),
+                    fl(&[4], &[9.0, 10.0, 11.0, 12.0]),
+                ],
+            ),
+            &[1.0, 11.0, 3.0, 10.0, 9.0, 6.0, 7.0, 12.0],
+        );
+        // ScatterElements (ONNX example 2), and its add reduction.
+        let args = || {
+            vec![
+                fl(&[1, 5], &[1.0, 2.0, 3.0, 4.0, 5.0]),
+                In::Ints(DType::I64, vec![1, 2], vec![1, 3]),
+                fl(&[1, 2], &[1.1, 2.1]),
+            ]
+        };
+        close(
+            &run("ScatterElements", 13, vec![int("axis", 1)], args()),
+            &[1.0, 1.1, 3.0, 2.1, 5.0],
+        );
+        close(
+            &run(
+                "ScatterElements",
+                16,
+                vec![int("axis", 1), string("reduction", "add")],
+                args(),
+            ),
+            &[1.0, 3.1, 3.0, 6.1, 5.0],
+        );
+        close(
+            &run(
+                "NonZero",
+                13,
+                vec![],
+                vec![In::Const(DType::I64, vec![2, 2], vec![1.0, 0.0, 1.0, 1.0])],
+            ),
+            &[0.0, 1.0, 1.0, 0.0, 0.0, 1.0],
+        );
+        close(
+            &run("EyeLike", 9, vec![int("k", -1)], vec![iota(&[3, 2])]),
+            &[0.0, 0.0, 1.0, 0.0, 0.0, 1.0],
+        );
+    }
+
+    #[test]
+    fn values_numeric() {
+        // Round half to even, saturation, zero point.
+        let scale = || In::Const(DType::F32, vec![], vec![1.0]);
+        close(
+            &run(
+                "QuantizeLinear",
+                13,
+                vec![],
+                vec![
+                    fl(&[6], &[0.5, 1.5, 2.5, -0.5, 300.0, -3.0]),
+                    scale(),
+                    In::Ints(DType::U8, vec![], vec![0]),
+                ],
+            ),
+            &[0.0, 2.0, 2.0, 0.0, 255.0, 0.0],
+        );
+        let q = run(
+            "QuantizeLinear",
+            13,
+            vec![],
+            vec![
+                fl(&[3], &[-200.0, -2.5, 3.0]),
+                scale(),
+                In::Ints(DType::I8, vec![], vec![1]),
+            ],
+        );
+        // int8 is held in u8 as two's complement: -128, -1, 4.
+        close(&q, &[128.0, 255.0, 4.0]);
+        close(
+            &run(
+                "DequantizeLinear",
+                13,
+                vec![],
+                vec![
+                    In::Ints(DType::I8, vec![3], vec![-128, -1, 4]),
+                    In::Const(DType::F64, vec![], vec![0.5]),
+                    In::Ints(DType::I8, vec![], vec![1]),
+                ],
+            ),
+            &[-64.5, -1.0, 1.5],
+        );
+        close(
+            &run("Det", 11, vec![], vec![fl(&[2, 2], &[1.0, 2.0, 3.0, 4.0])]),
+            &[-2.0],
+        );
+        close(
+            &run("Det", 11, vec![], vec![fl(&[2, 2], &[1.0, 2.0, 2.0, 4.0])]),
+            &[0.0],
+        );
+        close(
+            &run(
+                "LpNormalization",
+                1,
+                vec![],
+                vec![fl(&[2, 2], &[3.0, 4.0, 0.0, 2.0])],
+            ),
+            &[0.6, 0.8, 0.0, 1.0],
+        );
+        let m = run(
+            "MeanVarianceNormalization",
+            13,
+            vec![ints("axes", &[1])],
+            vec![fl(&[1, 4], &[1.0, 2.0, 3.0, 6.0])],
+        );
+        let std = (((1.0f64 - 3.0).powi(2) + 1.0 + 0.0 + 9.0) / 4.0).sqrt();
+        close(&m, &[-2.0 / std, -1.0 / std, 0.0, 3.0 / std]);
+        close(
+            &run(
+                "Range",
+                13,
+                vec![],
+                vec![
+                    In::Const(DType::F32, vec![], vec![1.0]),
+                    In::Const(DType::F32, vec![], vec![-2.0]),
+                    In::Const(DType::F32, vec![], vec![-0.75]),
+                ],
+            ),
+            &[1.0, 0.25, -0.5, -1.25],
+        );
+        // GridSample with an identity grid (align_corners) reproduces the input.
+        let grid: Vec<f64> = (0..2)
+            .flat_map(|i| (0..3).flat_map(move |j| [j as f64 - 1.0, 2.0 * i as f64 - 1.0]))
+            .collect();
+        close(
+            &run(
+                "GridSample",
+                16,
+                vec![int("align_corners", 1)],
+                vec![iota(&[1, 1, 2, 3]), fl(&[1, 2, 3, 2], &grid)],
+            ),
+            &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+        );
+    }
+
+    #[test]
+    fn values_random() {
+        let draw = |seed| {
+            run_with(
+                "RandomNormal",
+                1,
+                vec![
+                    ints("shape", &[4000]),
+                    float("mean", 2.0),
+                    float("scale", 3.0),
+                ],
+                vec![],
+                1,
+                seed,
+            )
+            .remove(0)
+        };
+        let (a, b, c) = (draw(5), draw(5), draw(6));
+        assert_eq!(a, b, "the same seed replays the same draws");
+        assert_ne!(a, c);
+        let mean = a.iter().sum::<f64>() / a.len() as f64;
+        let sd = (a.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / a.len() as f64).sqrt();
+        assert!(
+            (mean - 2.0).abs() < 0.2 && (sd - 3.0).abs() < 0.2,
+            "{mean} {sd}"
+        );
+        let u = run_with(
+            "RandomUniform",
+            1,
+            vec![
+                ints("shape", &[1000]),
+                float("low", -1.0),
+                float("high", 1.0),
+            ],
+            vec![],
+            1,
+            1,
+        )
+        .remove(0);
+        assert!(u.iter().all(|v| (-1.0..1.0).contains(v)));
+        let p = fl(&[4], &[0.0, 1.0, 0.0, 1.0]);
+        close(
+            &run("Bernoulli", 15, vec![], vec![p]),
+            &[0.0, 1.0, 0.0, 1.0],
+        );
+    }
 }
