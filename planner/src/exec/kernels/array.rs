@@ -3537,4 +3537,18 @@ mod tests {
             &[0.0, 1.0, 0.0, 1.0],
         );
     }
+    #[test]
+    fn every_array_op_has_kernels() {
+        let mut ops = crate::ops::Registry::new();
+        crate::ops::array::register(&mut ops);
+        crate::ops::array::register_more(&mut ops);
+        let kernels = crate::exec::kernels::registry();
+        let mut missing: Vec<&str> = ops
+            .keys()
+            .filter(|op| !kernels.contains_key(*op))
+            .copied()
+            .collect();
+        missing.sort();
+        assert!(missing.is_empty(), "no kernels for {missing:?}");
+    }
 }
