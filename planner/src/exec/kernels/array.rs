@@ -681,18 +681,24 @@ fn pad_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
 enum Interp {
     Nearest,
     Linear,
+    Cubic,
 }
 
-/// One resized axis: the source positions and weights of every output position.
+/// One resized axis: every output position reads `taps` sources (index and weight lists, one
+/// entry per output position); nearest has one tap of weight 1.
 struct AxisMap {
     axis: usize,
-    /// Nearest: one source per output; linear: (low, high) sources and the high weight.
-    lo: Vec<i64>,
-    hi: Vec<i64>,
-    w: Vec<f64>,
+    taps: Vec<(Vec<i64>, Vec<f64>)>,
 }
 
-fn resize_plan(cx: &KernelCtx) -> KResult<(Interp, Vec<AxisMap>)> {
+/// ONNX's cubic convolution coefficients for the taps at -1, 0, 1, 2 around `t` in [0, 1).
+fn cubic_coeffs(t: f64, a: f64) -> [f64; 4] {
+    let far = |x: f64| ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
+    let near = |x: f64| ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
+}
+
+fn resize_plan(cx: &KernelCtx) -> KResult<Vec<AxisMap>> {
     let in_shape = cx.in_shape(0)?;
     let out_shape = cx.out_shape(0)?;
     let rank = in_shape.len();
@@ -701,6 +707,7 @@ fn resize_plan(cx: &KernelCtx) -> KResult<(Interp, Vec<AxisMap>)> {
     let interp = match mode.as_str() {
         "nearest" => Interp::Nearest,
         "linear" | "bilinear" => Interp::Linear,
+        "cubic" if !legacy => Interp::Cubic,
         m => kbail!("attribute \"mode\" = {m:?} is not supported"),
     };
     let (coord, nearest) = if legacy {
@@ -715,6 +722,8 @@ fn resize_plan(cx: &KernelCtx) -> KResult<(Interp, Vec<AxisMap>)> {
                 .unwrap_or_else(|| "round_prefer_floor".into()),
         )
     };
+    let cubic_a = f64::from(cx.attrs.float_or("cubic_coeff_a", -0.75)?);
+    let exclude_outside = cx.attrs.int_or("exclude_outside", 0)? != 0;
     if cx.attrs.int_or("antialias", 0)? != 0 {
         kbail!("attribute \"antialias\" = 1 is not supported");
     }
@@ -758,6 +767,11 @@ fn resize_plan(cx: &KernelCtx) -> KResult<(Interp, Vec<AxisMap>)> {
             }
         }
     }
+    let n_taps = match interp {
+        Interp::Nearest => 1,
+        Interp::Linear => 2,
+        Interp::Cubic => 4,
+    };
     let mut maps = vec![];
     for a in 0..rank {
         let (di, dout) = (in_shape[a], out_shape[a]);
@@ -769,9 +783,9 @@ fn resize_plan(cx: &KernelCtx) -> KResult<(Interp, Vec<AxisMap>)> {
             continue;
         }
         let (fi, fo) = (di as f64, dout as f64);
-        let mut lo = Vec::with_capacity(dout);
-        let mut hi = Vec::with_capacity(dout);
-        let mut w = Vec::with_capacity(dout);
+        let mut taps: Vec<(Vec<i64>, Vec<f64>)> =
+            vec![(Vec::with_capacity(dout), Vec::with_capacity(dout)); n_taps];
+        let last = di as i64 - 1;
         for i in 0..dout {
             let x = i as f64;
             let src = match coord.as_str() {
@@ -801,52 +815,77 @@ fn resize_plan(cx: &KernelCtx) -> KResult<(Interp, Vec<AxisMap>)> {
                     kbail!("attribute \"coordinate_transformation_mode\" = {m:?} is not supported")
                 }
             };
-            let last = di as i64 - 1;
-            match interp {
+            let f = src.floor();
+            let t = src - f;
+            let f = f as i64;
+            // (source, weight) per tap; out-of-range sources read the edge.
+            let row: Vec<(i64, f64)> = match interp {
                 Interp::Nearest => {
-                    let f = src.floor();
-                    let frac = src - f;
                     let r = match nearest.as_str() {
                         "round_prefer_floor" => {
-                            if frac == 0.5 {
+                            if t == 0.5 {
                                 f
                             } else {
-                                src.round()
+                                src.round() as i64
                             }
                         }
                         "round_prefer_ceil" => {
-                            if frac == 0.5 {
-                                f + 1.0
+                            if t == 0.5 {
+                                f + 1
                             } else {
-                                src.round()
+                                src.round() as i64
                             }
                         }
                         "floor" => f,
-                        "ceil" => src.ceil(),
+                        "ceil" => src.ceil() as i64,
                         m => kbail!("attribute \"nearest_mode\" = {m:?} is not supported"),
                     };
-                    lo.push((r as i64).clamp(0, last));
+                    vec![(r, 1.0)]
                 }
-                Interp::Linear => {
-                    let f = src.floor();
-                    lo.push((f as i64).clamp(0, last));
-                    hi.push((f as i64 + 1).clamp(0, last));
-                    w.push(src - f);
+                Interp::Linear => vec![(f, 1.0 - t), (f + 1, t)],
+                Interp::Cubic => {
+                    let c = cubic_coeffs(t, cubic_a);
+                    let mut row: Vec<(i64, f64)> =
+                        (0..4).map(|k| (f - 1 + k, c[k as usize])).collect();
+                    if exclude_outside {
+                        for e in row.iter_mut() {
+                            if e.0 < 0 || e.0 > last {
+                                e.1 = 0.0;
+                            }
+                        }
+                        let sum: f64 = row.iter().map(|e| e.1).sum();
+                        if sum != 0.0 {
+                            for e in row.iter_mut() {
+                                e.1 /= sum;
+                            }
+                        }
+                    }
+                    row
                 }
+            };
+            for (tap, (src, w)) in taps.iter_mut().zip(row) {
+                tap.0.push(src.clamp(0, last));
+                tap.1.push(w);
             }
         }
+        // Skip axes the mapping leaves unchanged.
         let identity = dout == di
-            && lo.iter().enumerate().all(|(i, &s)| s == i as i64)
-            && (interp == Interp::Nearest
-                || w.iter()
-                    .zip(&hi)
-                    .enumerate()
-                    .all(|(i, (&wv, &h))| wv == 0.0 || h == i as i64));
+            && (0..dout).all(|i| {
+                let mut acc = 0.0;
+                for (src, w) in &taps {
+                    if src[i] == i as i64 {
+                        acc += w[i];
+                    } else if w[i] != 0.0 {
+                        return false;
+                    }
+                }
+                acc == 1.0
+            });
         if !identity {
-            maps.push(AxisMap { axis: a, lo, hi, w });
+            maps.push(AxisMap { axis: a, taps });
         }
     }
-    Ok((interp, maps))
+    Ok(maps)
 }
 
 /// Interpolation weights along `axis`, shaped to broadcast against a tensor of `rank`.
@@ -859,40 +898,48 @@ fn axis_weights(w: &[f64], axis: usize, rank: usize, dt: CD, dev: &Device) -> KR
 }
 
 fn resize_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
-    let (interp, maps) = resize_plan(cx)?;
     let mut x = inp(xs, 0)?.clone();
-    for m in &maps {
-        x = match interp {
-            Interp::Nearest => select(&x, &m.lo, m.axis)?,
-            Interp::Linear => {
-                let wh = axis_weights(&m.w, m.axis, x.rank(), x.dtype(), x.device())?;
-                let wl = wh.affine(-1.0, 1.0)?;
-                let a = select(&x, &m.lo, m.axis)?.broadcast_mul(&wl)?;
-                let b = select(&x, &m.hi, m.axis)?.broadcast_mul(&wh)?;
-                (a + b)?
+    for m in &resize_plan(cx)? {
+        let mut acc: Option<Tensor> = None;
+        for (src, w) in &m.taps {
+            let mut t = select(&x, src, m.axis)?;
+            if m.taps.len() > 1 {
+                t = t.broadcast_mul(&axis_weights(w, m.axis, x.rank(), x.dtype(), x.device())?)?;
             }
-        };
+            acc = Some(match acc {
+                Some(a) => (a + t)?,
+                None => t,
+            });
+        }
+        if let Some(a) = acc {
+            x = a;
+        }
     }
     Ok(vec![Some(x)])
 }
 
 fn resize_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
     grad0(cx, a, || {
-        let (interp, maps) = resize_plan(cx)?;
         let shape = cx.in_shape(0)?;
         let mut g = a.grad(cx, 0)?;
-        for m in maps.iter().rev() {
+        for m in resize_plan(cx)?.iter().rev() {
             let d = shape.get(m.axis).copied().unwrap_or(0);
-            g = match interp {
-                Interp::Nearest => unselect(&g, &m.lo, m.axis, d)?,
-                Interp::Linear => {
-                    let wh = axis_weights(&m.w, m.axis, g.rank(), g.dtype(), g.device())?;
-                    let wl = wh.affine(-1.0, 1.0)?;
-                    let lo = unselect(&g.broadcast_mul(&wl)?, &m.lo, m.axis, d)?;
-                    let hi = unselect(&g.broadcast_mul(&wh)?, &m.hi, m.axis, d)?;
-                    (lo + hi)?
-                }
-            };
+            let mut acc: Option<Tensor> = None;
+            for (src, w) in &m.taps {
+                let gw = if m.taps.len() > 1 {
+                    g.broadcast_mul(&axis_weights(w, m.axis, g.rank(), g.dtype(), g.device())?)?
+                } else {
+                    g.clone()
+                };
+                let t = unselect(&gw, src, m.axis, d)?;
+                acc = Some(match acc {
+                    Some(a) => (a + t)?,
+                    None => t,
+                });
+            }
+            if let Some(a) = acc {
+                g = a;
+            }
         }
         Ok(g)
     })
@@ -3550,5 +3597,88 @@ mod tests {
             .collect();
         missing.sort();
         assert!(missing.is_empty(), "no kernels for {missing:?}");
+    }
+    /// Expected values computed with ONNX's reference evaluator (`onnx.reference`, onnx 1.23).
+    #[test]
+    fn values_onnx_reference() {
+        let plus1: Vec<f64> = (1..=16).map(f64::from).collect();
+        let y = run(
+            "Resize",
+            13,
+            vec![string("mode", "cubic")],
+            vec![
+                fl(&[1, 1, 4, 4], &plus1),
+                In::None,
+                f32s(&[1.0, 1.0, 2.0, 2.0]),
+            ],
+        );
+        close(
+            &y[..8],
+            &[
+                0.47265625, 0.76953125, 1.24609375, 1.875, 2.28125, 2.91015625, 3.38671875,
+                3.68359375,
+            ],
+        );
+        let y = run(
+            "Resize",
+            13,
+            vec![string("mode", "cubic"), int("exclude_outside", 1)],
+            vec![
+                fl(&[1, 1, 4, 4], &plus1),
+                In::None,
+                f32s(&[1.0, 1.0, 0.8, 0.8]),
+            ],
+        );
+        close(&y[..3], &[1.4396355, 2.7560053, 4.0864201]);
+        let y = run(
+            "Resize",
+            13,
+            vec![string("nearest_mode", "round_prefer_ceil")],
+            vec![iota(&[1, 5]), In::None, f32s(&[1.0, 1.7])],
+        );
+        close(&y, &[0.0, 0.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0]);
+        let grid = [
+            -1.3, -0.2, 0.35, 0.9, 1.2, 1.4, -0.6, -1.05, 0.1, 0.05, 0.95, -0.7,
+        ];
+        let cases: [(&str, &str, i64, [f64; 6]); 5] = [
+            (
+                "linear",
+                "zeros",
+                0,
+                [0.0, 6.630001, 0.0, 0.1275, 6.0, 1.71],
+            ),
+            (
+                "linear",
+                "border",
+                1,
+                [3.2, 9.624999, 11.0, 0.6, 5.85, 4.125],
+            ),
+            (
+                "linear",
+                "reflection",
+                0,
+                [2.9, 10.2, 10.599999, 0.3, 6.0, 3.0],
+            ),
+            (
+                "linear",
+                "reflection",
+                1,
+                [3.65, 9.624999, 9.099999, 0.8, 5.85, 4.125],
+            ),
+            ("nearest", "zeros", 0, [0.0, 10.0, 0.0, 0.0, 6.0, 3.0]),
+        ];
+        for (mode, pad, align, want) in cases {
+            let y = run(
+                "GridSample",
+                20,
+                vec![
+                    string("mode", mode),
+                    string("padding_mode", pad),
+                    int("align_corners", align),
+                ],
+                vec![iota(&[1, 1, 3, 4]), fl(&[1, 2, 3, 2], &grid)],
+            );
+            close(&y, &want);
+        }
     }
 }
