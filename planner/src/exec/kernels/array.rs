@@ -1649,35 +1649,45 @@ fn mvn_axes(cx: &KernelCtx) -> KResult<Vec<usize>> {
 
 const MVN_EPS: f64 = 1e-9;
 
-/// The centred input, the standard deviation and the element count per group.
-fn mvn_parts(x: &Tensor, axes: &[usize]) -> KResult<(Tensor, Tensor, f64)> {
-    let n: usize = axes
-        .iter()
-        .map(|&a| x.dims().get(a).copied().unwrap_or(1))
-        .product();
+/// The type MVN computes in: f32 for the 16-bit types (whose range loses the epsilon).
+fn wide(t: &Tensor) -> KResult<Tensor> {
+    Ok(match t.dtype() {
+        CD::F16 | CD::BF16 => t.to_dtype(CD::F32)?,
+        _ => t.clone(),
+    })
+}
+
+/// The centred input and the standard deviation per group, in [`wide`] precision.
+fn mvn_parts(x: &Tensor, axes: &[usize]) -> KResult<(Tensor, Tensor)> {
+    let x = wide(x)?;
     let xc = x.broadcast_sub(&x.mean_keepdim(axes)?)?;
     let std = xc.sqr()?.mean_keepdim(axes)?.sqrt()?;
-    Ok((xc, std, n as f64))
+    Ok((xc, std))
 }
 
 fn mvn_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
     let axes = mvn_axes(cx)?;
-    let (xc, std, _) = mvn_parts(inp(xs, 0)?, &axes)?;
-    Ok(vec![Some(xc.broadcast_div(&std.affine(1.0, MVN_EPS)?)?)])
+    let x = inp(xs, 0)?;
+    let (xc, std) = mvn_parts(x, &axes)?;
+    let y = xc.broadcast_div(&std.affine(1.0, MVN_EPS)?)?;
+    Ok(vec![Some(y.to_dtype(x.dtype())?)])
 }
 
 fn mvn_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
     grad0(cx, a, || {
         let axes = mvn_axes(cx)?;
-        let (xc, std, _) = mvn_parts(a.input(0)?, &axes)?;
-        let g = a.grad(cx, 0)?;
+        let (xc, std) = mvn_parts(a.input(0)?, &axes)?;
+        let g0 = a.grad(cx, 0)?;
+        let g = wide(&g0)?;
         let d = std.affine(1.0, MVN_EPS)?;
         // y = xc / (s + eps): dx = (g - mean g) / d - xc * mean(g * xc) / (d² s).
         let gc = g.broadcast_sub(&g.mean_keepdim(axes.as_slice())?)?;
         let m = (&g * &xc)?.mean_keepdim(axes.as_slice())?;
+        // A constant group (s = 0) has xc = 0: its std term vanishes (no 0 / 0).
         let den = d.sqr()?.mul(&std)?;
-        let term = xc.broadcast_mul(&m.div(&den)?)?;
-        Ok((gc.broadcast_div(&d)? - term)?)
+        let ratio = std.gt(0.0)?.where_cond(&m.div(&den)?, &m.zeros_like()?)?;
+        let term = xc.broadcast_mul(&ratio)?;
+        Ok((gc.broadcast_div(&d)? - term)?.to_dtype(g0.dtype())?)
     })
 }
 
@@ -2084,6 +2094,16 @@ fn lu(a: &mut [f64], n: usize) -> (Vec<usize>, f64, bool) {
     (piv, sign, true)
 }
 
+/// The determinant of an `n × n` row-major matrix (overwritten by its LU factors).
+fn det_of(m: &mut [f64], n: usize) -> f64 {
+    let (_, sign, ok) = lu(m, n);
+    if ok {
+        sign * (0..n).map(|i| m[i * n + i]).product::<f64>()
+    } else {
+        0.0
+    }
+}
+
 fn det_dims(cx: &KernelCtx) -> KResult<(usize, usize)> {
     let s = cx.in_shape(0)?;
     let r = s.len();
@@ -2100,12 +2120,7 @@ fn det_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
     let mut out = Vec::with_capacity(batch);
     for b in 0..batch {
         let mut m = v[b * n * n..(b + 1) * n * n].to_vec();
-        let (_, sign, ok) = lu(&mut m, n);
-        out.push(if ok {
-            sign * (0..n).map(|i| m[i * n + i]).product::<f64>()
-        } else {
-            0.0
-        });
+        out.push(det_of(&mut m, n));
     }
     Ok(vec![Some(
         Tensor::from_vec(out, cx.out_shape(0)?, cx.device)?.to_dtype(x.dtype())?,
@@ -2125,7 +2140,19 @@ fn det_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
             let mut m = v[b * n * n..(b + 1) * n * n].to_vec();
             let (piv, _, ok) = lu(&mut m, n);
             if !ok {
-                kbail!("matrix {b} is singular: the gradient of Det needs its inverse");
+                // Singular: d det / d A is the cofactor matrix (no inverse to use).
+                let a = &v[b * n * n..(b + 1) * n * n];
+                for i in 0..n {
+                    for j in 0..n {
+                        let mut minor: Vec<f64> = Vec::with_capacity((n - 1) * (n - 1));
+                        for r in (0..n).filter(|&r| r != i) {
+                            minor.extend((0..n).filter(|&c| c != j).map(|c| a[r * n + c]));
+                        }
+                        let sign = if (i + j) % 2 == 0 { 1.0 } else { -1.0 };
+                        out[b * n * n + i * n + j] = g[b] * sign * det_of(&mut minor, n - 1);
+                    }
+                }
+                continue;
             }
             let scale = g[b] * d[b];
             // Column j of A^-1 solves A x = e_j; with P A = L U.
@@ -2925,6 +2952,13 @@ mod tests {
     fn det() {
         check(&Case::new("Det", 11, vec![In::Rand(vec![3, 3])]));
         check(&Case::new("Det", 11, vec![In::Rand(vec![2, 4, 4])]).tol(1e-5));
+        // A singular matrix (rank 2): the gradient is the cofactor matrix.
+        let sing = [1.0, 2.0, 3.0, 2.0, 4.0, 6.5, 0.5, 1.0, 1.5];
+        check(&Case::new(
+            "Det",
+            11,
+            vec![In::Floats(vec![3, 3], sing.to_vec())],
+        ));
     }
     /// Runs an op's forward on fixed inputs (no gradient check) and returns its outputs'
     /// values, to compare with ONNX's reference outputs.
@@ -2936,24 +2970,45 @@ mod tests {
         n_out: usize,
         seed: u64,
     ) -> Vec<Vec<f64>> {
-        use crate::exec::kernel::{to_candle, Extras, KernelCtx};
+        fwd_bwd(op, opset, &attrs, inputs, n_out, seed, DType::F64, false).0
+    }
+
+    /// Forward and (when `backward`) the backward with all-ones output gradients, with float
+    /// inputs and outputs in `ft`: the values of the outputs and of the input gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn fwd_bwd(
+        op: &'static str,
+        opset: i64,
+        attrs: &[onnx_protobuf::AttributeProto],
+        inputs: Vec<In>,
+        n_out: usize,
+        seed: u64,
+        ft: DType,
+        backward: bool,
+    ) -> (Vec<Vec<f64>>, Vec<Option<Vec<f64>>>) {
+        use crate::exec::kernel::{to_candle, BwdArgs, Extras, KernelCtx};
         use crate::exec::kernels::registry;
         use crate::onnx::Attrs;
         use crate::ops::{registry as op_registry, Ctx};
         use crate::tensor::{Data, Fact, Tensor as PTensor};
         use candle_core::{Device, Tensor};
         let dev = Device::Cpu;
+        let cft = to_candle(ft).unwrap();
         let u64s = |s: &[usize]| s.iter().map(|&d| d as u64).collect::<Vec<u64>>();
         let mut facts = vec![];
         let mut vals = vec![];
+        let mut float_in = vec![];
         for i in inputs {
+            float_in.push(matches!(i, In::Floats(..)));
             match i {
                 In::Floats(s, v) => {
-                    facts.push(Some(Fact::new(DType::F64, u64s(&s))));
-                    vals.push(Some(Tensor::from_vec(v, s, &dev).unwrap()));
+                    facts.push(Some(Fact::new(ft, u64s(&s))));
+                    vals.push(Some(
+                        Tensor::from_vec(v, s, &dev).unwrap().to_dtype(cft).unwrap(),
+                    ));
                 }
                 In::Const(d, s, v) => {
-                    let d = if d.is_float() { DType::F64 } else { d };
+                    let d = if d.is_float() { ft } else { d };
                     let t = PTensor::new(d, u64s(&s), Data::F(v));
                     vals.push(Some(crate::exec::value::from_planner(&t, &dev).unwrap()));
                     facts.push(Some(Fact::with_value(t)));
@@ -2973,7 +3028,7 @@ mod tests {
         let a = Attrs {
             node: "n",
             op,
-            list: &attrs,
+            list: attrs,
         };
         let scx = Ctx {
             node: "n",
@@ -2983,8 +3038,9 @@ mod tests {
             inputs: &facts,
             n_outputs: n_out,
         };
-        let outs = (op_registry()[op].infer)(&scx).unwrap();
-        let of: Vec<Option<Fact>> = outs.into_iter().map(Some).collect();
+        let spec = &op_registry()[op];
+        let outs = (spec.infer)(&scx).unwrap();
+        let of: Vec<Option<Fact>> = outs.iter().cloned().map(Some).collect();
         let cx = KernelCtx {
             node: "n",
             op,
@@ -2995,19 +3051,307 @@ mod tests {
             device: &dev,
             seed,
         };
-        let y = (registry()[op].forward)(&cx, &vals, &Extras::new()).unwrap();
-        y.iter()
-            .map(|t| {
-                t.as_ref()
-                    .unwrap()
-                    .to_dtype(candle_core::DType::F64)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f64>()
-                    .unwrap()
+        let kernel = registry()[op];
+        let y = (kernel.forward)(&cx, &vals, &Extras::new()).unwrap();
+        let host = |t: &Tensor| {
+            t.to_dtype(candle_core::DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        };
+        for (t, f) in y.iter().zip(&outs) {
+            assert_eq!(
+                t.as_ref().unwrap().dtype(),
+                to_candle(f.dtype).unwrap(),
+                "{op} output dtype"
+            );
+        }
+        let values = y.iter().map(|t| host(t.as_ref().unwrap())).collect();
+        if !backward {
+            return (values, vec![]);
+        }
+        let needs: Vec<bool> = (0..facts.len())
+            .map(|i| float_in[i] && (spec.diff_in)(&scx, i))
+            .collect();
+        let grads: Vec<Option<Tensor>> = outs
+            .iter()
+            .enumerate()
+            .map(|(k, f)| {
+                (f.dtype.is_float() && (spec.diff_out)(&scx, k)).then(|| {
+                    let shape: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
+                    Tensor::ones(shape, cft, &dev).unwrap()
+                })
             })
-            .collect()
+            .collect();
+        let g = (kernel.backward.unwrap())(
+            &cx,
+            &BwdArgs {
+                inputs: &vals,
+                outputs: &y,
+                extras: &Extras::new(),
+                grads: &grads,
+                needs: &needs,
+            },
+        )
+        .unwrap();
+        for (t, v) in g.iter().zip(&vals) {
+            if let (Some(t), Some(v)) = (t, v) {
+                assert_eq!(t.dtype(), v.dtype(), "{op} gradient dtype");
+                assert_eq!(t.dims(), v.dims(), "{op} gradient shape");
+            }
+        }
+        (values, g.iter().map(|t| t.as_ref().map(host)).collect())
+    }
+
+    /// Float types other than f64 (what models run): same results as f64 within rounding,
+    /// outputs and gradients in the input's type.
+    #[test]
+    fn f32_and_f16_match_f64() {
+        let r = |n: usize, k: f64| -> Vec<f64> {
+            (0..n)
+                .map(|i| ((i as f64 * 0.37 + k).sin() * 2.0).round() / 2.0 + 0.25)
+                .collect()
+        };
+        let x4 = || fl(&[1, 2, 3, 4], &r(24, 0.1));
+        let m3 = || fl(&[3, 3], &r(9, 1.0));
+        let sc = |v: &[f64]| In::Const(DType::F32, vec![v.len()], v.to_vec());
+        #[allow(clippy::type_complexity)]
+        let cases: Vec<(
+            &'static str,
+            i64,
+            Vec<onnx_protobuf::AttributeProto>,
+            Vec<In>,
+            usize,
+        )> = vec![
+            ("Identity", 13, vec![], vec![x4()], 1),
+            ("Reshape", 13, vec![], vec![x4(), c64(&[6, -1])], 1),
+            (
+                "Transpose",
+                13,
+                vec![ints("perm", &[0, 3, 1, 2])],
+                vec![x4()],
+                1,
+            ),
+            (
+                "Expand",
+                13,
+                vec![],
+                vec![fl(&[3, 1], &r(3, 0.0)), c64(&[2, 3, 4])],
+                1,
+            ),
+            (
+                "Slice",
+                13,
+                vec![],
+                vec![
+                    x4(),
+                    c64(&[3, 0]),
+                    c64(&[0, 3]),
+                    c64(&[3, 2]),
+                    c64(&[-1, 2]),
+                ],
+                1,
+            ),
+            (
+                "Split",
+                13,
+                vec![int("axis", 3)],
+                vec![x4(), c64(&[1, 3])],
+                2,
+            ),
+            ("Concat", 13, vec![int("axis", 1)], vec![x4(), x4()], 1),
+            (
+                "Gather",
+                13,
+                vec![int("axis", 2)],
+                vec![x4(), In::Ints(DType::I64, vec![2], vec![2, -3])],
+                1,
+            ),
+            (
+                "GatherElements",
+                13,
+                vec![int("axis", 0)],
+                vec![
+                    m3(),
+                    In::Ints(DType::I64, vec![2, 3], vec![0, 1, 2, 2, 1, 0]),
+                ],
+                1,
+            ),
+            ("Cast", 13, vec![int("to", 1)], vec![m3()], 1),
+            (
+                "Pad",
+                13,
+                vec![],
+                vec![
+                    x4(),
+                    c64(&[0, 0, 1, 2, 0, 0, 1, 0]),
+                    In::Const(DType::F32, vec![], vec![1.5]),
+                ],
+                1,
+            ),
+            (
+                "Pad",
+                13,
+                vec![string("mode", "reflect")],
+                vec![x4(), c64(&[0, 0, 1, 2, 0, 0, 1, 0])],
+                1,
+            ),
+            (
+                "Resize",
+                13,
+                vec![string("mode", "linear")],
+                vec![x4(), In::None, sc(&[1.0, 1.0, 2.0, 1.5])],
+                1,
+            ),
+            (
+                "Resize",
+                13,
+                vec![string("mode", "cubic")],
+                vec![x4(), In::None, sc(&[1.0, 1.0, 2.0, 1.5])],
+                1,
+            ),
+            (
+                "Resize",
+                13,
+                vec![],
+                vec![x4(), In::None, sc(&[1.0, 1.0, 2.0, 2.0])],
+                1,
+            ),
+            (
+                "CumSum",
+                14,
+                vec![int("exclusive", 1)],
+                vec![x4(), scalar(3)],
+                1,
+            ),
+            ("Tile", 13, vec![], vec![m3(), c64(&[2, 1])], 1),
+            ("Trilu", 14, vec![], vec![m3()], 1),
+            (
+                "DepthToSpace",
+                13,
+                vec![int("blocksize", 2)],
+                vec![fl(&[1, 4, 2, 3], &r(24, 0.3))],
+                1,
+            ),
+            (
+                "SpaceToDepth",
+                13,
+                vec![int("blocksize", 2)],
+                vec![fl(&[1, 1, 2, 4], &r(8, 0.3))],
+                1,
+            ),
+            (
+                "GatherND",
+                13,
+                vec![],
+                vec![m3(), In::Ints(DType::I64, vec![2, 2], vec![0, 1, 2, 2])],
+                1,
+            ),
+            (
+                "ScatterND",
+                13,
+                vec![],
+                vec![
+                    m3(),
+                    In::Ints(DType::I64, vec![1, 1], vec![1]),
+                    fl(&[1, 3], &r(3, 2.0)),
+                ],
+                1,
+            ),
+            (
+                "ScatterElements",
+                13,
+                vec![],
+                vec![
+                    m3(),
+                    In::Ints(DType::I64, vec![1, 2], vec![2, 0]),
+                    fl(&[1, 2], &r(2, 2.0)),
+                ],
+                1,
+            ),
+            ("TopK", 11, vec![], vec![m3(), c64(&[2])], 2),
+            (
+                "ReverseSequence",
+                10,
+                vec![],
+                vec![m3(), In::Ints(DType::I64, vec![3], vec![3, 1, 2])],
+                1,
+            ),
+            ("LpNormalization", 1, vec![], vec![m3()], 1),
+            (
+                "MeanVarianceNormalization",
+                13,
+                vec![ints("axes", &[1])],
+                vec![m3()],
+                1,
+            ),
+            (
+                "GridSample",
+                16,
+                vec![],
+                vec![x4(), fl(&[1, 2, 2, 2], &r(8, 0.5))],
+                1,
+            ),
+            ("Det", 11, vec![], vec![m3()], 1),
+            (
+                "QuantizeLinear",
+                13,
+                vec![],
+                vec![m3(), sc(&[0.1]), In::Ints(DType::U8, vec![], vec![10])],
+                1,
+            ),
+            (
+                "DequantizeLinear",
+                13,
+                vec![],
+                vec![
+                    In::Ints(DType::U8, vec![2], vec![3, 200]),
+                    sc(&[0.5]),
+                    In::Ints(DType::U8, vec![], vec![10]),
+                ],
+                1,
+            ),
+            (
+                "Range",
+                13,
+                vec![],
+                vec![
+                    In::Const(DType::F32, vec![], vec![0.5]),
+                    In::Const(DType::F32, vec![], vec![3.0]),
+                    In::Const(DType::F32, vec![], vec![0.5]),
+                ],
+                1,
+            ),
+        ];
+        for (op, opset, attrs, inputs, n) in cases {
+            let has_bwd = crate::exec::kernels::registry()[op].backward.is_some();
+            let (y64, g64) = fwd_bwd(op, opset, &attrs, inputs.clone(), n, 3, DType::F64, has_bwd);
+            for (ft, tol) in [(DType::F32, 1e-4), (DType::F16, 2e-2)] {
+                let (y, g) = fwd_bwd(op, opset, &attrs, inputs.clone(), n, 3, ft, has_bwd);
+                let cmp = |a: &[f64], b: &[f64], what: &str| {
+                    assert_eq!(a.len(), b.len(), "{op} {ft:?} {what}");
+                    let scale = b.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                    for (x, w) in a.iter().zip(b) {
+                        assert!(
+                            (x - w).abs() <= tol * scale,
+                            "{op} {ft:?} {what}: {a:?} vs {b:?}"
+                        );
+                    }
+                };
+                for (a, b) in y.iter().zip(&y64) {
+                    if op != "QuantizeLinear" || ft != DType::F16 {
+                        cmp(a, b, "output");
+                    }
+                }
+                for (a, b) in g.iter().zip(&g64) {
+                    if let (Some(a), Some(b)) = (a, b) {
+                        cmp(a, b, "gradient");
+                    }
+                }
+            }
+        }
     }
 
     fn run(
