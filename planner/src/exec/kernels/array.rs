@@ -702,6 +702,9 @@ fn resize_plan(cx: &KernelCtx) -> KResult<Vec<AxisMap>> {
     let in_shape = cx.in_shape(0)?;
     let out_shape = cx.out_shape(0)?;
     let rank = in_shape.len();
+    if out_shape.len() != rank {
+        kbail!("cannot resize {in_shape:?} to {out_shape:?}");
+    }
     let legacy = cx.op == "Upsample" || cx.opset < 11;
     let mode = cx.attrs.string("mode")?.unwrap_or_else(|| "nearest".into());
     let interp = match mode.as_str() {
@@ -1045,6 +1048,42 @@ fn folded_fwd(cx: &KernelCtx, _: &[Option<Tensor>], _: &Extras) -> Outs {
             f.shape
         ),
     }
+}
+
+/// Constant: the folded value, else the `value` tensor attribute decoded in full (constants
+/// above the import's folding limit keep only their shape in the facts).
+fn constant_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], e: &Extras) -> Outs {
+    if cx
+        .outputs
+        .first()
+        .is_some_and(|f| f.as_ref().is_some_and(|f| f.value.is_some()))
+    {
+        return folded_fwd(cx, xs, e);
+    }
+    let Some(t) = cx.attrs.tensor("value")? else {
+        return folded_fwd(cx, xs, e);
+    };
+    let d = crate::onnx::decode_tensor(t, cx.node)?;
+    let n = d.shape.iter().product::<u64>() as usize;
+    let data = crate::onnx::decode_values(t, d.dtype, n).ok_or_else(|| {
+        KernelError::new(format!(
+            "the value of this Constant ({:?}, shape {:?}) is not stored inline",
+            d.dtype, d.shape
+        ))
+    })?;
+    if data.len() != n {
+        kbail!(
+            "the Constant holds {} values for shape {:?}",
+            data.len(),
+            d.shape
+        );
+    }
+    let pt = crate::tensor::Tensor {
+        dtype: d.dtype,
+        shape: d.shape,
+        data,
+    };
+    Ok(vec![Some(from_planner(&pt, cx.device)?)])
 }
 
 fn shape_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], e: &Extras) -> Outs {
@@ -2104,6 +2143,12 @@ fn det_of(m: &mut [f64], n: usize) -> f64 {
     }
 }
 
+/// Matrix `b` of a batch of `n × n` matrices.
+fn matrix(v: &[f64], b: usize, n: usize) -> KResult<&[f64]> {
+    v.get(b * n * n..(b + 1) * n * n)
+        .ok_or_else(|| KernelError::new(format!("matrix {b} is missing from the input")))
+}
+
 fn det_dims(cx: &KernelCtx) -> KResult<(usize, usize)> {
     let s = cx.in_shape(0)?;
     let r = s.len();
@@ -2119,7 +2164,7 @@ fn det_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
     let v = host_f64(x)?;
     let mut out = Vec::with_capacity(batch);
     for b in 0..batch {
-        let mut m = v[b * n * n..(b + 1) * n * n].to_vec();
+        let mut m = matrix(&v, b, n)?.to_vec();
         out.push(det_of(&mut m, n));
     }
     Ok(vec![Some(
@@ -2136,12 +2181,18 @@ fn det_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
         let d = host_f64(a.output(0)?)?;
         let g = host_f64(&a.grad(cx, 0)?)?;
         let mut out = vec![0.0; v.len()];
+        if d.len() < batch || g.len() < batch {
+            kbail!(
+                "Det has {} outputs for {batch} matrices",
+                d.len().min(g.len())
+            );
+        }
         for b in 0..batch {
-            let mut m = v[b * n * n..(b + 1) * n * n].to_vec();
+            let mut m = matrix(&v, b, n)?.to_vec();
             let (piv, _, ok) = lu(&mut m, n);
             if !ok {
                 // Singular: d det / d A is the cofactor matrix (no inverse to use).
-                let a = &v[b * n * n..(b + 1) * n * n];
+                let a = matrix(&v, b, n)?;
                 for i in 0..n {
                     for j in 0..n {
                         let mut minor: Vec<f64> = Vec::with_capacity((n - 1) * (n - 1));
@@ -2206,7 +2257,7 @@ pub fn register(r: &mut KernelRegistry) {
     r.insert("CumSum", kernel(cumsum_fwd, Some(cumsum_bwd)));
     r.insert("Shape", kernel(shape_fwd, None));
     r.insert("Size", kernel(size_fwd, None));
-    r.insert("Constant", kernel(folded_fwd, None));
+    r.insert("Constant", kernel(constant_fwd, None));
     r.insert("ConstantOfShape", kernel(constant_of_shape_fwd, None));
     r.insert("Range", kernel(range_fwd, None));
     r.insert("Tile", kernel(tile_fwd, Some(tile_bwd)));
@@ -2642,6 +2693,20 @@ mod tests {
         check(&Case::new("Shape", 15, vec![In::Rand(vec![2, 3, 4])]).attr(int("start", 1)));
         check(&Case::new("Size", 13, vec![In::Rand(vec![2, 3, 4])]));
         check(&Case::new("Constant", 13, vec![]).attr(ints("value_ints", &[3, 4])));
+        // Above the folding limit: decoded from the attribute (raw little-endian f64).
+        let n = 5000;
+        let mut t = onnx_protobuf::TensorProto::new();
+        t.data_type = 11;
+        t.dims = vec![n as i64];
+        t.raw_data = (0..n).flat_map(|i| (i as f64).to_le_bytes()).collect();
+        let mut a = onnx_protobuf::AttributeProto::new();
+        a.name = "value".into();
+        a.type_ = onnx_protobuf::attribute_proto::AttributeType::TENSOR.into();
+        a.t = Some(t).into();
+        check(&Case::new("Constant", 13, vec![]).attr(a.clone()));
+        let y = run("Constant", 13, vec![a], vec![]);
+        assert_eq!(y.len(), n);
+        assert_eq!(y[4321], 4321.0);
         check(
             &Case::new("ConstantOfShape", 13, vec![c64(&[2, 3])]).attr(tensor_attr(
                 "value",
