@@ -1397,14 +1397,121 @@ fn gather_nd_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
 enum Reduction {
     None,
     Add,
+    Mul,
+    Max,
+    Min,
 }
 
 fn reduction(cx: &KernelCtx) -> KResult<Reduction> {
     match cx.attrs.string("reduction")?.as_deref().unwrap_or("none") {
         "none" => Ok(Reduction::None),
         "add" => Ok(Reduction::Add),
+        "mul" => Ok(Reduction::Mul),
+        "max" => Ok(Reduction::Max),
+        "min" => Ok(Reduction::Min),
         m => kbail!("attribute \"reduction\" = {m:?} is not supported"),
     }
+}
+
+/// Per hit row, the update rows that land on it (in order).
+fn row_hits(rows: usize, picks: &[i64]) -> Vec<Vec<usize>> {
+    let mut hits = vec![vec![]; rows];
+    for (t, &p) in picks.iter().enumerate() {
+        if let Some(h) = hits.get_mut(p as usize) {
+            h.push(t);
+        }
+    }
+    hits
+}
+
+/// Mul / max / min scatters on the host (`[rows, slice]` data, `[picks, slice]` updates).
+fn scatter_reduce_host(
+    data: &Tensor,
+    picks: &[i64],
+    upd: &Tensor,
+    red: Reduction,
+) -> KResult<Tensor> {
+    let (rows, slice) = data.dims2()?;
+    let mut out = host_f64(data)?;
+    let u = host_f64(upd)?;
+    for (t, &p) in picks.iter().enumerate() {
+        for j in 0..slice {
+            let (Some(o), Some(&v)) = (out.get_mut(p as usize * slice + j), u.get(t * slice + j))
+            else {
+                kbail!("update {t} does not fit the data");
+            };
+            *o = match red {
+                Reduction::Mul => *o * v,
+                Reduction::Max => o.max(v),
+                Reduction::Min => o.min(v),
+                Reduction::None | Reduction::Add => v,
+            };
+        }
+    }
+    Ok(Tensor::from_vec(out, (rows, slice), data.device())?.to_dtype(data.dtype())?)
+}
+
+/// Gradients of a mul / max / min scatter from the data, the updates and `g`. Max and min
+/// share the gradient evenly between the values equal to the result (as PyTorch's amax).
+fn scatter_reduce_bwd(
+    data: &Tensor,
+    picks: &[i64],
+    upd: &Tensor,
+    g: &Tensor,
+    red: Reduction,
+) -> KResult<(Tensor, Tensor)> {
+    let (rows, slice) = data.dims2()?;
+    let dv = host_f64(data)?;
+    let u = host_f64(upd)?;
+    let gv = host_f64(g)?;
+    if dv.len() != rows * slice || gv.len() != rows * slice || u.len() != picks.len() * slice {
+        kbail!("scatter gradient: data, updates and gradient do not match");
+    }
+    let mut dd = gv.clone();
+    let mut du = vec![0.0; u.len()];
+    for (r, ts) in row_hits(rows, picks).iter().enumerate() {
+        if ts.is_empty() {
+            continue;
+        }
+        for j in 0..slice {
+            let k = r * slice + j;
+            let ups: Vec<f64> = ts.iter().map(|&t| u[t * slice + j]).collect();
+            match red {
+                Reduction::Mul => {
+                    dd[k] = gv[k] * ups.iter().product::<f64>();
+                    for (q, &t) in ts.iter().enumerate() {
+                        let others: f64 = ups
+                            .iter()
+                            .enumerate()
+                            .filter(|&(w, _)| w != q)
+                            .map(|(_, &v)| v)
+                            .product();
+                        du[t * slice + j] = gv[k] * dv[k] * others;
+                    }
+                }
+                _ => {
+                    let best = ups.iter().fold(dv[k], |m, &v| {
+                        if red == Reduction::Max {
+                            m.max(v)
+                        } else {
+                            m.min(v)
+                        }
+                    });
+                    let n = ups.iter().filter(|&&v| v == best).count() + usize::from(dv[k] == best);
+                    let share = gv[k] / n.max(1) as f64;
+                    dd[k] = if dv[k] == best { share } else { 0.0 };
+                    for (q, &t) in ts.iter().enumerate() {
+                        du[t * slice + j] = if ups[q] == best { share } else { 0.0 };
+                    }
+                }
+            }
+        }
+    }
+    let dt = g.dtype();
+    Ok((
+        Tensor::from_vec(dd, (rows, slice), g.device())?.to_dtype(dt)?,
+        Tensor::from_vec(du, (picks.len(), slice), g.device())?.to_dtype(dt)?,
+    ))
 }
 
 /// Rows of a `[rows, slice]` view hit by `picks`, as a `[rows, 1]` mask.
@@ -1424,6 +1531,9 @@ fn scatter_rows(data: &Tensor, picks: &[i64], upd: &Tensor, red: Reduction) -> K
     let id = ids(picks.to_vec(), data.device())?;
     let upd = upd.contiguous()?;
     match red {
+        Reduction::Mul | Reduction::Max | Reduction::Min => {
+            scatter_reduce_host(data, picks, &upd, red)
+        }
         Reduction::Add => Ok(data.contiguous()?.index_add(&id, &upd, 0)?),
         Reduction::None => {
             let placed = Tensor::zeros((rows, slice), data.dtype(), data.device())?
@@ -1435,15 +1545,14 @@ fn scatter_rows(data: &Tensor, picks: &[i64], upd: &Tensor, red: Reduction) -> K
 }
 
 /// Gradients of a row scatter: (d data, d updates) from `g` (`[rows, slice]`).
-fn scatter_rows_bwd(g: &Tensor, picks: &[i64], red: Reduction) -> KResult<(Tensor, Tensor)> {
+fn scatter_rows_bwd(g: &Tensor, picks: &[i64], add: bool) -> KResult<(Tensor, Tensor)> {
     let (rows, slice) = g.dims2()?;
     let g = g.contiguous()?;
-    let dd = match red {
-        Reduction::Add => g.clone(),
-        Reduction::None => {
-            let hit = hit_mask(rows, picks, g.device())?.broadcast_as((rows, slice))?;
-            hit.where_cond(&g.zeros_like()?, &g)?
-        }
+    let dd = if add {
+        g.clone()
+    } else {
+        let hit = hit_mask(rows, picks, g.device())?.broadcast_as((rows, slice))?;
+        hit.where_cond(&g.zeros_like()?, &g)?
     };
     Ok((dd, select(&g, picks, 0)?))
 }
@@ -1481,7 +1590,17 @@ fn scatter_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
 fn scatter_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
     let p = scatter_plan(cx, a.input(1)?)?;
     let g = a.grad(cx, 0)?.reshape((p.rows, p.slice))?;
-    let (dd, du) = scatter_rows_bwd(&g, &p.picks, reduction(cx)?)?;
+    let red = reduction(cx)?;
+    let (dd, du) = match red {
+        Reduction::None | Reduction::Add => scatter_rows_bwd(&g, &p.picks, red == Reduction::Add)?,
+        _ => scatter_reduce_bwd(
+            &a.input(0)?.reshape((p.rows, p.slice))?,
+            &p.picks,
+            &a.input(2)?.reshape((p.picks.len(), p.slice))?,
+            &g,
+            red,
+        )?,
+    };
     let mut v = vec![None; cx.inputs.len()];
     if a.need(0) {
         if let Some(slot) = v.get_mut(0) {
@@ -2826,6 +2945,33 @@ mod tests {
             .attr(int("axis", 1))
             .attr(string("reduction", "add")),
         );
+        for red in ["mul", "max", "min"] {
+            check(
+                &Case::new(
+                    "ScatterElements",
+                    18,
+                    vec![
+                        d(),
+                        In::Ints(DType::I64, vec![2, 2], vec![1, 1, 0, 2]),
+                        In::Rand(vec![2, 2]),
+                    ],
+                )
+                .attr(int("axis", 1))
+                .attr(string("reduction", red)),
+            );
+            check(
+                &Case::new(
+                    "ScatterND",
+                    18,
+                    vec![
+                        x(),
+                        In::Ints(DType::I64, vec![3, 1], vec![2, 0, 2]),
+                        In::Rand(vec![3, 4, 2]),
+                    ],
+                )
+                .attr(string("reduction", red)),
+            );
+        }
         check(
             &Case::new(
                 "Scatter",
@@ -3837,6 +3983,22 @@ mod tests {
             ),
             &[1.0, 3.1, 3.0, 6.1, 5.0],
         );
+        // ScatterND reductions (ONNX examples: mul, and max / min on repeated indices).
+        let nd = |red: &str, upd: &[f64]| {
+            run(
+                "ScatterND",
+                18,
+                vec![string("reduction", red)],
+                vec![
+                    fl(&[4], &[1.0, 2.0, 3.0, 4.0]),
+                    In::Ints(DType::I64, vec![3, 1], vec![1, 1, 3]),
+                    fl(&[3], upd),
+                ],
+            )
+        };
+        close(&nd("mul", &[3.0, 0.5, 2.0]), &[1.0, 3.0, 3.0, 8.0]);
+        close(&nd("max", &[5.0, 1.0, 0.0]), &[1.0, 5.0, 3.0, 4.0]);
+        close(&nd("min", &[5.0, 1.0, 0.0]), &[1.0, 1.0, 3.0, 0.0]);
         close(
             &run(
                 "NonZero",
