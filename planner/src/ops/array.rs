@@ -342,7 +342,7 @@ fn slice_spec(cx: &Ctx, rank: usize) -> Result<SliceSpec> {
 }
 
 /// Per axis: the first index, the step and the count.
-fn slice_ranges(cx: &Ctx, shape: &[u64]) -> Result<Vec<(i64, i64, u64)>> {
+pub(crate) fn slice_ranges(cx: &Ctx, shape: &[u64]) -> Result<Vec<(i64, i64, u64)>> {
     let spec = slice_spec(cx, shape.len())?;
     let mut r: Vec<(i64, i64, u64)> = shape.iter().map(|&d| (0, 1, d)).collect();
     for k in 0..spec.axes.len() {
@@ -823,6 +823,20 @@ fn save_indices(_: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
     GradRule::saves(vec![Saved::Input(1)], 1.0)
 }
 
+/// Scatters: a plain or additive scatter routes the gradient by the indices alone; a mul, max
+/// or min reduction also needs the data and the updates it combined.
+fn scatter_grad(cx: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
+    let plain = matches!(
+        cx.attrs.string("reduction").ok().flatten().as_deref(),
+        None | Some("none") | Some("add")
+    );
+    if plain {
+        GradRule::saves(vec![Saved::Input(1)], 1.0)
+    } else {
+        GradRule::saves(vec![Saved::Input(0), Saved::Input(1), Saved::Input(2)], 1.0)
+    }
+}
+
 pub fn register(r: &mut Registry) {
     let view = |infer: fn(&Ctx) -> Result<Vec<Fact>>| OpSpec {
         infer,
@@ -898,7 +912,7 @@ pub fn register(r: &mut Registry) {
             OpSpec {
                 infer: same_as_input,
                 diff_in: |_, i| i != 1,
-                grad: save_indices,
+                grad: scatter_grad,
                 ..OpSpec::DEFAULT
             },
         );
@@ -1097,11 +1111,13 @@ pub fn register_more(r: &mut Registry) {
             ..OpSpec::DEFAULT
         },
     );
+    // The backward reverses the gradient with the same lengths: it keeps `sequence_lens`.
     r.insert(
         "ReverseSequence",
         OpSpec {
             infer: same_as_input,
             diff_in: first,
+            grad: save_indices,
             ..OpSpec::DEFAULT
         },
     );
