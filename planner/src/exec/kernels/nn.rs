@@ -1104,9 +1104,6 @@ fn conv_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
 fn convt_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
     let geo = conv_geo(cx, true)?;
     let x = req(xs, 0)?;
-    if x.rank() == 5 {
-        kbail!("ConvTranspose over 3 spatial dims is not supported");
-    }
     let y_shape = cx.out_shape(0)?;
     let y = conv_apply_dx(x, req(xs, 1)?, &geo, &y_shape[2..])?;
     Ok(vec![Some(add_bias(y, opt(xs, 2))?)])
@@ -1434,36 +1431,56 @@ fn bn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     let rank = x.rank();
     let c = x.dim(1)?;
     let eps = eps_attr(cx)?;
-    let xc = x.to_dtype(dt)?;
     let g = a.grad(cx, 0)?.to_dtype(dt)?;
     let dims = all_but_1(rank);
-    let (xhat, r) = if bn_training(cx)? {
-        let (m, r) = stats_from(a.extra("stats")?, dt, &chan_shape(c, rank))?;
-        (xc.broadcast_sub(&m)?.broadcast_mul(&r)?, r)
+    let cs = chan_shape(c, rank);
+    let training = bn_training(cx)?;
+    let (m, r) = if training {
+        stats_from(a.extra("stats")?, dt, &cs)?
     } else {
         let m = per_chan(a.input(3)?, c, rank, dt)?;
         let v = per_chan(a.input(4)?, c, rank, dt)?;
-        let r = v.affine(1.0, eps)?.sqrt()?.recip()?;
-        (xc.broadcast_sub(&m)?.broadcast_mul(&r)?, r)
+        (m, v.affine(1.0, eps)?.sqrt()?.recip()?)
+    };
+    // Per-channel sums: S_g = sum dY, S_gx = sum dY (x - mean); then every gradient is a
+    // per-channel affine map (few passes over the data).
+    let xc = x.to_dtype(dt)?.broadcast_sub(&m)?;
+    let sg = fsum_keepdim(&g, &dims)?;
+    let sgx = if training || a.need(1) {
+        Some(fsum_keepdim(&(&g * &xc)?, &dims)?)
+    } else {
+        None
     };
     let mut out = vec![None; a.inputs.len()];
     if a.need(0) {
         let scale = per_chan(a.input(1)?, c, rank, dt)?;
-        let gs = g.broadcast_mul(&scale)?;
-        let dx = if bn_training(cx)? {
-            norm_dx(&xhat, &r, &gs, &dims)?
-        } else {
-            gs.broadcast_mul(&r)?
+        let k = scale.broadcast_mul(&r)?;
+        let dx = match (&sgx, training) {
+            (Some(sgx), true) => {
+                let cnt: usize = dims.iter().map(|&d| x.dims()[d]).product();
+                let inv = 1.0 / cnt.max(1) as f64;
+                // dx = k (g - S_g / M - (x - mean) r^2 S_gx / M)
+                let bx = k
+                    .broadcast_mul(&r.sqr()?)?
+                    .broadcast_mul(sgx)?
+                    .affine(-inv, 0.0)?;
+                let c0 = k.broadcast_mul(&sg)?.affine(-inv, 0.0)?;
+                g.broadcast_mul(&k)?
+                    .add(&xc.broadcast_mul(&bx)?)?
+                    .broadcast_add(&c0)?
+            }
+            _ => g.broadcast_mul(&k)?,
         };
         out[0] = Some(dx.to_dtype(x.dtype())?);
     }
     if a.need(1) {
-        let ds = fsum(&(&g * &xhat)?, &dims)?;
-        out[1] = Some(ds.to_dtype(x.dtype())?.reshape(cx.in_shape(1)?)?);
+        if let Some(sgx) = &sgx {
+            let ds = sgx.broadcast_mul(&r)?;
+            out[1] = Some(ds.to_dtype(x.dtype())?.reshape(cx.in_shape(1)?)?);
+        }
     }
     if a.need(2) {
-        let db = fsum(&g, &dims)?;
-        out[2] = Some(db.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
+        out[2] = Some(sg.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
     }
     Ok(out)
 }
@@ -1871,12 +1888,158 @@ fn max_pool_with_indices(x: &Tensor, p: &PoolGeo) -> KResult<(Tensor, Tensor)> {
     Ok((y, i.clamp(0f64, last)?))
 }
 
+fn is_nan<T: PartialOrd>(v: T) -> bool {
+    v.partial_cmp(&v).is_none()
+}
+
+/// Host argmax of 2-D max pooling (CPU): flat indices into the whole input, first maximum in
+/// window order (NaN counts as the maximum).
+#[derive(Clone, Debug)]
+struct PoolArgmax {
+    nc: usize,
+    hw: [usize; 2],
+    win: Win,
+}
+
+impl PoolArgmax {
+    fn run<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<i64> {
+        let w = &self.win;
+        let (h, wd) = (self.hw[0] as isize, self.hw[1] as isize);
+        let plane = self.hw[0] * self.hw[1];
+        let (o0, o1) = (w.out[0], w.out[1]);
+        let oo = o0 * o1;
+        let mut dst = vec![0i64; self.nc * oo];
+        if oo == 0 {
+            return dst;
+        }
+        let threads = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, self.nc.max(1));
+        let per = self.nc.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (ci, chunk) in dst.chunks_mut(per * oo).enumerate() {
+                scope.spawn(move || {
+                    for (k, out) in chunk.chunks_mut(oo).enumerate() {
+                        let u = ci * per + k;
+                        let Some(inp) = x.get(u * plane..(u + 1) * plane) else {
+                            continue;
+                        };
+                        for oh in 0..o0 {
+                            let h0 = (oh * w.s[0]) as isize - w.pb[0] as isize;
+                            for ow in 0..o1 {
+                                let w0 = (ow * w.s[1]) as isize - w.pb[1] as isize;
+                                let mut best: Option<(T, usize)> = None;
+                                for ki in 0..w.k[0] {
+                                    let ih = h0 + (ki * w.d[0]) as isize;
+                                    if ih < 0 || ih >= h {
+                                        continue;
+                                    }
+                                    for kj in 0..w.k[1] {
+                                        let iw = w0 + (kj * w.d[1]) as isize;
+                                        if iw < 0 || iw >= wd {
+                                            continue;
+                                        }
+                                        let i = (ih * wd + iw) as usize;
+                                        let v = inp[i];
+                                        let take = match best {
+                                            None => true,
+                                            Some((b, _)) => !is_nan(b) && (v > b || is_nan(v)),
+                                        };
+                                        if take {
+                                            best = Some((v, i));
+                                        }
+                                    }
+                                }
+                                let i = match best {
+                                    Some((_, i)) => i,
+                                    None => {
+                                        let ih = h0.clamp(0, h - 1) as usize;
+                                        let iw = w0.clamp(0, wd - 1) as usize;
+                                        ih * self.hw[1] + iw
+                                    }
+                                };
+                                out[oh * o1 + ow] = (u * plane + i) as i64;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        dst
+    }
+}
+
+impl candle_core::CustomOp1 for PoolArgmax {
+    fn name(&self) -> &'static str {
+        "remat-maxpool-argmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let (a, b) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("pooling needs a contiguous input".into()))?;
+        if b - a != self.nc * self.hw[0] * self.hw[1] || self.hw.contains(&0) {
+            return Err(candle_core::Error::Msg(format!(
+                "pooling input has {} elements, expected {} planes of {:?}",
+                b - a,
+                self.nc,
+                self.hw
+            )));
+        }
+        let idx = match s {
+            S::F32(v) => self.run(&v[a..b]),
+            S::F64(v) => self.run(&v[a..b]),
+            S::F16(v) => self.run(&v[a..b]),
+            S::BF16(v) => self.run(&v[a..b]),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "max pooling supports f16, bf16, f32 and f64 data only".into(),
+                ))
+            }
+        };
+        Ok((
+            S::I64(idx),
+            candle_core::Shape::from((self.nc, self.win.out[0] * self.win.out[1])),
+        ))
+    }
+}
+
+/// Max pooling with flat indices: the host loop for 2-D pooling on the CPU, strided windows
+/// of candle ops otherwise.
+fn max_pool_indices_any(x: &Tensor, p: &PoolGeo) -> KResult<(Tensor, Tensor)> {
+    if host_unfold(x.device()) && x.rank() == 4 {
+        let (n, c, h, w) = x.dims4()?;
+        let op = PoolArgmax {
+            nc: n * c,
+            hw: [h, w],
+            win: p.win.clone(),
+        };
+        let (o0, o1) = (p.win.out[0], p.win.out[1]);
+        let idx = x
+            .contiguous()?
+            .apply_op1_no_bwd(&op)?
+            .reshape((n, c, o0, o1))?;
+        let y = x
+            .flatten_all()?
+            .index_select(&idx.flatten_all()?, 0)?
+            .reshape((n, c, o0, o1))?;
+        return Ok((y, idx));
+    }
+    max_pool_with_indices(x, p)
+}
+
 fn maxpool_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
     if tag != "indices" {
         kbail!("no extra value {tag:?}");
     }
     let p = pool_geo(cx)?;
-    Ok(vec![max_pool_with_indices(req(xs, 0)?, &p)?.1])
+    Ok(vec![max_pool_indices_any(req(xs, 0)?, &p)?.1])
 }
 
 fn maxpool_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
@@ -1895,8 +2058,12 @@ fn maxpool_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Ve
                 .reshape(y_shape)?;
             (y, Some(i.clone()))
         }
-        None if want(cx, 1) || p.win.k.len() != 2 || p.win.d != [1, 1] => {
-            let (y, i) = max_pool_with_indices(x, &p)?;
+        None if want(cx, 1)
+            || p.win.k.len() != 2
+            || p.win.d != [1, 1]
+            || host_unfold(x.device()) =>
+        {
+            let (y, i) = max_pool_indices_any(x, &p)?;
             (y, Some(i))
         }
         None => {
@@ -3033,6 +3200,53 @@ mod tests {
             .unwrap();
         assert_eq!(v, vec![5.0, 9.0, 8.0, 8.0]);
         assert_eq!(i, vec![1, 5, 10, 10]);
+    }
+
+    /// The host argmax (CPU) and the strided-window argmax (other devices) agree.
+    #[test]
+    fn max_pool_paths_agree() {
+        use super::{max_pool_indices_any, max_pool_with_indices, PoolGeo, Win};
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let cases = [
+            ([3, 3], [2, 2], [1, 1], [1, 1], [1, 1], [9, 9]),
+            ([2, 3], [2, 1], [2, 1], [0, 1], [1, 0], [8, 7]),
+            ([3, 3], [3, 3], [1, 1], [0, 0], [2, 2], [7, 7]),
+        ];
+        for (k, s, d, pb, pe, hw) in cases {
+            let out: Vec<usize> = (0..2)
+                .map(|j| (hw[j] + pb[j] + pe[j] - ((k[j] - 1) * d[j] + 1)) / s[j] + 1)
+                .collect();
+            let win = Win {
+                k: k.to_vec(),
+                s: s.to_vec(),
+                d: d.to_vec(),
+                pb: pb.to_vec(),
+                pe: pe.to_vec(),
+                out,
+            };
+            let p = PoolGeo {
+                pe_full: win.pe.clone(),
+                win,
+                x: vec![2, 3, hw[0], hw[1]],
+            };
+            let x = Tensor::randn(0f64, 1.0, (2, 3, hw[0], hw[1]), &dev).unwrap();
+            let (y1, i1) = max_pool_indices_any(&x, &p).unwrap();
+            let (y2, i2) = max_pool_with_indices(&x, &p).unwrap();
+            assert_eq!(
+                i1.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
+                i2.flatten_all().unwrap().to_vec1::<i64>().unwrap()
+            );
+            let e = (y1 - y2)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            assert_eq!(e, 0.0);
+        }
     }
 
     #[test]
