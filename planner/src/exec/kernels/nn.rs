@@ -838,6 +838,9 @@ fn conv_geo(cx: &KernelCtx, transpose: bool) -> KResult<ConvGeo> {
     if y.len() != x.len() {
         kbail!("output {y:?} does not match the input rank");
     }
+    if x[2..].contains(&0) || y[2..].contains(&0) || x[1] == 0 || y[1] == 0 {
+        kbail!("empty input {x:?} or output {y:?}");
+    }
     let win = if transpose {
         convt_win(cx, k, &x[2..], &y[2..])?
     } else {
@@ -3417,6 +3420,211 @@ mod tests {
         match e {
             Err(e) => assert!(e.0.contains("ii->i"), "{e}"),
             Ok(()) => panic!("a diagonal equation must be refused"),
+        }
+    }
+
+    /// Runs the forward of an op with float inputs of element type `dt` (values drawn from
+    /// `seed`), with the extras of its gradient rule, and returns every output as f64.
+    fn forward_in(
+        op: &'static str,
+        opset: i64,
+        attrs: &[onnx_protobuf::AttributeProto],
+        shapes: &[Vec<usize>],
+        n_out: usize,
+        dt: DType,
+    ) -> Vec<Vec<f64>> {
+        use crate::exec::kernel::{to_candle, Extras, KernelCtx, Rng};
+        use crate::onnx::Attrs;
+        use crate::ops::{registry as ops, Ctx, Saved};
+        use crate::tensor::Fact;
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let mut rng = Rng::new(5);
+        let facts: Vec<Option<Fact>> = shapes
+            .iter()
+            .map(|s| Some(Fact::new(dt, s.iter().map(|&d| d as u64).collect())))
+            .collect();
+        let values: Vec<Option<Tensor>> = shapes
+            .iter()
+            .map(|s| {
+                let n: usize = s.iter().product();
+                let v: Vec<f64> = (0..n).map(|_| rng.uniform(0.1, 1.0)).collect();
+                Some(
+                    Tensor::from_vec(v, s.clone(), &dev)
+                        .unwrap()
+                        .to_dtype(to_candle(dt).unwrap())
+                        .unwrap(),
+                )
+            })
+            .collect();
+        let spec = ops()[op];
+        let list = attrs.to_vec();
+        let scx = Ctx {
+            node: "n",
+            op,
+            opset,
+            attrs: Attrs {
+                node: "n",
+                op,
+                list: &list,
+            },
+            inputs: &facts,
+            n_outputs: n_out,
+        };
+        let inferred = (spec.infer)(&scx).unwrap();
+        let rule = (spec.grad)(&scx, &inferred, &vec![true; facts.len()]);
+        let outs: Vec<Option<Fact>> = inferred.into_iter().map(Some).collect();
+        let cx = KernelCtx {
+            node: "n",
+            op,
+            opset,
+            attrs: Attrs {
+                node: "n",
+                op,
+                list: &list,
+            },
+            inputs: &facts,
+            outputs: &outs,
+            device: &dev,
+            seed: 3,
+        };
+        let k = crate::exec::kernels::registry()[op];
+        let mut ex = Extras::new();
+        for sv in &rule.saved {
+            if let Saved::Extra { tag, bytes, .. } = sv {
+                let v = (k.extra.unwrap())(&cx, tag, &values).unwrap();
+                let got: usize = v
+                    .iter()
+                    .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+                    .sum();
+                assert_eq!(got as u64, *bytes, "{op} {tag} bytes in {dt:?}");
+                ex.insert(tag.to_string(), v);
+            }
+        }
+        let y = (k.forward)(&cx, &values, &ex).unwrap();
+        y.iter()
+            .zip(&outs)
+            .map(|(t, f)| {
+                let t = t.as_ref().unwrap();
+                let f = f.as_ref().unwrap();
+                let want = if f.dtype.is_float() && dt == DType::F64 {
+                    candle_core::DType::F64
+                } else {
+                    to_candle(f.dtype).unwrap()
+                };
+                assert_eq!(t.dtype(), want, "{op} output dtype in {dt:?}");
+                t.to_dtype(candle_core::DType::F64)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// Op, opset, attributes, input shapes, output count.
+    type FwdCase = (
+        &'static str,
+        i64,
+        Vec<onnx_protobuf::AttributeProto>,
+        Vec<Vec<usize>>,
+        usize,
+    );
+
+    /// Models run in f32 and f16: the kernels give the f64 results there too (statistics in
+    /// f32, saved extras used by the forward).
+    #[test]
+    fn f32_and_f16_match_f64() {
+        let v = |s: &[usize]| s.to_vec();
+        let cases: Vec<FwdCase> = vec![
+            (
+                "Conv",
+                17,
+                vec![ints("pads", &[1, 1, 1, 1]), ints("strides", &[2, 2])],
+                vec![v(&[2, 3, 9, 9]), v(&[4, 3, 3, 3]), v(&[4])],
+                1,
+            ),
+            (
+                "Conv",
+                17,
+                vec![ints("pads", &[1, 1, 1, 1, 1, 1])],
+                vec![v(&[1, 2, 3, 5, 5]), v(&[3, 2, 3, 3, 3])],
+                1,
+            ),
+            (
+                "BatchNormalization",
+                15,
+                vec![int("training_mode", 1)],
+                vec![v(&[4, 3, 5, 5]), v(&[3]), v(&[3]), v(&[3]), v(&[3])],
+                3,
+            ),
+            (
+                "LayerNormalization",
+                17,
+                vec![],
+                vec![v(&[4, 16]), v(&[16]), v(&[16])],
+                3,
+            ),
+            (
+                "GroupNormalization",
+                21,
+                vec![int("num_groups", 2)],
+                vec![v(&[2, 4, 3, 3]), v(&[4]), v(&[4])],
+                1,
+            ),
+            (
+                "InstanceNormalization",
+                6,
+                vec![],
+                vec![v(&[2, 3, 4, 4]), v(&[3]), v(&[3])],
+                1,
+            ),
+            (
+                "MaxPool",
+                12,
+                vec![
+                    ints("kernel_shape", &[3, 3]),
+                    ints("strides", &[2, 2]),
+                    ints("pads", &[1, 1, 1, 1]),
+                ],
+                vec![v(&[2, 3, 9, 9])],
+                2,
+            ),
+            (
+                "AveragePool",
+                19,
+                vec![ints("kernel_shape", &[2, 2])],
+                vec![v(&[2, 3, 6, 6])],
+                1,
+            ),
+            (
+                "Gemm",
+                13,
+                vec![int("transB", 1)],
+                vec![v(&[4, 8]), v(&[5, 8]), v(&[5])],
+                1,
+            ),
+            ("MatMul", 13, vec![], vec![v(&[2, 3, 8]), v(&[8, 4])], 1),
+            ("Softmax", 13, vec![], vec![v(&[3, 7])], 1),
+            ("LogSoftmax", 13, vec![], vec![v(&[3, 7])], 1),
+            ("GlobalAveragePool", 13, vec![], vec![v(&[2, 3, 4, 4])], 1),
+        ];
+        for (op, opset, attrs, shapes, n_out) in cases {
+            let want = forward_in(op, opset, &attrs, &shapes, n_out, DType::F64);
+            for (dt, tol) in [(DType::F32, 1e-4), (DType::F16, 3e-2)] {
+                let got = forward_in(op, opset, &attrs, &shapes, n_out, dt);
+                for (k, (a, b)) in want.iter().zip(&got).enumerate() {
+                    let scale = a.iter().map(|x| x.abs()).fold(1.0, f64::max);
+                    let err = a
+                        .iter()
+                        .zip(b)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0.0, f64::max)
+                        / scale;
+                    assert!(err < tol, "{op} output {k} in {dt:?}: relative error {err}");
+                }
+            }
         }
     }
 }
