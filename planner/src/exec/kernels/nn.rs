@@ -2396,7 +2396,8 @@ fn dropout_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Einsum (one or two operands, no ellipsis, no repeated letter within an operand)
+// Einsum (any number of operands, contracted pairwise from the left; no ellipsis, no repeated
+// letter within a term)
 
 struct Equation {
     text: String,
@@ -2437,9 +2438,6 @@ fn einsum_eq(cx: &KernelCtx) -> KResult<Equation> {
             once
         }
     };
-    if ins.is_empty() || ins.len() > 2 {
-        return Err(unsupported("only one or two operands are supported"));
-    }
     for term in ins.iter().chain(std::iter::once(&out)) {
         for (i, c) in term.iter().enumerate() {
             if !c.is_ascii_alphabetic() {
@@ -2604,52 +2602,79 @@ fn expand_to_letters(
     }
 }
 
+/// `einsum(ops -> out)` by pairwise products from the left; each intermediate keeps the
+/// letters that the output or a later operand needs.
+fn einn(ops: &[(Tensor, Vec<char>)], out: &[char]) -> KResult<Tensor> {
+    let Some((first, rest)) = ops.split_first() else {
+        kbail!("einsum without operands");
+    };
+    let (mut acc, mut al) = (first.0.clone(), first.1.clone());
+    for (j, (t, tl)) in rest.iter().enumerate() {
+        let later = &rest[j + 1..];
+        let mut keep: Vec<char> = vec![];
+        for &c in al.iter().chain(tl.iter()) {
+            let needed = out.contains(&c) || later.iter().any(|(_, l)| l.contains(&c));
+            if needed && !keep.contains(&c) {
+                keep.push(c);
+            }
+        }
+        acc = ein2(&acc, &al, t, tl, &keep)?;
+        al = keep;
+    }
+    ein1(&acc, &al, out)
+}
+
+/// The operands broadcast to the letter sizes, with their letters.
+fn einsum_operands(eq: &Equation, ops: &[&Tensor]) -> KResult<Vec<(Tensor, Vec<char>)>> {
+    let sizes = letter_sizes(eq, ops)?;
+    ops.iter()
+        .zip(&eq.ins)
+        .map(|(t, tl)| Ok((expand_to_letters(t, tl, &sizes)?, tl.clone())))
+        .collect()
+}
+
 fn einsum_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
     let eq = einsum_eq(cx)?;
     let ops = (0..eq.ins.len())
         .map(|i| req(xs, i))
         .collect::<KResult<Vec<&Tensor>>>()?;
-    let sizes = letter_sizes(&eq, &ops)?;
-    let y = if ops.len() == 1 {
-        ein1(ops[0], &eq.ins[0], &eq.out)?
-    } else {
-        let a = expand_to_letters(ops[0], &eq.ins[0], &sizes)?;
-        let b = expand_to_letters(ops[1], &eq.ins[1], &sizes)?;
-        ein2(&a, &eq.ins[0], &b, &eq.ins[1], &eq.out)?
-    };
-    Ok(vec![Some(y)])
+    let full = einsum_operands(&eq, &ops)?;
+    Ok(vec![Some(einn(&full, &eq.out)?)])
 }
 
 fn einsum_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     let eq = einsum_eq(cx)?;
     let g = a.grad(cx, 0)?;
     let mut out = vec![None; a.inputs.len()];
-    if eq.ins.len() == 1 {
-        if a.need(0) {
-            let shape = cx.in_shape(0)?;
-            out[0] = Some(ein_expand(&g, &eq.out, &eq.ins[0], &shape)?);
-        }
+    let n = eq.ins.len();
+    if !(0..n).any(|i| a.need(i)) {
         return Ok(out);
     }
-    let ops = [a.input(0)?, a.input(1)?];
-    let sizes = letter_sizes(&eq, &ops)?;
-    let full = [
-        expand_to_letters(ops[0], &eq.ins[0], &sizes)?,
-        expand_to_letters(ops[1], &eq.ins[1], &sizes)?,
-    ];
-    for i in 0..2 {
+    let ops = (0..n)
+        .map(|i| a.input(i))
+        .collect::<KResult<Vec<&Tensor>>>()?;
+    let full = einsum_operands(&eq, &ops)?;
+    for i in 0..n {
         if !a.need(i) {
             continue;
         }
-        let (tl, ol) = (&eq.ins[i], &eq.ins[1 - i]);
-        // Letters of this operand that reach the output or the other operand.
+        // d/d operand i = einsum(dY, the other operands -> operand i's letters), broadcast
+        // over the letters only operand i has (summed out in the forward).
+        let mut others = vec![(g.clone(), eq.out.clone())];
+        others.extend(
+            full.iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, o)| o.clone()),
+        );
+        let tl = &eq.ins[i];
         let kept: Vec<char> = tl
             .iter()
             .copied()
-            .filter(|c| eq.out.contains(c) || ol.contains(c))
+            .filter(|c| others.iter().any(|(_, l)| l.contains(c)))
             .collect();
-        let d = ein2(&g, &eq.out, &full[1 - i], ol, &kept)?;
-        let d = ein_expand(&d, &kept, tl, full[i].dims())?;
+        let d = einn(&others, &kept)?;
+        let d = ein_expand(&d, &kept, tl, full[i].0.dims())?;
         out[i] = Some(sum_to(&d, &cx.in_shape(i)?)?);
     }
     Ok(out)
@@ -3407,6 +3432,15 @@ mod tests {
         check(&Case::new("Einsum", 12, vec![r(&[3, 4]), r(&[4, 2])]).attr(eq("ij,jk")));
         check(&Case::new("Einsum", 12, vec![r(&[2, 3, 4]), r(&[4, 5])]).attr(eq("bij,jk->bki")));
         check(&Case::new("Einsum", 12, vec![r(&[3, 4, 2]), r(&[4])]).attr(eq("ijk,j->ik")));
+        check(
+            &Case::new("Einsum", 12, vec![r(&[2, 3]), r(&[3, 4]), r(&[4, 2])])
+                .attr(eq("ij,jk,kl->il")),
+        );
+        check(&Case::new("Einsum", 12, vec![r(&[3]), r(&[3]), r(&[2, 3])]).attr(eq("i,i,ji->j")));
+        // Size-1 broadcasting of a shared letter.
+        check(
+            &Case::new("Einsum", 12, vec![r(&[1, 3, 4]), r(&[2, 4, 5])]).attr(eq("bij,bjk->bik")),
+        );
     }
 
     #[test]
