@@ -2249,8 +2249,8 @@ fn gmp_fwd(_: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Opt
 // ---------------------------------------------------------------------------------------------
 // Softmax, LogSoftmax, Hardmax
 
-/// `x` as `[outer, n, inner]` for a softmax at the node's axis (opset < 13 flattens the
-/// dims from the axis on into one).
+/// `x` as `[outer, n, inner]` (or `[outer, n]` when `inner` is 1) for a softmax at the
+/// node's axis (opset < 13 flattens the dims from the axis on into one).
 fn softmax_view(cx: &KernelCtx, x: &Tensor) -> KResult<Tensor> {
     let rank = x.rank();
     let default = if cx.opset >= 13 { -1 } else { 1 };
@@ -2265,7 +2265,12 @@ fn softmax_view(cx: &KernelCtx, x: &Tensor) -> KResult<Tensor> {
     } else {
         (dims[axis.min(dims.len())..].iter().product(), 1)
     };
-    Ok(x.contiguous()?.reshape((outer, n, inner))?)
+    let x = x.contiguous()?;
+    if inner == 1 {
+        // The axis is the last dim: reductions over contiguous rows.
+        return Ok(x.reshape((outer, n))?);
+    }
+    Ok(x.reshape((outer, n, inner))?)
 }
 
 fn softmax_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
@@ -2301,7 +2306,9 @@ fn hardmax_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec
     let v = softmax_view(cx, x)?;
     let n = v.dim(1)?;
     let arg = v.argmax_keepdim(1)?;
-    let ar = Tensor::arange(0u32, n as u32, x.device())?.reshape((1, n, 1))?;
+    let mut ar_shape = vec![1; v.rank()];
+    ar_shape[1] = n;
+    let ar = Tensor::arange(0u32, n as u32, x.device())?.reshape(ar_shape)?;
     let y = ar.broadcast_eq(&arg)?.to_dtype(x.dtype())?;
     Ok(vec![Some(y.reshape(x.dims())?)])
 }
