@@ -1,12 +1,18 @@
 //! Kernels of the neural-network family (see `exec::kernel` for the contract): convolutions,
 //! matrix products, normalizations, pooling, softmax, dropout, einsum.
 //!
-//! Convolutions run on candle's `conv2d` (1-D as 2-D with a unit height, 3-D as a sum of
-//! 2-D convolutions over the kernel depth). The backward of the data is a `conv2d` of the
-//! stride-dilated gradient with the flipped, transposed kernel; the backward of the weight is
-//! one matrix product of the gradient with the unfolded input (im2col built from strided
-//! windows). Pooling works on strided windows of the padded input, in any number of spatial
-//! dims. Normalization statistics are computed in f32 (f64 when the input is f64).
+//! Convolutions are 2-D at the core (1-D as 2-D with a unit height, 3-D as a sum of 2-D
+//! convolutions over the kernel depth). On the CPU they unfold the input on the host (im2col
+//! and col2im as candle custom ops, one pass over contiguous memory) and multiply with
+//! candle's matmul: forward `W · cols`, data gradient `col2im(Wᵀ · dY)`, weight gradient
+//! `dY · colsᵀ`. On other devices they run on candle ops only: `conv2d` forward, the data
+//! gradient as a `conv2d` of the stride-dilated gradient with the flipped, transposed kernel,
+//! the weight gradient as one product of the gradient with columns built from strided
+//! windows. A test checks that both paths agree.
+//!
+//! Pooling works on strided windows of the padded input in any number of spatial dims (2-D
+//! max pooling finds its argmax on the host on the CPU). Normalization statistics are
+//! computed in f32 (f64 when the data is f64) and saved as f32, as the gradient rules declare.
 
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
