@@ -3470,8 +3470,9 @@ mod tests {
         }
     }
 
-    /// Runs the forward of an op with float inputs of element type `dt` (values drawn from
-    /// `seed`), with the extras of its gradient rule, and returns every output as f64.
+    /// Runs the forward and the backward of an op with float inputs of element type `dt`
+    /// (the same draws in every type), with the extras of its gradient rule, and returns
+    /// every output, then every gradient, as f64.
     fn forward_in(
         op: &'static str,
         opset: i64,
@@ -3549,7 +3550,8 @@ mod tests {
             }
         }
         let y = (k.forward)(&cx, &values, &ex).unwrap();
-        y.iter()
+        let mut res: Vec<Vec<f64>> = y
+            .iter()
             .zip(&outs)
             .map(|(t, f)| {
                 let t = t.as_ref().unwrap();
@@ -3567,7 +3569,53 @@ mod tests {
                     .to_vec1::<f64>()
                     .unwrap()
             })
-            .collect()
+            .collect();
+        // The backward, with every input visible, seeds from the same draws in every dtype.
+        let needs: Vec<bool> = (0..facts.len()).map(|i| (spec.diff_in)(&scx, i)).collect();
+        if !needs.iter().any(|&b| b) {
+            return res;
+        }
+        let seeds: Vec<Option<Tensor>> = outs
+            .iter()
+            .enumerate()
+            .map(|(k, f)| {
+                let f = f.as_ref().unwrap();
+                (f.dtype.is_float() && (spec.diff_out)(&scx, k)).then(|| {
+                    let shape: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
+                    let n: usize = shape.iter().product();
+                    let v: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                    Tensor::from_vec(v, shape, &dev)
+                        .unwrap()
+                        .to_dtype(to_candle(dt).unwrap())
+                        .unwrap()
+                })
+            })
+            .collect();
+        let outputs: Vec<Option<Tensor>> = y.clone();
+        let args = crate::exec::kernel::BwdArgs {
+            inputs: &values,
+            outputs: &outputs,
+            extras: &ex,
+            grads: &seeds,
+            needs: &needs,
+        };
+        let grads = (k.backward.unwrap())(&cx, &args).unwrap();
+        for (i, g) in grads.iter().enumerate() {
+            if let Some(g) = g {
+                let x = values[i].as_ref().unwrap();
+                assert_eq!(g.dtype(), x.dtype(), "{op} gradient {i} dtype in {dt:?}");
+                assert_eq!(g.dims(), x.dims(), "{op} gradient {i} shape in {dt:?}");
+                res.push(
+                    g.to_dtype(candle_core::DType::F64)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f64>()
+                        .unwrap(),
+                );
+            }
+        }
+        res
     }
 
     /// Op, opset, attributes, input shapes, output count.
@@ -3579,8 +3627,8 @@ mod tests {
         usize,
     );
 
-    /// Models run in f32 and f16: the kernels give the f64 results there too (statistics in
-    /// f32, saved extras used by the forward).
+    /// Models run in f32 and f16: the kernels give the f64 results there too, forward and
+    /// backward (statistics in f32, saved extras used by the forward).
     #[test]
     fn f32_and_f16_match_f64() {
         let v = |s: &[usize]| s.to_vec();
@@ -3659,8 +3707,13 @@ mod tests {
         ];
         for (op, opset, attrs, shapes, n_out) in cases {
             let want = forward_in(op, opset, &attrs, &shapes, n_out, DType::F64);
-            for (dt, tol) in [(DType::F32, 1e-4), (DType::F16, 3e-2)] {
+            for (dt, tol) in [(DType::F32, 1e-4), (DType::F16, 5e-2)] {
                 let got = forward_in(op, opset, &attrs, &shapes, n_out, dt);
+                // Outputs, then at least one gradient.
+                assert!(
+                    want.len() > n_out && got.len() == want.len(),
+                    "{op} in {dt:?}"
+                );
                 for (k, (a, b)) in want.iter().zip(&got).enumerate() {
                     let scale = a.iter().map(|x| x.abs()).fold(1.0, f64::max);
                     let err = a
@@ -3669,7 +3722,7 @@ mod tests {
                         .map(|(x, y)| (x - y).abs())
                         .fold(0.0, f64::max)
                         / scale;
-                    assert!(err < tol, "{op} output {k} in {dt:?}: relative error {err}");
+                    assert!(err < tol, "{op} result {k} in {dt:?}: relative error {err}");
                 }
             }
         }
