@@ -2964,6 +2964,9 @@ mod tests {
             vec![r(&[3, 4]), p(&[4, 5]), r(&[3, 5])],
         ));
         check(&Case::new("Gemm", 13, vec![r(&[3, 4]), p(&[5, 4])]).attr(int("transB", 1)));
+        check(
+            &Case::new("Gemm", 13, vec![r(&[3, 4]), p(&[4, 5]), r(&[])]).attr(float("beta", 0.5)),
+        );
     }
 
     #[test]
