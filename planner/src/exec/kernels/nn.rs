@@ -1,12 +1,18 @@
 //! Kernels of the neural-network family (see `exec::kernel` for the contract): convolutions,
 //! matrix products, normalizations, pooling, softmax, dropout, einsum.
 //!
-//! Convolutions run on candle's `conv2d` (1-D as 2-D with a unit height, 3-D as a sum of
-//! 2-D convolutions over the kernel depth). The backward of the data is a `conv2d` of the
-//! stride-dilated gradient with the flipped, transposed kernel; the backward of the weight is
-//! one matrix product of the gradient with the unfolded input (im2col built from strided
-//! windows). Pooling works on strided windows of the padded input, in any number of spatial
-//! dims. Normalization statistics are computed in f32 (f64 when the input is f64).
+//! Convolutions are 2-D at the core (1-D as 2-D with a unit height, 3-D as a sum of 2-D
+//! convolutions over the kernel depth). On the CPU they unfold the input on the host (im2col
+//! and col2im as candle custom ops, one pass over contiguous memory) and multiply with
+//! candle's matmul: forward `W · cols`, data gradient `col2im(Wᵀ · dY)`, weight gradient
+//! `dY · colsᵀ`. On other devices they run on candle ops only: `conv2d` forward, the data
+//! gradient as a `conv2d` of the stride-dilated gradient with the flipped, transposed kernel,
+//! the weight gradient as one product of the gradient with columns built from strided
+//! windows. A test checks that both paths agree.
+//!
+//! Pooling works on strided windows of the padded input in any number of spatial dims (2-D
+//! max pooling finds its argmax on the host on the CPU). Normalization statistics are
+//! computed in f32 (f64 when the data is f64) and saved as f32, as the gradient rules declare.
 
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
@@ -838,6 +844,9 @@ fn conv_geo(cx: &KernelCtx, transpose: bool) -> KResult<ConvGeo> {
     if y.len() != x.len() {
         kbail!("output {y:?} does not match the input rank");
     }
+    if x[2..].contains(&0) || y[2..].contains(&0) || x[1] == 0 || y[1] == 0 {
+        kbail!("empty input {x:?} or output {y:?}");
+    }
     let win = if transpose {
         convt_win(cx, k, &x[2..], &y[2..])?
     } else {
@@ -1104,9 +1113,6 @@ fn conv_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
 fn convt_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
     let geo = conv_geo(cx, true)?;
     let x = req(xs, 0)?;
-    if x.rank() == 5 {
-        kbail!("ConvTranspose over 3 spatial dims is not supported");
-    }
     let y_shape = cx.out_shape(0)?;
     let y = conv_apply_dx(x, req(xs, 1)?, &geo, &y_shape[2..])?;
     Ok(vec![Some(add_bias(y, opt(xs, 2))?)])
@@ -1434,36 +1440,56 @@ fn bn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     let rank = x.rank();
     let c = x.dim(1)?;
     let eps = eps_attr(cx)?;
-    let xc = x.to_dtype(dt)?;
     let g = a.grad(cx, 0)?.to_dtype(dt)?;
     let dims = all_but_1(rank);
-    let (xhat, r) = if bn_training(cx)? {
-        let (m, r) = stats_from(a.extra("stats")?, dt, &chan_shape(c, rank))?;
-        (xc.broadcast_sub(&m)?.broadcast_mul(&r)?, r)
+    let cs = chan_shape(c, rank);
+    let training = bn_training(cx)?;
+    let (m, r) = if training {
+        stats_from(a.extra("stats")?, dt, &cs)?
     } else {
         let m = per_chan(a.input(3)?, c, rank, dt)?;
         let v = per_chan(a.input(4)?, c, rank, dt)?;
-        let r = v.affine(1.0, eps)?.sqrt()?.recip()?;
-        (xc.broadcast_sub(&m)?.broadcast_mul(&r)?, r)
+        (m, v.affine(1.0, eps)?.sqrt()?.recip()?)
+    };
+    // Per-channel sums: S_g = sum dY, S_gx = sum dY (x - mean); then every gradient is a
+    // per-channel affine map (few passes over the data).
+    let xc = x.to_dtype(dt)?.broadcast_sub(&m)?;
+    let sg = fsum_keepdim(&g, &dims)?;
+    let sgx = if training || a.need(1) {
+        Some(fsum_keepdim(&(&g * &xc)?, &dims)?)
+    } else {
+        None
     };
     let mut out = vec![None; a.inputs.len()];
     if a.need(0) {
         let scale = per_chan(a.input(1)?, c, rank, dt)?;
-        let gs = g.broadcast_mul(&scale)?;
-        let dx = if bn_training(cx)? {
-            norm_dx(&xhat, &r, &gs, &dims)?
-        } else {
-            gs.broadcast_mul(&r)?
+        let k = scale.broadcast_mul(&r)?;
+        let dx = match (&sgx, training) {
+            (Some(sgx), true) => {
+                let cnt: usize = dims.iter().map(|&d| x.dims()[d]).product();
+                let inv = 1.0 / cnt.max(1) as f64;
+                // dx = k (g - S_g / M - (x - mean) r^2 S_gx / M)
+                let bx = k
+                    .broadcast_mul(&r.sqr()?)?
+                    .broadcast_mul(sgx)?
+                    .affine(-inv, 0.0)?;
+                let c0 = k.broadcast_mul(&sg)?.affine(-inv, 0.0)?;
+                g.broadcast_mul(&k)?
+                    .add(&xc.broadcast_mul(&bx)?)?
+                    .broadcast_add(&c0)?
+            }
+            _ => g.broadcast_mul(&k)?,
         };
         out[0] = Some(dx.to_dtype(x.dtype())?);
     }
     if a.need(1) {
-        let ds = fsum(&(&g * &xhat)?, &dims)?;
-        out[1] = Some(ds.to_dtype(x.dtype())?.reshape(cx.in_shape(1)?)?);
+        if let Some(sgx) = &sgx {
+            let ds = sgx.broadcast_mul(&r)?;
+            out[1] = Some(ds.to_dtype(x.dtype())?.reshape(cx.in_shape(1)?)?);
+        }
     }
     if a.need(2) {
-        let db = fsum(&g, &dims)?;
-        out[2] = Some(db.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
+        out[2] = Some(sg.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
     }
     Ok(out)
 }
@@ -1871,12 +1897,158 @@ fn max_pool_with_indices(x: &Tensor, p: &PoolGeo) -> KResult<(Tensor, Tensor)> {
     Ok((y, i.clamp(0f64, last)?))
 }
 
+fn is_nan<T: PartialOrd>(v: T) -> bool {
+    v.partial_cmp(&v).is_none()
+}
+
+/// Host argmax of 2-D max pooling (CPU): flat indices into the whole input, first maximum in
+/// window order (NaN counts as the maximum).
+#[derive(Clone, Debug)]
+struct PoolArgmax {
+    nc: usize,
+    hw: [usize; 2],
+    win: Win,
+}
+
+impl PoolArgmax {
+    fn run<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<i64> {
+        let w = &self.win;
+        let (h, wd) = (self.hw[0] as isize, self.hw[1] as isize);
+        let plane = self.hw[0] * self.hw[1];
+        let (o0, o1) = (w.out[0], w.out[1]);
+        let oo = o0 * o1;
+        let mut dst = vec![0i64; self.nc * oo];
+        if oo == 0 {
+            return dst;
+        }
+        let threads = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, self.nc.max(1));
+        let per = self.nc.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (ci, chunk) in dst.chunks_mut(per * oo).enumerate() {
+                scope.spawn(move || {
+                    for (k, out) in chunk.chunks_mut(oo).enumerate() {
+                        let u = ci * per + k;
+                        let Some(inp) = x.get(u * plane..(u + 1) * plane) else {
+                            continue;
+                        };
+                        for oh in 0..o0 {
+                            let h0 = (oh * w.s[0]) as isize - w.pb[0] as isize;
+                            for ow in 0..o1 {
+                                let w0 = (ow * w.s[1]) as isize - w.pb[1] as isize;
+                                let mut best: Option<(T, usize)> = None;
+                                for ki in 0..w.k[0] {
+                                    let ih = h0 + (ki * w.d[0]) as isize;
+                                    if ih < 0 || ih >= h {
+                                        continue;
+                                    }
+                                    for kj in 0..w.k[1] {
+                                        let iw = w0 + (kj * w.d[1]) as isize;
+                                        if iw < 0 || iw >= wd {
+                                            continue;
+                                        }
+                                        let i = (ih * wd + iw) as usize;
+                                        let v = inp[i];
+                                        let take = match best {
+                                            None => true,
+                                            Some((b, _)) => !is_nan(b) && (v > b || is_nan(v)),
+                                        };
+                                        if take {
+                                            best = Some((v, i));
+                                        }
+                                    }
+                                }
+                                let i = match best {
+                                    Some((_, i)) => i,
+                                    None => {
+                                        let ih = h0.clamp(0, h - 1) as usize;
+                                        let iw = w0.clamp(0, wd - 1) as usize;
+                                        ih * self.hw[1] + iw
+                                    }
+                                };
+                                out[oh * o1 + ow] = (u * plane + i) as i64;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        dst
+    }
+}
+
+impl candle_core::CustomOp1 for PoolArgmax {
+    fn name(&self) -> &'static str {
+        "remat-maxpool-argmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let (a, b) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("pooling needs a contiguous input".into()))?;
+        if b - a != self.nc * self.hw[0] * self.hw[1] || self.hw.contains(&0) {
+            return Err(candle_core::Error::Msg(format!(
+                "pooling input has {} elements, expected {} planes of {:?}",
+                b - a,
+                self.nc,
+                self.hw
+            )));
+        }
+        let idx = match s {
+            S::F32(v) => self.run(&v[a..b]),
+            S::F64(v) => self.run(&v[a..b]),
+            S::F16(v) => self.run(&v[a..b]),
+            S::BF16(v) => self.run(&v[a..b]),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "max pooling supports f16, bf16, f32 and f64 data only".into(),
+                ))
+            }
+        };
+        Ok((
+            S::I64(idx),
+            candle_core::Shape::from((self.nc, self.win.out[0] * self.win.out[1])),
+        ))
+    }
+}
+
+/// Max pooling with flat indices: the host loop for 2-D pooling on the CPU, strided windows
+/// of candle ops otherwise.
+fn max_pool_indices_any(x: &Tensor, p: &PoolGeo) -> KResult<(Tensor, Tensor)> {
+    if host_unfold(x.device()) && x.rank() == 4 {
+        let (n, c, h, w) = x.dims4()?;
+        let op = PoolArgmax {
+            nc: n * c,
+            hw: [h, w],
+            win: p.win.clone(),
+        };
+        let (o0, o1) = (p.win.out[0], p.win.out[1]);
+        let idx = x
+            .contiguous()?
+            .apply_op1_no_bwd(&op)?
+            .reshape((n, c, o0, o1))?;
+        let y = x
+            .flatten_all()?
+            .index_select(&idx.flatten_all()?, 0)?
+            .reshape((n, c, o0, o1))?;
+        return Ok((y, idx));
+    }
+    max_pool_with_indices(x, p)
+}
+
 fn maxpool_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
     if tag != "indices" {
         kbail!("no extra value {tag:?}");
     }
     let p = pool_geo(cx)?;
-    Ok(vec![max_pool_with_indices(req(xs, 0)?, &p)?.1])
+    Ok(vec![max_pool_indices_any(req(xs, 0)?, &p)?.1])
 }
 
 fn maxpool_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
@@ -1895,8 +2067,12 @@ fn maxpool_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Ve
                 .reshape(y_shape)?;
             (y, Some(i.clone()))
         }
-        None if want(cx, 1) || p.win.k.len() != 2 || p.win.d != [1, 1] => {
-            let (y, i) = max_pool_with_indices(x, &p)?;
+        None if want(cx, 1)
+            || p.win.k.len() != 2
+            || p.win.d != [1, 1]
+            || host_unfold(x.device()) =>
+        {
+            let (y, i) = max_pool_indices_any(x, &p)?;
             (y, Some(i))
         }
         None => {
@@ -2079,8 +2255,8 @@ fn gmp_fwd(_: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Opt
 // ---------------------------------------------------------------------------------------------
 // Softmax, LogSoftmax, Hardmax
 
-/// `x` as `[outer, n, inner]` for a softmax at the node's axis (opset < 13 flattens the
-/// dims from the axis on into one).
+/// `x` as `[outer, n, inner]` (or `[outer, n]` when `inner` is 1) for a softmax at the
+/// node's axis (opset < 13 flattens the dims from the axis on into one).
 fn softmax_view(cx: &KernelCtx, x: &Tensor) -> KResult<Tensor> {
     let rank = x.rank();
     let default = if cx.opset >= 13 { -1 } else { 1 };
@@ -2095,7 +2271,12 @@ fn softmax_view(cx: &KernelCtx, x: &Tensor) -> KResult<Tensor> {
     } else {
         (dims[axis.min(dims.len())..].iter().product(), 1)
     };
-    Ok(x.contiguous()?.reshape((outer, n, inner))?)
+    let x = x.contiguous()?;
+    if inner == 1 {
+        // The axis is the last dim: reductions over contiguous rows.
+        return Ok(x.reshape((outer, n))?);
+    }
+    Ok(x.reshape((outer, n, inner))?)
 }
 
 fn softmax_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
@@ -2131,7 +2312,9 @@ fn hardmax_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec
     let v = softmax_view(cx, x)?;
     let n = v.dim(1)?;
     let arg = v.argmax_keepdim(1)?;
-    let ar = Tensor::arange(0u32, n as u32, x.device())?.reshape((1, n, 1))?;
+    let mut ar_shape = vec![1; v.rank()];
+    ar_shape[1] = n;
+    let ar = Tensor::arange(0u32, n as u32, x.device())?.reshape(ar_shape)?;
     let y = ar.broadcast_eq(&arg)?.to_dtype(x.dtype())?;
     Ok(vec![Some(y.reshape(x.dims())?)])
 }
@@ -2226,7 +2409,8 @@ fn dropout_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Einsum (one or two operands, no ellipsis, no repeated letter within an operand)
+// Einsum (any number of operands, contracted pairwise from the left; no ellipsis, no repeated
+// letter within a term)
 
 struct Equation {
     text: String,
@@ -2267,9 +2451,6 @@ fn einsum_eq(cx: &KernelCtx) -> KResult<Equation> {
             once
         }
     };
-    if ins.is_empty() || ins.len() > 2 {
-        return Err(unsupported("only one or two operands are supported"));
-    }
     for term in ins.iter().chain(std::iter::once(&out)) {
         for (i, c) in term.iter().enumerate() {
             if !c.is_ascii_alphabetic() {
@@ -2434,52 +2615,79 @@ fn expand_to_letters(
     }
 }
 
+/// `einsum(ops -> out)` by pairwise products from the left; each intermediate keeps the
+/// letters that the output or a later operand needs.
+fn einn(ops: &[(Tensor, Vec<char>)], out: &[char]) -> KResult<Tensor> {
+    let Some((first, rest)) = ops.split_first() else {
+        kbail!("einsum without operands");
+    };
+    let (mut acc, mut al) = (first.0.clone(), first.1.clone());
+    for (j, (t, tl)) in rest.iter().enumerate() {
+        let later = &rest[j + 1..];
+        let mut keep: Vec<char> = vec![];
+        for &c in al.iter().chain(tl.iter()) {
+            let needed = out.contains(&c) || later.iter().any(|(_, l)| l.contains(&c));
+            if needed && !keep.contains(&c) {
+                keep.push(c);
+            }
+        }
+        acc = ein2(&acc, &al, t, tl, &keep)?;
+        al = keep;
+    }
+    ein1(&acc, &al, out)
+}
+
+/// The operands broadcast to the letter sizes, with their letters.
+fn einsum_operands(eq: &Equation, ops: &[&Tensor]) -> KResult<Vec<(Tensor, Vec<char>)>> {
+    let sizes = letter_sizes(eq, ops)?;
+    ops.iter()
+        .zip(&eq.ins)
+        .map(|(t, tl)| Ok((expand_to_letters(t, tl, &sizes)?, tl.clone())))
+        .collect()
+}
+
 fn einsum_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
     let eq = einsum_eq(cx)?;
     let ops = (0..eq.ins.len())
         .map(|i| req(xs, i))
         .collect::<KResult<Vec<&Tensor>>>()?;
-    let sizes = letter_sizes(&eq, &ops)?;
-    let y = if ops.len() == 1 {
-        ein1(ops[0], &eq.ins[0], &eq.out)?
-    } else {
-        let a = expand_to_letters(ops[0], &eq.ins[0], &sizes)?;
-        let b = expand_to_letters(ops[1], &eq.ins[1], &sizes)?;
-        ein2(&a, &eq.ins[0], &b, &eq.ins[1], &eq.out)?
-    };
-    Ok(vec![Some(y)])
+    let full = einsum_operands(&eq, &ops)?;
+    Ok(vec![Some(einn(&full, &eq.out)?)])
 }
 
 fn einsum_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     let eq = einsum_eq(cx)?;
     let g = a.grad(cx, 0)?;
     let mut out = vec![None; a.inputs.len()];
-    if eq.ins.len() == 1 {
-        if a.need(0) {
-            let shape = cx.in_shape(0)?;
-            out[0] = Some(ein_expand(&g, &eq.out, &eq.ins[0], &shape)?);
-        }
+    let n = eq.ins.len();
+    if !(0..n).any(|i| a.need(i)) {
         return Ok(out);
     }
-    let ops = [a.input(0)?, a.input(1)?];
-    let sizes = letter_sizes(&eq, &ops)?;
-    let full = [
-        expand_to_letters(ops[0], &eq.ins[0], &sizes)?,
-        expand_to_letters(ops[1], &eq.ins[1], &sizes)?,
-    ];
-    for i in 0..2 {
+    let ops = (0..n)
+        .map(|i| a.input(i))
+        .collect::<KResult<Vec<&Tensor>>>()?;
+    let full = einsum_operands(&eq, &ops)?;
+    for i in 0..n {
         if !a.need(i) {
             continue;
         }
-        let (tl, ol) = (&eq.ins[i], &eq.ins[1 - i]);
-        // Letters of this operand that reach the output or the other operand.
+        // d/d operand i = einsum(dY, the other operands -> operand i's letters), broadcast
+        // over the letters only operand i has (summed out in the forward).
+        let mut others = vec![(g.clone(), eq.out.clone())];
+        others.extend(
+            full.iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, o)| o.clone()),
+        );
+        let tl = &eq.ins[i];
         let kept: Vec<char> = tl
             .iter()
             .copied()
-            .filter(|c| eq.out.contains(c) || ol.contains(c))
+            .filter(|c| others.iter().any(|(_, l)| l.contains(c)))
             .collect();
-        let d = ein2(&g, &eq.out, &full[1 - i], ol, &kept)?;
-        let d = ein_expand(&d, &kept, tl, full[i].dims())?;
+        let d = einn(&others, &kept)?;
+        let d = ein_expand(&d, &kept, tl, full[i].0.dims())?;
         out[i] = Some(sum_to(&d, &cx.in_shape(i)?)?);
     }
     Ok(out)
@@ -2756,6 +2964,9 @@ mod tests {
             vec![r(&[3, 4]), p(&[4, 5]), r(&[3, 5])],
         ));
         check(&Case::new("Gemm", 13, vec![r(&[3, 4]), p(&[5, 4])]).attr(int("transB", 1)));
+        check(
+            &Case::new("Gemm", 13, vec![r(&[3, 4]), p(&[4, 5]), r(&[])]).attr(float("beta", 0.5)),
+        );
     }
 
     #[test]
@@ -3035,6 +3246,53 @@ mod tests {
         assert_eq!(i, vec![1, 5, 10, 10]);
     }
 
+    /// The host argmax (CPU) and the strided-window argmax (other devices) agree.
+    #[test]
+    fn max_pool_paths_agree() {
+        use super::{max_pool_indices_any, max_pool_with_indices, PoolGeo, Win};
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let cases = [
+            ([3, 3], [2, 2], [1, 1], [1, 1], [1, 1], [9, 9]),
+            ([2, 3], [2, 1], [2, 1], [0, 1], [1, 0], [8, 7]),
+            ([3, 3], [3, 3], [1, 1], [0, 0], [2, 2], [7, 7]),
+        ];
+        for (k, s, d, pb, pe, hw) in cases {
+            let out: Vec<usize> = (0..2)
+                .map(|j| (hw[j] + pb[j] + pe[j] - ((k[j] - 1) * d[j] + 1)) / s[j] + 1)
+                .collect();
+            let win = Win {
+                k: k.to_vec(),
+                s: s.to_vec(),
+                d: d.to_vec(),
+                pb: pb.to_vec(),
+                pe: pe.to_vec(),
+                out,
+            };
+            let p = PoolGeo {
+                pe_full: win.pe.clone(),
+                win,
+                x: vec![2, 3, hw[0], hw[1]],
+            };
+            let x = Tensor::randn(0f64, 1.0, (2, 3, hw[0], hw[1]), &dev).unwrap();
+            let (y1, i1) = max_pool_indices_any(&x, &p).unwrap();
+            let (y2, i2) = max_pool_with_indices(&x, &p).unwrap();
+            assert_eq!(
+                i1.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
+                i2.flatten_all().unwrap().to_vec1::<i64>().unwrap()
+            );
+            let e = (y1 - y2)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            assert_eq!(e, 0.0);
+        }
+    }
+
     #[test]
     fn average_pool() {
         for include in [0, 1] {
@@ -3190,6 +3448,15 @@ mod tests {
         check(&Case::new("Einsum", 12, vec![r(&[3, 4]), r(&[4, 2])]).attr(eq("ij,jk")));
         check(&Case::new("Einsum", 12, vec![r(&[2, 3, 4]), r(&[4, 5])]).attr(eq("bij,jk->bki")));
         check(&Case::new("Einsum", 12, vec![r(&[3, 4, 2]), r(&[4])]).attr(eq("ijk,j->ik")));
+        check(
+            &Case::new("Einsum", 12, vec![r(&[2, 3]), r(&[3, 4]), r(&[4, 2])])
+                .attr(eq("ij,jk,kl->il")),
+        );
+        check(&Case::new("Einsum", 12, vec![r(&[3]), r(&[3]), r(&[2, 3])]).attr(eq("i,i,ji->j")));
+        // Size-1 broadcasting of a shared letter.
+        check(
+            &Case::new("Einsum", 12, vec![r(&[1, 3, 4]), r(&[2, 4, 5])]).attr(eq("bij,bjk->bik")),
+        );
     }
 
     #[test]
@@ -3203,6 +3470,264 @@ mod tests {
         match e {
             Err(e) => assert!(e.0.contains("ii->i"), "{e}"),
             Ok(()) => panic!("a diagonal equation must be refused"),
+        }
+    }
+
+    /// Runs the forward and the backward of an op with float inputs of element type `dt`
+    /// (the same draws in every type), with the extras of its gradient rule, and returns
+    /// every output, then every gradient, as f64.
+    fn forward_in(
+        op: &'static str,
+        opset: i64,
+        attrs: &[onnx_protobuf::AttributeProto],
+        shapes: &[Vec<usize>],
+        n_out: usize,
+        dt: DType,
+    ) -> Vec<Vec<f64>> {
+        use crate::exec::kernel::{to_candle, Extras, KernelCtx, Rng};
+        use crate::onnx::Attrs;
+        use crate::ops::{registry as ops, Ctx, Saved};
+        use crate::tensor::Fact;
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        let mut rng = Rng::new(5);
+        let facts: Vec<Option<Fact>> = shapes
+            .iter()
+            .map(|s| Some(Fact::new(dt, s.iter().map(|&d| d as u64).collect())))
+            .collect();
+        let values: Vec<Option<Tensor>> = shapes
+            .iter()
+            .map(|s| {
+                let n: usize = s.iter().product();
+                let v: Vec<f64> = (0..n).map(|_| rng.uniform(0.1, 1.0)).collect();
+                Some(
+                    Tensor::from_vec(v, s.clone(), &dev)
+                        .unwrap()
+                        .to_dtype(to_candle(dt).unwrap())
+                        .unwrap(),
+                )
+            })
+            .collect();
+        let spec = ops()[op];
+        let list = attrs.to_vec();
+        let scx = Ctx {
+            node: "n",
+            op,
+            opset,
+            attrs: Attrs {
+                node: "n",
+                op,
+                list: &list,
+            },
+            inputs: &facts,
+            n_outputs: n_out,
+        };
+        let inferred = (spec.infer)(&scx).unwrap();
+        let rule = (spec.grad)(&scx, &inferred, &vec![true; facts.len()]);
+        let outs: Vec<Option<Fact>> = inferred.into_iter().map(Some).collect();
+        let cx = KernelCtx {
+            node: "n",
+            op,
+            opset,
+            attrs: Attrs {
+                node: "n",
+                op,
+                list: &list,
+            },
+            inputs: &facts,
+            outputs: &outs,
+            device: &dev,
+            seed: 3,
+        };
+        let k = crate::exec::kernels::registry()[op];
+        let mut ex = Extras::new();
+        for sv in &rule.saved {
+            if let Saved::Extra { tag, bytes, .. } = sv {
+                let v = (k.extra.unwrap())(&cx, tag, &values).unwrap();
+                let got: usize = v
+                    .iter()
+                    .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+                    .sum();
+                assert_eq!(got as u64, *bytes, "{op} {tag} bytes in {dt:?}");
+                ex.insert(tag.to_string(), v);
+            }
+        }
+        let y = (k.forward)(&cx, &values, &ex).unwrap();
+        let mut res: Vec<Vec<f64>> = y
+            .iter()
+            .zip(&outs)
+            .map(|(t, f)| {
+                let t = t.as_ref().unwrap();
+                let f = f.as_ref().unwrap();
+                let want = if f.dtype.is_float() && dt == DType::F64 {
+                    candle_core::DType::F64
+                } else {
+                    to_candle(f.dtype).unwrap()
+                };
+                assert_eq!(t.dtype(), want, "{op} output dtype in {dt:?}");
+                t.to_dtype(candle_core::DType::F64)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap()
+            })
+            .collect();
+        // The backward, with every input visible, seeds from the same draws in every dtype.
+        let needs: Vec<bool> = (0..facts.len()).map(|i| (spec.diff_in)(&scx, i)).collect();
+        if !needs.iter().any(|&b| b) {
+            return res;
+        }
+        let seeds: Vec<Option<Tensor>> = outs
+            .iter()
+            .enumerate()
+            .map(|(k, f)| {
+                let f = f.as_ref().unwrap();
+                (f.dtype.is_float() && (spec.diff_out)(&scx, k)).then(|| {
+                    let shape: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
+                    let n: usize = shape.iter().product();
+                    let v: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                    Tensor::from_vec(v, shape, &dev)
+                        .unwrap()
+                        .to_dtype(to_candle(dt).unwrap())
+                        .unwrap()
+                })
+            })
+            .collect();
+        let outputs: Vec<Option<Tensor>> = y.clone();
+        let args = crate::exec::kernel::BwdArgs {
+            inputs: &values,
+            outputs: &outputs,
+            extras: &ex,
+            grads: &seeds,
+            needs: &needs,
+        };
+        let grads = (k.backward.unwrap())(&cx, &args).unwrap();
+        for (i, g) in grads.iter().enumerate() {
+            if let Some(g) = g {
+                let x = values[i].as_ref().unwrap();
+                assert_eq!(g.dtype(), x.dtype(), "{op} gradient {i} dtype in {dt:?}");
+                assert_eq!(g.dims(), x.dims(), "{op} gradient {i} shape in {dt:?}");
+                res.push(
+                    g.to_dtype(candle_core::DType::F64)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f64>()
+                        .unwrap(),
+                );
+            }
+        }
+        res
+    }
+
+    /// Op, opset, attributes, input shapes, output count.
+    type FwdCase = (
+        &'static str,
+        i64,
+        Vec<onnx_protobuf::AttributeProto>,
+        Vec<Vec<usize>>,
+        usize,
+    );
+
+    /// Models run in f32 and f16: the kernels give the f64 results there too, forward and
+    /// backward (statistics in f32, saved extras used by the forward).
+    #[test]
+    fn f32_and_f16_match_f64() {
+        let v = |s: &[usize]| s.to_vec();
+        let cases: Vec<FwdCase> = vec![
+            (
+                "Conv",
+                17,
+                vec![ints("pads", &[1, 1, 1, 1]), ints("strides", &[2, 2])],
+                vec![v(&[2, 3, 9, 9]), v(&[4, 3, 3, 3]), v(&[4])],
+                1,
+            ),
+            (
+                "Conv",
+                17,
+                vec![ints("pads", &[1, 1, 1, 1, 1, 1])],
+                vec![v(&[1, 2, 3, 5, 5]), v(&[3, 2, 3, 3, 3])],
+                1,
+            ),
+            (
+                "BatchNormalization",
+                15,
+                vec![int("training_mode", 1)],
+                vec![v(&[4, 3, 5, 5]), v(&[3]), v(&[3]), v(&[3]), v(&[3])],
+                3,
+            ),
+            (
+                "LayerNormalization",
+                17,
+                vec![],
+                vec![v(&[4, 16]), v(&[16]), v(&[16])],
+                3,
+            ),
+            (
+                "GroupNormalization",
+                21,
+                vec![int("num_groups", 2)],
+                vec![v(&[2, 4, 3, 3]), v(&[4]), v(&[4])],
+                1,
+            ),
+            (
+                "InstanceNormalization",
+                6,
+                vec![],
+                vec![v(&[2, 3, 4, 4]), v(&[3]), v(&[3])],
+                1,
+            ),
+            (
+                "MaxPool",
+                12,
+                vec![
+                    ints("kernel_shape", &[3, 3]),
+                    ints("strides", &[2, 2]),
+                    ints("pads", &[1, 1, 1, 1]),
+                ],
+                vec![v(&[2, 3, 9, 9])],
+                2,
+            ),
+            (
+                "AveragePool",
+                19,
+                vec![ints("kernel_shape", &[2, 2])],
+                vec![v(&[2, 3, 6, 6])],
+                1,
+            ),
+            (
+                "Gemm",
+                13,
+                vec![int("transB", 1)],
+                vec![v(&[4, 8]), v(&[5, 8]), v(&[5])],
+                1,
+            ),
+            ("MatMul", 13, vec![], vec![v(&[2, 3, 8]), v(&[8, 4])], 1),
+            ("Softmax", 13, vec![], vec![v(&[3, 7])], 1),
+            ("LogSoftmax", 13, vec![], vec![v(&[3, 7])], 1),
+            ("GlobalAveragePool", 13, vec![], vec![v(&[2, 3, 4, 4])], 1),
+        ];
+        for (op, opset, attrs, shapes, n_out) in cases {
+            let want = forward_in(op, opset, &attrs, &shapes, n_out, DType::F64);
+            for (dt, tol) in [(DType::F32, 1e-4), (DType::F16, 5e-2)] {
+                let got = forward_in(op, opset, &attrs, &shapes, n_out, dt);
+                // Outputs, then at least one gradient.
+                assert!(
+                    want.len() > n_out && got.len() == want.len(),
+                    "{op} in {dt:?}"
+                );
+                for (k, (a, b)) in want.iter().zip(&got).enumerate() {
+                    let scale = a.iter().map(|x| x.abs()).fold(1.0, f64::max);
+                    let err = a
+                        .iter()
+                        .zip(b)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0.0, f64::max)
+                        / scale;
+                    assert!(err < tol, "{op} result {k} in {dt:?}: relative error {err}");
+                }
+            }
         }
     }
 }
