@@ -2018,8 +2018,15 @@ enum GridPad {
     Reflection,
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum GridMode {
+    Linear,
+    Nearest,
+    Cubic,
+}
+
 struct GridPlan {
-    nearest: bool,
+    mode: GridMode,
     pad: GridPad,
     align: bool,
     /// N, C, H, W of the input; Ho, Wo of the grid.
@@ -2032,9 +2039,10 @@ fn grid_plan(cx: &KernelCtx) -> KResult<GridPlan> {
     if x.len() != 4 || g.len() != 4 || g[3] != 2 || g[0] != x[0] {
         kbail!("GridSample supports 4-D inputs with an [N, H, W, 2] grid, got {x:?} and {g:?}");
     }
-    let nearest = match cx.attrs.string("mode")?.as_deref().unwrap_or("bilinear") {
-        "bilinear" | "linear" => false,
-        "nearest" => true,
+    let mode = match cx.attrs.string("mode")?.as_deref().unwrap_or("bilinear") {
+        "bilinear" | "linear" => GridMode::Linear,
+        "nearest" => GridMode::Nearest,
+        "bicubic" | "cubic" => GridMode::Cubic,
         m => kbail!("attribute \"mode\" = {m:?} is not supported"),
     };
     let pad = match cx
@@ -2049,7 +2057,7 @@ fn grid_plan(cx: &KernelCtx) -> KResult<GridPlan> {
         m => kbail!("attribute \"padding_mode\" = {m:?} is not supported"),
     };
     Ok(GridPlan {
-        nearest,
+        mode,
         pad,
         align: cx.attrs.int_or("align_corners", 0)? != 0,
         dims: [x[0], x[1], x[2], x[3], g[1], g[2]],
@@ -2077,14 +2085,21 @@ fn reflect(x: f64, twice_lo: f64, twice_hi: f64) -> (f64, f64) {
     }
 }
 
-/// Source coordinate of a normalized grid value along an axis of `size`, with d coord / d g.
-fn grid_coord(p: &GridPlan, g: f64, size: usize) -> (f64, f64) {
+/// Pixel coordinate of a normalized grid value along an axis of `size`, with d coord / d g.
+fn unnormalize(p: &GridPlan, g: f64, size: usize) -> (f64, f64) {
     let s = size as f64;
-    let (mut c, mut d) = if p.align {
+    if p.align {
         ((g + 1.0) / 2.0 * (s - 1.0), (s - 1.0) / 2.0)
     } else {
         (((g + 1.0) * s - 1.0) / 2.0, s / 2.0)
-    };
+    }
+}
+
+/// Source coordinate of a normalized grid value along an axis of `size` after the padding
+/// mode, with d coord / d g.
+fn grid_coord(p: &GridPlan, g: f64, size: usize) -> (f64, f64) {
+    let s = size as f64;
+    let (mut c, mut d) = unnormalize(p, g, size);
     let clip = |c: f64, d: f64| {
         if c <= 0.0 {
             (0.0, 0.0)
@@ -2107,6 +2122,31 @@ fn grid_coord(p: &GridPlan, g: f64, size: usize) -> (f64, f64) {
         }
     }
     (c, d)
+}
+
+/// The pixel a bicubic tap at integer position `t` reads under the padding mode (`None`: zero).
+fn cubic_tap(p: &GridPlan, t: i64, size: usize) -> Option<i64> {
+    let last = size as i64 - 1;
+    match p.pad {
+        GridPad::Zeros => (0..=last).contains(&t).then_some(t),
+        GridPad::Border => Some(t.clamp(0, last)),
+        GridPad::Reflection => {
+            let s = size as f64;
+            let (r, _) = if p.align {
+                reflect(t as f64, 0.0, 2.0 * (s - 1.0))
+            } else {
+                reflect(t as f64, -1.0, 2.0 * s - 1.0)
+            };
+            Some((r.round() as i64).clamp(0, last))
+        }
+    }
+}
+
+/// Derivatives of [`cubic_coeffs`] with respect to `t`.
+fn cubic_coeffs_dt(t: f64, a: f64) -> [f64; 4] {
+    let far = |x: f64| (3.0 * a * x - 10.0 * a) * x + 8.0 * a;
+    let near = |x: f64| (3.0 * (a + 2.0) * x - 2.0 * (a + 3.0)) * x;
+    [far(t + 1.0), near(t), -near(1.0 - t), -far(2.0 - t)]
 }
 
 /// Bilinear taps (y, x, weight, d weight / d cx, d weight / d cy) of a source point.
@@ -2148,13 +2188,42 @@ fn grid_sample(
                     grid.get(gi).copied().unwrap_or(0.0),
                     grid.get(gi + 1).copied().unwrap_or(0.0),
                 );
-                let (sx, dsx) = grid_coord(p, gx, w);
-                let (sy, dsy) = grid_coord(p, gy, h);
+                let ((sx, dsx), (sy, dsy)) = if p.mode == GridMode::Cubic {
+                    (unnormalize(p, gx, w), unnormalize(p, gy, h))
+                } else {
+                    (grid_coord(p, gx, w), grid_coord(p, gy, h))
+                };
                 let (mut dcx, mut dcy) = (0.0, 0.0);
                 for ch in 0..c {
                     let yi = ((b * c + ch) * ho + i) * wo + j;
                     let go = g.and_then(|g| g.get(yi).copied()).unwrap_or(0.0);
-                    if p.nearest {
+                    if p.mode == GridMode::Cubic {
+                        let (x0, y0) = (sx.floor(), sy.floor());
+                        let (tx, ty) = (sx - x0, sy - y0);
+                        let (cxw, cyw) = (cubic_coeffs(tx, -0.75), cubic_coeffs(ty, -0.75));
+                        let (dxw, dyw) = (cubic_coeffs_dt(tx, -0.75), cubic_coeffs_dt(ty, -0.75));
+                        for (q, (&wy, &dwy)) in cyw.iter().zip(&dyw).enumerate() {
+                            let Some(yy) = cubic_tap(p, y0 as i64 - 1 + q as i64, h) else {
+                                continue;
+                            };
+                            for (r, (&wx, &dwx)) in cxw.iter().zip(&dxw).enumerate() {
+                                let Some(xx) = cubic_tap(p, x0 as i64 - 1 + r as i64, w) else {
+                                    continue;
+                                };
+                                if let Some(k) = at(b, ch, yy, xx) {
+                                    let v = x.get(k).copied().unwrap_or(0.0);
+                                    y[yi] += wx * wy * v;
+                                    if let Some(d) = dx.get_mut(k) {
+                                        *d += go * wx * wy;
+                                    }
+                                    dcx += go * v * dwx * wy;
+                                    dcy += go * v * wx * dwy;
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    if p.mode == GridMode::Nearest {
                         let (rx, ry) = (sx.round_ties_even() as i64, sy.round_ties_even() as i64);
                         if let Some(k) = at(b, ch, ry, rx) {
                             y[yi] = x.get(k).copied().unwrap_or(0.0);
@@ -3156,6 +3225,13 @@ mod tests {
             }
         }
         check(&Case::new("GridSample", 16, vec![x(), g()]).attr(string("mode", "nearest")));
+        for pad in ["zeros", "border", "reflection"] {
+            check(
+                &Case::new("GridSample", 16, vec![x(), g()])
+                    .attr(string("mode", "bicubic"))
+                    .attr(string("padding_mode", pad)),
+            );
+        }
         check(&Case::new("GridSample", 20, vec![x(), g()]).attr(string("mode", "linear")));
     }
 
@@ -4211,7 +4287,15 @@ mod tests {
         let grid = [
             -1.3, -0.2, 0.35, 0.9, 1.2, 1.4, -0.6, -1.05, 0.1, 0.05, 0.95, -0.7,
         ];
-        let cases: [(&str, &str, i64, [f64; 6]); 5] = [
+        // Bicubic with border / reflection padding follows PyTorch (padding applied to each
+        // tap, not to the sampling point as the ONNX reference does); zeros padding agrees.
+        let cases: [(&str, &str, i64, [f64; 6]); 6] = [
+            (
+                "cubic",
+                "zeros",
+                0,
+                [-0.148412, 7.482447, -0.055206, -0.24956, 6.129236, 1.784727],
+            ),
             (
                 "linear",
                 "zeros",
