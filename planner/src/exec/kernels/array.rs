@@ -691,6 +691,47 @@ struct AxisMap {
     taps: Vec<(Vec<i64>, Vec<f64>)>,
 }
 
+/// The factor `k` when a one-tap map repeats every source `k` times (`src[i] = i / k`): an
+/// integer nearest upsampling, run as a broadcast instead of a gather.
+fn repeat_factor(m: &AxisMap, d: usize) -> Option<usize> {
+    let [(src, _)] = m.taps.as_slice() else {
+        return None;
+    };
+    let k = src.len().checked_div(d)?;
+    (k > 1 && src.len() == d * k && src.iter().enumerate().all(|(i, &s)| s == (i / k) as i64))
+        .then_some(k)
+}
+
+/// `(kh, kw)` when the maps upsample only the last two axes of a 4-D float tensor by powers
+/// of two: candle's `upsample_nearest2d` (exact for such factors) and a sum pool then apply.
+fn pow2_upsample(maps: &[AxisMap], dims: &[usize], dt: CD) -> Option<(usize, usize)> {
+    if dims.len() != 4 || !dt.is_float() || maps.is_empty() {
+        return None;
+    }
+    let mut k = [1usize; 2];
+    for m in maps {
+        let slot = k.get_mut(m.axis.checked_sub(2)?)?;
+        *slot = repeat_factor(m, dims.get(m.axis).copied()?)?;
+    }
+    k.iter()
+        .all(|f| f.is_power_of_two())
+        .then_some((k[0], k[1]))
+}
+
+/// Repeats every entry of `x` along `axis` `k` times.
+fn repeat_interleave(x: &Tensor, axis: usize, k: usize) -> KResult<Tensor> {
+    let mut wide = x.dims().to_vec();
+    wide.insert(axis + 1, k);
+    let mut out = x.dims().to_vec();
+    if let Some(d) = out.get_mut(axis) {
+        *d *= k;
+    }
+    Ok(x.unsqueeze(axis + 1)?
+        .broadcast_as(wide)?
+        .contiguous()?
+        .reshape(out)?)
+}
+
 /// ONNX's cubic convolution coefficients for the taps at -1, 0, 1, 2 around `t` in [0, 1).
 fn cubic_coeffs(t: f64, a: f64) -> [f64; 4] {
     let far = |x: f64| ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
@@ -902,7 +943,17 @@ fn axis_weights(w: &[f64], axis: usize, rank: usize, dt: CD, dev: &Device) -> KR
 
 fn resize_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
     let mut x = inp(xs, 0)?.clone();
-    for m in &resize_plan(cx)? {
+    let maps = resize_plan(cx)?;
+    if let Some((kh, kw)) = pow2_upsample(&maps, x.dims(), x.dtype()) {
+        let (_, _, h, w) = x.dims4()?;
+        return Ok(vec![Some(x.upsample_nearest2d(h * kh, w * kw)?)]);
+    }
+    for m in &maps {
+        let d = x.dims().get(m.axis).copied().unwrap_or(0);
+        if let Some(k) = repeat_factor(m, d) {
+            x = repeat_interleave(&x, m.axis, k)?;
+            continue;
+        }
         let mut acc: Option<Tensor> = None;
         for (src, w) in &m.taps {
             let mut t = select(&x, src, m.axis)?;
@@ -925,8 +976,22 @@ fn resize_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
     grad0(cx, a, || {
         let shape = cx.in_shape(0)?;
         let mut g = a.grad(cx, 0)?;
-        for m in resize_plan(cx)?.iter().rev() {
+        let maps = resize_plan(cx)?;
+        if let Some((kh, kw)) = pow2_upsample(&maps, &shape, g.dtype()) {
+            let sum = g.avg_pool2d_with_stride((kh, kw), (kh, kw))?;
+            return Ok(sum.affine((kh * kw) as f64, 0.0)?);
+        }
+        for m in maps.iter().rev() {
             let d = shape.get(m.axis).copied().unwrap_or(0);
+            if let Some(k) = repeat_factor(m, d) {
+                let mut wide = g.dims().to_vec();
+                if let Some(v) = wide.get_mut(m.axis) {
+                    *v = d;
+                }
+                wide.insert(m.axis + 1, k);
+                g = g.reshape(wide)?.sum(m.axis + 1)?;
+                continue;
+            }
             let mut acc: Option<Tensor> = None;
             for (src, w) in &m.taps {
                 let gw = if m.taps.len() > 1 {
@@ -2789,6 +2854,22 @@ mod tests {
             13,
             vec![x(), In::None, f32s(&[1.0, 1.0, 1.5, 0.5])],
         ));
+        // Integer nearest upsampling: power-of-two fast path (one or both axes), and others.
+        check(&Case::new(
+            "Resize",
+            13,
+            vec![x(), In::None, f32s(&[1.0, 1.0, 1.0, 4.0])],
+        ));
+        check(&Case::new(
+            "Resize",
+            13,
+            vec![x(), In::None, f32s(&[1.0, 1.0, 3.0, 1.0])],
+        ));
+        check(&Case::new(
+            "Resize",
+            13,
+            vec![In::Rand(vec![2, 3, 2]), In::None, f32s(&[1.0, 2.0, 2.0])],
+        ));
         check(
             &Case::new(
                 "Resize",
@@ -3845,6 +3926,21 @@ mod tests {
             want.extend(if r < 4 { row(1.0, 2.0) } else { row(3.0, 4.0) });
         }
         close(&y, &want);
+        close(
+            &run("Resize", 13, vec![], vec![x(), In::None, s2()]),
+            &[
+                1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 3.0, 3.0, 4.0, 4.0,
+            ],
+        );
+        close(
+            &run(
+                "Resize",
+                13,
+                vec![],
+                vec![x(), In::None, f32s(&[1.0, 1.0, 1.0, 3.0])],
+            ),
+            &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 4.0, 4.0, 4.0],
+        );
         // Exporters' nearest: asymmetric + floor, and the legacy Upsample.
         let z = run(
             "Resize",
