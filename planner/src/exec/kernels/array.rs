@@ -4380,6 +4380,44 @@ mod tests {
             vec![iota(&[1, 5]), In::None, f32s(&[1.0, 1.7])],
         );
         close(&y, &[0.0, 0.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0]);
+        let v = || fl(&[1, 5], &[1.0, 2.0, 3.0, 5.0, 8.0]);
+        let ctm = |m: &str| string("coordinate_transformation_mode", m);
+        let y = run(
+            "Resize",
+            19,
+            vec![string("mode", "linear"), ctm("half_pixel_symmetric")],
+            vec![v(), In::None, f32s(&[1.0, 0.6])],
+        );
+        close(&y, &[1.3333334, 3.0, 7.0]);
+        let y = run(
+            "Resize",
+            19,
+            vec![string("mode", "linear"), ctm("half_pixel_symmetric")],
+            vec![v(), In::None, In::None, c64(&[1, 7])],
+        );
+        close(
+            &y,
+            &[1.0, 1.5714285, 2.2857144, 3.0, 4.4285712, 6.2857141, 8.0],
+        );
+        let y = run(
+            "Resize",
+            19,
+            vec![ctm("asymmetric"), string("nearest_mode", "ceil")],
+            vec![v(), In::None, f32s(&[1.0, 1.6])],
+        );
+        close(&y, &[1.0, 2.0, 3.0, 3.0, 5.0, 8.0, 8.0, 8.0]);
+        let y = run(
+            "Resize",
+            19,
+            vec![string("mode", "cubic"), ctm("align_corners")],
+            vec![v(), In::None, f32s(&[1.0, 1.6])],
+        );
+        close(
+            &y,
+            &[
+                1.0, 1.475219, 2.1734695, 2.561224, 3.505835, 4.5349855, 6.4693847, 8.0,
+            ],
+        );
         let grid = [
             -1.3, -0.2, 0.35, 0.9, 1.2, 1.4, -0.6, -1.05, 0.1, 0.05, 0.95, -0.7,
         ];
