@@ -6,7 +6,11 @@
 //! Ops that move elements without arithmetic (gathers, reflect padding, nearest resizing,
 //! reversals) compute an index list on the host from the shapes and move the data with
 //! candle's `index_select`; their backward sends the gradient back with `index_add`, so both
-//! run on the tensors' device for every element type.
+//! run on the tensors' device for every element type. Linear and cubic resizing are weighted
+//! sums of such gathers, one axis at a time; integer nearest upsampling is a broadcast.
+//! A few rare ops run host loops over the values (correct on any device through the copy):
+//! TopK's ordering, GridSample, Det, mul/max/min scatter reductions, integer CumSum, the
+//! random draws (from `Rng::new(cx.seed)`, so that a recomputation replays them).
 
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
@@ -213,6 +217,8 @@ fn perm_of(cx: &KernelCtx) -> KResult<Vec<usize>> {
     }
 }
 
+/// Transpose and Expand return contiguous tensors: candle's matmul and several other ops
+/// reject arbitrary strided (or stride-0 broadcast) layouts.
 fn transpose_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
     let p = perm_of(cx)?;
     Ok(vec![Some(inp(xs, 0)?.permute(p)?.contiguous()?)])
