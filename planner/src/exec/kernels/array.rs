@@ -6,7 +6,11 @@
 //! Ops that move elements without arithmetic (gathers, reflect padding, nearest resizing,
 //! reversals) compute an index list on the host from the shapes and move the data with
 //! candle's `index_select`; their backward sends the gradient back with `index_add`, so both
-//! run on the tensors' device for every element type.
+//! run on the tensors' device for every element type. Linear and cubic resizing are weighted
+//! sums of such gathers, one axis at a time; integer nearest upsampling is a broadcast.
+//! A few rare ops run host loops over the values (correct on any device through the copy):
+//! TopK's ordering, GridSample, Det, mul/max/min scatter reductions, integer CumSum, the
+//! random draws (from `Rng::new(cx.seed)`, so that a recomputation replays them).
 
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
@@ -213,6 +217,8 @@ fn perm_of(cx: &KernelCtx) -> KResult<Vec<usize>> {
     }
 }
 
+/// Transpose and Expand return contiguous tensors: candle's matmul and several other ops
+/// reject arbitrary strided (or stride-0 broadcast) layouts.
 fn transpose_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
     let p = perm_of(cx)?;
     Ok(vec![Some(inp(xs, 0)?.permute(p)?.contiguous()?)])
@@ -691,6 +697,47 @@ struct AxisMap {
     taps: Vec<(Vec<i64>, Vec<f64>)>,
 }
 
+/// The factor `k` when a one-tap map repeats every source `k` times (`src[i] = i / k`): an
+/// integer nearest upsampling, run as a broadcast instead of a gather.
+fn repeat_factor(m: &AxisMap, d: usize) -> Option<usize> {
+    let [(src, _)] = m.taps.as_slice() else {
+        return None;
+    };
+    let k = src.len().checked_div(d)?;
+    (k > 1 && src.len() == d * k && src.iter().enumerate().all(|(i, &s)| s == (i / k) as i64))
+        .then_some(k)
+}
+
+/// `(kh, kw)` when the maps upsample only the last two axes of a 4-D float tensor by powers
+/// of two: candle's `upsample_nearest2d` (exact for such factors) and a sum pool then apply.
+fn pow2_upsample(maps: &[AxisMap], dims: &[usize], dt: CD) -> Option<(usize, usize)> {
+    if dims.len() != 4 || !dt.is_float() || maps.is_empty() {
+        return None;
+    }
+    let mut k = [1usize; 2];
+    for m in maps {
+        let slot = k.get_mut(m.axis.checked_sub(2)?)?;
+        *slot = repeat_factor(m, dims.get(m.axis).copied()?)?;
+    }
+    k.iter()
+        .all(|f| f.is_power_of_two())
+        .then_some((k[0], k[1]))
+}
+
+/// Repeats every entry of `x` along `axis` `k` times.
+fn repeat_interleave(x: &Tensor, axis: usize, k: usize) -> KResult<Tensor> {
+    let mut wide = x.dims().to_vec();
+    wide.insert(axis + 1, k);
+    let mut out = x.dims().to_vec();
+    if let Some(d) = out.get_mut(axis) {
+        *d *= k;
+    }
+    Ok(x.unsqueeze(axis + 1)?
+        .broadcast_as(wide)?
+        .contiguous()?
+        .reshape(out)?)
+}
+
 /// ONNX's cubic convolution coefficients for the taps at -1, 0, 1, 2 around `t` in [0, 1).
 fn cubic_coeffs(t: f64, a: f64) -> [f64; 4] {
     let far = |x: f64| ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
@@ -902,7 +949,17 @@ fn axis_weights(w: &[f64], axis: usize, rank: usize, dt: CD, dev: &Device) -> KR
 
 fn resize_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
     let mut x = inp(xs, 0)?.clone();
-    for m in &resize_plan(cx)? {
+    let maps = resize_plan(cx)?;
+    if let Some((kh, kw)) = pow2_upsample(&maps, x.dims(), x.dtype()) {
+        let (_, _, h, w) = x.dims4()?;
+        return Ok(vec![Some(x.upsample_nearest2d(h * kh, w * kw)?)]);
+    }
+    for m in &maps {
+        let d = x.dims().get(m.axis).copied().unwrap_or(0);
+        if let Some(k) = repeat_factor(m, d) {
+            x = repeat_interleave(&x, m.axis, k)?;
+            continue;
+        }
         let mut acc: Option<Tensor> = None;
         for (src, w) in &m.taps {
             let mut t = select(&x, src, m.axis)?;
@@ -925,8 +982,22 @@ fn resize_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
     grad0(cx, a, || {
         let shape = cx.in_shape(0)?;
         let mut g = a.grad(cx, 0)?;
-        for m in resize_plan(cx)?.iter().rev() {
+        let maps = resize_plan(cx)?;
+        if let Some((kh, kw)) = pow2_upsample(&maps, &shape, g.dtype()) {
+            let sum = g.avg_pool2d_with_stride((kh, kw), (kh, kw))?;
+            return Ok(sum.affine((kh * kw) as f64, 0.0)?);
+        }
+        for m in maps.iter().rev() {
             let d = shape.get(m.axis).copied().unwrap_or(0);
+            if let Some(k) = repeat_factor(m, d) {
+                let mut wide = g.dims().to_vec();
+                if let Some(v) = wide.get_mut(m.axis) {
+                    *v = d;
+                }
+                wide.insert(m.axis + 1, k);
+                g = g.reshape(wide)?.sum(m.axis + 1)?;
+                continue;
+            }
             let mut acc: Option<Tensor> = None;
             for (src, w) in &m.taps {
                 let gw = if m.taps.len() > 1 {
@@ -2018,8 +2089,15 @@ enum GridPad {
     Reflection,
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum GridMode {
+    Linear,
+    Nearest,
+    Cubic,
+}
+
 struct GridPlan {
-    nearest: bool,
+    mode: GridMode,
     pad: GridPad,
     align: bool,
     /// N, C, H, W of the input; Ho, Wo of the grid.
@@ -2032,9 +2110,10 @@ fn grid_plan(cx: &KernelCtx) -> KResult<GridPlan> {
     if x.len() != 4 || g.len() != 4 || g[3] != 2 || g[0] != x[0] {
         kbail!("GridSample supports 4-D inputs with an [N, H, W, 2] grid, got {x:?} and {g:?}");
     }
-    let nearest = match cx.attrs.string("mode")?.as_deref().unwrap_or("bilinear") {
-        "bilinear" | "linear" => false,
-        "nearest" => true,
+    let mode = match cx.attrs.string("mode")?.as_deref().unwrap_or("bilinear") {
+        "bilinear" | "linear" => GridMode::Linear,
+        "nearest" => GridMode::Nearest,
+        "bicubic" | "cubic" => GridMode::Cubic,
         m => kbail!("attribute \"mode\" = {m:?} is not supported"),
     };
     let pad = match cx
@@ -2049,7 +2128,7 @@ fn grid_plan(cx: &KernelCtx) -> KResult<GridPlan> {
         m => kbail!("attribute \"padding_mode\" = {m:?} is not supported"),
     };
     Ok(GridPlan {
-        nearest,
+        mode,
         pad,
         align: cx.attrs.int_or("align_corners", 0)? != 0,
         dims: [x[0], x[1], x[2], x[3], g[1], g[2]],
@@ -2077,14 +2156,21 @@ fn reflect(x: f64, twice_lo: f64, twice_hi: f64) -> (f64, f64) {
     }
 }
 
-/// Source coordinate of a normalized grid value along an axis of `size`, with d coord / d g.
-fn grid_coord(p: &GridPlan, g: f64, size: usize) -> (f64, f64) {
+/// Pixel coordinate of a normalized grid value along an axis of `size`, with d coord / d g.
+fn unnormalize(p: &GridPlan, g: f64, size: usize) -> (f64, f64) {
     let s = size as f64;
-    let (mut c, mut d) = if p.align {
+    if p.align {
         ((g + 1.0) / 2.0 * (s - 1.0), (s - 1.0) / 2.0)
     } else {
         (((g + 1.0) * s - 1.0) / 2.0, s / 2.0)
-    };
+    }
+}
+
+/// Source coordinate of a normalized grid value along an axis of `size` after the padding
+/// mode, with d coord / d g.
+fn grid_coord(p: &GridPlan, g: f64, size: usize) -> (f64, f64) {
+    let s = size as f64;
+    let (mut c, mut d) = unnormalize(p, g, size);
     let clip = |c: f64, d: f64| {
         if c <= 0.0 {
             (0.0, 0.0)
@@ -2107,6 +2193,31 @@ fn grid_coord(p: &GridPlan, g: f64, size: usize) -> (f64, f64) {
         }
     }
     (c, d)
+}
+
+/// The pixel a bicubic tap at integer position `t` reads under the padding mode (`None`: zero).
+fn cubic_tap(p: &GridPlan, t: i64, size: usize) -> Option<i64> {
+    let last = size as i64 - 1;
+    match p.pad {
+        GridPad::Zeros => (0..=last).contains(&t).then_some(t),
+        GridPad::Border => Some(t.clamp(0, last)),
+        GridPad::Reflection => {
+            let s = size as f64;
+            let (r, _) = if p.align {
+                reflect(t as f64, 0.0, 2.0 * (s - 1.0))
+            } else {
+                reflect(t as f64, -1.0, 2.0 * s - 1.0)
+            };
+            Some((r.round() as i64).clamp(0, last))
+        }
+    }
+}
+
+/// Derivatives of [`cubic_coeffs`] with respect to `t`.
+fn cubic_coeffs_dt(t: f64, a: f64) -> [f64; 4] {
+    let far = |x: f64| (3.0 * a * x - 10.0 * a) * x + 8.0 * a;
+    let near = |x: f64| (3.0 * (a + 2.0) * x - 2.0 * (a + 3.0)) * x;
+    [far(t + 1.0), near(t), -near(1.0 - t), -far(2.0 - t)]
 }
 
 /// Bilinear taps (y, x, weight, d weight / d cx, d weight / d cy) of a source point.
@@ -2148,13 +2259,42 @@ fn grid_sample(
                     grid.get(gi).copied().unwrap_or(0.0),
                     grid.get(gi + 1).copied().unwrap_or(0.0),
                 );
-                let (sx, dsx) = grid_coord(p, gx, w);
-                let (sy, dsy) = grid_coord(p, gy, h);
+                let ((sx, dsx), (sy, dsy)) = if p.mode == GridMode::Cubic {
+                    (unnormalize(p, gx, w), unnormalize(p, gy, h))
+                } else {
+                    (grid_coord(p, gx, w), grid_coord(p, gy, h))
+                };
                 let (mut dcx, mut dcy) = (0.0, 0.0);
                 for ch in 0..c {
                     let yi = ((b * c + ch) * ho + i) * wo + j;
                     let go = g.and_then(|g| g.get(yi).copied()).unwrap_or(0.0);
-                    if p.nearest {
+                    if p.mode == GridMode::Cubic {
+                        let (x0, y0) = (sx.floor(), sy.floor());
+                        let (tx, ty) = (sx - x0, sy - y0);
+                        let (cxw, cyw) = (cubic_coeffs(tx, -0.75), cubic_coeffs(ty, -0.75));
+                        let (dxw, dyw) = (cubic_coeffs_dt(tx, -0.75), cubic_coeffs_dt(ty, -0.75));
+                        for (q, (&wy, &dwy)) in cyw.iter().zip(&dyw).enumerate() {
+                            let Some(yy) = cubic_tap(p, y0 as i64 - 1 + q as i64, h) else {
+                                continue;
+                            };
+                            for (r, (&wx, &dwx)) in cxw.iter().zip(&dxw).enumerate() {
+                                let Some(xx) = cubic_tap(p, x0 as i64 - 1 + r as i64, w) else {
+                                    continue;
+                                };
+                                if let Some(k) = at(b, ch, yy, xx) {
+                                    let v = x.get(k).copied().unwrap_or(0.0);
+                                    y[yi] += wx * wy * v;
+                                    if let Some(d) = dx.get_mut(k) {
+                                        *d += go * wx * wy;
+                                    }
+                                    dcx += go * v * dwx * wy;
+                                    dcy += go * v * wx * dwy;
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    if p.mode == GridMode::Nearest {
                         let (rx, ry) = (sx.round_ties_even() as i64, sy.round_ties_even() as i64);
                         if let Some(k) = at(b, ch, ry, rx) {
                             y[yi] = x.get(k).copied().unwrap_or(0.0);
@@ -2720,6 +2860,22 @@ mod tests {
             13,
             vec![x(), In::None, f32s(&[1.0, 1.0, 1.5, 0.5])],
         ));
+        // Integer nearest upsampling: power-of-two fast path (one or both axes), and others.
+        check(&Case::new(
+            "Resize",
+            13,
+            vec![x(), In::None, f32s(&[1.0, 1.0, 1.0, 4.0])],
+        ));
+        check(&Case::new(
+            "Resize",
+            13,
+            vec![x(), In::None, f32s(&[1.0, 1.0, 3.0, 1.0])],
+        ));
+        check(&Case::new(
+            "Resize",
+            13,
+            vec![In::Rand(vec![2, 3, 2]), In::None, f32s(&[1.0, 2.0, 2.0])],
+        ));
         check(
             &Case::new(
                 "Resize",
@@ -3156,6 +3312,13 @@ mod tests {
             }
         }
         check(&Case::new("GridSample", 16, vec![x(), g()]).attr(string("mode", "nearest")));
+        for pad in ["zeros", "border", "reflection"] {
+            check(
+                &Case::new("GridSample", 16, vec![x(), g()])
+                    .attr(string("mode", "bicubic"))
+                    .attr(string("padding_mode", pad)),
+            );
+        }
         check(&Case::new("GridSample", 20, vec![x(), g()]).attr(string("mode", "linear")));
     }
 
@@ -3769,6 +3932,21 @@ mod tests {
             want.extend(if r < 4 { row(1.0, 2.0) } else { row(3.0, 4.0) });
         }
         close(&y, &want);
+        close(
+            &run("Resize", 13, vec![], vec![x(), In::None, s2()]),
+            &[
+                1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 3.0, 3.0, 4.0, 4.0,
+            ],
+        );
+        close(
+            &run(
+                "Resize",
+                13,
+                vec![],
+                vec![x(), In::None, f32s(&[1.0, 1.0, 1.0, 3.0])],
+            ),
+            &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 4.0, 4.0, 4.0],
+        );
         // Exporters' nearest: asymmetric + floor, and the legacy Upsample.
         let z = run(
             "Resize",
@@ -4208,10 +4386,56 @@ mod tests {
             vec![iota(&[1, 5]), In::None, f32s(&[1.0, 1.7])],
         );
         close(&y, &[0.0, 0.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0]);
+        let v = || fl(&[1, 5], &[1.0, 2.0, 3.0, 5.0, 8.0]);
+        let ctm = |m: &str| string("coordinate_transformation_mode", m);
+        let y = run(
+            "Resize",
+            19,
+            vec![string("mode", "linear"), ctm("half_pixel_symmetric")],
+            vec![v(), In::None, f32s(&[1.0, 0.6])],
+        );
+        close(&y, &[1.3333334, 3.0, 7.0]);
+        let y = run(
+            "Resize",
+            19,
+            vec![string("mode", "linear"), ctm("half_pixel_symmetric")],
+            vec![v(), In::None, In::None, c64(&[1, 7])],
+        );
+        close(
+            &y,
+            &[1.0, 1.5714285, 2.2857144, 3.0, 4.4285712, 6.2857141, 8.0],
+        );
+        let y = run(
+            "Resize",
+            19,
+            vec![ctm("asymmetric"), string("nearest_mode", "ceil")],
+            vec![v(), In::None, f32s(&[1.0, 1.6])],
+        );
+        close(&y, &[1.0, 2.0, 3.0, 3.0, 5.0, 8.0, 8.0, 8.0]);
+        let y = run(
+            "Resize",
+            19,
+            vec![string("mode", "cubic"), ctm("align_corners")],
+            vec![v(), In::None, f32s(&[1.0, 1.6])],
+        );
+        close(
+            &y,
+            &[
+                1.0, 1.475219, 2.1734695, 2.561224, 3.505835, 4.5349855, 6.4693847, 8.0,
+            ],
+        );
         let grid = [
             -1.3, -0.2, 0.35, 0.9, 1.2, 1.4, -0.6, -1.05, 0.1, 0.05, 0.95, -0.7,
         ];
-        let cases: [(&str, &str, i64, [f64; 6]); 5] = [
+        // Bicubic with border / reflection padding follows PyTorch (padding applied to each
+        // tap, not to the sampling point as the ONNX reference does); zeros padding agrees.
+        let cases: [(&str, &str, i64, [f64; 6]); 6] = [
+            (
+                "cubic",
+                "zeros",
+                0,
+                [-0.148412, 7.482447, -0.055206, -0.24956, 6.129236, 1.784727],
+            ),
             (
                 "linear",
                 "zeros",
@@ -4251,5 +4475,457 @@ mod tests {
             );
             close(&y, &want);
         }
+    }
+    /// A table of cases whose expected outputs come from ONNX's reference evaluator
+    /// (`onnx.reference`, onnx 1.23; inputs and attributes as listed).
+    #[test]
+    fn values_onnx_reference_table() {
+        #[allow(clippy::type_complexity)]
+        let cases: Vec<(
+            &'static str,
+            i64,
+            Vec<onnx_protobuf::AttributeProto>,
+            Vec<In>,
+            usize,
+            usize,
+            Vec<f64>,
+        )> = vec![
+            (
+                "Pad",
+                13,
+                vec![string("mode", "reflect")],
+                vec![
+                    fl(&[2, 3], &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5]),
+                    In::Const(DType::I64, vec![4], vec![1.0, 2.0, 1.0, 0.0]),
+                ],
+                1,
+                0,
+                vec![
+                    1.5, 1.0, 0.5, 1.0, 1.5, 0.0, -0.5, -1.0, -0.5, 0.0, 1.5, 1.0, 0.5, 1.0, 1.5,
+                    0.0, -0.5, -1.0, -0.5, 0.0,
+                ],
+            ),
+            (
+                "Pad",
+                13,
+                vec![string("mode", "edge")],
+                vec![
+                    fl(&[2, 3], &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5]),
+                    In::Const(DType::I64, vec![4], vec![0.0, 2.0, 1.0, 3.0]),
+                ],
+                1,
+                0,
+                vec![
+                    -1.0, -1.0, -1.0, -0.5, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 1.0, 1.5, 1.5, 1.5,
+                    1.5, 0.5, 0.5, 0.5, 1.0, 1.5, 1.5, 1.5, 1.5,
+                ],
+            ),
+            (
+                "SpaceToDepth",
+                13,
+                vec![int("blocksize", 2)],
+                vec![fl(
+                    &[1, 2, 4, 4],
+                    &[
+                        -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5,
+                        6.0, 6.5, 7.0, 7.5, 8.0, 8.5, 9.0, 9.5, 10.0, 10.5, 11.0, 11.5, 12.0, 12.5,
+                        13.0, 13.5, 14.0, 14.5,
+                    ],
+                )],
+                1,
+                0,
+                vec![
+                    -1.0, 0.0, 3.0, 4.0, 7.0, 8.0, 11.0, 12.0, -0.5, 0.5, 3.5, 4.5, 7.5, 8.5, 11.5,
+                    12.5, 1.0, 2.0, 5.0, 6.0, 9.0, 10.0, 13.0, 14.0, 1.5, 2.5, 5.5, 6.5, 9.5, 10.5,
+                    13.5, 14.5,
+                ],
+            ),
+            (
+                "OneHot",
+                11,
+                vec![int("axis", 0)],
+                vec![
+                    In::Ints(DType::I64, vec![3], vec![2, 0, -1]),
+                    In::Const(DType::I64, vec![], vec![3.0]),
+                    In::Const(DType::F32, vec![2], vec![-2.0, 5.0]),
+                ],
+                1,
+                0,
+                vec![-2.0, 5.0, -2.0, -2.0, -2.0, -2.0, 5.0, -2.0, 5.0],
+            ),
+            (
+                "Trilu",
+                14,
+                vec![int("upper", 1)],
+                vec![
+                    fl(
+                        &[3, 4],
+                        &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+                    ),
+                    In::Const(DType::I64, vec![], vec![-1.0]),
+                ],
+                1,
+                0,
+                vec![-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 0.0, 3.5, 4.0, 4.5],
+            ),
+            (
+                "TopK",
+                11,
+                vec![int("axis", 0), int("largest", 0)],
+                vec![
+                    fl(
+                        &[3, 4],
+                        &[3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0, 3.0, 5.0, 8.0],
+                    ),
+                    In::Const(DType::I64, vec![1], vec![2.0]),
+                ],
+                2,
+                0,
+                vec![3.0, 1.0, 2.0, 1.0, 5.0, 3.0, 4.0, 6.0],
+            ),
+            (
+                "TopK",
+                11,
+                vec![int("axis", 0), int("largest", 0)],
+                vec![
+                    fl(
+                        &[3, 4],
+                        &[3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0, 3.0, 5.0, 8.0],
+                    ),
+                    In::Const(DType::I64, vec![1], vec![2.0]),
+                ],
+                2,
+                1,
+                vec![0.0, 0.0, 1.0, 0.0, 1.0, 2.0, 0.0, 1.0],
+            ),
+            (
+                "GatherND",
+                13,
+                vec![int("batch_dims", 1)],
+                vec![
+                    fl(
+                        &[2, 3, 2],
+                        &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+                    ),
+                    In::Ints(DType::I64, vec![2, 1, 2], vec![0, 1, 2, 0]),
+                ],
+                1,
+                0,
+                vec![-0.5, 4.0],
+            ),
+            (
+                "ScatterElements",
+                13,
+                vec![int("axis", 0)],
+                vec![
+                    fl(&[3, 2], &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5]),
+                    In::Ints(DType::I64, vec![2, 2], vec![-1, 0, 0, 2]),
+                    fl(&[2, 2], &[10.0, 20.0, 30.0, 40.0]),
+                ],
+                1,
+                0,
+                vec![30.0, 20.0, 0.0, 0.5, 10.0, 40.0],
+            ),
+            (
+                "CumSum",
+                14,
+                vec![int("exclusive", 1), int("reverse", 1)],
+                vec![
+                    fl(&[3, 2], &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5]),
+                    In::Const(DType::I64, vec![], vec![0.0]),
+                ],
+                1,
+                0,
+                vec![1.0, 2.0, 1.0, 1.5, 0.0, 0.0],
+            ),
+            (
+                "QuantizeLinear",
+                19,
+                vec![int("axis", 0)],
+                vec![
+                    fl(&[2, 3], &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5]),
+                    In::Const(DType::F32, vec![2], vec![0.5, 0.25]),
+                    In::Ints(DType::U8, vec![2], vec![1, 2]),
+                ],
+                1,
+                0,
+                vec![0.0, 0.0, 1.0, 4.0, 6.0, 8.0],
+            ),
+            (
+                "DequantizeLinear",
+                19,
+                vec![int("axis", 1)],
+                vec![
+                    In::Ints(DType::I8, vec![2, 2], vec![-3, 7, 120, -128]),
+                    In::Const(DType::F32, vec![2], vec![0.5, 2.0]),
+                    In::Ints(DType::I8, vec![2], vec![1, -2]),
+                ],
+                1,
+                0,
+                vec![-2.0, 18.0, 59.5, -252.0],
+            ),
+            (
+                "ReverseSequence",
+                10,
+                vec![int("batch_axis", 0), int("time_axis", 1)],
+                vec![
+                    fl(
+                        &[3, 4],
+                        &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+                    ),
+                    In::Ints(DType::I64, vec![3], vec![1, 4, 2]),
+                ],
+                1,
+                0,
+                vec![-1.0, -0.5, 0.0, 0.5, 2.5, 2.0, 1.5, 1.0, 3.5, 3.0, 4.0, 4.5],
+            ),
+            (
+                "LpNormalization",
+                1,
+                vec![int("axis", 0), int("p", 2)],
+                vec![fl(&[2, 3], &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5])],
+                1,
+                0,
+                vec![
+                    -0.8944271802902222,
+                    -0.4472135901451111,
+                    0.0,
+                    0.4472135901451111,
+                    0.8944271802902222,
+                    1.0,
+                ],
+            ),
+            (
+                "MeanVarianceNormalization",
+                13,
+                vec![],
+                vec![fl(&[2, 1, 2, 2], &[1.0, 4.0, 2.0, 8.0, 3.0, 3.0, 0.0, 9.0])],
+                1,
+                0,
+                vec![
+                    -0.9198662042617798,
+                    0.08362419903278351,
+                    -0.5853694081306458,
+                    1.4216114282608032,
+                    -0.2508726119995117,
+                    -0.2508726119995117,
+                    -1.2543630599975586,
+                    1.756108283996582,
+                ],
+            ),
+            (
+                "EyeLike",
+                9,
+                vec![int("k", -1)],
+                vec![fl(
+                    &[3, 4],
+                    &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+                )],
+                1,
+                0,
+                vec![0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0],
+            ),
+            (
+                "Tile",
+                13,
+                vec![],
+                vec![
+                    fl(&[2, 2], &[-1.0, -0.5, 0.0, 0.5]),
+                    In::Const(DType::I64, vec![2], vec![1.0, 3.0]),
+                ],
+                1,
+                0,
+                vec![
+                    -1.0, -0.5, -1.0, -0.5, -1.0, -0.5, 0.0, 0.5, 0.0, 0.5, 0.0, 0.5,
+                ],
+            ),
+            (
+                "Slice",
+                13,
+                vec![],
+                vec![
+                    fl(
+                        &[4, 5],
+                        &[
+                            -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5,
+                            6.0, 6.5, 7.0, 7.5, 8.0, 8.5,
+                        ],
+                    ),
+                    In::Const(DType::I64, vec![2], vec![-1.0, 4.0]),
+                    In::Const(DType::I64, vec![2], vec![-5.0, -100.0]),
+                    In::Const(DType::I64, vec![2], vec![0.0, 1.0]),
+                    In::Const(DType::I64, vec![2], vec![-2.0, -3.0]),
+                ],
+                1,
+                0,
+                vec![8.5, 7.0, 3.5, 2.0],
+            ),
+            (
+                "Expand",
+                13,
+                vec![],
+                vec![
+                    fl(&[3, 1], &[-1.0, -0.5, 0.0]),
+                    In::Const(DType::I64, vec![3], vec![2.0, 1.0, 4.0]),
+                ],
+                1,
+                0,
+                vec![
+                    -1.0, -1.0, -1.0, -1.0, -0.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0,
+                    -1.0, -1.0, -0.5, -0.5, -0.5, -0.5, 0.0, 0.0, 0.0, 0.0,
+                ],
+            ),
+            (
+                "Gather",
+                13,
+                vec![int("axis", 1)],
+                vec![
+                    fl(
+                        &[3, 2, 2],
+                        &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5],
+                    ),
+                    In::Ints(DType::I64, vec![2, 1], vec![1, -1]),
+                ],
+                1,
+                0,
+                vec![0.0, 0.5, 0.0, 0.5, 2.0, 2.5, 2.0, 2.5, 4.0, 4.5, 4.0, 4.5],
+            ),
+            (
+                "Resize",
+                13,
+                vec![
+                    string("mode", "linear"),
+                    string("coordinate_transformation_mode", "pytorch_half_pixel"),
+                ],
+                vec![
+                    fl(
+                        &[1, 1, 3, 3],
+                        &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0],
+                    ),
+                    In::None,
+                    In::Const(
+                        DType::F32,
+                        vec![4],
+                        vec![1.0, 1.0, 0.699999988079071, 1.7000000476837158],
+                    ),
+                ],
+                1,
+                0,
+                vec![
+                    -0.6785714030265808,
+                    -0.48739495873451233,
+                    -0.19327731430530548,
+                    0.10084032267332077,
+                    0.3214285969734192,
+                    1.4642857313156128,
+                    1.6554622650146484,
+                    1.9495798349380493,
+                    2.24369740486145,
+                    2.4642858505249023,
+                ],
+            ),
+            (
+                "Resize",
+                13,
+                vec![
+                    string("mode", "nearest"),
+                    string("coordinate_transformation_mode", "half_pixel"),
+                    string("nearest_mode", "round_prefer_floor"),
+                ],
+                vec![
+                    fl(
+                        &[1, 1, 2, 5],
+                        &[-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5],
+                    ),
+                    In::None,
+                    In::Const(DType::F32, vec![4], vec![1.0, 1.0, 2.5, 0.6000000238418579]),
+                ],
+                1,
+                0,
+                vec![
+                    -1.0, 0.0, 1.0, -1.0, 0.0, 1.0, -1.0, 0.0, 1.0, 1.5, 2.5, 3.5, 1.5, 2.5, 3.5,
+                ],
+            ),
+            (
+                "Resize",
+                13,
+                vec![
+                    string("mode", "cubic"),
+                    float("cubic_coeff_a", -0.5),
+                    int("exclude_outside", 1),
+                ],
+                vec![
+                    fl(
+                        &[1, 1, 4, 4],
+                        &[
+                            -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5,
+                            6.0, 6.5,
+                        ],
+                    ),
+                    In::None,
+                    In::Const(DType::F32, vec![4], vec![1.0, 1.0, 0.75, 0.5]),
+                ],
+                1,
+                0,
+                vec![
+                    -0.5884290337562561,
+                    0.49980628490448,
+                    2.2058823108673096,
+                    3.2941176891326904,
+                    5.0001935958862305,
+                    6.088428974151611,
+                ],
+            ),
+            (
+                "DepthToSpace",
+                13,
+                vec![int("blocksize", 2), string("mode", "CRD")],
+                vec![fl(
+                    &[1, 8, 1, 2],
+                    &[
+                        -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5,
+                        6.0, 6.5,
+                    ],
+                )],
+                1,
+                0,
+                vec![
+                    -1.0, 0.0, -0.5, 0.5, 1.0, 2.0, 1.5, 2.5, 3.0, 4.0, 3.5, 4.5, 5.0, 6.0, 5.5,
+                    6.5,
+                ],
+            ),
+            (
+                "Range",
+                13,
+                vec![],
+                vec![
+                    In::Const(DType::I64, vec![], vec![10.0]),
+                    In::Const(DType::I64, vec![], vec![1.0]),
+                    In::Const(DType::I64, vec![], vec![-3.0]),
+                ],
+                1,
+                0,
+                vec![10.0, 7.0, 4.0],
+            ),
+        ];
+        for (op, opset, attrs, inputs, n_out, k, want) in cases {
+            let y = run_with(op, opset, attrs, inputs, n_out, 7);
+            let got = &y[k];
+            assert_eq!(got.len(), want.len(), "{op}: {got:?} vs {want:?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-4, "{op}: {got:?} vs {want:?}");
+            }
+        }
+        // L1 normalization divides by the sum of absolute values (the reference evaluator
+        // omits the absolute value; the ONNX spec, ONNX Runtime and PyTorch take it).
+        close(
+            &run(
+                "LpNormalization",
+                1,
+                vec![int("p", 1)],
+                vec![fl(&[2, 2], &[3.0, -1.0, 1.0, 0.0])],
+            ),
+            &[0.75, -0.25, 1.0, 0.0],
+        );
     }
 }
