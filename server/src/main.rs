@@ -13,6 +13,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod validate_cmd;
+
+/// The counting allocator: `remat validate` reports the process's real heap peak beside the
+/// executor's live-tensor accounting.
+#[global_allocator]
+static ALLOC: remat_planner::exec::alloc::Counting = remat_planner::exec::alloc::Counting;
+
 #[derive(Parser)]
 #[command(name = "remat", version, about = "Plans activation checkpointing (rematerialization) for neural-network training", long_about = None)]
 struct Cli {
@@ -32,6 +39,9 @@ enum Command {
     Sweep(SweepArgs),
     /// Fail CI when training memory regresses against a baseline (exit 1), 2 on bad input
     Gate(GateArgs),
+    /// Plan a model and run the plan on the executor: measured memory, time and gradient check
+    /// (exit 1 when the check fails)
+    Validate(validate_cmd::ValidateArgs),
 }
 
 #[derive(Args)]
@@ -100,6 +110,15 @@ struct PlanArgs {
     /// Also write the JSON plan to this file
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Run the plan on the executor and report measured figures (ONNX models)
+    #[arg(long)]
+    validate: bool,
+    /// The executor's device for --validate and --cost measured
+    #[arg(long, value_enum, default_value_t = validate_cmd::DeviceArg::Cpu)]
+    device: validate_cmd::DeviceArg,
+    /// Solver costs: FLOPs of each op, or seconds measured by running each op on the device
+    #[arg(long, value_enum, default_value_t = validate_cmd::CostArg::Flops)]
+    cost: validate_cmd::CostArg,
 }
 
 #[derive(Args)]
@@ -226,10 +245,31 @@ fn plan(args: PlanArgs) -> Result<(), Failure> {
     req.solver = Some(args.solver.clone());
     req.time_limit = Some(args.time_limit);
     let engine = Pipeline::new();
-    let loaded = pipeline::load(&bytes, pipeline::detect(&bytes), &req)?;
+    let mut loaded = pipeline::load(&bytes, pipeline::detect(&bytes), &req)?;
+    let cost_model =
+        validate_cmd::apply_cost_model(&mut loaded, &req, engine.threads, args.cost, args.device)?;
     let opts = pipeline::plan_options(&loaded.problem, &req, engine.threads)?;
     let planned = pipeline::plan_loaded(&loaded, &opts)?;
-    let doc = pipeline::plan_document(&loaded, &planned, &req);
+    let validation = (args.validate && planned.report.status != Status::Infeasible).then(|| {
+        let mut vopts = pipeline::validate_options(&opts);
+        vopts.device = args.device.into();
+        validate_cmd::with_progress(|p| {
+            pipeline::validate_schedule(&loaded, &planned.schedule, &vopts, p)
+        })
+    });
+    let failed = matches!(&validation, Some(Ok(v)) if !v.ok);
+    let run_error = match &validation {
+        Some(Err(e)) => Some(e.clone()),
+        _ => None,
+    };
+    let summary = match &validation {
+        Some(Ok(v)) => Some(validate_cmd::summary(v)),
+        _ => None,
+    };
+    let mut doc = pipeline::plan_document(&loaded, &planned, validation);
+    if let (Some(cm), serde_json::Value::Object(map)) = (&cost_model, &mut doc) {
+        map.insert("cost_model".into(), cm.clone());
+    }
     if let Some(path) = &args.out {
         let text = serde_json::to_string_pretty(&doc).context("serializing JSON")?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -270,6 +310,21 @@ fn plan(args: PlanArgs) -> Result<(), Failure> {
                 if b.feasible { "fits" } else { "over budget" }
             );
         }
+        if let Some(cm) = &cost_model {
+            println!("{}", validate_cmd::cost_summary(cm));
+        }
+        if let Some(s) = &summary {
+            print!("{s}");
+        }
+    }
+    if let Some(e) = run_error {
+        return Err(e.into());
+    }
+    if failed {
+        return Err(Failure {
+            code: 1,
+            error: anyhow::anyhow!("the plan's run failed its checks (see validation.problems)"),
+        });
     }
     if r.status == Status::Infeasible {
         let min = r.min_feasible_budget_bytes.unwrap_or(0);
@@ -409,6 +464,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan(args),
         Command::Sweep(args) => sweep(args),
         Command::Gate(args) => run_gate(args),
+        Command::Validate(args) => validate_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,7 +2,9 @@
 //! the CLI calls the same functions, so the command line and the API give the same figures.
 
 use crate::engine::{Engine, EngineError, ErrorKind, ModelFormat, Phase, PlanRequest};
-use remat_planner::{ImportOptions, InspectReport, PlannerError};
+use remat_planner::exec::run::ExecDevice;
+use remat_planner::exec::validate::{self as exec_validate, ValidateOptions, Validation};
+use remat_planner::{ImportOptions, InspectReport, Model, PlannerError, TrainingGraph};
 use remat_solver::plan::{self, Algorithm, PlanOptions, PlanReport, Status};
 use remat_solver::{NodeKind, Problem, Schedule, SolverError, Step};
 use serde_json::{json, Value};
@@ -11,11 +13,21 @@ use std::time::Duration;
 /// Default seconds a solver may spend when the request does not say.
 pub const DEFAULT_TIME_LIMIT: f64 = 30.0;
 
-/// A model ready to plan: the solver problem and, for ONNX models, the importer's report.
+/// A model ready to plan: the solver problem and, for ONNX models, the importer's report and
+/// what the executor needs to run it.
 pub struct Loaded {
     pub problem: Problem,
     pub format: ModelFormat,
     pub inspect: Option<InspectReport>,
+    pub exec: Option<ExecModel>,
+}
+
+/// An imported ONNX model, kept for the executor.
+pub struct ExecModel {
+    pub model: Model,
+    pub training: TrainingGraph,
+    /// The file's bytes: the executor reads the stored weights from them.
+    pub bytes: Vec<u8>,
 }
 
 /// The outcome of planning one model at one budget.
@@ -66,6 +78,7 @@ pub fn import_options(req: &PlanRequest) -> ImportOptions {
 
 /// Loads a model in either format into a solver problem.
 pub fn load(model: &[u8], format: ModelFormat, req: &PlanRequest) -> Result<Loaded, EngineError> {
+    let model_bytes = model;
     match format {
         ModelFormat::GraphJson => {
             let text = std::str::from_utf8(model).map_err(|e| {
@@ -83,6 +96,7 @@ pub fn load(model: &[u8], format: ModelFormat, req: &PlanRequest) -> Result<Load
                 problem,
                 format,
                 inspect: None,
+                exec: None,
             })
         }
         ModelFormat::Onnx => {
@@ -99,6 +113,11 @@ pub fn load(model: &[u8], format: ModelFormat, req: &PlanRequest) -> Result<Load
                 problem,
                 format,
                 inspect: Some(report),
+                exec: Some(ExecModel {
+                    model,
+                    training,
+                    bytes: model_bytes.to_vec(),
+                }),
             })
         }
     }
@@ -260,9 +279,84 @@ pub fn decisions(problem: &Problem, schedule: &Schedule) -> Vec<Value> {
         .collect()
 }
 
+/// Runs `schedule` on the executor (CPU unless `opts` says otherwise) and compares it with the
+/// store-all run. Only ONNX models can run: a node-link graph has no tensors.
+pub fn validate_schedule(
+    loaded: &Loaded,
+    schedule: &Schedule,
+    opts: &ValidateOptions,
+    progress: &mut dyn FnMut(&str, usize, usize),
+) -> Result<Validation, EngineError> {
+    let Some(em) = &loaded.exec else {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "not_runnable",
+            "only ONNX models can be validated: a node-link graph has no tensors to run",
+        ));
+    };
+    exec_validate::validate(&em.model, &em.training, &em.bytes, schedule, opts, progress)
+        .map_err(exec_error)
+}
+
+/// Maps an executor error: a missing kernel or a schedule that does not fit the model is the
+/// caller's input; anything else is internal.
+pub fn exec_error(e: PlannerError) -> EngineError {
+    let message = e.to_string();
+    let kind = if message.contains("no executor kernel")
+        || message.contains("not valid for this model")
+        || message.contains("not compiled with CUDA")
+        || message.contains("unknown device")
+    {
+        ErrorKind::BadInput
+    } else {
+        ErrorKind::Internal
+    };
+    let code = if kind == ErrorKind::BadInput {
+        "not_runnable"
+    } else {
+        "executor_failed"
+    };
+    EngineError::new(kind, code, message)
+}
+
+/// The `validation` object of a plan document: the executor's report, or why it did not run.
+pub fn validation_value(
+    loaded: &Loaded,
+    outcome: Option<Result<Validation, EngineError>>,
+) -> Value {
+    match outcome {
+        Some(Ok(v)) => serde_json::to_value(&v).unwrap_or(Value::Null),
+        Some(Err(e)) => json!({ "ran": false, "ok": null, "reason": e.message }),
+        None if loaded.exec.is_none() => json!({
+            "ran": false,
+            "ok": null,
+            "reason": "node-link graphs have no tensors to run: the figures are the simulator's predictions",
+        }),
+        None => json!({
+            "ran": false,
+            "ok": null,
+            "reason": "not requested: the figures are the simulator's predictions (validate=true, or `remat plan --validate`, runs the plan and measures it)",
+        }),
+    }
+}
+
+/// The default validation options for a plan: CPU, the plan's budget.
+pub fn validate_options(opts: &PlanOptions) -> ValidateOptions {
+    ValidateOptions {
+        device: ExecDevice::Cpu,
+        budget_bytes: Some(opts.budget),
+        ..ValidateOptions::default()
+    }
+}
+
 /// The plan as the CLI prints it (`--json`) and the API returns it: the solver's report
 /// (status, figures, baselines, schedule) plus per-value decisions and what was loaded.
-pub fn plan_document(loaded: &Loaded, planned: &Planned, req: &PlanRequest) -> Value {
+/// `validation` is the executor's report when the plan was run.
+pub fn plan_document(
+    loaded: &Loaded,
+    planned: &Planned,
+    validation: Option<Result<Validation, EngineError>>,
+) -> Value {
     let mut doc = serde_json::to_value(&planned.report).unwrap_or_else(|_| json!({}));
     if let Value::Object(map) = &mut doc {
         // No schedule, no decisions: an infeasible plan says so in `status`.
@@ -282,18 +376,8 @@ pub fn plan_document(loaded: &Loaded, planned: &Planned, req: &PlanRequest) -> V
                 "store_all_cost": loaded.problem.base_cost(),
             }),
         );
-        let wants_validation = req.validate.unwrap_or(loaded.format == ModelFormat::Onnx);
-        if wants_validation {
-            // Said plainly rather than left out: the figures above are predictions.
-            map.insert(
-                "validation".into(),
-                json!({
-                    "ran": false,
-                    "ok": null,
-                    "reason": "this build of remat has no executor yet: the plan's figures are predicted by the simulator, not measured",
-                }),
-            );
-        }
+        // Always present: either measured figures or why the figures are predictions.
+        map.insert("validation".into(), validation_value(loaded, validation));
         if let Some(report) = &loaded.inspect {
             map.insert(
                 "model".into(),
@@ -352,7 +436,18 @@ impl Engine for Pipeline {
                 min_feasible: min,
             }));
         }
-        Ok(plan_document(&loaded, &planned, request))
+        let validation = if request.validate == Some(true) {
+            progress(Phase::Validating);
+            Some(validate_schedule(
+                &loaded,
+                &planned.schedule,
+                &validate_options(&opts),
+                &mut |_, _, _| {},
+            ))
+        } else {
+            None
+        };
+        Ok(plan_document(&loaded, &planned, validation))
     }
 
     fn sweep(

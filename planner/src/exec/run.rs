@@ -97,6 +97,8 @@ pub struct RunResult {
     pub node_runs: Vec<u32>,
     /// BatchNormalization nodes whose running statistics were updated (once each).
     pub running_stat_updates: usize,
+    /// Bytes of each node's value as computed (distinct storages), `None` if never computed.
+    pub node_bytes: Vec<Option<u64>>,
 }
 
 /// A model ready to run: constants loaded, inputs generated, kernels looked up.
@@ -166,6 +168,37 @@ fn cpu_storage_bytes(c: &candle_core::CpuStorage) -> Option<u64> {
 
 type Value = Vec<Option<Tensor>>;
 
+fn storage_key(t: &Tensor) -> usize {
+    let (storage, _) = t.storage_and_layout();
+    std::ptr::from_ref(&*storage).addr()
+}
+
+/// A node's value in storages of its own, as the memory model has it: an output that shares
+/// storage with another output or with a resident value (an Add's backward passing its
+/// incoming gradient through, an op returning its input) is copied. Constants may be shared.
+fn distinct_storages(v: Value, st: &State) -> KResult<Value> {
+    let mut taken: HashSet<usize> = st
+        .resident
+        .iter()
+        .flatten()
+        .flatten()
+        .flatten()
+        .map(storage_key)
+        .collect();
+    let mut out = Vec::with_capacity(v.len());
+    for t in v {
+        out.push(match t {
+            Some(t) if !taken.insert(storage_key(&t)) => {
+                let c = t.copy()?;
+                taken.insert(storage_key(&c));
+                Some(c)
+            }
+            other => other,
+        });
+    }
+    Ok(out)
+}
+
 struct State {
     resident: Vec<Option<Value>>,
     grads: HashMap<ValueId, Tensor>,
@@ -176,6 +209,7 @@ struct State {
     computed: Vec<u32>,
     node_seconds: Vec<f64>,
     loss: Option<f64>,
+    node_bytes: Vec<Option<u64>>,
 }
 
 fn add_into(map: &mut HashMap<ValueId, Tensor>, v: ValueId, g: Tensor) -> KResult<()> {
@@ -428,12 +462,20 @@ impl<'m> Executor<'m> {
             if !node.folded || node.skipped {
                 continue;
             }
+            // Constants derived from parameters (a transposed or tied weight) are computed
+            // when read, like the views they are in the frameworks: the memory model counts
+            // them under their parameters.
+            let derived = node
+                .outputs
+                .iter()
+                .flatten()
+                .any(|v| self.model.values[*v].kind == ValueKind::Derived);
             let missing = node
                 .outputs
                 .iter()
                 .flatten()
                 .any(|v| !self.consts.contains_key(v) && self.model.values[*v].fact.is_some());
-            if !missing {
+            if derived || !missing {
                 continue;
             }
             let mut ins = vec![];
@@ -464,11 +506,59 @@ impl<'m> Executor<'m> {
         Ok(())
     }
 
+    /// A constant derived from parameters, computed by running its folded producers.
+    fn derived(&self, v: ValueId, depth: usize) -> crate::Result<Tensor> {
+        if let Some(t) = self.consts.get(&v) {
+            return Ok(t.clone());
+        }
+        let val = &self.model.values[v];
+        let Some((p, slot)) = val
+            .producer
+            .filter(|_| depth <= self.model.graph.node_count())
+        else {
+            return Err(exec_err(
+                "",
+                "",
+                format!("constant {:?} has no value and no producer", val.name),
+            ));
+        };
+        let outs = self.run_folded(p, depth)?;
+        outs.get(slot).cloned().flatten().ok_or_else(|| {
+            let n = &self.model.graph[p];
+            exec_err(
+                &n.name,
+                &n.op_type,
+                format!("did not produce {:?}", val.name),
+            )
+        })
+    }
+
+    /// A folded node's inputs and outputs, computed from the constants.
+    fn run_folded(&self, p: NodeIndex, depth: usize) -> crate::Result<Value> {
+        let ins = self.folded_inputs(p, depth)?;
+        self.with_kernel(p, |k, cx| (k.forward)(cx, &ins, &Extras::new()))
+    }
+
+    fn folded_inputs(&self, p: NodeIndex, depth: usize) -> crate::Result<Value> {
+        let node = &self.model.graph[p];
+        let mut ins = Vec::with_capacity(node.inputs.len());
+        for x in &node.inputs {
+            ins.push(match x {
+                Some(x) => Some(self.derived(*x, depth + 1)?),
+                None => None,
+            });
+        }
+        Ok(ins)
+    }
+
     /// The value `v` as the step sees it: a constant, an input's or op's resident output, or a
     /// view computed from its resident base.
     fn value(&self, st: &State, v: ValueId, step: usize) -> crate::Result<Tensor> {
         if let Some(t) = self.consts.get(&v) {
             return Ok(t.clone());
+        }
+        if self.model.values[v].kind == ValueKind::Derived {
+            return self.derived(v, 0);
         }
         let val = &self.model.values[v];
         if let Some(&h) = self.tg.exec.holder.get(&v) {
@@ -770,11 +860,16 @@ impl<'m> Executor<'m> {
             .rules
             .get(&ix)
             .ok_or_else(|| exec_err(&node.name, &node.op_type, "no gradient rule"))?;
-        let mut ins: Vec<Option<Tensor>> = node
-            .inputs
-            .iter()
-            .map(|x| x.and_then(|x| self.consts.get(&x).cloned()))
-            .collect();
+        let mut ins: Vec<Option<Tensor>> = Vec::with_capacity(node.inputs.len());
+        for x in &node.inputs {
+            ins.push(match x {
+                Some(x) if self.model.values[*x].kind == ValueKind::Derived => {
+                    Some(self.derived(*x, 0)?)
+                }
+                Some(x) => self.consts.get(x).cloned(),
+                None => None,
+            });
+        }
         let mut outs: Vec<Option<Tensor>> = vec![None; node.outputs.len()];
         for s in &rule.saved {
             match s {
@@ -854,16 +949,8 @@ impl<'m> Executor<'m> {
             if grads.iter().all(|g| g.is_none()) {
                 continue;
             }
-            let ins: Vec<Option<Tensor>> = node
-                .inputs
-                .iter()
-                .map(|x| x.and_then(|x| self.consts.get(&x).cloned()))
-                .collect();
-            let outs: Vec<Option<Tensor>> = node
-                .outputs
-                .iter()
-                .map(|x| x.and_then(|x| self.consts.get(&x).cloned()))
-                .collect();
+            let ins = self.folded_inputs(ix, 0)?;
+            let outs = self.run_folded(ix, 0)?;
             let needs: Vec<bool> = node
                 .inputs
                 .iter()
@@ -933,6 +1020,7 @@ impl<'m> Executor<'m> {
             computed: vec![0; n],
             node_seconds: vec![0.0; n],
             loss: None,
+            node_bytes: vec![None; n],
         };
         // Parameter gradients live for the whole step (fixed memory), zero to start.
         for v in self.params() {
@@ -959,7 +1047,8 @@ impl<'m> Executor<'m> {
                             format!("step {s}: node index {i} is out of range"),
                         ));
                     }
-                    let v = self.compute(&mut st, i, s)?;
+                    let v = distinct_storages(self.compute(&mut st, i, s)?, &st)
+                        .map_err(|e| exec_err(&self.tg.nodes[i].name, &self.tg.nodes[i].op, e.0))?;
                     if st.loss.is_none() && self.tg.exec.sources[i] == Source::Loss {
                         if let Some(t) = v.first().cloned().flatten() {
                             let l = t
@@ -968,6 +1057,10 @@ impl<'m> Executor<'m> {
                                 .map_err(|e| exec_err("loss", "SumOfMeans", e.to_string()))?;
                             st.loss = Some(l);
                         }
+                    }
+                    if st.node_bytes[i].is_none() {
+                        st.node_bytes[i] =
+                            Some(storage_bytes(v.iter().flatten(), &mut HashSet::new()));
                     }
                     st.resident[i] = Some(v);
                     st.computed[i] += 1;
@@ -1016,6 +1109,7 @@ impl<'m> Executor<'m> {
             node_seconds: st.node_seconds,
             node_runs: st.computed,
             running_stat_updates: st.running_updates,
+            node_bytes: st.node_bytes,
         })
     }
 }

@@ -22,6 +22,9 @@ pub struct ValidateOptions {
     pub grad_tolerance: f64,
     /// Max relative difference between the measured and the predicted peak.
     pub peak_tolerance: f64,
+    /// Run store-all again after the plans (the reference time is the faster of the two runs);
+    /// off when only gradients and memory matter.
+    pub repeat_reference: bool,
 }
 
 impl Default for ValidateOptions {
@@ -32,6 +35,7 @@ impl Default for ValidateOptions {
             budget_bytes: None,
             grad_tolerance: 1e-6,
             peak_tolerance: 0.02,
+            repeat_reference: true,
         }
     }
 }
@@ -47,6 +51,15 @@ pub struct TimelinePoint {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heap_bytes: Option<u64>,
     pub seconds: f64,
+}
+
+/// A node whose computed value does not hold the bytes the training graph predicts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BytesMismatch {
+    pub node: String,
+    pub op: String,
+    pub predicted_bytes: u64,
+    pub measured_bytes: u64,
 }
 
 /// Time spent per op type in the plan's run.
@@ -97,6 +110,13 @@ pub struct Validation {
     pub params_from_file: usize,
     pub params_seeded: usize,
     pub op_seconds: Vec<OpTime>,
+    /// Nodes whose values hold other bytes than predicted (the first 20): where a difference
+    /// between the measured and the predicted peak comes from.
+    pub bytes_mismatches: Vec<BytesMismatch>,
+    /// Bytes of parameters, their gradients and buffers (and constants derived from
+    /// parameters) as the executor holds them, against the problem's `fixed_bytes`.
+    pub measured_fixed_bytes: u64,
+    pub predicted_fixed_bytes: u64,
     pub timeline: Vec<TimelinePoint>,
 }
 
@@ -195,8 +215,12 @@ pub fn validate_with(
     for (s, _) in schedules {
         runs.push(ex.run(s, &mut |d, t| progress("plan", d, t))?);
     }
-    let sa2 = ex.run(&reference, &mut |d, t| progress("store-all again", d, t))?;
-    let store_all_secs = sa1.seconds.min(sa2.seconds);
+    let store_all_secs = if opts.repeat_reference {
+        let sa2 = ex.run(&reference, &mut |d, t| progress("store-all again", d, t))?;
+        sa1.seconds.min(sa2.seconds)
+    } else {
+        sa1.seconds
+    };
     Ok(schedules
         .iter()
         .zip(&checked)
@@ -321,7 +345,25 @@ fn report(
             }
         })
         .collect();
+    let bytes_mismatches: Vec<BytesMismatch> = tg
+        .nodes
+        .iter()
+        .zip(&plan.node_bytes)
+        .filter_map(|(n, m)| {
+            let m = (*m)?;
+            (m != n.bytes).then(|| BytesMismatch {
+                node: n.id.clone(),
+                op: n.op.clone(),
+                predicted_bytes: n.bytes,
+                measured_bytes: m,
+            })
+        })
+        .take(20)
+        .collect();
     Validation {
+        bytes_mismatches,
+        measured_fixed_bytes: fixed,
+        predicted_fixed_bytes: problem.fixed_bytes,
         ran: true,
         device: opts.device.name(),
         ok: problems.is_empty(),
