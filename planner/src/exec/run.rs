@@ -175,7 +175,8 @@ fn storage_key(t: &Tensor) -> usize {
 
 /// A node's value in storages of its own, as the memory model has it: an output that shares
 /// storage with another output or with a resident value (an Add's backward passing its
-/// incoming gradient through, an op returning its input) is copied. Constants may be shared.
+/// incoming gradient through, an op returning its input), or that is a view into a larger
+/// storage (a Concat's backward slicing its incoming gradient), is copied into a compact storage.
 fn distinct_storages(v: Value, st: &State) -> KResult<Value> {
     let mut taken: HashSet<usize> = st
         .resident
@@ -188,12 +189,18 @@ fn distinct_storages(v: Value, st: &State) -> KResult<Value> {
     let mut out = Vec::with_capacity(v.len());
     for t in v {
         out.push(match t {
-            Some(t) if !taken.insert(storage_key(&t)) => {
-                let c = t.copy()?;
-                taken.insert(storage_key(&c));
-                Some(c)
+            Some(t) => {
+                let own = (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+                let held = storage_bytes(std::iter::once(&t), &mut HashSet::new());
+                if !taken.insert(storage_key(&t)) || held > own {
+                    let c = t.force_contiguous()?;
+                    taken.insert(storage_key(&c));
+                    Some(c)
+                } else {
+                    Some(t)
+                }
             }
-            other => other,
+            None => None,
         });
     }
     Ok(out)
