@@ -12,7 +12,9 @@ use remat_solver::budget::{descend_to_budget, min_feasible_budget};
 use remat_solver::dp::{
     as_training_chain, chain_frontier, min_peak_chain, solve_chain, solve_chain_with, DpMode,
 };
+use remat_solver::plan::{plan, PlanOptions, Status};
 use remat_solver::{simulate, store_all_peak, Problem};
+use std::time::Duration;
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
@@ -192,6 +194,19 @@ proptest! {
         let s = descend_to_budget(&p, budget_of(&p, frac));
         let st = simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(st.peak_bytes <= sa);
+    }
+
+    /// `auto` finds a schedule at the least peak `min_feasible_budget` reports, on graphs
+    /// that are not chains too (where the search alone can miss budgets that tight).
+    #[test]
+    fn auto_fits_the_min_feasible_budget(p in arb_plain_dag(14)) {
+        let mb = min_feasible_budget(&p);
+        let mut opts = PlanOptions::new(mb.bytes);
+        opts.time_limit = Duration::from_millis(200);
+        let (s, r) = plan(&p, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_ne!(r.status, Status::Infeasible);
+        let st = simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(st.peak_bytes <= mb.bytes);
     }
 
     #[test]
