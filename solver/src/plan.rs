@@ -189,6 +189,10 @@ const OPTIMAL_GAP: f64 = 1e-4;
 /// schedule within seconds; at 34k (MobileNet) not even the LP relaxation finishes in 30 s on
 /// 2 cores, so larger graphs get the search for the whole time limit.
 const EXACT_BINARIES: usize = 15_000;
+/// Share of the time limit the search gets before an exact MILP.
+const SEARCH_SHARE: f64 = 0.3;
+/// Runs of the search portfolio (each from its own seed and starting temperature).
+const SEARCH_RUNS: usize = 4;
 
 /// The best schedule found so far and who found it.
 struct Candidate {
@@ -386,34 +390,26 @@ fn auto(
     let left = |start: Instant| total.saturating_sub(start.elapsed());
     let binaries = ilp_binaries(p)?;
     let exact = binaries.is_some_and(|b| b <= EXACT_BINARIES);
-    // The search gets a slice before an exact MILP (to warm-start it; on the 100-node graphs
-    // it finds most of the improvement and the MILP mostly proves the bound), all the time
-    // otherwise;
-    // at least a tenth of the limit even when the baselines used it up, and more while it has
-    // not found a schedule within the budget.
+    // The search's work budget follows from the time limit alone (not from the time left),
+    // so a plan reproduces; the time left only caps it, with at least a tenth of the limit.
+    // It gets a slice before an exact MILP (to warm-start it: HiGHS's own heuristics then
+    // find the rest), the whole limit otherwise.
     let floor = total.mul_f64(0.1);
-    let search_time = if exact {
-        left(start).mul_f64(0.3).min(Duration::from_secs(5))
+    let slice = if exact {
+        total.mul_f64(SEARCH_SHARE).min(Duration::from_secs(5))
     } else {
-        left(start)
-    }
-    .max(floor);
-    let found = search::horizon_search(
-        p,
-        opts.budget,
-        search::SearchLimits::for_time(search_time),
-        0x5EED,
-    )?;
+        total
+    };
+    let limits = |start: Instant| search::SearchLimits {
+        work: search::SearchLimits::for_time(slice).work,
+        time: left(start).min(slice).max(floor),
+    };
+    let found = search::portfolio_search(p, opts.budget, limits(start), SEARCH_RUNS)?;
     if let Some((s, st)) = found.best {
         pool.offer("search", s, st);
     }
     if exact && pool.best.is_none() {
-        let more = search::horizon_search(
-            p,
-            opts.budget,
-            search::SearchLimits::for_time(left(start).mul_f64(0.5).max(floor)),
-            0xBEEF,
-        )?;
+        let more = search::horizon_search(p, opts.budget, limits(start), 0xBEEF)?;
         if let Some((s, st)) = more.best {
             pool.offer("search", s, st);
         }

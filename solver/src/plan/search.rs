@@ -181,6 +181,13 @@ impl<'a> Builder<'a> {
 struct Rng(u64);
 
 impl Rng {
+    /// A generator whose state depends on every bit of `seed` (splitmix64), never zero.
+    fn seeded(seed: u64) -> Self {
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Rng((z ^ (z >> 31)) | 1)
+    }
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -292,15 +299,16 @@ pub fn horizon_search(
     let (mut cur_sched, mut cur_stats) = eval(&x, &mut evaluations, &mut work)?;
     let mut best: Option<(Schedule, Stats)> = None;
     let consider = |best: &mut Option<(Schedule, Stats)>, sched: &Schedule, stats: &Stats| {
-        if stats.peak_bytes <= budget
+        let better = stats.peak_bytes <= budget
             && best
                 .as_ref()
-                .is_none_or(|(_, b)| stats.compute_cost < b.compute_cost)
-        {
+                .is_none_or(|(_, b)| stats.compute_cost < b.compute_cost);
+        if better {
             *best = Some((sched.clone(), stats.clone()));
         }
+        better
     };
-    consider(&mut best, &cur_sched, &cur_stats);
+    let _ = consider(&mut best, &cur_sched, &cur_stats);
     if best.is_some() || movable.is_empty() {
         // Store-all fits (nothing to improve: it computes everything once), or nothing moves.
         return Ok(SearchOutcome {
@@ -315,7 +323,7 @@ pub fn horizon_search(
     // largest values resident at the peak and keep the move with the best peak reduction per
     // unit of extra cost.
     const CANDIDATES: usize = 24;
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::seeded(seed);
     while cur_stats.peak_bytes > budget && !out_of_time(work) {
         let resident = resident_at(p, &cur_sched, cur_stats.peak_step);
         let mut cands: Vec<usize> = resident.iter().filter_map(|&v| g.local[v]).collect();
@@ -363,7 +371,7 @@ pub fn horizon_search(
                 cur_stats = st;
             }
         }
-        consider(&mut best, &cur_sched, &cur_stats);
+        let _ = consider(&mut best, &cur_sched, &cur_stats);
     }
 
     // Phase 2: simulated annealing on cost + penalty * excess bytes.
@@ -372,11 +380,10 @@ pub fn horizon_search(
     let penalty = 4.0 * base / span;
     let energy = |s: &Stats| s.compute_cost + penalty * s.peak_bytes.saturating_sub(budget) as f64;
     let mut cur_e = energy(&cur_stats);
-    let t0 = std::env::var("REMAT_T0")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.02)
-        * base;
+    // The starting temperature comes from a ladder indexed by the seed, so that a portfolio of
+    // seeds (see [`portfolio_search`]) covers hot and cold runs: which one wins varies by
+    // graph and budget.
+    let t0 = T0_LADDER[(seed % T0_LADDER.len() as u64) as usize] * base;
     let anneal_from = work;
     let anneal_work = limits.work.saturating_sub(work).max(1) as f64;
     while !out_of_time(work) {
@@ -401,7 +408,7 @@ pub fn horizon_search(
         let e = energy(&st);
         if e <= cur_e || rng.unit() < ((cur_e - e) / temp).exp() {
             cur_e = e;
-            consider(&mut best, &s, &st);
+            let _ = consider(&mut best, &s, &st);
         } else {
             for (&(k, _), &o) in mv.iter().zip(&olds).rev() {
                 x[k] = o;
@@ -414,6 +421,49 @@ pub fn horizon_search(
         work,
         capped: work < limits.work,
     })
+}
+
+/// Starting temperatures of the annealing, as fractions of the store-all cost.
+const T0_LADDER: [f64; 4] = [0.02, 0.005, 0.01, 0.002];
+
+/// Runs [`horizon_search`] once per seed `0..runs`, each with an equal share of the work
+/// (and of the time cap), and keeps the cheapest schedule within the budget. Deterministic
+/// like its runs.
+pub fn portfolio_search(
+    p: &Problem,
+    budget: u64,
+    limits: SearchLimits,
+    runs: usize,
+) -> Result<SearchOutcome> {
+    let runs = runs.max(1);
+    let start = Instant::now();
+    let mut total = SearchOutcome {
+        best: None,
+        evaluations: 0,
+        work: 0,
+        capped: false,
+    };
+    for seed in 0..runs {
+        let left = runs - seed;
+        let share = SearchLimits {
+            work: limits.work.saturating_sub(total.work) / left as u64,
+            time: limits.time.saturating_sub(start.elapsed()) / left as u32,
+        };
+        let out = horizon_search(p, budget, share, seed as u64)?;
+        total.evaluations += out.evaluations;
+        total.work += out.work;
+        total.capped |= out.capped;
+        if let Some((s, st)) = out.best {
+            if total
+                .best
+                .as_ref()
+                .is_none_or(|(_, b)| st.compute_cost < b.compute_cost)
+            {
+                total.best = Some((s, st));
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// Horizon changes: (index into the horizons, new value).
@@ -556,6 +606,31 @@ mod tests {
         assert_eq!(a.evaluations, b.evaluations);
         let (sa, _) = a.best.expect("a schedule within the budget");
         assert_eq!(Some(sa), b.best.map(|x| x.0));
+    }
+
+    #[test]
+    fn portfolio_is_at_least_as_good_as_its_first_run() {
+        let p = training_chain(16);
+        let budget = simulate(&p, &store_all(&p)).unwrap().peak_bytes / 2;
+        let limits = SearchLimits {
+            work: 400_000,
+            time: Duration::from_secs(600),
+        };
+        let all = portfolio_search(&p, budget, limits, 4).unwrap();
+        let first = horizon_search(
+            &p,
+            budget,
+            SearchLimits {
+                work: limits.work / 4,
+                time: limits.time / 4,
+            },
+            0,
+        )
+        .unwrap();
+        let cost = |o: &SearchOutcome| o.best.as_ref().map(|(_, s)| s.compute_cost);
+        let (a, b) = (cost(&all).unwrap(), cost(&first).unwrap());
+        assert!(a <= b, "{a} > {b}");
+        assert!(all.work >= limits.work - 4 && !all.capped);
     }
 
     #[test]
