@@ -5,9 +5,12 @@
 //! chain DP when the problem is a training chain (done when the exact program ran; the
 //! restricted one for long chains only seeds the rest), the horizon local search
 //! ([`search::horizon_search`], with a work budget derived from the time limit so that runs
-//! reproduce), the minimum-peak schedule when nothing else fits, and, with the `highs`
-//! feature, the Checkmate MILP when its reduced model is small enough to be useful within the
-//! time limit, and returns the cheapest schedule within the budget among everything it ran.
+//! reproduce), the peak descent to the budget ([`crate::budget::descend_to_budget`]), the
+//! minimum-peak schedule when nothing else fits, and, with the `highs` feature, the Checkmate
+//! MILP when its reduced model is small enough to be useful within the time limit; the best
+//! schedule loses the recomputations the budget does not need
+//! ([`crate::budget::prune_recomputations`]) before the MILP starts from it and again at the
+//! end. It returns the cheapest schedule within the budget among everything it ran.
 
 pub mod search;
 
@@ -191,8 +194,16 @@ const OPTIMAL_GAP: f64 = 1e-4;
 const EXACT_BINARIES: usize = 15_000;
 /// Share of the time limit the search gets before an exact MILP.
 const SEARCH_SHARE: f64 = 0.3;
-/// Runs of the search portfolio (each from its own seed and starting temperature).
+/// Runs of the search portfolio (each from its own seed and starting temperature) on graphs
+/// of at most [`PORTFOLIO_MAX_NODES`] needed nodes; larger graphs get one run with all the
+/// work. Measured on the benchmark graphs: four runs beat one on vgg_unet (1.98% against
+/// 2.55% at 0.8×), MobileNet and random n250 (a schedule at 0.8× where one run found none),
+/// while on ResNet50, random n500 and n1000 a quarter of the work is too little (n1000 at
+/// 0.9×: 5.40% against 2.59%).
 const SEARCH_RUNS: usize = 4;
+const PORTFOLIO_MAX_NODES: usize = 300;
+/// Simulated steps [`crate::budget::prune_recomputations`] may spend on the best schedule.
+const PRUNE_WORK: usize = 5_000_000;
 
 /// The best schedule found so far and who found it.
 struct Candidate {
@@ -237,6 +248,21 @@ impl Pool {
 
     fn bound(&mut self, b: f64) {
         self.lower_bound = Some(self.lower_bound.map_or(b, |x| x.max(b)));
+    }
+
+    /// Drops the recomputations the best schedule does not need under the budget
+    /// ([`crate::budget::prune_recomputations`]); the solver's name is kept.
+    fn prune_best(&mut self, p: &Problem) -> Result<()> {
+        let Some(best) = &self.best else {
+            return Ok(());
+        };
+        if best.stats.recomputations == 0 {
+            return Ok(());
+        }
+        let pruned =
+            crate::budget::prune_recomputations(p, &best.schedule, self.budget, PRUNE_WORK);
+        let solver = best.solver.clone();
+        self.offer_schedule(p, &solver, pruned)
     }
 
     /// A schedule to warm-start from: the cheapest feasible one.
@@ -404,7 +430,21 @@ fn auto(
         work: search::SearchLimits::for_time(slice).work,
         time: left(start).min(slice).max(floor),
     };
-    let found = search::portfolio_search(p, opts.budget, limits(start), SEARCH_RUNS)?;
+    // The peak descent stops as soon as the peak fits, so it recomputes little; on the random
+    // graphs it beats the search at tight budgets (n1000 at 0.9×: 1.84% against 5.40%, in
+    // 0.1 s) and it fits budgets close to the least peak that the search misses.
+    pool.offer_schedule(
+        p,
+        "descent",
+        crate::budget::descend_to_budget(p, opts.budget),
+    )?;
+    let needed = p.needed().iter().filter(|&&n| n).count();
+    let runs = if needed <= PORTFOLIO_MAX_NODES {
+        SEARCH_RUNS
+    } else {
+        1
+    };
+    let found = search::portfolio_search(p, opts.budget, limits(start), runs)?;
     if let Some((s, st)) = found.best {
         pool.offer("search", s, st);
     }
@@ -415,16 +455,17 @@ fn auto(
         }
     }
     if pool.best.is_none() {
-        // The search starts from store-all and can miss budgets close to the least peak;
-        // the minimum-peak schedule fits whenever any schedule this crate builds does.
+        // The minimum-peak schedule fits whenever any schedule this crate builds does.
         let low = crate::budget::min_feasible_budget(p);
         pool.min_peak = Some(low.bytes);
         if low.bytes <= opts.budget {
             pool.offer_schedule(p, "min-peak", low.schedule)?;
         }
     }
+    pool.prune_best(p)?;
     if exact {
         run_ilp(p, opts, pool, left(start), false)?;
+        pool.prune_best(p)?;
     }
     Ok(())
 }
