@@ -184,6 +184,60 @@ pub fn descend_to_budget(p: &Problem, budget: u64) -> Schedule {
     peak_descent(p, computes(&sa), DESCENT_WORK, budget).unwrap_or(sa)
 }
 
+/// Removes recomputations a schedule does not need under `budget`: for each recomputation, most
+/// expensive first, drop it (its readers then read the earlier copy, which [`with_frees`] keeps
+/// resident until them) when the simulated peak still fits. Frees are re-derived from the
+/// compute order. Returns the input unchanged when it is invalid, over the budget, or nothing
+/// can go; the result is never costlier. Stops after `work` simulated steps.
+pub fn prune_recomputations(
+    p: &Problem,
+    schedule: &Schedule,
+    budget: u64,
+    work: usize,
+) -> Schedule {
+    let seq = computes(schedule);
+    let mut best = with_frees(p, &seq);
+    match simulate(p, &best) {
+        Ok(st) if st.peak_bytes <= budget => {}
+        _ => return schedule.clone(),
+    }
+    // Positions of recomputations (a node computed before), most expensive first; removing
+    // one shifts the later positions, so they are visited from the back on ties.
+    let mut seen = vec![false; p.len()];
+    let mut recomputes: Vec<usize> = Vec::new();
+    for (i, &v) in seq.iter().enumerate() {
+        if v >= p.len() {
+            return schedule.clone();
+        }
+        if seen[v] {
+            recomputes.push(i);
+        }
+        seen[v] = true;
+    }
+    recomputes.sort_by(|&a, &b| p.cost(seq[b]).total_cmp(&p.cost(seq[a])).then(b.cmp(&a)));
+    let mut removed = vec![false; seq.len()];
+    let mut spent = 0usize;
+    for i in recomputes {
+        if spent > work {
+            break;
+        }
+        removed[i] = true;
+        let trial: Vec<NodeId> = seq
+            .iter()
+            .zip(&removed)
+            .filter(|(_, &r)| !r)
+            .map(|(&v, _)| v)
+            .collect();
+        let s = with_frees(p, &trial);
+        spent += s.steps.len();
+        match simulate(p, &s) {
+            Ok(st) if st.peak_bytes <= budget => best = s,
+            _ => removed[i] = false,
+        }
+    }
+    best
+}
+
 /// (peak, number of steps at the peak, index in the compute order of the first peak compute).
 fn peak_profile(p: &Problem, seq: &[NodeId]) -> Option<(u64, usize, usize, Schedule)> {
     let s = with_frees(p, seq);

@@ -8,11 +8,13 @@ use remat_solver::baselines::{
     baselines, schedule_with_checkpoints, schedule_with_checkpoints_eager,
     schedule_with_checkpoints_within, BASELINE_NAMES,
 };
-use remat_solver::budget::{descend_to_budget, min_feasible_budget};
+use remat_solver::budget::{descend_to_budget, min_feasible_budget, prune_recomputations};
 use remat_solver::dp::{
     as_training_chain, chain_frontier, min_peak_chain, solve_chain, solve_chain_with, DpMode,
 };
+use remat_solver::plan::{plan, PlanOptions, Status};
 use remat_solver::{simulate, store_all_peak, Problem};
+use std::time::Duration;
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
@@ -194,6 +196,31 @@ proptest! {
         prop_assert!(st.peak_bytes <= sa);
     }
 
+    /// Pruning keeps a schedule valid and within the budget and never makes it costlier.
+    #[test]
+    fn pruned_schedules_are_valid_and_never_costlier(p in arb_training_dag(10), frac in 0.3f64..1.0) {
+        let budget = budget_of(&p, frac);
+        for b in baselines(&p, budget).iter().filter(|b| b.feasible) {
+            let pruned = prune_recomputations(&p, &b.schedule, budget, 1_000_000);
+            let st = simulate(&p, &pruned).map_err(|e| TestCaseError::fail(format!("{}: {e}", b.name)))?;
+            prop_assert!(st.peak_bytes <= budget, "{}", b.name);
+            prop_assert!(st.compute_cost <= b.stats.compute_cost, "{}", b.name);
+        }
+    }
+
+    /// `auto` finds a schedule at the least peak `min_feasible_budget` reports, on graphs
+    /// that are not chains too (where the search alone can miss budgets that tight).
+    #[test]
+    fn auto_fits_the_min_feasible_budget(p in arb_plain_dag(14)) {
+        let mb = min_feasible_budget(&p);
+        let mut opts = PlanOptions::new(mb.bytes);
+        opts.time_limit = Duration::from_millis(200);
+        let (s, r) = plan(&p, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_ne!(r.status, Status::Infeasible);
+        let st = simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(st.peak_bytes <= mb.bytes);
+    }
+
     #[test]
     fn min_budget_sound_on_plain_dags(p in arb_plain_dag(14)) {
         let mb = min_feasible_budget(&p);
@@ -260,6 +287,51 @@ fn dp_delays_a_stage_when_that_is_cheaper() {
     let st = simulate(&p, &solve_chain(&p, 49).unwrap().expect("feasible")).unwrap();
     assert_eq!(brute_force(&p, 49).min_cost, Some(75.0));
     assert!(close(st.compute_cost, 75.0), "{}", st.compute_cost);
+}
+
+#[test]
+fn pruning_drops_a_recomputation_the_budget_does_not_need() {
+    use remat_solver::Step;
+    // A chain of three nodes; recomputing the first before the third is pointless at a
+    // budget that holds everything.
+    let p = chain(
+        &[(1.0, 10), (2.0, 10), (3.0, 10)],
+        &[(1.0, 10), (1.0, 10)],
+        0,
+    );
+    let sa = remat_solver::store_all(&p);
+    let full = simulate(&p, &sa).unwrap();
+    let mut steps = Vec::new();
+    for s in &sa.steps {
+        if let Step::Compute(v) = *s {
+            if v == 2 {
+                // Free node 0 and compute it again just before node 2.
+                steps.push(Step::Compute(0));
+            }
+            steps.push(Step::Compute(v));
+        }
+    }
+    let wasteful = remat_solver::with_frees(
+        &p,
+        &steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Compute(v) => Some(*v),
+                Step::Free(_) => None,
+            })
+            .collect::<Vec<_>>(),
+    );
+    let before = simulate(&p, &wasteful).unwrap();
+    assert_eq!(before.recomputations, 1);
+    let pruned = prune_recomputations(&p, &wasteful, full.peak_bytes.max(before.peak_bytes), 1_000);
+    let after = simulate(&p, &pruned).unwrap();
+    assert_eq!(after.recomputations, 0);
+    assert_eq!(after.compute_cost, full.compute_cost);
+    // A schedule over the budget comes back unchanged.
+    assert_eq!(
+        prune_recomputations(&p, &wasteful, before.peak_bytes - 1, 1_000),
+        wasteful
+    );
 }
 
 #[test]

@@ -181,6 +181,13 @@ impl<'a> Builder<'a> {
 struct Rng(u64);
 
 impl Rng {
+    /// A generator whose state depends on every bit of `seed` (splitmix64), never zero.
+    fn seeded(seed: u64) -> Self {
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Rng((z ^ (z >> 31)) | 1)
+    }
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -202,18 +209,51 @@ pub struct SearchOutcome {
     pub best: Option<(Schedule, Stats)>,
     /// Schedules built and simulated.
     pub evaluations: usize,
+    /// Schedule steps simulated (the unit of [`SearchLimits::work`]).
+    pub work: u64,
+    /// Whether the wall-clock cap stopped the search before its work budget was spent (the
+    /// result then depends on the machine's speed).
+    pub capped: bool,
+}
+
+/// How long the local search runs: a work budget, so that a run reproduces, and a wall-clock
+/// cap that only a slow machine reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SearchLimits {
+    /// Schedule steps to simulate in all (each evaluation costs the length of its schedule).
+    pub work: u64,
+    /// Wall-clock cap.
+    pub time: Duration,
+}
+
+impl SearchLimits {
+    /// Work this crate's search simulates per second on the 2-core machine the benchmark runs
+    /// on, measured with other builds running (about half of what it does unloaded), so a
+    /// budget derived from a time slice usually ends before the slice does.
+    pub const WORK_PER_SECOND: u64 = 4_000_000;
+
+    /// The work that fits `time` at [`Self::WORK_PER_SECOND`], capped at `time`.
+    pub fn for_time(time: Duration) -> Self {
+        SearchLimits {
+            work: (time.as_secs_f64() * Self::WORK_PER_SECOND as f64) as u64,
+            time,
+        }
+    }
 }
 
 /// Local search over retention horizons for a schedule within `budget` bytes (fixed bytes
-/// included) of least compute cost, for at most `time_limit`. Deterministic for a given seed
-/// apart from where the time limit cuts it.
+/// included) of least compute cost, until `limits.work` schedule steps have been simulated or
+/// `limits.time` has passed. Deterministic for a given seed and work budget unless the time
+/// cap cuts it (`capped`).
 pub fn horizon_search(
     p: &Problem,
     budget: u64,
-    time_limit: Duration,
+    limits: SearchLimits,
     seed: u64,
 ) -> Result<SearchOutcome> {
     let start = Instant::now();
+    let time_limit = limits.time;
+    let mut work = 0u64;
     let g = Local::new(p);
     let m = g.len();
     let mut builder = Builder::new(&g);
@@ -237,37 +277,54 @@ pub fn horizon_search(
         .collect();
     let movable: Vec<usize> = (0..2 * m).filter(|&j| options[j % m].len() > 1).collect();
 
-    let mut eval = |x: &[usize], evaluations: &mut usize| -> Result<(Schedule, Stats)> {
-        *evaluations += 1;
-        let (h, keep) = x.split_at(m);
-        let schedule = with_frees(p, &builder.computes(h, keep));
-        let stats = simulate(p, &schedule)?;
-        Ok((schedule, stats))
+    let mut eval =
+        |x: &[usize], evaluations: &mut usize, work: &mut u64| -> Result<(Schedule, Stats)> {
+            *evaluations += 1;
+            let (h, keep) = x.split_at(m);
+            let schedule = with_frees(p, &builder.computes(h, keep));
+            *work += schedule.steps.len() as u64;
+            let stats = simulate(p, &schedule)?;
+            Ok((schedule, stats))
+        };
+    // The wall clock is read every few evaluations only; the work budget is exact.
+    let mut clock = 0u32;
+    let mut out_of_time = |work: u64| -> bool {
+        if work >= limits.work {
+            return true;
+        }
+        clock = clock.wrapping_add(1);
+        clock.is_multiple_of(64) && start.elapsed() >= time_limit
     };
 
-    let (mut cur_sched, mut cur_stats) = eval(&x, &mut evaluations)?;
+    let (mut cur_sched, mut cur_stats) = eval(&x, &mut evaluations, &mut work)?;
     let mut best: Option<(Schedule, Stats)> = None;
     let consider = |best: &mut Option<(Schedule, Stats)>, sched: &Schedule, stats: &Stats| {
-        if stats.peak_bytes <= budget
+        let better = stats.peak_bytes <= budget
             && best
                 .as_ref()
-                .is_none_or(|(_, b)| stats.compute_cost < b.compute_cost)
-        {
+                .is_none_or(|(_, b)| stats.compute_cost < b.compute_cost);
+        if better {
             *best = Some((sched.clone(), stats.clone()));
         }
+        better
     };
-    consider(&mut best, &cur_sched, &cur_stats);
+    let _ = consider(&mut best, &cur_sched, &cur_stats);
     if best.is_some() || movable.is_empty() {
         // Store-all fits (nothing to improve: it computes everything once), or nothing moves.
-        return Ok(SearchOutcome { best, evaluations });
+        return Ok(SearchOutcome {
+            best,
+            evaluations,
+            work,
+            capped: false,
+        });
     }
 
     // Phase 1: greedy descent on the peak. At each round, try lowering the horizons of the
     // largest values resident at the peak and keep the move with the best peak reduction per
     // unit of extra cost.
     const CANDIDATES: usize = 24;
-    let mut rng = Rng(seed | 1);
-    while cur_stats.peak_bytes > budget && start.elapsed() < time_limit {
+    let mut rng = Rng::seeded(seed);
+    while cur_stats.peak_bytes > budget && !out_of_time(work) {
         let resident = resident_at(p, &cur_sched, cur_stats.peak_step);
         let mut cands: Vec<usize> = resident.iter().filter_map(|&v| g.local[v]).collect();
         cands.sort_by_key(|&i| std::cmp::Reverse(g.bytes[i]));
@@ -279,7 +336,7 @@ pub fn horizon_search(
                 for &(j, v) in &mv {
                     x[j] = v;
                 }
-                let (s, st) = eval(&x, &mut evaluations)?;
+                let (s, st) = eval(&x, &mut evaluations, &mut work)?;
                 for (&(j, _), &o) in mv.iter().zip(&olds).rev() {
                     x[j] = o;
                 }
@@ -309,12 +366,12 @@ pub fn horizon_search(
                 };
                 x[i] = i;
                 x[m + i] = i;
-                let (s, st) = eval(&x, &mut evaluations)?;
+                let (s, st) = eval(&x, &mut evaluations, &mut work)?;
                 cur_sched = s;
                 cur_stats = st;
             }
         }
-        consider(&mut best, &cur_sched, &cur_stats);
+        let _ = consider(&mut best, &cur_sched, &cur_stats);
     }
 
     // Phase 2: simulated annealing on cost + penalty * excess bytes.
@@ -323,11 +380,14 @@ pub fn horizon_search(
     let penalty = 4.0 * base / span;
     let energy = |s: &Stats| s.compute_cost + penalty * s.peak_bytes.saturating_sub(budget) as f64;
     let mut cur_e = energy(&cur_stats);
-    let t0 = 0.02 * base;
-    let anneal_start = Instant::now();
-    let anneal_total = time_limit.saturating_sub(start.elapsed());
-    while start.elapsed() < time_limit {
-        let frac = anneal_start.elapsed().as_secs_f64() / anneal_total.as_secs_f64().max(1e-9);
+    // The starting temperature comes from a ladder indexed by the seed, so that a portfolio of
+    // seeds (see [`portfolio_search`]) covers hot and cold runs: which one wins varies by
+    // graph and budget.
+    let t0 = T0_LADDER[(seed % T0_LADDER.len() as u64) as usize] * base;
+    let anneal_from = work;
+    let anneal_work = limits.work.saturating_sub(work).max(1) as f64;
+    while !out_of_time(work) {
+        let frac = (work - anneal_from) as f64 / anneal_work;
         let temp = t0 * (1.0 - frac).max(0.0).powi(2) + 1e-12 * base;
         let j = movable[rng.below(movable.len())];
         let opts = &options[j % m];
@@ -344,18 +404,66 @@ pub fn horizon_search(
         for &(k, v) in &mv {
             x[k] = v;
         }
-        let (s, st) = eval(&x, &mut evaluations)?;
+        let (s, st) = eval(&x, &mut evaluations, &mut work)?;
         let e = energy(&st);
         if e <= cur_e || rng.unit() < ((cur_e - e) / temp).exp() {
             cur_e = e;
-            consider(&mut best, &s, &st);
+            let _ = consider(&mut best, &s, &st);
         } else {
             for (&(k, _), &o) in mv.iter().zip(&olds).rev() {
                 x[k] = o;
             }
         }
     }
-    Ok(SearchOutcome { best, evaluations })
+    Ok(SearchOutcome {
+        best,
+        evaluations,
+        work,
+        capped: work < limits.work,
+    })
+}
+
+/// Starting temperatures of the annealing, as fractions of the store-all cost.
+const T0_LADDER: [f64; 4] = [0.02, 0.005, 0.01, 0.002];
+
+/// Runs [`horizon_search`] once per seed `0..runs`, each with an equal share of the work
+/// (and of the time cap), and keeps the cheapest schedule within the budget. Deterministic
+/// like its runs.
+pub fn portfolio_search(
+    p: &Problem,
+    budget: u64,
+    limits: SearchLimits,
+    runs: usize,
+) -> Result<SearchOutcome> {
+    let runs = runs.max(1);
+    let start = Instant::now();
+    let mut total = SearchOutcome {
+        best: None,
+        evaluations: 0,
+        work: 0,
+        capped: false,
+    };
+    for seed in 0..runs {
+        let left = runs - seed;
+        let share = SearchLimits {
+            work: limits.work.saturating_sub(total.work) / left as u64,
+            time: limits.time.saturating_sub(start.elapsed()) / left as u32,
+        };
+        let out = horizon_search(p, budget, share, seed as u64)?;
+        total.evaluations += out.evaluations;
+        total.work += out.work;
+        total.capped |= out.capped;
+        if let Some((s, st)) = out.best {
+            if total
+                .best
+                .as_ref()
+                .is_none_or(|(_, b)| st.compute_cost < b.compute_cost)
+            {
+                total.best = Some((s, st));
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// Horizon changes: (index into the horizons, new value).
@@ -471,7 +579,13 @@ mod tests {
         let p = training_chain(12);
         let full = simulate(&p, &store_all(&p)).unwrap();
         let budget = full.peak_bytes / 2;
-        let out = horizon_search(&p, budget, Duration::from_millis(300), 7).unwrap();
+        let out = horizon_search(
+            &p,
+            budget,
+            SearchLimits::for_time(Duration::from_millis(300)),
+            7,
+        )
+        .unwrap();
         let (sched, stats) = out.best.expect("a schedule within half the store-all peak");
         assert!(stats.peak_bytes <= budget);
         assert_eq!(simulate(&p, &sched).unwrap(), stats);
@@ -479,10 +593,69 @@ mod tests {
     }
 
     #[test]
+    fn search_with_a_work_budget_reproduces() {
+        let p = training_chain(16);
+        let budget = simulate(&p, &store_all(&p)).unwrap().peak_bytes * 3 / 5;
+        let limits = SearchLimits {
+            work: 200_000,
+            time: Duration::from_secs(600),
+        };
+        let a = horizon_search(&p, budget, limits, 11).unwrap();
+        let b = horizon_search(&p, budget, limits, 11).unwrap();
+        assert!(!a.capped && a.work >= limits.work);
+        assert_eq!(a.evaluations, b.evaluations);
+        let (sa, _) = a.best.expect("a schedule within the budget");
+        assert_eq!(Some(sa), b.best.map(|x| x.0));
+    }
+
+    #[test]
+    fn portfolio_is_at_least_as_good_as_its_first_run() {
+        let p = training_chain(16);
+        let budget = simulate(&p, &store_all(&p)).unwrap().peak_bytes / 2;
+        let limits = SearchLimits {
+            work: 400_000,
+            time: Duration::from_secs(600),
+        };
+        let all = portfolio_search(&p, budget, limits, 4).unwrap();
+        let first = horizon_search(
+            &p,
+            budget,
+            SearchLimits {
+                work: limits.work / 4,
+                time: limits.time / 4,
+            },
+            0,
+        )
+        .unwrap();
+        let cost = |o: &SearchOutcome| o.best.as_ref().map(|(_, s)| s.compute_cost);
+        let (a, b) = (cost(&all).unwrap(), cost(&first).unwrap());
+        assert!(a <= b, "{a} > {b}");
+        assert!(all.work >= limits.work - 4 && !all.capped);
+    }
+
+    #[test]
+    fn search_reports_the_time_cap() {
+        let p = training_chain(16);
+        let budget = simulate(&p, &store_all(&p)).unwrap().peak_bytes * 3 / 5;
+        let limits = SearchLimits {
+            work: u64::MAX,
+            time: Duration::from_millis(50),
+        };
+        let out = horizon_search(&p, budget, limits, 3).unwrap();
+        assert!(out.capped && out.work < limits.work);
+    }
+
+    #[test]
     fn search_returns_store_all_when_it_fits() {
         let p = chain(10);
         let full = simulate(&p, &store_all(&p)).unwrap();
-        let out = horizon_search(&p, full.peak_bytes, Duration::from_millis(100), 1).unwrap();
+        let out = horizon_search(
+            &p,
+            full.peak_bytes,
+            SearchLimits::for_time(Duration::from_millis(100)),
+            1,
+        )
+        .unwrap();
         assert_eq!(out.best.unwrap().1.compute_cost, full.compute_cost);
     }
 }
