@@ -125,10 +125,10 @@ fn main() {
         );
     }
     println!(
-        "\nmeasured live-tensor peak {} B, heap peak {} B",
+        "\nmeasured live-tensor peak {} B, heap peak {} B (parameters, gradients and buffers included in both)",
         last.live_peak_bytes,
         last.heap_peak_bytes
-            .map(|h| h.to_string())
+            .map(|h| (h + ex.fixed_live_bytes()).to_string())
             .unwrap_or("not measured".into())
     );
 }

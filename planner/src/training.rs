@@ -326,7 +326,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
                     );
                     sources.push(Source::Extra {
                         node: ix,
-                        tag: *tag,
+                        tag,
                     });
                     extra_index.insert((ix, k), e);
                 }

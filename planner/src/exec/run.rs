@@ -115,7 +115,7 @@ pub struct Executor<'m> {
     bwd_of: HashMap<NodeIndex, usize>,
     /// Extra training nodes of each forward op, by tag.
     extras_of: HashMap<NodeIndex, Vec<(&'static str, usize)>>,
-    facts: HashMap<NodeIndex, (Vec<Option<Fact>>, Vec<Option<Fact>>)>,
+    facts: HashMap<NodeIndex, NodeFacts>,
     pub sources: ConstSources,
     fixed_live_bytes: u64,
 }
@@ -167,6 +167,9 @@ fn cpu_storage_bytes(c: &candle_core::CpuStorage) -> Option<u64> {
 }
 
 type Value = Vec<Option<Tensor>>;
+
+/// A node's input and output facts.
+type NodeFacts = (Vec<Option<Fact>>, Vec<Option<Fact>>);
 
 fn storage_key(t: &Tensor) -> usize {
     let (storage, _) = t.storage_and_layout();
@@ -410,7 +413,7 @@ impl<'m> Executor<'m> {
         self.fixed_live_bytes
     }
 
-    fn node_facts(&self, ix: NodeIndex) -> (Vec<Option<Fact>>, Vec<Option<Fact>>) {
+    fn node_facts(&self, ix: NodeIndex) -> NodeFacts {
         if let Some(f) = self.facts.get(&ix) {
             return f.clone();
         }
