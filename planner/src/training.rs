@@ -324,10 +324,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
                             replay_rng: g.replay_rng,
                         },
                     );
-                    sources.push(Source::Extra {
-                        node: ix,
-                        tag,
-                    });
+                    sources.push(Source::Extra { node: ix, tag });
                     extra_index.insert((ix, k), e);
                 }
             }
