@@ -561,6 +561,50 @@ impl<'m> Executor<'m> {
         Ok(ins)
     }
 
+    /// The values of a node's inputs as the step sees them.
+    fn inputs_of(
+        &self,
+        st: &State,
+        node: &crate::model::OpNode,
+        step: usize,
+    ) -> crate::Result<Value> {
+        let mut ins = Vec::with_capacity(node.inputs.len());
+        for x in &node.inputs {
+            ins.push(match x {
+                Some(x) => Some(self.value(st, *x, step)?),
+                None => None,
+            });
+        }
+        Ok(ins)
+    }
+
+    /// Runs a node's backward kernel.
+    fn backward_kernel(
+        &self,
+        ix: NodeIndex,
+        inputs: &[Option<Tensor>],
+        outputs: &[Option<Tensor>],
+        extras: &Extras,
+        grads: &[Option<Tensor>],
+        needs: &[bool],
+    ) -> crate::Result<Value> {
+        self.with_kernel(ix, |k, cx| {
+            let b = k
+                .backward
+                .ok_or_else(|| KernelError::new("the op has no backward kernel"))?;
+            b(
+                cx,
+                &BwdArgs {
+                    inputs,
+                    outputs,
+                    extras,
+                    grads,
+                    needs,
+                },
+            )
+        })
+    }
+
     /// The value `v` as the step sees it: a constant, an input's or op's resident output, or a
     /// view computed from its resident base.
     fn value(&self, st: &State, v: ValueId, step: usize) -> crate::Result<Tensor> {
@@ -623,13 +667,7 @@ impl<'m> Executor<'m> {
             ));
         }
         let node = &self.model.graph[p];
-        let mut ins = Vec::with_capacity(node.inputs.len());
-        for x in &node.inputs {
-            ins.push(match x {
-                Some(x) => Some(self.value(st, *x, step)?),
-                None => None,
-            });
-        }
+        let ins = self.inputs_of(st, node, step)?;
         let outs = self.with_kernel(p, |k, cx| (k.forward)(cx, &ins, &Extras::new()))?;
         outs.get(slot).cloned().flatten().ok_or_else(|| {
             exec_err(
@@ -728,21 +766,7 @@ impl<'m> Executor<'m> {
                     .collect();
                 let outs: Vec<Option<Tensor>> = vec![None; node.outputs.len()];
                 let needs_v: Vec<bool> = needs.cloned().unwrap_or_default();
-                let r = self.with_kernel(c, |k, cx| {
-                    let b = k
-                        .backward
-                        .ok_or_else(|| KernelError::new("the view has no backward kernel"))?;
-                    b(
-                        cx,
-                        &BwdArgs {
-                            inputs: &ins,
-                            outputs: &outs,
-                            extras: &Extras::new(),
-                            grads: &grads,
-                            needs: &needs_v,
-                        },
-                    )
-                })?;
+                let r = self.backward_kernel(c, &ins, &outs, &Extras::new(), &grads, &needs_v)?;
                 if let Some(g) = r.get(slot).cloned().flatten() {
                     add(&mut acc, g)?;
                 }
@@ -782,14 +806,7 @@ impl<'m> Executor<'m> {
                 let ins: Vec<Option<Tensor>> = if *tag == "mask" {
                     vec![None; n.inputs.len()]
                 } else {
-                    let mut ins = vec![];
-                    for x in &n.inputs {
-                        ins.push(match x {
-                            Some(x) => Some(self.value(st, *x, step)?),
-                            None => None,
-                        });
-                    }
-                    ins
+                    self.inputs_of(st, n, step)?
                 };
                 let out = self.with_kernel(*node, |k, cx| {
                     let f = k.extra.ok_or_else(|| {
@@ -801,13 +818,7 @@ impl<'m> Executor<'m> {
             }
             Source::Forward(ix) => {
                 let n = &self.model.graph[*ix];
-                let mut ins = vec![];
-                for x in &n.inputs {
-                    ins.push(match x {
-                        Some(x) => Some(self.value(st, *x, step)?),
-                        None => None,
-                    });
-                }
+                let ins = self.inputs_of(st, n, step)?;
                 let extras = self.extras(st, *ix, step)?;
                 let outs = self.with_kernel(*ix, |k, cx| (k.forward)(cx, &ins, &extras))?;
                 if n.op_type == "BatchNormalization" && outs.len() > 1 && st.bn_done.insert(*ix) {
@@ -898,21 +909,7 @@ impl<'m> Executor<'m> {
         }
         let extras = self.extras(st, ix, step)?;
         let needs = self.tg.exec.needs.get(&ix).cloned().unwrap_or_default();
-        let r = self.with_kernel(ix, |k, cx| {
-            let b = k
-                .backward
-                .ok_or_else(|| KernelError::new("the op has no backward kernel"))?;
-            b(
-                cx,
-                &BwdArgs {
-                    inputs: &ins,
-                    outputs: &outs,
-                    extras: &extras,
-                    grads: &grads,
-                    needs: &needs,
-                },
-            )
-        })?;
+        let r = self.backward_kernel(ix, &ins, &outs, &extras, &grads, &needs)?;
         let first = st.params_done.insert(i);
         let mut out: Value = vec![None; node.inputs.len()];
         for (slot, g) in r.into_iter().enumerate() {
@@ -979,21 +976,7 @@ impl<'m> Executor<'m> {
             if !needs.iter().any(|&b| b) {
                 continue;
             }
-            let r = self.with_kernel(ix, |k, cx| {
-                let b = k
-                    .backward
-                    .ok_or_else(|| KernelError::new("the op has no backward kernel"))?;
-                b(
-                    cx,
-                    &BwdArgs {
-                        inputs: &ins,
-                        outputs: &outs,
-                        extras: &Extras::new(),
-                        grads: &grads,
-                        needs: &needs,
-                    },
-                )
-            })?;
+            let r = self.backward_kernel(ix, &ins, &outs, &Extras::new(), &grads, &needs)?;
             for (slot, g) in r.into_iter().enumerate() {
                 let (Some(g), Some(Some(v))) = (g, node.inputs.get(slot)) else {
                     continue;
