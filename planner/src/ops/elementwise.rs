@@ -26,6 +26,13 @@ fn unary_float(cx: &Ctx, f: fn(f64) -> f64) -> Result<Vec<Fact>> {
     unary(cx, f, None)
 }
 
+/// Output of a unary op whose values the importer does not fold (shapes never depend on
+/// them): same type and shape as the input; the executor computes the value when it runs.
+fn unary_shape(cx: &Ctx) -> Result<Vec<Fact>> {
+    let x = cx.input(0)?;
+    Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+}
+
 /// Values of all inputs broadcast to `shape`, when every input is a known constant.
 fn broadcast_values(cx: &Ctx, shape: &[u64]) -> Option<Vec<Vec<f64>>> {
     let n = numel(shape)?;
@@ -185,7 +192,7 @@ pub fn register(r: &mut Registry) {
 
     // Activations: the saved value follows PyTorch's autograd (derivatives.yaml).
     r.insert("Relu", u(|cx| unary_float(cx, |x| x.max(0.0)), f1, save_y));
-    r.insert("LeakyRelu", u(|cx| unary_float(cx, |x| x), f1, save_x));
+    r.insert("LeakyRelu", u(unary_shape, f1, save_x));
     r.insert(
         "Sigmoid",
         u(
@@ -195,25 +202,22 @@ pub fn register(r: &mut Registry) {
         ),
     );
     r.insert("Tanh", u(|cx| unary_float(cx, f64::tanh), f4, save_y));
-    r.insert("Erf", u(|cx| unary_float(cx, |x| x), f8, save_x));
-    r.insert("Gelu", u(|cx| unary_float(cx, |x| x), f8, save_x));
-    r.insert("HardSigmoid", u(|cx| unary_float(cx, |x| x), f1, save_x));
-    r.insert("HardSwish", u(|cx| unary_float(cx, |x| x), f1, save_x));
-    r.insert("Softplus", u(|cx| unary_float(cx, |x| x), f4, save_x));
-    r.insert("Softsign", u(|cx| unary_float(cx, |x| x), f4, save_x));
-    r.insert("Elu", u(|cx| unary_float(cx, |x| x), f4, save_x));
-    r.insert("Selu", u(|cx| unary_float(cx, |x| x), f4, save_x));
-    r.insert("Celu", u(|cx| unary_float(cx, |x| x), f4, save_x));
-    r.insert("Mish", u(|cx| unary_float(cx, |x| x), f8, save_x));
+    r.insert("Erf", u(unary_shape, f8, save_x));
+    r.insert("Gelu", u(unary_shape, f8, save_x));
+    r.insert("HardSigmoid", u(unary_shape, f1, save_x));
+    r.insert("HardSwish", u(unary_shape, f1, save_x));
+    r.insert("Softplus", u(unary_shape, f4, save_x));
+    r.insert("Softsign", u(unary_shape, f4, save_x));
+    r.insert("Elu", u(unary_shape, f4, save_x));
+    r.insert("Selu", u(unary_shape, f4, save_x));
+    r.insert("Celu", u(unary_shape, f4, save_x));
+    r.insert("Mish", u(unary_shape, f8, save_x));
     // Swish (opset 24; also what the SiLU fusion produces): x·sigmoid(αx), saves x.
     r.insert(
         "Swish",
         u(|cx| unary_float(cx, |x| x / (1.0 + (-x).exp())), f4, save_x),
     );
-    r.insert(
-        "ThresholdedRelu",
-        u(|cx| unary_float(cx, |x| x), f1, save_x),
-    );
+    r.insert("ThresholdedRelu", u(unary_shape, f1, save_x));
     r.insert("Sqrt", u(|cx| unary_float(cx, f64::sqrt), f1, save_y));
     r.insert("Exp", u(|cx| unary_float(cx, f64::exp), f4, save_y));
     r.insert("Log", u(|cx| unary_float(cx, f64::ln), f4, save_x));
@@ -233,7 +237,7 @@ pub fn register(r: &mut Registry) {
     r.insert("Acosh", u(|cx| unary_float(cx, f64::acosh), f4, save_x));
     r.insert("Atanh", u(|cx| unary_float(cx, f64::atanh), f4, save_x));
     // dX = dY·[|X| > lambd] needs X (PyTorch's hard/softshrink save self).
-    r.insert("Shrink", u(|cx| unary_float(cx, |x| x), f1, save_x));
+    r.insert("Shrink", u(unary_shape, f1, save_x));
     r.insert(
         "Neg",
         u(|cx| unary_float(cx, |x| -x), f1, super::nothing_saved),
