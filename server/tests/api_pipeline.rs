@@ -203,3 +203,39 @@ async fn a_sweep_of_vgg16() {
     let points = r.json()["sweep"]["points"].as_array().unwrap().clone();
     assert_eq!(points.len(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validate_true_runs_the_plan_and_reports_measured_figures() {
+    let t = real_app();
+    let path = root().join("fixtures/grad/tiny_cnn.onnx");
+    let model = std::fs::read(&path).unwrap();
+    let r = t
+        .post(
+            "/v1/plans?dim=batch=2&budget=0.95x&validate=true&wait=120",
+            "application/octet-stream",
+            model.clone(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let v = &r.json()["plan"]["validation"];
+    assert_eq!(v["ran"], true, "{v}");
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["device"], "cpu");
+    assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"], "{v}");
+    assert!(v["grad_max_rel_err"].as_f64().unwrap() <= 1e-6);
+    assert!(!v["timeline"].as_array().unwrap().is_empty());
+    // Not asked: the document says the figures are predictions, and why.
+    let r = t
+        .post(
+            "/v1/plans?dim=batch=2&budget=0.9x&wait=120",
+            "application/octet-stream",
+            model,
+        )
+        .await;
+    let v = &r.json()["plan"]["validation"];
+    assert_eq!(v["ran"], false, "{v}");
+    assert!(
+        v["reason"].as_str().unwrap().contains("not requested"),
+        "{v}"
+    );
+}
