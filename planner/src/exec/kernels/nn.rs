@@ -418,25 +418,36 @@ impl Unfold {
         self.n * self.c * self.hw[0] * self.hw[1]
     }
 
-    /// Visits every (kernel offset, output position, input offset) of one image plane.
-    fn each(&self, mut f: impl FnMut(usize, usize, usize)) {
+    /// Visits every row segment of one image plane a kernel offset reads: (kernel offset,
+    /// first output position, first input offset, length). Consecutive output positions of a
+    /// segment read input offsets `s[1]` apart; positions in the padding are left out.
+    fn rows(&self, mut f: impl FnMut(usize, usize, usize, usize)) {
         let p = &self.p;
         let (h, w) = (self.hw[0] as isize, self.hw[1] as isize);
         let (o0, o1) = (p.out[0], p.out[1]);
+        let s1 = p.s[1].max(1) as isize;
         for ki in 0..p.k[0] {
             for kj in 0..p.k[1] {
                 let kidx = ki * p.k[1] + kj;
+                // Output columns whose input column `ow * s1 + off` lies in `[0, w)`.
+                let off = (kj * p.d[1]) as isize - p.pb[1] as isize;
+                let lo = if off >= 0 { 0 } else { (-off + s1 - 1) / s1 };
+                let hi = if w - 1 - off < 0 {
+                    0
+                } else {
+                    ((w - 1 - off) / s1 + 1).min(o1 as isize)
+                };
+                if hi <= lo {
+                    continue;
+                }
+                let len = (hi - lo) as usize;
                 for oh in 0..o0 {
                     let ih = (oh * p.s[0] + ki * p.d[0]) as isize - p.pb[0] as isize;
                     if ih < 0 || ih >= h {
                         continue;
                     }
-                    for ow in 0..o1 {
-                        let iw = (ow * p.s[1] + kj * p.d[1]) as isize - p.pb[1] as isize;
-                        if iw >= 0 && iw < w {
-                            f(kidx, oh * o1 + ow, (ih * w + iw) as usize);
-                        }
-                    }
+                    let xi = ih * w + lo * s1 + off;
+                    f(kidx, oh * o1 + lo as usize, xi as usize, len);
                 }
             }
         }
@@ -447,10 +458,34 @@ impl Unfold {
     fn unit<T: candle_core::WithDType>(&self, u: usize, src: &[T], out: &mut [T]) {
         let (kk, oo, n_all) = (self.kk(), self.oo(), self.n);
         let plane = self.hw[0] * self.hw[1];
+        let s = self.p.s[1].max(1);
+        // Input span of a segment of `len` positions.
+        let span = |len: usize| (len - 1) * s + 1;
+        let gather = |dst: Option<&mut [T]>, src: Option<&[T]>| {
+            if let (Some(d), Some(v)) = (dst, src) {
+                if s == 1 {
+                    d.copy_from_slice(v);
+                } else {
+                    for (d, v) in d.iter_mut().zip(v.iter().step_by(s)) {
+                        *d = *v;
+                    }
+                }
+            }
+        };
+        let scatter = |dst: Option<&mut [T]>, src: Option<&[T]>| {
+            if let (Some(d), Some(v)) = (dst, src) {
+                for (d, v) in d.iter_mut().step_by(s).zip(v) {
+                    *d += *v;
+                }
+            }
+        };
         match (self.fold, self.cmajor) {
             (false, false) => {
                 if let Some(inp) = src.get(u * plane..(u + 1) * plane) {
-                    self.each(|k, o, xi| out[k * oo + o] = inp[xi]);
+                    self.rows(|k, o, xi, len| {
+                        let at = k * oo + o;
+                        gather(out.get_mut(at..at + len), inp.get(xi..xi + span(len)));
+                    });
                 }
             }
             (false, true) => {
@@ -458,20 +493,29 @@ impl Unfold {
                 for n in 0..n_all {
                     let base = (n * self.c + c) * plane;
                     if let Some(inp) = src.get(base..base + plane) {
-                        self.each(|k, o, xi| out[(k * n_all + n) * oo + o] = inp[xi]);
+                        self.rows(|k, o, xi, len| {
+                            let at = (k * n_all + n) * oo + o;
+                            gather(out.get_mut(at..at + len), inp.get(xi..xi + span(len)));
+                        });
                     }
                 }
             }
             (true, false) => {
                 if let Some(inp) = src.get(u * kk * oo..(u + 1) * kk * oo) {
-                    self.each(|k, o, xi| out[xi] += inp[k * oo + o]);
+                    self.rows(|k, o, xi, len| {
+                        let at = k * oo + o;
+                        scatter(out.get_mut(xi..xi + span(len)), inp.get(at..at + len));
+                    });
                 }
             }
             (true, true) => {
                 let (n, c) = (u / self.c, u % self.c);
                 let base = c * kk * n_all * oo;
                 if let Some(inp) = src.get(base..base + kk * n_all * oo) {
-                    self.each(|k, o, xi| out[xi] += inp[(k * n_all + n) * oo + o]);
+                    self.rows(|k, o, xi, len| {
+                        let at = (k * n_all + n) * oo + o;
+                        scatter(out.get_mut(xi..xi + span(len)), inp.get(at..at + len));
+                    });
                 }
             }
         }
@@ -567,6 +611,9 @@ const CMAJOR_BELOW: usize = 256;
 /// `[g, C/g * kh * kw, N * O0 * O1]` when `cmajor`.
 fn im2col(x: &Tensor, p: &G2, cmajor: bool) -> KResult<Tensor> {
     let (n, c, h, w) = x.dims4()?;
+    if !cmajor && pointwise(p, [h, w]) {
+        return Ok(x.contiguous()?.reshape((n, p.g, c / p.g, h * w))?);
+    }
     let u = Unfold {
         n,
         c,
@@ -585,6 +632,12 @@ fn im2col(x: &Tensor, p: &G2, cmajor: bool) -> KResult<Tensor> {
     }
 }
 
+/// Whether `p` is a 1×1 window with unit strides and no padding over an `hw` image: the
+/// batch-major columns are then the image itself.
+fn pointwise(p: &G2, hw: [usize; 2]) -> bool {
+    p.k == [1, 1] && p.s == [1, 1] && p.pb == [0, 0] && p.pe == [0, 0] && p.out == hw
+}
+
 /// Columns (as [`im2col`] lays them out) folded back to `[N, C, H, W]`.
 fn col2im(
     cols: &Tensor,
@@ -594,6 +647,9 @@ fn col2im(
     hw: [usize; 2],
     cmajor: bool,
 ) -> KResult<Tensor> {
+    if !cmajor && pointwise(p, hw) {
+        return Ok(cols.contiguous()?.reshape((n, c, hw[0], hw[1]))?);
+    }
     let u = Unfold {
         n,
         c,
@@ -2855,6 +2911,10 @@ mod tests {
             ([1, 1], [2, 2], [1, 1], [0, 0], [0, 0], [5, 5], 3, 4, 1),
             ([3, 3], [2, 2], [2, 2], [2, 1], [1, 2], [8, 7], 4, 4, 4),
             ([7, 7], [2, 2], [1, 1], [3, 3], [3, 3], [12, 12], 3, 4, 1),
+            // 1×1, unit stride, no padding: the columns are the image itself.
+            ([1, 1], [1, 1], [1, 1], [0, 0], [0, 0], [5, 6], 3, 4, 1),
+            // Stride 3 with a window wider than the padding on one side.
+            ([2, 4], [1, 3], [1, 1], [1, 2], [0, 3], [6, 9], 2, 3, 1),
         ];
         for (k, s, d, pb, pe, hw, c, oc, g) in geos {
             let out = [0, 1].map(|j| (hw[j] + pb[j] + pe[j] - ((k[j] - 1) * d[j] + 1)) / s[j] + 1);
