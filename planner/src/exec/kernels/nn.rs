@@ -832,7 +832,10 @@ fn c2_dx_candle(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<T
 fn c2_dw(x: &Tensor, dy: &Tensor, p: &G2) -> KResult<Tensor> {
     if host_unfold(x.device()) {
         let oo = dy.dim(2)? * dy.dim(3)?;
-        return c2_dw_host(x, dy, p, oo < CMAJOR_BELOW);
+        // Channel-major columns at every size: one product over the whole batch (a large
+        // inner dimension) instead of one per image and a sum over them.
+        let _ = oo;
+        return c2_dw_host(x, dy, p, true);
     }
     c2_dw_candle(x, dy, p)
 }
@@ -1507,6 +1510,13 @@ fn bn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         let v = per_chan(a.input(4)?, c, rank, dt)?;
         (m, v.affine(1.0, eps)?.sqrt()?.recip()?)
     };
+    if training
+        && host_unfold(x.device())
+        && x.dtype() == dt
+        && matches!(dt, DType::F32 | DType::F64)
+    {
+        return bn_bwd_host(cx, a, &g, &m, &r);
+    }
     // Per-channel sums: S_g = sum dY, S_gx = sum dY (x - mean); then every gradient is a
     // per-channel affine map (few passes over the data).
     let xc = x.to_dtype(dt)?.broadcast_sub(&m)?;
@@ -1546,6 +1556,207 @@ fn bn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     }
     if a.need(2) {
         out[2] = Some(sg.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
+    }
+    Ok(out)
+}
+
+/// Fused batch-normalization backward passes on the host over contiguous `[N, C, S]` data
+/// `x` (first operand) and its gradient `g` (second): the per-channel sums `[S_g; S_gx]`
+/// (`2 * C` values), or, with `coef`, `dx = a g + b (x - mean) + c0` per channel.
+#[derive(Clone, Debug)]
+struct BnHost {
+    n: usize,
+    c: usize,
+    s: usize,
+    mean: Vec<f64>,
+    coef: Option<[Vec<f64>; 3]>,
+}
+
+impl BnHost {
+    fn sums<T: candle_core::WithDType>(&self, x: &[T], g: &[T]) -> Vec<T> {
+        let (n, c, s) = (self.n, self.c, self.s);
+        let mut out = vec![(0.0f64, 0.0f64); c];
+        let threads = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, c.max(1));
+        let per = c.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (ci, chunk) in out.chunks_mut(per).enumerate() {
+                scope.spawn(move || {
+                    for (k, acc) in chunk.iter_mut().enumerate() {
+                        let ch = ci * per + k;
+                        let m = self.mean.get(ch).copied().unwrap_or(0.0);
+                        for b in 0..n {
+                            let at = (b * c + ch) * s;
+                            if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
+                                let (mut sg, mut sgx) = (0.0f64, 0.0f64);
+                                for (xv, gv) in xs.iter().zip(gs) {
+                                    let gv = gv.to_f64();
+                                    sg += gv;
+                                    sgx += gv * (xv.to_f64() - m);
+                                }
+                                acc.0 += sg;
+                                acc.1 += sgx;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let mut v: Vec<T> = out.iter().map(|p| T::from_f64(p.0)).collect();
+        v.extend(out.iter().map(|p| T::from_f64(p.1)));
+        v
+    }
+
+    fn dx<T: candle_core::WithDType>(&self, x: &[T], g: &[T], coef: &[Vec<f64>; 3]) -> Vec<T> {
+        let (c, s) = (self.c, self.s);
+        let units = self.n * c;
+        let mut out = vec![T::from_f64(0.0); units * s];
+        if s == 0 {
+            return out;
+        }
+        let threads = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, units.max(1));
+        let per = units.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (ci, chunk) in out.chunks_mut(per * s).enumerate() {
+                scope.spawn(move || {
+                    for (k, o) in chunk.chunks_mut(s).enumerate() {
+                        let u = ci * per + k;
+                        let ch = u % c;
+                        let at = u * s;
+                        let pick = |v: &[f64]| v.get(ch).copied().unwrap_or(0.0);
+                        let (a, b, c0) = (pick(&coef[0]), pick(&coef[1]), pick(&coef[2]));
+                        // dx = a g + b x + (c0 - b mean)
+                        let c1 = c0 - b * self.mean.get(ch).copied().unwrap_or(0.0);
+                        if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
+                            for ((o, xv), gv) in o.iter_mut().zip(xs).zip(gs) {
+                                *o = T::from_f64(a * gv.to_f64() + b * xv.to_f64() + c1);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        out
+    }
+
+    fn run<T: candle_core::WithDType>(&self, x: &[T], g: &[T]) -> Vec<T> {
+        match &self.coef {
+            None => self.sums(x, g),
+            Some(coef) => self.dx(x, g, coef),
+        }
+    }
+}
+
+impl candle_core::CustomOp2 for BnHost {
+    fn name(&self) -> &'static str {
+        "remat-batchnorm-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let len = self.n * self.c * self.s;
+        let range = |l: &candle_core::Layout| {
+            l.contiguous_offsets()
+                .filter(|(a, b)| b - a == len)
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "batch-norm backward needs contiguous data of {len} elements"
+                    ))
+                })
+        };
+        let ((a1, b1), (a2, b2)) = (range(l1)?, range(l2)?);
+        let out = match (s1, s2) {
+            (S::F32(x), S::F32(g)) => S::F32(self.run(&x[a1..b1], &g[a2..b2])),
+            (S::F64(x), S::F64(g)) => S::F64(self.run(&x[a1..b1], &g[a2..b2])),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "batch-norm backward on the host takes f32 or f64 data of one dtype".into(),
+                ))
+            }
+        };
+        let shape = match self.coef {
+            None => candle_core::Shape::from(2 * self.c),
+            Some(_) => candle_core::Shape::from((self.n, self.c, self.s)),
+        };
+        Ok((out, shape))
+    }
+}
+
+fn chan_vec(t: &Tensor) -> KResult<Vec<f64>> {
+    Ok(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+}
+
+/// Training-mode [`bn_bwd`] on the host in two fused passes (sums, then the data gradient).
+fn bn_bwd_host(
+    cx: &KernelCtx,
+    a: &BwdArgs,
+    g: &Tensor,
+    m: &Tensor,
+    r: &Tensor,
+) -> KResult<Vec<Option<Tensor>>> {
+    let x = a.input(0)?;
+    let (n, c) = (x.dim(0)?, x.dim(1)?);
+    let s: usize = x.dims()[2..].iter().product();
+    if g.dims() != x.dims() {
+        kbail!(
+            "gradient {:?} does not match the input {:?}",
+            g.dims(),
+            x.dims()
+        );
+    }
+    let xs = x.contiguous()?.reshape((n, c, s))?;
+    let gs = g.contiguous()?.reshape((n, c, s))?;
+    let mean = chan_vec(m)?;
+    let rv = chan_vec(r)?;
+    if mean.len() != c || rv.len() != c {
+        kbail!("batch-norm statistics do not have {c} channels");
+    }
+    let mut op = BnHost {
+        n,
+        c,
+        s,
+        mean,
+        coef: None,
+    };
+    let sums = chan_vec(&xs.apply_op2_no_bwd(&gs, &op)?)?;
+    let (sg, sgx) = sums.split_at(c.min(sums.len()));
+    let dev = x.device();
+    let mut out = vec![None; a.inputs.len()];
+    if a.need(0) {
+        let scale = chan_vec(a.input(1)?)?;
+        if scale.len() != c || sg.len() != c || sgx.len() != c {
+            kbail!("batch-norm scale does not have {c} channels");
+        }
+        let inv = 1.0 / (n * s).max(1) as f64;
+        let k: Vec<f64> = scale.iter().zip(&rv).map(|(sc, r)| sc * r).collect();
+        // dx = k (g - S_g / M - (x - mean) r^2 S_gx / M)
+        let b: Vec<f64> = (0..c)
+            .map(|i| -inv * k[i] * rv[i] * rv[i] * sgx[i])
+            .collect();
+        let c0: Vec<f64> = (0..c).map(|i| -inv * k[i] * sg[i]).collect();
+        op.coef = Some([k, b, c0]);
+        let dx = xs.apply_op2_no_bwd(&gs, &op)?.reshape(x.dims())?;
+        out[0] = Some(dx);
+    }
+    if a.need(1) {
+        let ds: Vec<f64> = sgx.iter().zip(&rv).map(|(v, r)| v * r).collect();
+        let t = Tensor::from_vec(ds, c, dev)?.to_dtype(x.dtype())?;
+        out[1] = Some(t.reshape(cx.in_shape(1)?)?);
+    }
+    if a.need(2) {
+        let t = Tensor::from_vec(sg.to_vec(), sg.len(), dev)?.to_dtype(x.dtype())?;
+        out[2] = Some(t.reshape(cx.in_shape(2)?)?);
     }
     Ok(out)
 }
