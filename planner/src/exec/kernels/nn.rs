@@ -677,6 +677,19 @@ fn c2_fwd_host(x: &Tensor, w: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     let n = x.dim(0)?;
     let (oc, cg, kh, kw) = w.dims4()?;
     let g = p.g;
+    let (_, c, h, wd) = x.dims4()?;
+    if !cm && direct_ok(x, c, oc, g) && w.dtype() == x.dtype() {
+        let op = ConvHost {
+            n,
+            c,
+            hw: [h, wd],
+            oc,
+            p: p.clone(),
+            pass: ConvPass::Fwd,
+        };
+        let wm = w.contiguous()?.reshape((oc, cg * kh * kw))?;
+        return Ok(x.contiguous()?.apply_op2_no_bwd(&wm, &op)?);
+    }
     let cols = im2col(x, p, cm)?;
     if cm {
         let y = w.reshape((g, oc / g, cg * kh * kw))?.matmul(&cols)?;
@@ -696,6 +709,18 @@ fn c2_dx_host(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2], cm: bool) -> K
     let g = p.g;
     let mut q = p.clone();
     q.out = [o0, o1];
+    if !cm && direct_ok(dy, g * cg, oc, g) && w.dtype() == dy.dtype() {
+        let op = ConvHost {
+            n,
+            c: g * cg,
+            hw: input,
+            oc,
+            p: q,
+            pass: ConvPass::Dx,
+        };
+        let wm = w.contiguous()?.reshape((oc, cg * kh * kw))?;
+        return Ok(dy.contiguous()?.apply_op2_no_bwd(&wm, &op)?);
+    }
     let d = out_cols(dy, g, cm)?;
     let dcols = if cm {
         w.reshape((g, oc / g, cg * kh * kw))?
@@ -714,6 +739,19 @@ fn c2_dw_host(x: &Tensor, dy: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     let g = p.g;
     let mut q = p.clone();
     q.out = [o0, o1];
+    let (n, c, h, wd) = x.dims4()?;
+    if !cm && direct_ok(x, c, oc, g) && dy.dtype() == x.dtype() {
+        let op = ConvHost {
+            n,
+            c,
+            hw: [h, wd],
+            oc,
+            p: q,
+            pass: ConvPass::Dw,
+        };
+        let dw = x.contiguous()?.apply_op2_no_bwd(&dy.contiguous()?, &op)?;
+        return Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?);
+    }
     let cols = im2col(x, &q, cm)?;
     let d = out_cols(dy, g, cm)?;
     let dw = if cm {
@@ -723,6 +761,316 @@ fn c2_dw_host(x: &Tensor, dy: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     };
     let c = x.dim(1)?;
     Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?)
+}
+
+/// Splits `out` into units of `unit_len` and fills them on all threads: `f(unit, slice)`.
+fn par_units<T: Send>(out: &mut [T], unit_len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    if unit_len == 0 {
+        return;
+    }
+    let units = out.len() / unit_len;
+    let threads = std::thread::available_parallelism()
+        .map(|t| t.get())
+        .unwrap_or(1)
+        .clamp(1, units.max(1));
+    let per = units.div_ceil(threads).max(1);
+    let f = &f;
+    std::thread::scope(|scope| {
+        for (ci, chunk) in out.chunks_mut(per * unit_len).enumerate() {
+            scope.spawn(move || {
+                for (k, o) in chunk.chunks_mut(unit_len).enumerate() {
+                    f(ci * per + k, o);
+                }
+            });
+        }
+    });
+}
+
+/// A strided host matrix operand: data, rows, columns, row stride, column stride.
+struct Mat<'a, T> {
+    v: &'a [T],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<T> Mat<'_, T> {
+    fn fits(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.v.len()
+    }
+}
+
+/// `dst` (row-major `lhs.rows × rhs.cols`) `=` (or `+=` when `accumulate`) `lhs · rhs`, on
+/// the host through the gemm crate, on all threads. f32 and f64 only.
+fn host_gemm<T: candle_core::WithDType>(
+    dst: &mut [T],
+    accumulate: bool,
+    lhs: Mat<'_, T>,
+    rhs: Mat<'_, T>,
+) -> candle_core::Result<()> {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        return Err(candle_core::Error::Msg(format!(
+            "host matrix product of {:?} data",
+            T::DTYPE
+        )));
+    }
+    if rhs.rows != k || dst.len() < m * n || !lhs.fits() || !rhs.fits() {
+        return Err(candle_core::Error::Msg(format!(
+            "host matrix product {m}×{k} · {}×{n} does not fit its buffers",
+            rhs.rows
+        )));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.iter_mut().for_each(|d| *d = T::from_f64(0.0));
+        }
+        return Ok(());
+    }
+    let threads = std::thread::available_parallelism()
+        .map(|t| t.get())
+        .unwrap_or(1);
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the dtype is one gemm implements (checked above); every element the product
+    // reads lies inside `lhs.v` / `rhs.v` (`fits`) and every element it writes inside `dst`
+    // (`m * n` row-major); `dst` is borrowed mutably, so it overlaps neither operand.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.v.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.v.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            T::from_f64(if accumulate { 1.0 } else { 0.0 }),
+            T::from_f64(1.0),
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+    Ok(())
+}
+
+/// `len` elements of `v` from `at` (empty when out of range; the products then refuse it).
+fn seg<T>(v: &[T], at: usize, len: usize) -> &[T] {
+    v.get(at..at + len).unwrap_or(&[])
+}
+
+/// Which product a [`ConvHost`] computes.
+#[derive(Clone, Copy, Debug)]
+enum ConvPass {
+    /// `(x [N, C, H, W], w [OC, C/g * kk])` → `y [N, OC, O0, O1]`.
+    Fwd,
+    /// `(dy [N, OC, O0, O1], w [OC, C/g * kk])` → `dx [N, C, H, W]`.
+    Dx,
+    /// `(x [N, C, H, W], dy [N, OC, O0, O1])` → `dw [OC, C/g * kk]`.
+    Dw,
+}
+
+/// A convolution pass on the host one image at a time: the image's columns go to a buffer
+/// reused across the batch (no batch-sized column tensor), and the products run straight
+/// on the contiguous operands.
+#[derive(Clone, Debug)]
+struct ConvHost {
+    n: usize,
+    c: usize,
+    hw: [usize; 2],
+    oc: usize,
+    p: G2,
+    pass: ConvPass,
+}
+
+impl ConvHost {
+    fn unfold(&self, fold: bool) -> Unfold {
+        Unfold {
+            n: 1,
+            c: self.c,
+            hw: self.hw,
+            p: self.p.clone(),
+            fold,
+            cmajor: false,
+        }
+    }
+
+    fn lens(&self) -> (usize, usize, usize) {
+        let (n, c, oc) = (self.n, self.c, self.oc);
+        let x = n * c * self.hw[0] * self.hw[1];
+        let y = n * oc * self.p.out[0] * self.p.out[1];
+        let w = oc * (c / self.p.g.max(1)) * self.p.k[0] * self.p.k[1];
+        (x, y, w)
+    }
+
+    fn run<T: candle_core::WithDType>(&self, a: &[T], b: &[T]) -> candle_core::Result<Vec<T>> {
+        let g = self.p.g.max(1);
+        let (c, oc) = (self.c, self.oc);
+        let (cg, ocg) = (c / g, oc / g);
+        let kk = self.p.k[0] * self.p.k[1];
+        let oo = self.p.out[0] * self.p.out[1];
+        let plane = self.hw[0] * self.hw[1];
+        let ckg = cg * kk;
+        let unf = self.unfold(false);
+        let fold = self.unfold(true);
+        let mut buf = vec![T::from_f64(0.0); c * kk * oo];
+        let out_len = match self.pass {
+            ConvPass::Fwd => self.n * oc * oo,
+            ConvPass::Dx => self.n * c * plane,
+            ConvPass::Dw => oc * ckg,
+        };
+        let mut out = vec![T::from_f64(0.0); out_len];
+        for img in 0..self.n {
+            match self.pass {
+                ConvPass::Fwd | ConvPass::Dw => {
+                    let x = seg(a, img * c * plane, c * plane);
+                    par_units(&mut buf, kk * oo, |u, o| unf.unit(u, x, o));
+                }
+                ConvPass::Dx => {}
+            }
+            for gi in 0..g {
+                match self.pass {
+                    ConvPass::Fwd => {
+                        let at = (img * oc + gi * ocg) * oo;
+                        let dst = out.get_mut(at..at + ocg * oo).unwrap_or(&mut []);
+                        let lhs = Mat {
+                            v: seg(b, gi * ocg * ckg, ocg * ckg),
+                            rows: ocg,
+                            cols: ckg,
+                            rs: ckg,
+                            cs: 1,
+                        };
+                        let rhs = Mat {
+                            v: seg(&buf, gi * ckg * oo, ckg * oo),
+                            rows: ckg,
+                            cols: oo,
+                            rs: oo,
+                            cs: 1,
+                        };
+                        host_gemm(dst, false, lhs, rhs)?;
+                    }
+                    ConvPass::Dx => {
+                        let at = gi * ckg * oo;
+                        let dst = buf.get_mut(at..at + ckg * oo).unwrap_or(&mut []);
+                        let lhs = Mat {
+                            v: seg(b, gi * ocg * ckg, ocg * ckg),
+                            rows: ckg,
+                            cols: ocg,
+                            rs: 1,
+                            cs: ckg,
+                        };
+                        let rhs = Mat {
+                            v: seg(a, (img * oc + gi * ocg) * oo, ocg * oo),
+                            rows: ocg,
+                            cols: oo,
+                            rs: oo,
+                            cs: 1,
+                        };
+                        host_gemm(dst, false, lhs, rhs)?;
+                    }
+                    ConvPass::Dw => {
+                        let at = gi * ocg * ckg;
+                        let dst = out.get_mut(at..at + ocg * ckg).unwrap_or(&mut []);
+                        let lhs = Mat {
+                            v: seg(b, (img * oc + gi * ocg) * oo, ocg * oo),
+                            rows: ocg,
+                            cols: oo,
+                            rs: oo,
+                            cs: 1,
+                        };
+                        let rhs = Mat {
+                            v: seg(&buf, gi * ckg * oo, ckg * oo),
+                            rows: oo,
+                            cols: ckg,
+                            rs: 1,
+                            cs: oo,
+                        };
+                        host_gemm(dst, img > 0, lhs, rhs)?;
+                    }
+                }
+            }
+            if let ConvPass::Dx = self.pass {
+                let at = img * c * plane;
+                if let Some(dx) = out.get_mut(at..at + c * plane) {
+                    par_units(dx, plane, |u, o| fold.unit(u, &buf, o));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl candle_core::CustomOp2 for ConvHost {
+    fn name(&self) -> &'static str {
+        "remat-conv-host"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let (x, y, w) = self.lens();
+        let (want1, want2) = match self.pass {
+            ConvPass::Fwd => (x, w),
+            ConvPass::Dx => (y, w),
+            ConvPass::Dw => (x, y),
+        };
+        let range = |l: &candle_core::Layout, want: usize| {
+            l.contiguous_offsets()
+                .filter(|(a, b)| b - a == want)
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "host convolution needs contiguous operands of {want} elements"
+                    ))
+                })
+        };
+        let ((a1, b1), (a2, b2)) = (range(l1, want1)?, range(l2, want2)?);
+        let out = match (s1, s2) {
+            (S::F32(p), S::F32(q)) => S::F32(self.run(&p[a1..b1], &q[a2..b2])?),
+            (S::F64(p), S::F64(q)) => S::F64(self.run(&p[a1..b1], &q[a2..b2])?),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "host convolution takes f32 or f64 operands of one dtype".into(),
+                ))
+            }
+        };
+        let shape = match self.pass {
+            ConvPass::Fwd => {
+                candle_core::Shape::from((self.n, self.oc, self.p.out[0], self.p.out[1]))
+            }
+            ConvPass::Dx => candle_core::Shape::from((self.n, self.c, self.hw[0], self.hw[1])),
+            ConvPass::Dw => candle_core::Shape::from((self.oc, w / self.oc.max(1))),
+        };
+        Ok((out, shape))
+    }
+}
+
+/// Whether the per-image host convolution handles `t`'s dtype (and the groups split).
+fn direct_ok(t: &Tensor, c: usize, oc: usize, g: usize) -> bool {
+    matches!(t.dtype(), DType::F32 | DType::F64)
+        && g > 0
+        && c.is_multiple_of(g)
+        && oc.is_multiple_of(g)
 }
 
 /// `x` `[N, C, H, W]`, `w` `[OC, C/g, kh, kw]` → `[N, OC, out...]`.
@@ -832,10 +1180,7 @@ fn c2_dx_candle(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<T
 fn c2_dw(x: &Tensor, dy: &Tensor, p: &G2) -> KResult<Tensor> {
     if host_unfold(x.device()) {
         let oo = dy.dim(2)? * dy.dim(3)?;
-        // Channel-major columns at every size: one product over the whole batch (a large
-        // inner dimension) instead of one per image and a sum over them.
-        let _ = oo;
-        return c2_dw_host(x, dy, p, true);
+        return c2_dw_host(x, dy, p, oo < CMAJOR_BELOW);
     }
     c2_dw_candle(x, dy, p)
 }
