@@ -418,25 +418,36 @@ impl Unfold {
         self.n * self.c * self.hw[0] * self.hw[1]
     }
 
-    /// Visits every (kernel offset, output position, input offset) of one image plane.
-    fn each(&self, mut f: impl FnMut(usize, usize, usize)) {
+    /// Visits every row segment of one image plane a kernel offset reads: (kernel offset,
+    /// first output position, first input offset, length). Consecutive output positions of a
+    /// segment read input offsets `s[1]` apart; positions in the padding are left out.
+    fn rows(&self, mut f: impl FnMut(usize, usize, usize, usize)) {
         let p = &self.p;
         let (h, w) = (self.hw[0] as isize, self.hw[1] as isize);
         let (o0, o1) = (p.out[0], p.out[1]);
+        let s1 = p.s[1].max(1) as isize;
         for ki in 0..p.k[0] {
             for kj in 0..p.k[1] {
                 let kidx = ki * p.k[1] + kj;
+                // Output columns whose input column `ow * s1 + off` lies in `[0, w)`.
+                let off = (kj * p.d[1]) as isize - p.pb[1] as isize;
+                let lo = if off >= 0 { 0 } else { (-off + s1 - 1) / s1 };
+                let hi = if w - 1 - off < 0 {
+                    0
+                } else {
+                    ((w - 1 - off) / s1 + 1).min(o1 as isize)
+                };
+                if hi <= lo {
+                    continue;
+                }
+                let len = (hi - lo) as usize;
                 for oh in 0..o0 {
                     let ih = (oh * p.s[0] + ki * p.d[0]) as isize - p.pb[0] as isize;
                     if ih < 0 || ih >= h {
                         continue;
                     }
-                    for ow in 0..o1 {
-                        let iw = (ow * p.s[1] + kj * p.d[1]) as isize - p.pb[1] as isize;
-                        if iw >= 0 && iw < w {
-                            f(kidx, oh * o1 + ow, (ih * w + iw) as usize);
-                        }
-                    }
+                    let xi = ih * w + lo * s1 + off;
+                    f(kidx, oh * o1 + lo as usize, xi as usize, len);
                 }
             }
         }
@@ -447,10 +458,34 @@ impl Unfold {
     fn unit<T: candle_core::WithDType>(&self, u: usize, src: &[T], out: &mut [T]) {
         let (kk, oo, n_all) = (self.kk(), self.oo(), self.n);
         let plane = self.hw[0] * self.hw[1];
+        let s = self.p.s[1].max(1);
+        // Input span of a segment of `len` positions.
+        let span = |len: usize| (len - 1) * s + 1;
+        let gather = |dst: Option<&mut [T]>, src: Option<&[T]>| {
+            if let (Some(d), Some(v)) = (dst, src) {
+                if s == 1 {
+                    d.copy_from_slice(v);
+                } else {
+                    for (d, v) in d.iter_mut().zip(v.iter().step_by(s)) {
+                        *d = *v;
+                    }
+                }
+            }
+        };
+        let scatter = |dst: Option<&mut [T]>, src: Option<&[T]>| {
+            if let (Some(d), Some(v)) = (dst, src) {
+                for (d, v) in d.iter_mut().step_by(s).zip(v) {
+                    *d += *v;
+                }
+            }
+        };
         match (self.fold, self.cmajor) {
             (false, false) => {
                 if let Some(inp) = src.get(u * plane..(u + 1) * plane) {
-                    self.each(|k, o, xi| out[k * oo + o] = inp[xi]);
+                    self.rows(|k, o, xi, len| {
+                        let at = k * oo + o;
+                        gather(out.get_mut(at..at + len), inp.get(xi..xi + span(len)));
+                    });
                 }
             }
             (false, true) => {
@@ -458,20 +493,29 @@ impl Unfold {
                 for n in 0..n_all {
                     let base = (n * self.c + c) * plane;
                     if let Some(inp) = src.get(base..base + plane) {
-                        self.each(|k, o, xi| out[(k * n_all + n) * oo + o] = inp[xi]);
+                        self.rows(|k, o, xi, len| {
+                            let at = (k * n_all + n) * oo + o;
+                            gather(out.get_mut(at..at + len), inp.get(xi..xi + span(len)));
+                        });
                     }
                 }
             }
             (true, false) => {
                 if let Some(inp) = src.get(u * kk * oo..(u + 1) * kk * oo) {
-                    self.each(|k, o, xi| out[xi] += inp[k * oo + o]);
+                    self.rows(|k, o, xi, len| {
+                        let at = k * oo + o;
+                        scatter(out.get_mut(xi..xi + span(len)), inp.get(at..at + len));
+                    });
                 }
             }
             (true, true) => {
                 let (n, c) = (u / self.c, u % self.c);
                 let base = c * kk * n_all * oo;
                 if let Some(inp) = src.get(base..base + kk * n_all * oo) {
-                    self.each(|k, o, xi| out[xi] += inp[(k * n_all + n) * oo + o]);
+                    self.rows(|k, o, xi, len| {
+                        let at = (k * n_all + n) * oo + o;
+                        scatter(out.get_mut(xi..xi + span(len)), inp.get(at..at + len));
+                    });
                 }
             }
         }
@@ -567,6 +611,9 @@ const CMAJOR_BELOW: usize = 256;
 /// `[g, C/g * kh * kw, N * O0 * O1]` when `cmajor`.
 fn im2col(x: &Tensor, p: &G2, cmajor: bool) -> KResult<Tensor> {
     let (n, c, h, w) = x.dims4()?;
+    if !cmajor && pointwise(p, [h, w]) {
+        return Ok(x.contiguous()?.reshape((n, p.g, c / p.g, h * w))?);
+    }
     let u = Unfold {
         n,
         c,
@@ -585,6 +632,12 @@ fn im2col(x: &Tensor, p: &G2, cmajor: bool) -> KResult<Tensor> {
     }
 }
 
+/// Whether `p` is a 1×1 window with unit strides and no padding over an `hw` image: the
+/// batch-major columns are then the image itself.
+fn pointwise(p: &G2, hw: [usize; 2]) -> bool {
+    p.k == [1, 1] && p.s == [1, 1] && p.pb == [0, 0] && p.pe == [0, 0] && p.out == hw
+}
+
 /// Columns (as [`im2col`] lays them out) folded back to `[N, C, H, W]`.
 fn col2im(
     cols: &Tensor,
@@ -594,6 +647,9 @@ fn col2im(
     hw: [usize; 2],
     cmajor: bool,
 ) -> KResult<Tensor> {
+    if !cmajor && pointwise(p, hw) {
+        return Ok(cols.contiguous()?.reshape((n, c, hw[0], hw[1]))?);
+    }
     let u = Unfold {
         n,
         c,
@@ -621,6 +677,19 @@ fn c2_fwd_host(x: &Tensor, w: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     let n = x.dim(0)?;
     let (oc, cg, kh, kw) = w.dims4()?;
     let g = p.g;
+    let (_, c, h, wd) = x.dims4()?;
+    if !cm && direct_ok(x, c, oc, g) && w.dtype() == x.dtype() {
+        let op = ConvHost {
+            n,
+            c,
+            hw: [h, wd],
+            oc,
+            p: p.clone(),
+            pass: ConvPass::Fwd,
+        };
+        let wm = w.contiguous()?.reshape((oc, cg * kh * kw))?;
+        return Ok(x.contiguous()?.apply_op2_no_bwd(&wm, &op)?);
+    }
     let cols = im2col(x, p, cm)?;
     if cm {
         let y = w.reshape((g, oc / g, cg * kh * kw))?.matmul(&cols)?;
@@ -640,6 +709,18 @@ fn c2_dx_host(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2], cm: bool) -> K
     let g = p.g;
     let mut q = p.clone();
     q.out = [o0, o1];
+    if !cm && direct_ok(dy, g * cg, oc, g) && w.dtype() == dy.dtype() {
+        let op = ConvHost {
+            n,
+            c: g * cg,
+            hw: input,
+            oc,
+            p: q,
+            pass: ConvPass::Dx,
+        };
+        let wm = w.contiguous()?.reshape((oc, cg * kh * kw))?;
+        return Ok(dy.contiguous()?.apply_op2_no_bwd(&wm, &op)?);
+    }
     let d = out_cols(dy, g, cm)?;
     let dcols = if cm {
         w.reshape((g, oc / g, cg * kh * kw))?
@@ -658,6 +739,19 @@ fn c2_dw_host(x: &Tensor, dy: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     let g = p.g;
     let mut q = p.clone();
     q.out = [o0, o1];
+    let (n, c, h, wd) = x.dims4()?;
+    if !cm && direct_ok(x, c, oc, g) && dy.dtype() == x.dtype() {
+        let op = ConvHost {
+            n,
+            c,
+            hw: [h, wd],
+            oc,
+            p: q,
+            pass: ConvPass::Dw,
+        };
+        let dw = x.contiguous()?.apply_op2_no_bwd(&dy.contiguous()?, &op)?;
+        return Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?);
+    }
     let cols = im2col(x, &q, cm)?;
     let d = out_cols(dy, g, cm)?;
     let dw = if cm {
@@ -667,6 +761,316 @@ fn c2_dw_host(x: &Tensor, dy: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     };
     let c = x.dim(1)?;
     Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?)
+}
+
+/// Splits `out` into units of `unit_len` and fills them on all threads: `f(unit, slice)`.
+fn par_units<T: Send>(out: &mut [T], unit_len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    if unit_len == 0 {
+        return;
+    }
+    let units = out.len() / unit_len;
+    let threads = std::thread::available_parallelism()
+        .map(|t| t.get())
+        .unwrap_or(1)
+        .clamp(1, units.max(1));
+    let per = units.div_ceil(threads).max(1);
+    let f = &f;
+    std::thread::scope(|scope| {
+        for (ci, chunk) in out.chunks_mut(per * unit_len).enumerate() {
+            scope.spawn(move || {
+                for (k, o) in chunk.chunks_mut(unit_len).enumerate() {
+                    f(ci * per + k, o);
+                }
+            });
+        }
+    });
+}
+
+/// A strided host matrix operand: data, rows, columns, row stride, column stride.
+struct Mat<'a, T> {
+    v: &'a [T],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<T> Mat<'_, T> {
+    fn fits(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.v.len()
+    }
+}
+
+/// `dst` (row-major `lhs.rows × rhs.cols`) `=` (or `+=` when `accumulate`) `lhs · rhs`, on
+/// the host through the gemm crate, on all threads. f32 and f64 only.
+fn host_gemm<T: candle_core::WithDType>(
+    dst: &mut [T],
+    accumulate: bool,
+    lhs: Mat<'_, T>,
+    rhs: Mat<'_, T>,
+) -> candle_core::Result<()> {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        return Err(candle_core::Error::Msg(format!(
+            "host matrix product of {:?} data",
+            T::DTYPE
+        )));
+    }
+    if rhs.rows != k || dst.len() < m * n || !lhs.fits() || !rhs.fits() {
+        return Err(candle_core::Error::Msg(format!(
+            "host matrix product {m}×{k} · {}×{n} does not fit its buffers",
+            rhs.rows
+        )));
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.iter_mut().for_each(|d| *d = T::from_f64(0.0));
+        }
+        return Ok(());
+    }
+    let threads = std::thread::available_parallelism()
+        .map(|t| t.get())
+        .unwrap_or(1);
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the dtype is one gemm implements (checked above); every element the product
+    // reads lies inside `lhs.v` / `rhs.v` (`fits`) and every element it writes inside `dst`
+    // (`m * n` row-major); `dst` is borrowed mutably, so it overlaps neither operand.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.v.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.v.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            T::from_f64(if accumulate { 1.0 } else { 0.0 }),
+            T::from_f64(1.0),
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+    Ok(())
+}
+
+/// `len` elements of `v` from `at` (empty when out of range; the products then refuse it).
+fn seg<T>(v: &[T], at: usize, len: usize) -> &[T] {
+    v.get(at..at + len).unwrap_or(&[])
+}
+
+/// Which product a [`ConvHost`] computes.
+#[derive(Clone, Copy, Debug)]
+enum ConvPass {
+    /// `(x [N, C, H, W], w [OC, C/g * kk])` → `y [N, OC, O0, O1]`.
+    Fwd,
+    /// `(dy [N, OC, O0, O1], w [OC, C/g * kk])` → `dx [N, C, H, W]`.
+    Dx,
+    /// `(x [N, C, H, W], dy [N, OC, O0, O1])` → `dw [OC, C/g * kk]`.
+    Dw,
+}
+
+/// A convolution pass on the host one image at a time: the image's columns go to a buffer
+/// reused across the batch (no batch-sized column tensor), and the products run straight
+/// on the contiguous operands.
+#[derive(Clone, Debug)]
+struct ConvHost {
+    n: usize,
+    c: usize,
+    hw: [usize; 2],
+    oc: usize,
+    p: G2,
+    pass: ConvPass,
+}
+
+impl ConvHost {
+    fn unfold(&self, fold: bool) -> Unfold {
+        Unfold {
+            n: 1,
+            c: self.c,
+            hw: self.hw,
+            p: self.p.clone(),
+            fold,
+            cmajor: false,
+        }
+    }
+
+    fn lens(&self) -> (usize, usize, usize) {
+        let (n, c, oc) = (self.n, self.c, self.oc);
+        let x = n * c * self.hw[0] * self.hw[1];
+        let y = n * oc * self.p.out[0] * self.p.out[1];
+        let w = oc * (c / self.p.g.max(1)) * self.p.k[0] * self.p.k[1];
+        (x, y, w)
+    }
+
+    fn run<T: candle_core::WithDType>(&self, a: &[T], b: &[T]) -> candle_core::Result<Vec<T>> {
+        let g = self.p.g.max(1);
+        let (c, oc) = (self.c, self.oc);
+        let (cg, ocg) = (c / g, oc / g);
+        let kk = self.p.k[0] * self.p.k[1];
+        let oo = self.p.out[0] * self.p.out[1];
+        let plane = self.hw[0] * self.hw[1];
+        let ckg = cg * kk;
+        let unf = self.unfold(false);
+        let fold = self.unfold(true);
+        let mut buf = vec![T::from_f64(0.0); c * kk * oo];
+        let out_len = match self.pass {
+            ConvPass::Fwd => self.n * oc * oo,
+            ConvPass::Dx => self.n * c * plane,
+            ConvPass::Dw => oc * ckg,
+        };
+        let mut out = vec![T::from_f64(0.0); out_len];
+        for img in 0..self.n {
+            match self.pass {
+                ConvPass::Fwd | ConvPass::Dw => {
+                    let x = seg(a, img * c * plane, c * plane);
+                    par_units(&mut buf, kk * oo, |u, o| unf.unit(u, x, o));
+                }
+                ConvPass::Dx => {}
+            }
+            for gi in 0..g {
+                match self.pass {
+                    ConvPass::Fwd => {
+                        let at = (img * oc + gi * ocg) * oo;
+                        let dst = out.get_mut(at..at + ocg * oo).unwrap_or(&mut []);
+                        let lhs = Mat {
+                            v: seg(b, gi * ocg * ckg, ocg * ckg),
+                            rows: ocg,
+                            cols: ckg,
+                            rs: ckg,
+                            cs: 1,
+                        };
+                        let rhs = Mat {
+                            v: seg(&buf, gi * ckg * oo, ckg * oo),
+                            rows: ckg,
+                            cols: oo,
+                            rs: oo,
+                            cs: 1,
+                        };
+                        host_gemm(dst, false, lhs, rhs)?;
+                    }
+                    ConvPass::Dx => {
+                        let at = gi * ckg * oo;
+                        let dst = buf.get_mut(at..at + ckg * oo).unwrap_or(&mut []);
+                        let lhs = Mat {
+                            v: seg(b, gi * ocg * ckg, ocg * ckg),
+                            rows: ckg,
+                            cols: ocg,
+                            rs: 1,
+                            cs: ckg,
+                        };
+                        let rhs = Mat {
+                            v: seg(a, (img * oc + gi * ocg) * oo, ocg * oo),
+                            rows: ocg,
+                            cols: oo,
+                            rs: oo,
+                            cs: 1,
+                        };
+                        host_gemm(dst, false, lhs, rhs)?;
+                    }
+                    ConvPass::Dw => {
+                        let at = gi * ocg * ckg;
+                        let dst = out.get_mut(at..at + ocg * ckg).unwrap_or(&mut []);
+                        let lhs = Mat {
+                            v: seg(b, (img * oc + gi * ocg) * oo, ocg * oo),
+                            rows: ocg,
+                            cols: oo,
+                            rs: oo,
+                            cs: 1,
+                        };
+                        let rhs = Mat {
+                            v: seg(&buf, gi * ckg * oo, ckg * oo),
+                            rows: oo,
+                            cols: ckg,
+                            rs: 1,
+                            cs: oo,
+                        };
+                        host_gemm(dst, img > 0, lhs, rhs)?;
+                    }
+                }
+            }
+            if let ConvPass::Dx = self.pass {
+                let at = img * c * plane;
+                if let Some(dx) = out.get_mut(at..at + c * plane) {
+                    par_units(dx, plane, |u, o| fold.unit(u, &buf, o));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl candle_core::CustomOp2 for ConvHost {
+    fn name(&self) -> &'static str {
+        "remat-conv-host"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let (x, y, w) = self.lens();
+        let (want1, want2) = match self.pass {
+            ConvPass::Fwd => (x, w),
+            ConvPass::Dx => (y, w),
+            ConvPass::Dw => (x, y),
+        };
+        let range = |l: &candle_core::Layout, want: usize| {
+            l.contiguous_offsets()
+                .filter(|(a, b)| b - a == want)
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "host convolution needs contiguous operands of {want} elements"
+                    ))
+                })
+        };
+        let ((a1, b1), (a2, b2)) = (range(l1, want1)?, range(l2, want2)?);
+        let out = match (s1, s2) {
+            (S::F32(p), S::F32(q)) => S::F32(self.run(&p[a1..b1], &q[a2..b2])?),
+            (S::F64(p), S::F64(q)) => S::F64(self.run(&p[a1..b1], &q[a2..b2])?),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "host convolution takes f32 or f64 operands of one dtype".into(),
+                ))
+            }
+        };
+        let shape = match self.pass {
+            ConvPass::Fwd => {
+                candle_core::Shape::from((self.n, self.oc, self.p.out[0], self.p.out[1]))
+            }
+            ConvPass::Dx => candle_core::Shape::from((self.n, self.c, self.hw[0], self.hw[1])),
+            ConvPass::Dw => candle_core::Shape::from((self.oc, w / self.oc.max(1))),
+        };
+        Ok((out, shape))
+    }
+}
+
+/// Whether the per-image host convolution handles `t`'s dtype (and the groups split).
+fn direct_ok(t: &Tensor, c: usize, oc: usize, g: usize) -> bool {
+    matches!(t.dtype(), DType::F32 | DType::F64)
+        && g > 0
+        && c.is_multiple_of(g)
+        && oc.is_multiple_of(g)
 }
 
 /// `x` `[N, C, H, W]`, `w` `[OC, C/g, kh, kw]` → `[N, OC, out...]`.
@@ -1451,6 +1855,13 @@ fn bn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         let v = per_chan(a.input(4)?, c, rank, dt)?;
         (m, v.affine(1.0, eps)?.sqrt()?.recip()?)
     };
+    if training
+        && host_unfold(x.device())
+        && x.dtype() == dt
+        && matches!(dt, DType::F32 | DType::F64)
+    {
+        return bn_bwd_host(cx, a, &g, &m, &r);
+    }
     // Per-channel sums: S_g = sum dY, S_gx = sum dY (x - mean); then every gradient is a
     // per-channel affine map (few passes over the data).
     let xc = x.to_dtype(dt)?.broadcast_sub(&m)?;
@@ -1490,6 +1901,207 @@ fn bn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     }
     if a.need(2) {
         out[2] = Some(sg.to_dtype(x.dtype())?.reshape(cx.in_shape(2)?)?);
+    }
+    Ok(out)
+}
+
+/// Fused batch-normalization backward passes on the host over contiguous `[N, C, S]` data
+/// `x` (first operand) and its gradient `g` (second): the per-channel sums `[S_g; S_gx]`
+/// (`2 * C` values), or, with `coef`, `dx = a g + b (x - mean) + c0` per channel.
+#[derive(Clone, Debug)]
+struct BnHost {
+    n: usize,
+    c: usize,
+    s: usize,
+    mean: Vec<f64>,
+    coef: Option<[Vec<f64>; 3]>,
+}
+
+impl BnHost {
+    fn sums<T: candle_core::WithDType>(&self, x: &[T], g: &[T]) -> Vec<T> {
+        let (n, c, s) = (self.n, self.c, self.s);
+        let mut out = vec![(0.0f64, 0.0f64); c];
+        let threads = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, c.max(1));
+        let per = c.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (ci, chunk) in out.chunks_mut(per).enumerate() {
+                scope.spawn(move || {
+                    for (k, acc) in chunk.iter_mut().enumerate() {
+                        let ch = ci * per + k;
+                        let m = self.mean.get(ch).copied().unwrap_or(0.0);
+                        for b in 0..n {
+                            let at = (b * c + ch) * s;
+                            if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
+                                let (mut sg, mut sgx) = (0.0f64, 0.0f64);
+                                for (xv, gv) in xs.iter().zip(gs) {
+                                    let gv = gv.to_f64();
+                                    sg += gv;
+                                    sgx += gv * (xv.to_f64() - m);
+                                }
+                                acc.0 += sg;
+                                acc.1 += sgx;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let mut v: Vec<T> = out.iter().map(|p| T::from_f64(p.0)).collect();
+        v.extend(out.iter().map(|p| T::from_f64(p.1)));
+        v
+    }
+
+    fn dx<T: candle_core::WithDType>(&self, x: &[T], g: &[T], coef: &[Vec<f64>; 3]) -> Vec<T> {
+        let (c, s) = (self.c, self.s);
+        let units = self.n * c;
+        let mut out = vec![T::from_f64(0.0); units * s];
+        if s == 0 {
+            return out;
+        }
+        let threads = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, units.max(1));
+        let per = units.div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for (ci, chunk) in out.chunks_mut(per * s).enumerate() {
+                scope.spawn(move || {
+                    for (k, o) in chunk.chunks_mut(s).enumerate() {
+                        let u = ci * per + k;
+                        let ch = u % c;
+                        let at = u * s;
+                        let pick = |v: &[f64]| v.get(ch).copied().unwrap_or(0.0);
+                        let (a, b, c0) = (pick(&coef[0]), pick(&coef[1]), pick(&coef[2]));
+                        // dx = a g + b x + (c0 - b mean)
+                        let c1 = c0 - b * self.mean.get(ch).copied().unwrap_or(0.0);
+                        if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
+                            for ((o, xv), gv) in o.iter_mut().zip(xs).zip(gs) {
+                                *o = T::from_f64(a * gv.to_f64() + b * xv.to_f64() + c1);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        out
+    }
+
+    fn run<T: candle_core::WithDType>(&self, x: &[T], g: &[T]) -> Vec<T> {
+        match &self.coef {
+            None => self.sums(x, g),
+            Some(coef) => self.dx(x, g, coef),
+        }
+    }
+}
+
+impl candle_core::CustomOp2 for BnHost {
+    fn name(&self) -> &'static str {
+        "remat-batchnorm-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let len = self.n * self.c * self.s;
+        let range = |l: &candle_core::Layout| {
+            l.contiguous_offsets()
+                .filter(|(a, b)| b - a == len)
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "batch-norm backward needs contiguous data of {len} elements"
+                    ))
+                })
+        };
+        let ((a1, b1), (a2, b2)) = (range(l1)?, range(l2)?);
+        let out = match (s1, s2) {
+            (S::F32(x), S::F32(g)) => S::F32(self.run(&x[a1..b1], &g[a2..b2])),
+            (S::F64(x), S::F64(g)) => S::F64(self.run(&x[a1..b1], &g[a2..b2])),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "batch-norm backward on the host takes f32 or f64 data of one dtype".into(),
+                ))
+            }
+        };
+        let shape = match self.coef {
+            None => candle_core::Shape::from(2 * self.c),
+            Some(_) => candle_core::Shape::from((self.n, self.c, self.s)),
+        };
+        Ok((out, shape))
+    }
+}
+
+fn chan_vec(t: &Tensor) -> KResult<Vec<f64>> {
+    Ok(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+}
+
+/// Training-mode [`bn_bwd`] on the host in two fused passes (sums, then the data gradient).
+fn bn_bwd_host(
+    cx: &KernelCtx,
+    a: &BwdArgs,
+    g: &Tensor,
+    m: &Tensor,
+    r: &Tensor,
+) -> KResult<Vec<Option<Tensor>>> {
+    let x = a.input(0)?;
+    let (n, c) = (x.dim(0)?, x.dim(1)?);
+    let s: usize = x.dims()[2..].iter().product();
+    if g.dims() != x.dims() {
+        kbail!(
+            "gradient {:?} does not match the input {:?}",
+            g.dims(),
+            x.dims()
+        );
+    }
+    let xs = x.contiguous()?.reshape((n, c, s))?;
+    let gs = g.contiguous()?.reshape((n, c, s))?;
+    let mean = chan_vec(m)?;
+    let rv = chan_vec(r)?;
+    if mean.len() != c || rv.len() != c {
+        kbail!("batch-norm statistics do not have {c} channels");
+    }
+    let mut op = BnHost {
+        n,
+        c,
+        s,
+        mean,
+        coef: None,
+    };
+    let sums = chan_vec(&xs.apply_op2_no_bwd(&gs, &op)?)?;
+    let (sg, sgx) = sums.split_at(c.min(sums.len()));
+    let dev = x.device();
+    let mut out = vec![None; a.inputs.len()];
+    if a.need(0) {
+        let scale = chan_vec(a.input(1)?)?;
+        if scale.len() != c || sg.len() != c || sgx.len() != c {
+            kbail!("batch-norm scale does not have {c} channels");
+        }
+        let inv = 1.0 / (n * s).max(1) as f64;
+        let k: Vec<f64> = scale.iter().zip(&rv).map(|(sc, r)| sc * r).collect();
+        // dx = k (g - S_g / M - (x - mean) r^2 S_gx / M)
+        let b: Vec<f64> = (0..c)
+            .map(|i| -inv * k[i] * rv[i] * rv[i] * sgx[i])
+            .collect();
+        let c0: Vec<f64> = (0..c).map(|i| -inv * k[i] * sg[i]).collect();
+        op.coef = Some([k, b, c0]);
+        let dx = xs.apply_op2_no_bwd(&gs, &op)?.reshape(x.dims())?;
+        out[0] = Some(dx);
+    }
+    if a.need(1) {
+        let ds: Vec<f64> = sgx.iter().zip(&rv).map(|(v, r)| v * r).collect();
+        let t = Tensor::from_vec(ds, c, dev)?.to_dtype(x.dtype())?;
+        out[1] = Some(t.reshape(cx.in_shape(1)?)?);
+    }
+    if a.need(2) {
+        let t = Tensor::from_vec(sg.to_vec(), sg.len(), dev)?.to_dtype(x.dtype())?;
+        out[2] = Some(t.reshape(cx.in_shape(2)?)?);
     }
     Ok(out)
 }
@@ -2855,6 +3467,10 @@ mod tests {
             ([1, 1], [2, 2], [1, 1], [0, 0], [0, 0], [5, 5], 3, 4, 1),
             ([3, 3], [2, 2], [2, 2], [2, 1], [1, 2], [8, 7], 4, 4, 4),
             ([7, 7], [2, 2], [1, 1], [3, 3], [3, 3], [12, 12], 3, 4, 1),
+            // 1×1, unit stride, no padding: the columns are the image itself.
+            ([1, 1], [1, 1], [1, 1], [0, 0], [0, 0], [5, 6], 3, 4, 1),
+            // Stride 3 with a window wider than the padding on one side.
+            ([2, 4], [1, 3], [1, 1], [1, 2], [0, 3], [6, 9], 2, 3, 1),
         ];
         for (k, s, d, pb, pe, hw, c, oc, g) in geos {
             let out = [0, 1].map(|j| (hw[j] + pb[j] + pe[j] - ((k[j] - 1) * d[j] + 1)) / s[j] + 1);
