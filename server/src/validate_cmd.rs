@@ -10,6 +10,7 @@ use remat_server::engine::{EngineError, ErrorKind, PlanRequest};
 use remat_server::human_bytes;
 use remat_server::pipeline::{self, Loaded, Pipeline};
 use remat_solver::plan::Status;
+use remat_solver::schedule::StepJson;
 use remat_solver::{simulate, Schedule, Step};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -242,33 +243,17 @@ fn schedule_from_plan(
     };
     let steps = doc
         .get("schedule")
-        .and_then(|s| s.as_array())
-        .ok_or_else(|| {
-            bad("no \"schedule\" array (expected a `remat plan --json` document)".into())
-        })?;
-    let mut out = Vec::with_capacity(steps.len());
-    for (k, st) in steps.iter().enumerate() {
-        let op = st.get("op").and_then(|v| v.as_str());
-        let id = st
-            .get("node")
-            .and_then(|v| v.as_str())
-            .ok_or_else(|| bad(format!("schedule[{k}] has no string \"node\"")))?;
-        let i = loaded.problem.index_of(id).ok_or_else(|| {
-            bad(format!(
-                "schedule[{k}]: node id {id:?} is not in this model's training graph (is the plan for another model, or other --dim values?)"
-            ))
-        })?;
-        out.push(match op {
-            Some("compute") => Step::Compute(i),
-            Some("free") => Step::Free(i),
-            other => {
-                return Err(bad(format!(
-                    "schedule[{k}]: op {other:?} is not \"compute\" or \"free\""
-                )))
-            }
-        });
-    }
-    Ok(Schedule { steps: out })
+        .ok_or_else(|| bad("no \"schedule\" (expected a `remat plan --json` document)".into()))?;
+    let steps: Vec<StepJson> = serde_json::from_value(steps.clone()).map_err(|e| {
+        bad(format!(
+            "\"schedule\" is not a list of {{\"op\": \"compute\" | \"free\", \"node\": ID}}: {e}"
+        ))
+    })?;
+    Schedule::from_json_steps(&loaded.problem, &steps).map_err(|e| {
+        bad(format!(
+            "{e}: the id is not in this model's training graph (is the plan for another model, or other --dim values?)"
+        ))
+    })
 }
 
 pub fn run(args: ValidateArgs) -> Result<(), Failure> {
