@@ -26,18 +26,6 @@ pub enum ExecDevice {
 }
 
 impl ExecDevice {
-    pub fn parse(s: &str) -> crate::Result<ExecDevice> {
-        match s {
-            "cpu" => Ok(ExecDevice::Cpu),
-            "cuda" | "gpu" => Ok(ExecDevice::Cuda),
-            other => Err(PlannerError::Exec {
-                node: String::new(),
-                op: String::new(),
-                message: format!("unknown device {other:?}; expected cpu or cuda"),
-            }),
-        }
-    }
-
     /// The candle device; without the `cuda` feature, CUDA answers that it is not compiled in.
     pub fn open(self) -> crate::Result<Device> {
         match self {
@@ -97,6 +85,9 @@ pub struct RunResult {
     pub node_runs: Vec<u32>,
     /// BatchNormalization nodes whose running statistics were updated (once each).
     pub running_stat_updates: usize,
+    /// The updated running statistics (new running mean and variance), by the value id of the
+    /// buffer they replace: written on a node's first computation only.
+    pub running_stats: HashMap<ValueId, Tensor>,
     /// Bytes of each node's value as computed (distinct storages), `None` if never computed.
     pub node_bytes: Vec<Option<u64>>,
 }
@@ -215,7 +206,7 @@ struct State {
     derived_grads: HashMap<ValueId, Tensor>,
     params_done: HashSet<usize>,
     bn_done: HashSet<NodeIndex>,
-    running_updates: usize,
+    running: HashMap<ValueId, Tensor>,
     computed: Vec<u32>,
     node_seconds: Vec<f64>,
     loss: Option<f64>,
@@ -400,23 +391,12 @@ impl<'m> Executor<'m> {
             .collect()
     }
 
-    pub fn device(&self) -> &Device {
-        &self.device
-    }
-
-    pub fn model(&self) -> &Model {
-        self.model
-    }
-
     /// Bytes of parameters, their gradients and buffers as held by the executor.
     pub fn fixed_live_bytes(&self) -> u64 {
         self.fixed_live_bytes
     }
 
     fn node_facts(&self, ix: NodeIndex) -> NodeFacts {
-        if let Some(f) = self.facts.get(&ix) {
-            return f.clone();
-        }
         let node = &self.model.graph[ix];
         let f = |vs: &[Option<ValueId>]| -> Vec<Option<Fact>> {
             vs.iter()
@@ -442,9 +422,13 @@ impl<'m> Executor<'m> {
         let kernel = registry()
             .get(node.op_type.as_str())
             .ok_or_else(|| exec_err(&node.name, &node.op_type, "the op has no executor kernel"))?;
+        let owned;
         let (ins, outs) = match self.facts.get(&ix) {
-            Some(f) => (f.0.clone(), f.1.clone()),
-            None => self.node_facts(ix),
+            Some(f) => (&f.0, &f.1),
+            None => {
+                owned = self.node_facts(ix);
+                (&owned.0, &owned.1)
+            }
         };
         let cx = KernelCtx {
             node: &node.name,
@@ -455,8 +439,8 @@ impl<'m> Executor<'m> {
                 op: &node.op_type,
                 list: &node.attrs,
             },
-            inputs: &ins,
-            outputs: &outs,
+            inputs: ins,
+            outputs: outs,
             device: &self.device,
             seed: seed_for(self.seed, &node.name),
         };
@@ -822,8 +806,16 @@ impl<'m> Executor<'m> {
                 let extras = self.extras(st, *ix, step)?;
                 let outs = self.with_kernel(*ix, |k, cx| (k.forward)(cx, &ins, &extras))?;
                 if n.op_type == "BatchNormalization" && outs.len() > 1 && st.bn_done.insert(*ix) {
-                    // Training-mode running statistics: updated on the first computation only.
-                    st.running_updates += 1;
+                    // Training-mode running statistics (outputs 1 and 2 replace the buffers
+                    // at inputs 3 and 4): written on the first computation only, so a
+                    // recomputation never updates them twice.
+                    for (out, buffer) in [(1, 3), (2, 4)] {
+                        if let (Some(Some(t)), Some(Some(v))) =
+                            (outs.get(out), n.inputs.get(buffer))
+                        {
+                            st.running.insert(*v, t.clone());
+                        }
+                    }
                 }
                 Ok(outs)
             }
@@ -1009,7 +1001,7 @@ impl<'m> Executor<'m> {
             derived_grads: HashMap::new(),
             params_done: HashSet::new(),
             bn_done: HashSet::new(),
-            running_updates: 0,
+            running: HashMap::new(),
             computed: vec![0; n],
             node_seconds: vec![0.0; n],
             loss: None,
@@ -1101,7 +1093,8 @@ impl<'m> Executor<'m> {
             seconds,
             node_seconds: st.node_seconds,
             node_runs: st.computed,
-            running_stat_updates: st.running_updates,
+            running_stat_updates: st.bn_done.len(),
+            running_stats: st.running,
             node_bytes: st.node_bytes,
         })
     }

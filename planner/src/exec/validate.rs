@@ -107,6 +107,9 @@ pub struct Validation {
     pub predicted_overhead: f64,
     pub recomputations: usize,
     pub running_stat_updates: usize,
+    /// Max relative difference of the updated BatchNormalization running statistics against
+    /// the store-all run's (recomputation must not update them twice).
+    pub running_stats_max_rel_err: f64,
     pub params_from_file: usize,
     pub params_seeded: usize,
     pub op_seconds: Vec<OpTime>,
@@ -261,6 +264,18 @@ fn report(
             opts.grad_tolerance
         ));
     }
+    let running_err = match grad_rel_err(&plan.running_stats, &reference.running_stats) {
+        Ok((e, _)) => e,
+        Err(e) => {
+            problems.push(format!("running statistics: {e}"));
+            f64::INFINITY
+        }
+    };
+    if running_err.is_nan() || running_err > opts.grad_tolerance {
+        problems.push(format!(
+            "BatchNormalization running statistics differ from the store-all run's: max relative error {running_err:.3e}"
+        ));
+    }
     let predicted = stats.peak_bytes;
     let measured = plan.live_peak_bytes;
     let rel = if predicted > 0 {
@@ -390,6 +405,7 @@ fn report(
         predicted_overhead: stats.overhead(problem),
         recomputations: stats.recomputations,
         running_stat_updates: plan.running_stat_updates,
+        running_stats_max_rel_err: running_err,
         params_from_file: ex.sources.params_from_file,
         params_seeded: ex.sources.params_seeded,
         op_seconds,

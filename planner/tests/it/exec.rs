@@ -387,3 +387,37 @@ fn a_tight_plan_recomputes_and_keeps_gradients_identical() {
     assert!(v.recomputations > 0, "the plan recomputes");
     check(&v, "gpt2_tiny").unwrap();
 }
+
+#[test]
+fn batchnorm_running_statistics_are_written_once_even_when_recomputed() {
+    let (bytes, model, tg) = tiny_cnn();
+    let p = tg.to_problem();
+    let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0).expect("executor");
+    let reference = ex.run(&store_all(&p), &mut |_, _| {}).expect("store-all");
+    assert_eq!(reference.running_stat_updates, 1);
+    assert_eq!(
+        reference.running_stats.len(),
+        2,
+        "running mean and variance"
+    );
+    // Compute the BatchNormalization node twice: its second computation must not write again.
+    let bn = tg
+        .nodes
+        .iter()
+        .position(|n| n.op == "BatchNormalization" && n.id.starts_with("f:"))
+        .expect("a BatchNormalization node");
+    let mut s = store_all(&p);
+    let at = s
+        .steps
+        .iter()
+        .position(|st| *st == Step::Compute(bn))
+        .unwrap();
+    s.steps.insert(at + 1, Step::Free(bn));
+    s.steps.insert(at + 2, Step::Compute(bn));
+    let again = ex.run(&s, &mut |_, _| {}).expect("recomputing run");
+    assert_eq!(again.node_runs[bn], 2);
+    assert_eq!(again.running_stat_updates, 1);
+    for (v, t) in &reference.running_stats {
+        assert_eq!(flat(t).unwrap(), flat(&again.running_stats[v]).unwrap());
+    }
+}
