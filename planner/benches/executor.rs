@@ -4,7 +4,8 @@
 //!
 //! `cargo bench -p remat-planner --bench executor` (release profile). Needs `python3` with
 //! `torch` and `torchvision` for the PyTorch side; without them only remat's figures print.
-//! Env: `REMAT_BENCH_BATCH` (8), `REMAT_BENCH_ITERS` (3).
+//! Env: `REMAT_BENCH_BATCH` (8), `REMAT_BENCH_ITERS` (3), `REMAT_BENCH_NODES` (0: how many of
+//! the slowest nodes to list with their FLOP rates).
 
 use remat_planner::exec::run::{ExecDevice, Executor};
 use remat_planner::{load, ImportOptions};
@@ -123,6 +124,28 @@ fn main() {
             "| {op} | {kind} | {s:.3} | {:.1}% |",
             100.0 * s / last.seconds
         );
+    }
+    // Optional: the slowest nodes with their FLOP rates (`REMAT_BENCH_NODES=N`).
+    let top: usize = std::env::var("REMAT_BENCH_NODES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if top > 0 {
+        let mut nodes: Vec<usize> = (0..tg.nodes.len()).collect();
+        nodes.sort_by(|&a, &b| last.node_seconds[b].total_cmp(&last.node_seconds[a]));
+        println!("\n| node | op | pass | seconds | GFLOP/s |");
+        println!("|---|---|---|---|---|");
+        for &i in nodes.iter().take(top) {
+            let n = &tg.nodes[i];
+            let s = last.node_seconds[i];
+            println!(
+                "| {} | {} | {:?} | {s:.4} | {:.1} |",
+                n.name,
+                n.op,
+                n.kind,
+                n.cost / s.max(1e-12) / 1e9
+            );
+        }
     }
     println!(
         "\nmeasured live-tensor peak {} B, heap peak {} B (parameters, gradients and buffers included in both)",

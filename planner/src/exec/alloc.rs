@@ -78,3 +78,22 @@ pub fn reset_peak() -> usize {
     PEAK.store(now, Ordering::Relaxed);
     now
 }
+
+/// Asks the C allocator to keep freed memory for reuse instead of handing it back to the
+/// kernel: blocks up to 32 MiB (glibc's largest mmap threshold) come from the heap rather
+/// than from fresh mappings, and the heap is not trimmed. A training step frees and
+/// reallocates the same tensor sizes over and over; on this project's 2-core VM every fresh
+/// page costs a fault of 1-10 µs, about 30k of them per resnet18 step. Process-wide, once;
+/// a no-op outside glibc. The counted heap (what reports show) is unaffected.
+pub fn reuse_freed_pages() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt only changes glibc's allocation thresholds; it takes plain ints
+        // and is safe to call at any time, from any thread.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        }
+    });
+}

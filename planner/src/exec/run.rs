@@ -249,6 +249,7 @@ impl<'m> Executor<'m> {
         dev: Device,
         seed: u64,
     ) -> crate::Result<Executor<'m>> {
+        crate::exec::alloc::reuse_freed_pages();
         let kerr = |e: KernelError| exec_err("", "", e.0);
         let (consts, sources) = constants(model, stored, seed, &dev).map_err(kerr)?;
         let mut ex = Executor {

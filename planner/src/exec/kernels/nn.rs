@@ -421,7 +421,9 @@ impl Unfold {
     /// Visits every row segment of one image plane a kernel offset reads: (kernel offset,
     /// first output position, first input offset, length). Consecutive output positions of a
     /// segment read input offsets `s[1]` apart; positions in the padding are left out.
-    fn rows(&self, mut f: impl FnMut(usize, usize, usize, usize)) {
+    /// Only the output rows `oh0..oh1` are visited; output positions count from the first
+    /// position of row `oh0`.
+    fn rows_in(&self, oh0: usize, oh1: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
         let p = &self.p;
         let (h, w) = (self.hw[0] as isize, self.hw[1] as isize);
         let (o0, o1) = (p.out[0], p.out[1]);
@@ -441,13 +443,13 @@ impl Unfold {
                     continue;
                 }
                 let len = (hi - lo) as usize;
-                for oh in 0..o0 {
+                for oh in oh0..oh1.min(o0) {
                     let ih = (oh * p.s[0] + ki * p.d[0]) as isize - p.pb[0] as isize;
                     if ih < 0 || ih >= h {
                         continue;
                     }
                     let xi = ih * w + lo * s1 + off;
-                    f(kidx, oh * o1 + lo as usize, xi as usize, len);
+                    f(kidx, (oh - oh0) * o1 + lo as usize, xi as usize, len);
                 }
             }
         }
@@ -456,7 +458,22 @@ impl Unfold {
     /// Fills the output unit `u` (a channel block of channel-major columns, otherwise one
     /// `(n, c)` plane of the output).
     fn unit<T: candle_core::WithDType>(&self, u: usize, src: &[T], out: &mut [T]) {
-        let (kk, oo, n_all) = (self.kk(), self.oo(), self.n);
+        self.unit_rows(u, src, out, 0, self.p.out[0])
+    }
+
+    /// [`Unfold::unit`] for the output rows `oh0..oh1` (batch-major columns only: a unit's
+    /// columns are then `kk × (oh1 - oh0) * O1`).
+    fn unit_rows<T: candle_core::WithDType>(
+        &self,
+        u: usize,
+        src: &[T],
+        out: &mut [T],
+        oh0: usize,
+        oh1: usize,
+    ) {
+        let (kk, n_all) = (self.kk(), self.n);
+        let oo = (oh1.min(self.p.out[0]) - oh0.min(oh1)) * self.p.out[1];
+        let rows = |f: &mut dyn FnMut(usize, usize, usize, usize)| self.rows_in(oh0, oh1, f);
         let plane = self.hw[0] * self.hw[1];
         let s = self.p.s[1].max(1);
         // Input span of a segment of `len` positions.
@@ -482,7 +499,7 @@ impl Unfold {
         match (self.fold, self.cmajor) {
             (false, false) => {
                 if let Some(inp) = src.get(u * plane..(u + 1) * plane) {
-                    self.rows(|k, o, xi, len| {
+                    rows(&mut |k, o, xi, len| {
                         let at = k * oo + o;
                         gather(out.get_mut(at..at + len), inp.get(xi..xi + span(len)));
                     });
@@ -493,7 +510,7 @@ impl Unfold {
                 for n in 0..n_all {
                     let base = (n * self.c + c) * plane;
                     if let Some(inp) = src.get(base..base + plane) {
-                        self.rows(|k, o, xi, len| {
+                        rows(&mut |k, o, xi, len| {
                             let at = (k * n_all + n) * oo + o;
                             gather(out.get_mut(at..at + len), inp.get(xi..xi + span(len)));
                         });
@@ -502,7 +519,7 @@ impl Unfold {
             }
             (true, false) => {
                 if let Some(inp) = src.get(u * kk * oo..(u + 1) * kk * oo) {
-                    self.rows(|k, o, xi, len| {
+                    rows(&mut |k, o, xi, len| {
                         let at = k * oo + o;
                         scatter(out.get_mut(xi..xi + span(len)), inp.get(at..at + len));
                     });
@@ -512,7 +529,7 @@ impl Unfold {
                 let (n, c) = (u / self.c, u % self.c);
                 let base = c * kk * n_all * oo;
                 if let Some(inp) = src.get(base..base + kk * n_all * oo) {
-                    self.rows(|k, o, xi, len| {
+                    rows(&mut |k, o, xi, len| {
                         let at = (k * n_all + n) * oo + o;
                         scatter(out.get_mut(xi..xi + span(len)), inp.get(at..at + len));
                     });
@@ -803,13 +820,16 @@ impl<T> Mat<'_, T> {
     }
 }
 
-/// `dst` (row-major `lhs.rows × rhs.cols`) `=` (or `+=` when `accumulate`) `lhs · rhs`, on
-/// the host through the gemm crate, on all threads. f32 and f64 only.
+/// `dst` (row-major `lhs.rows × rhs.cols`, rows `drs` apart) `=` (or `+=` when
+/// `accumulate`) `lhs · rhs`, on the host through the gemm crate, on all threads when `par`.
+/// f32 and f64 only.
 fn host_gemm<T: candle_core::WithDType>(
     dst: &mut [T],
+    drs: usize,
     accumulate: bool,
     lhs: Mat<'_, T>,
     rhs: Mat<'_, T>,
+    par: bool,
 ) -> candle_core::Result<()> {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     if !matches!(T::DTYPE, DType::F32 | DType::F64) {
@@ -818,7 +838,8 @@ fn host_gemm<T: candle_core::WithDType>(
             T::DTYPE
         )));
     }
-    if rhs.rows != k || dst.len() < m * n || !lhs.fits() || !rhs.fits() {
+    let dst_fits = m == 0 || n == 0 || (drs >= n && (m - 1) * drs + n <= dst.len());
+    if rhs.rows != k || !dst_fits || !lhs.fits() || !rhs.fits() {
         return Err(candle_core::Error::Msg(format!(
             "host matrix product {m}×{k} · {}×{n} does not fit its buffers",
             rhs.rows
@@ -829,21 +850,24 @@ fn host_gemm<T: candle_core::WithDType>(
     }
     if k == 0 {
         if !accumulate {
-            dst.iter_mut().for_each(|d| *d = T::from_f64(0.0));
+            for row in dst.chunks_mut(drs).take(m) {
+                row.iter_mut().take(n).for_each(|d| *d = T::from_f64(0.0));
+            }
         }
         return Ok(());
     }
     let threads = std::thread::available_parallelism()
         .map(|t| t.get())
         .unwrap_or(1);
-    let par = if threads > 1 {
+    let par = if par && threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
     };
     // SAFETY: the dtype is one gemm implements (checked above); every element the product
     // reads lies inside `lhs.v` / `rhs.v` (`fits`) and every element it writes inside `dst`
-    // (`m * n` row-major); `dst` is borrowed mutably, so it overlaps neither operand.
+    // (`m` rows of `n`, `drs` apart: `dst_fits`); `dst` is borrowed mutably, so it overlaps
+    // neither operand.
     unsafe {
         gemm::gemm(
             m,
@@ -851,7 +875,7 @@ fn host_gemm<T: candle_core::WithDType>(
             k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
+            drs as isize,
             accumulate,
             lhs.v.as_ptr(),
             lhs.cs as isize,
@@ -919,36 +943,86 @@ impl ConvHost {
         (x, y, w)
     }
 
-    fn run<T: candle_core::WithDType>(&self, a: &[T], b: &[T]) -> candle_core::Result<Vec<T>> {
+    /// Output rows per tile of a single-threaded image pass: the tile's columns (`C/g * kk`
+    /// rows of `rows × O1`) stay within about 512 KiB, so the product reads them from cache
+    /// right after they are written (measured on resnet18's 56×56 layer: forward −16%, weight
+    /// gradient −29%). The data gradient, whose tiles' folds overlap, measured 7% slower
+    /// tiled and takes the image whole, as does a pass spread over threads (`par`).
+    fn tile_rows(&self, par: bool) -> usize {
+        let (o0, o1) = (self.p.out[0], self.p.out[1]);
+        if par || o0 == 0 || o1 == 0 || matches!(self.pass, ConvPass::Dx) {
+            return o0.max(1);
+        }
+        let ckg = (self.c / self.p.g.max(1)) * self.p.k[0] * self.p.k[1];
+        let cols = (128 * 1024 / ckg.max(1)).max(o1);
+        (cols / o1).clamp(1, o0)
+    }
+
+    /// Whether every kernel row of the output rows `oh0..oh1` reads inside the input (no
+    /// padding rows), so that tiles of such rows and one width skip the same positions.
+    fn interior(&self, oh0: usize, oh1: usize) -> bool {
+        let p = &self.p;
+        let lo = oh0 * p.s[0];
+        let hi = (oh1.max(1) - 1) * p.s[0] + (p.k[0].max(1) - 1) * p.d[0];
+        lo >= p.pb[0] && hi < self.hw[0] + p.pb[0]
+    }
+
+    /// One image's pass: `buf` is the column buffer (`C * kk * O0 * O1`, of which a tile uses
+    /// `C * kk * rows * O1`), `dst` the image's output (`Fwd`: `[OC, O0 * O1]`; `Dx`:
+    /// `[C, H * W]`, zeros on entry) or, for `Dw`, the weight gradient the image adds to
+    /// (overwritten when `!accumulate`). The image goes in tiles of output rows
+    /// ([`ConvHost::tile_rows`]). `par`: spread the copies and products over all threads
+    /// (used when the batch cannot be split).
+    #[allow(clippy::too_many_arguments)]
+    fn image<T: candle_core::WithDType>(
+        &self,
+        img: usize,
+        a: &[T],
+        b: &[T],
+        buf: &mut [T],
+        dst: &mut [T],
+        accumulate: bool,
+        par: bool,
+    ) -> candle_core::Result<()> {
         let g = self.p.g.max(1);
         let (c, oc) = (self.c, self.oc);
         let (cg, ocg) = (c / g, oc / g);
         let kk = self.p.k[0] * self.p.k[1];
-        let oo = self.p.out[0] * self.p.out[1];
+        let (o0, o1) = (self.p.out[0], self.p.out[1]);
+        let oo = o0 * o1;
         let plane = self.hw[0] * self.hw[1];
         let ckg = cg * kk;
         let unf = self.unfold(false);
         let fold = self.unfold(true);
-        let mut buf = vec![T::from_f64(0.0); c * kk * oo];
-        let out_len = match self.pass {
-            ConvPass::Fwd => self.n * oc * oo,
-            ConvPass::Dx => self.n * c * plane,
-            ConvPass::Dw => oc * ckg,
-        };
-        let mut out = vec![T::from_f64(0.0); out_len];
-        for img in 0..self.n {
-            match self.pass {
-                ConvPass::Fwd | ConvPass::Dw => {
-                    let x = seg(a, img * c * plane, c * plane);
-                    par_units(&mut buf, kk * oo, |u, o| unf.unit(u, x, o));
+        let step = self.tile_rows(par);
+        // The unfold skips padding positions: the buffer must hold zeros there, which a
+        // previous tile with another layout may have overwritten.
+        let mut prev: Option<(usize, bool)> = None;
+        for oh0 in (0..o0).step_by(step) {
+            let oh1 = (oh0 + step).min(o0);
+            let tw = (oh1 - oh0) * o1;
+            let j0 = oh0 * o1;
+            let tile = buf.get_mut(..c * kk * tw).unwrap_or(&mut []);
+            if let ConvPass::Fwd | ConvPass::Dw = self.pass {
+                let inner = self.interior(oh0, oh1);
+                if prev != Some((tw, true)) || !inner {
+                    tile.iter_mut().for_each(|v| *v = T::from_f64(0.0));
                 }
-                ConvPass::Dx => {}
+                prev = Some((tw, inner));
+                let x = seg(a, img * c * plane, c * plane);
+                if par {
+                    par_units(tile, kk * tw, |u, o| unf.unit_rows(u, x, o, oh0, oh1));
+                } else {
+                    for (u, o) in tile.chunks_mut(kk * tw).enumerate() {
+                        unf.unit_rows(u, x, o, oh0, oh1);
+                    }
+                }
             }
             for gi in 0..g {
                 match self.pass {
                     ConvPass::Fwd => {
-                        let at = (img * oc + gi * ocg) * oo;
-                        let dst = out.get_mut(at..at + ocg * oo).unwrap_or(&mut []);
+                        let at = gi * ocg * oo + j0;
+                        let d = dst.get_mut(at..).unwrap_or(&mut []);
                         let lhs = Mat {
                             v: seg(b, gi * ocg * ckg, ocg * ckg),
                             rows: ocg,
@@ -957,17 +1031,17 @@ impl ConvHost {
                             cs: 1,
                         };
                         let rhs = Mat {
-                            v: seg(&buf, gi * ckg * oo, ckg * oo),
+                            v: seg(tile, gi * ckg * tw, ckg * tw),
                             rows: ckg,
-                            cols: oo,
-                            rs: oo,
+                            cols: tw,
+                            rs: tw,
                             cs: 1,
                         };
-                        host_gemm(dst, false, lhs, rhs)?;
+                        host_gemm(d, oo, false, lhs, rhs, par)?;
                     }
                     ConvPass::Dx => {
-                        let at = gi * ckg * oo;
-                        let dst = buf.get_mut(at..at + ckg * oo).unwrap_or(&mut []);
+                        let at = gi * ckg * tw;
+                        let cols = tile.get_mut(at..at + ckg * tw).unwrap_or(&mut []);
                         let lhs = Mat {
                             v: seg(b, gi * ocg * ckg, ocg * ckg),
                             rows: ckg,
@@ -976,41 +1050,136 @@ impl ConvHost {
                             cs: ckg,
                         };
                         let rhs = Mat {
-                            v: seg(a, (img * oc + gi * ocg) * oo, ocg * oo),
+                            v: seg(a, (img * oc + gi * ocg) * oo + j0, (ocg - 1) * oo + tw),
                             rows: ocg,
-                            cols: oo,
+                            cols: tw,
                             rs: oo,
                             cs: 1,
                         };
-                        host_gemm(dst, false, lhs, rhs)?;
+                        host_gemm(cols, tw, false, lhs, rhs, par)?;
                     }
                     ConvPass::Dw => {
                         let at = gi * ocg * ckg;
-                        let dst = out.get_mut(at..at + ocg * ckg).unwrap_or(&mut []);
+                        let d = dst.get_mut(at..at + ocg * ckg).unwrap_or(&mut []);
                         let lhs = Mat {
-                            v: seg(b, (img * oc + gi * ocg) * oo, ocg * oo),
+                            v: seg(b, (img * oc + gi * ocg) * oo + j0, (ocg - 1) * oo + tw),
                             rows: ocg,
-                            cols: oo,
+                            cols: tw,
                             rs: oo,
                             cs: 1,
                         };
                         let rhs = Mat {
-                            v: seg(&buf, gi * ckg * oo, ckg * oo),
-                            rows: oo,
+                            v: seg(tile, gi * ckg * tw, ckg * tw),
+                            rows: tw,
                             cols: ckg,
                             rs: 1,
-                            cs: oo,
+                            cs: tw,
                         };
-                        host_gemm(dst, img > 0, lhs, rhs)?;
+                        host_gemm(d, ckg, accumulate || oh0 > 0, lhs, rhs, par)?;
                     }
                 }
             }
             if let ConvPass::Dx = self.pass {
-                let at = img * c * plane;
-                if let Some(dx) = out.get_mut(at..at + c * plane) {
-                    par_units(dx, plane, |u, o| fold.unit(u, &buf, o));
+                let dx = dst.get_mut(..c * plane).unwrap_or(&mut []);
+                let tile = &*tile;
+                if par {
+                    par_units(dx, plane, |u, o| fold.unit_rows(u, tile, o, oh0, oh1));
+                } else {
+                    for (u, o) in dx.chunks_mut(plane).enumerate() {
+                        fold.unit_rows(u, tile, o, oh0, oh1);
+                    }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The whole batch. With at least two images and two threads, each thread takes a run of
+    /// images with a column buffer of its own and single-threaded products (no
+    /// synchronisation inside an image; the weight gradient is summed from per-thread
+    /// partial sums); otherwise images go one at a time, each spread over all threads.
+    fn run<T: candle_core::WithDType>(&self, a: &[T], b: &[T]) -> candle_core::Result<Vec<T>> {
+        let g = self.p.g.max(1);
+        let (c, oc) = (self.c, self.oc);
+        let kk = self.p.k[0] * self.p.k[1];
+        let oo = self.p.out[0] * self.p.out[1];
+        let plane = self.hw[0] * self.hw[1];
+        let ckg = c / g * kk;
+        let buf_len = c * kk * oo;
+        let (out_len, per_img) = match self.pass {
+            ConvPass::Fwd => (self.n * oc * oo, oc * oo),
+            ConvPass::Dx => (self.n * c * plane, c * plane),
+            ConvPass::Dw => (oc * ckg, 0),
+        };
+        let zero = T::from_f64(0.0);
+        let mut out = vec![zero; out_len];
+        let workers = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .min(self.n);
+        if workers <= 1 {
+            let mut buf = vec![zero; buf_len];
+            for img in 0..self.n {
+                let dst = match self.pass {
+                    ConvPass::Dw => &mut out[..],
+                    _ => out
+                        .get_mut(img * per_img..(img + 1) * per_img)
+                        .unwrap_or(&mut []),
+                };
+                self.image(img, a, b, &mut buf, dst, img > 0, true)?;
+            }
+            return Ok(out);
+        }
+        let per = self.n.div_ceil(workers);
+        let joined = |h: std::thread::ScopedJoinHandle<'_, candle_core::Result<Vec<T>>>| {
+            h.join().unwrap_or_else(|_| {
+                Err(candle_core::Error::Msg(
+                    "a host convolution thread panicked".into(),
+                ))
+            })
+        };
+        if let ConvPass::Dw = self.pass {
+            let partials: Vec<candle_core::Result<Vec<T>>> = std::thread::scope(|scope| {
+                let hs: Vec<_> = (0..self.n)
+                    .step_by(per)
+                    .map(|first| {
+                        scope.spawn(move || {
+                            let mut buf = vec![zero; buf_len];
+                            let mut dw = vec![zero; out_len];
+                            for img in first..(first + per).min(self.n) {
+                                self.image(img, a, b, &mut buf, &mut dw, img > first, false)?;
+                            }
+                            Ok(dw)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(joined).collect()
+            });
+            for part in partials {
+                for (o, v) in out.iter_mut().zip(part?) {
+                    *o += v;
+                }
+            }
+            return Ok(out);
+        }
+        let results: Vec<candle_core::Result<Vec<T>>> = std::thread::scope(|scope| {
+            let hs: Vec<_> = out
+                .chunks_mut(per * per_img)
+                .enumerate()
+                .map(|(wi, chunk)| {
+                    scope.spawn(move || {
+                        let mut buf = vec![zero; buf_len];
+                        for (k, dst) in chunk.chunks_mut(per_img).enumerate() {
+                            self.image(wi * per + k, a, b, &mut buf, dst, false, false)?;
+                        }
+                        Ok(vec![])
+                    })
+                })
+                .collect();
+            hs.into_iter().map(joined).collect()
+        });
+        for r in results {
+            r?;
         }
         Ok(out)
     }
@@ -2509,8 +2678,29 @@ fn max_pool_with_indices(x: &Tensor, p: &PoolGeo) -> KResult<(Tensor, Tensor)> {
     Ok((y, i.clamp(0f64, last)?))
 }
 
-fn is_nan<T: PartialOrd>(v: T) -> bool {
-    v.partial_cmp(&v).is_none()
+/// One step of a running maximum `(b, bi)` over values in window order: `v` (at `i`) wins
+/// when greater, or when it is the first NaN. Selects, not branches: on activations the
+/// comparison is a coin toss, which a branch predictor loses.
+#[inline(always)]
+fn max_step<T: candle_core::WithDType, const NAN: bool>(b: &mut T, bi: &mut usize, v: T, i: usize) {
+    #[allow(clippy::eq_op)]
+    let take = if NAN {
+        (v > *b) | ((v != v) & (*b == *b))
+    } else {
+        v > *b
+    };
+    *b = std::hint::select_unpredictable(take, v, *b);
+    *bi = std::hint::select_unpredictable(take, i, *bi);
+}
+
+/// Window bounds of a [`PoolArgmax`] scan: per output row `(first input row, kernel rows
+/// inside)`, per output column `(first input column, kernel columns inside)`, and the output
+/// columns `ia..ib` whose kernel row lies wholly inside the input.
+struct ScanGeo {
+    rows: Vec<(isize, (usize, usize))>,
+    cols: Vec<(isize, (usize, usize))>,
+    ia: usize,
+    ib: usize,
 }
 
 /// Host argmax of 2-D max pooling (CPU): flat indices into the whole input, first maximum in
@@ -2523,72 +2713,299 @@ struct PoolArgmax {
 }
 
 impl PoolArgmax {
-    fn run<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<i64> {
+    /// For every output position of every plane: `pick(plane index, plane, position of the
+    /// maximum within the plane)`, planes spread over all threads. Window bounds are worked
+    /// out once per row and column, so the inner loop reads without checks per element.
+    fn scan<T: candle_core::WithDType, O: Copy + Send>(
+        &self,
+        x: &[T],
+        zero: O,
+        pick: impl Fn(usize, &[T], usize) -> O + Sync,
+    ) -> Vec<O> {
         let w = &self.win;
         let (h, wd) = (self.hw[0] as isize, self.hw[1] as isize);
         let plane = self.hw[0] * self.hw[1];
         let (o0, o1) = (w.out[0], w.out[1]);
         let oo = o0 * o1;
-        let mut dst = vec![0i64; self.nc * oo];
+        let mut dst = vec![zero; self.nc * oo];
         if oo == 0 {
             return dst;
         }
-        let threads = std::thread::available_parallelism()
-            .map(|t| t.get())
-            .unwrap_or(1)
-            .clamp(1, self.nc.max(1));
-        let per = self.nc.div_ceil(threads).max(1);
-        std::thread::scope(|scope| {
-            for (ci, chunk) in dst.chunks_mut(per * oo).enumerate() {
-                scope.spawn(move || {
-                    for (k, out) in chunk.chunks_mut(oo).enumerate() {
-                        let u = ci * per + k;
-                        let Some(inp) = x.get(u * plane..(u + 1) * plane) else {
-                            continue;
-                        };
-                        for oh in 0..o0 {
-                            let h0 = (oh * w.s[0]) as isize - w.pb[0] as isize;
-                            for ow in 0..o1 {
-                                let w0 = (ow * w.s[1]) as isize - w.pb[1] as isize;
-                                let mut best: Option<(T, usize)> = None;
-                                for ki in 0..w.k[0] {
-                                    let ih = h0 + (ki * w.d[0]) as isize;
-                                    if ih < 0 || ih >= h {
-                                        continue;
-                                    }
-                                    for kj in 0..w.k[1] {
-                                        let iw = w0 + (kj * w.d[1]) as isize;
-                                        if iw < 0 || iw >= wd {
-                                            continue;
-                                        }
-                                        let i = (ih * wd + iw) as usize;
-                                        let v = inp[i];
-                                        let take = match best {
-                                            None => true,
-                                            Some((b, _)) => !is_nan(b) && (v > b || is_nan(v)),
-                                        };
-                                        if take {
-                                            best = Some((v, i));
-                                        }
-                                    }
-                                }
-                                let i = match best {
-                                    Some((_, i)) => i,
-                                    None => {
-                                        let ih = h0.clamp(0, h - 1) as usize;
-                                        let iw = w0.clamp(0, wd - 1) as usize;
-                                        ih * self.hw[1] + iw
-                                    }
-                                };
-                                out[oh * o1 + ow] = (u * plane + i) as i64;
-                            }
-                        }
-                    }
-                });
+        // Kernel offsets along one dim whose input position lies in `[0, len)`, for a window
+        // starting at `start`.
+        let range = |start: isize, k: usize, d: usize, len: isize| -> (usize, usize) {
+            let d = d.max(1) as isize;
+            let lo = if start >= 0 { 0 } else { (-start + d - 1) / d };
+            let hi = if len - 1 - start < 0 {
+                0
+            } else {
+                ((len - 1 - start) / d + 1).min(k as isize)
+            };
+            (lo as usize, (hi.max(lo)) as usize)
+        };
+        let rows: Vec<(isize, (usize, usize))> = (0..o0)
+            .map(|oh| {
+                let h0 = (oh * w.s[0]) as isize - w.pb[0] as isize;
+                (h0, range(h0, w.k[0], w.d[0], h))
+            })
+            .collect();
+        let cols: Vec<(isize, (usize, usize))> = (0..o1)
+            .map(|ow| {
+                let w0 = (ow * w.s[1]) as isize - w.pb[1] as isize;
+                (w0, range(w0, w.k[1], w.d[1], wd))
+            })
+            .collect();
+        // Output columns whose whole kernel row lies inside the input: these are done a row
+        // at a time (the inner loop runs along the output row).
+        let full = |&(_, (lo, hi)): &(isize, (usize, usize))| lo == 0 && hi == w.k[1];
+        let ia = cols.iter().position(full).unwrap_or(o1);
+        let ib = ia + cols[ia..].iter().take_while(|c| full(c)).count();
+        let geo = ScanGeo { rows, cols, ia, ib };
+        let (geo, pick) = (&geo, &pick);
+        par_units(&mut dst, oo, |u, out| {
+            let Some(inp) = x.get(u * plane..(u + 1) * plane) else {
+                return;
+            };
+            // Planes without NaN (the usual case) take the shorter comparison.
+            #[allow(clippy::eq_op)]
+            let nan = inp.iter().fold(false, |a, &v| a | (v != v));
+            if nan {
+                self.plane::<T, O, true>(geo, inp, out, &|i| pick(u, inp, i));
+            } else {
+                self.plane::<T, O, false>(geo, inp, out, &|i| pick(u, inp, i));
             }
         });
         dst
     }
+
+    /// One plane of [`PoolArgmax::scan`]; `NAN`: the plane may hold NaN.
+    fn plane<T: candle_core::WithDType, O, const NAN: bool>(
+        &self,
+        geo: &ScanGeo,
+        inp: &[T],
+        out: &mut [O],
+        pick: &dyn Fn(usize) -> O,
+    ) {
+        let w = &self.win;
+        let (h, wd) = (self.hw[0] as isize, self.hw[1] as isize);
+        let o1 = w.out[1];
+        let (ia, ib) = (geo.ia, geo.ib);
+        let zero = T::from_f64(0.0);
+        let mut bv = vec![zero; o1];
+        let mut bi = vec![0usize; o1];
+        for (oh, &(h0, (ki0, ki1))) in geo.rows.iter().enumerate() {
+            let row_at = |ki: usize| (h0 + (ki * w.d[0]) as isize) as usize * self.hw[1];
+            // One window, scanned on its own.
+            let single = |ow: usize| {
+                let (w0, (kj0, kj1)) = geo.cols[ow];
+                let at = |ki: usize, kj: usize| row_at(ki) + (w0 + (kj * w.d[1]) as isize) as usize;
+                if ki0 < ki1 && kj0 < kj1 {
+                    let mut bi = at(ki0, kj0);
+                    let mut b = inp[bi];
+                    for ki in ki0..ki1 {
+                        for kj in kj0..kj1 {
+                            let i = at(ki, kj);
+                            max_step::<T, NAN>(&mut b, &mut bi, inp[i], i);
+                        }
+                    }
+                    bi
+                } else {
+                    let ih = h0.clamp(0, h - 1) as usize;
+                    let iw = w0.clamp(0, wd - 1) as usize;
+                    ih * self.hw[1] + iw
+                }
+            };
+            let o = &mut out[oh * o1..(oh + 1) * o1];
+            if ki0 >= ki1 || ia >= ib {
+                for (ow, slot) in o.iter_mut().enumerate() {
+                    *slot = pick(single(ow));
+                }
+                continue;
+            }
+            for ow in (0..ia).chain(ib..o1) {
+                o[ow] = pick(single(ow));
+            }
+            // Running maxima along the row (the inner loop runs over the output row), window
+            // order kept per output.
+            let s1 = w.s[1];
+            let first = |ki: usize| row_at(ki) + geo.cols[ia].0 as usize;
+            for ow in ia..ib {
+                bi[ow] = first(ki0) + (ow - ia) * s1;
+                bv[ow] = inp[bi[ow]];
+            }
+            for ki in ki0..ki1 {
+                for kj in 0..w.k[1] {
+                    let start = first(ki) + kj * w.d[1];
+                    for (k, (b, bix)) in bv[ia..ib].iter_mut().zip(&mut bi[ia..ib]).enumerate() {
+                        let i = start + k * s1;
+                        max_step::<T, NAN>(b, bix, inp[i], i);
+                    }
+                }
+            }
+            for ow in ia..ib {
+                o[ow] = pick(bi[ow]);
+            }
+        }
+    }
+
+    /// Flat indices (into the whole input) of each window's maximum.
+    fn run<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<i64> {
+        let plane = self.hw[0] * self.hw[1];
+        self.scan(x, 0i64, |u, _, i| (u * plane + i) as i64)
+    }
+}
+
+/// `out[j] = x[idx[j]]` (CPU, flat indices into `x`): a max pool's values from its indices.
+struct GatherFlat;
+
+impl candle_core::CustomOp2 for GatherFlat {
+    fn name(&self) -> &'static str {
+        "remat-gather-flat"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        fn go<T: Copy>(x: &[T], idx: &[i64]) -> candle_core::Result<Vec<T>> {
+            idx.iter()
+                .map(|&i| {
+                    usize::try_from(i)
+                        .ok()
+                        .and_then(|i| x.get(i).copied())
+                        .ok_or_else(|| {
+                            candle_core::Error::Msg(format!(
+                                "index {i} outside the {} input elements",
+                                x.len()
+                            ))
+                        })
+                })
+                .collect()
+        }
+        let (Some((a1, b1)), Some((a2, b2))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+        else {
+            return Err(candle_core::Error::Msg(
+                "gather needs contiguous operands".into(),
+            ));
+        };
+        let S::I64(idx) = s2 else {
+            return Err(candle_core::Error::Msg("gather indices must be i64".into()));
+        };
+        let idx = &idx[a2..b2];
+        let out = match s1 {
+            S::F32(v) => S::F32(go(&v[a1..b1], idx)?),
+            S::F64(v) => S::F64(go(&v[a1..b1], idx)?),
+            S::F16(v) => S::F16(go(&v[a1..b1], idx)?),
+            S::BF16(v) => S::BF16(go(&v[a1..b1], idx)?),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "gather supports f16, bf16, f32 and f64 data only".into(),
+                ))
+            }
+        };
+        Ok((out, candle_core::Shape::from(idx.len())))
+    }
+}
+
+/// `dx` of `len` zeros with `dx[idx[j]] += g[j]` (CPU, flat indices): a max pool's backward.
+struct ScatterAddFlat {
+    len: usize,
+}
+
+impl candle_core::CustomOp2 for ScatterAddFlat {
+    fn name(&self) -> &'static str {
+        "remat-scatter-add-flat"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        fn go<T: candle_core::WithDType>(
+            g: &[T],
+            idx: &[i64],
+            len: usize,
+        ) -> candle_core::Result<Vec<T>> {
+            let mut dx = vec![T::from_f64(0.0); len];
+            for (&i, &v) in idx.iter().zip(g) {
+                let d = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| dx.get_mut(i))
+                    .ok_or_else(|| {
+                        candle_core::Error::Msg(format!(
+                            "index {i} outside the {len} input elements"
+                        ))
+                    })?;
+                *d += v;
+            }
+            Ok(dx)
+        }
+        let (Some((a1, b1)), Some((a2, b2))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+        else {
+            return Err(candle_core::Error::Msg(
+                "scatter needs contiguous operands".into(),
+            ));
+        };
+        let S::I64(idx) = s2 else {
+            return Err(candle_core::Error::Msg(
+                "scatter indices must be i64".into(),
+            ));
+        };
+        let idx = &idx[a2..b2];
+        if idx.len() != b1 - a1 {
+            return Err(candle_core::Error::Msg(format!(
+                "{} indices for {} gradient elements",
+                idx.len(),
+                b1 - a1
+            )));
+        }
+        let out = match s1 {
+            S::F32(v) => S::F32(go(&v[a1..b1], idx, self.len)?),
+            S::F64(v) => S::F64(go(&v[a1..b1], idx, self.len)?),
+            S::F16(v) => S::F16(go(&v[a1..b1], idx, self.len)?),
+            S::BF16(v) => S::BF16(go(&v[a1..b1], idx, self.len)?),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "scatter supports f16, bf16, f32 and f64 data only".into(),
+                ))
+            }
+        };
+        Ok((out, candle_core::Shape::from(self.len)))
+    }
+}
+
+/// `x.flatten()[idx]` in `idx`'s shape: a host loop on the CPU, `index_select` elsewhere.
+fn gather_flat(x: &Tensor, idx: &Tensor) -> KResult<Tensor> {
+    let (xf, i) = (x.flatten_all()?, idx.flatten_all()?);
+    let y = if host_unfold(x.device()) {
+        xf.contiguous()?
+            .apply_op2_no_bwd(&i.contiguous()?, &GatherFlat)?
+    } else {
+        xf.index_select(&i, 0)?
+    };
+    Ok(y.reshape(idx.dims())?)
+}
+
+/// Zeros of `shape` with `g` added at the flat indices `idx` (a host loop on the CPU,
+/// `index_add` elsewhere).
+fn scatter_add_flat(g: &Tensor, idx: &Tensor, shape: &[usize]) -> KResult<Tensor> {
+    let n: usize = shape.iter().product();
+    let (gf, i) = (g.flatten_all()?, idx.flatten_all()?);
+    let dx = if host_unfold(g.device()) {
+        gf.contiguous()?
+            .apply_op2_no_bwd(&i.contiguous()?, &ScatterAddFlat { len: n })?
+    } else {
+        Tensor::zeros(n, g.dtype(), g.device())?.index_add(&i, &gf, 0)?
+    };
+    Ok(dx.reshape(shape)?)
 }
 
 impl candle_core::CustomOp1 for PoolArgmax {
@@ -2646,10 +3063,7 @@ fn max_pool_indices_any(x: &Tensor, p: &PoolGeo) -> KResult<(Tensor, Tensor)> {
             .contiguous()?
             .apply_op1_no_bwd(&op)?
             .reshape((n, c, o0, o1))?;
-        let y = x
-            .flatten_all()?
-            .index_select(&idx.flatten_all()?, 0)?
-            .reshape((n, c, o0, o1))?;
+        let y = gather_flat(x, &idx)?;
         return Ok((y, idx));
     }
     max_pool_with_indices(x, p)
@@ -2673,10 +3087,7 @@ fn maxpool_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Ve
     let saved = ex.get("indices").and_then(|v| v.first());
     let (y, idx) = match saved {
         Some(i) => {
-            let y = x
-                .flatten_all()?
-                .index_select(&i.flatten_all()?, 0)?
-                .reshape(y_shape)?;
+            let y = gather_flat(x, i)?.reshape(y_shape)?;
             (y, Some(i.clone()))
         }
         None if want(cx, 1)
@@ -2709,10 +3120,7 @@ fn maxpool_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         .ok_or_else(|| KernelError::new("the indices extra is empty"))?;
     let g = a.grad(cx, 0)?;
     let x_shape = cx.in_shape(0)?;
-    let n: usize = x_shape.iter().product();
-    let dx = Tensor::zeros(n, g.dtype(), g.device())?
-        .index_add(&idx.flatten_all()?, &g.flatten_all()?, 0)?
-        .reshape(x_shape)?;
+    let dx = scatter_add_flat(&g, idx, &x_shape)?;
     let mut out = vec![Some(dx)];
     out.resize(a.inputs.len(), None);
     Ok(out)
@@ -3471,6 +3879,10 @@ mod tests {
             ([1, 1], [1, 1], [1, 1], [0, 0], [0, 0], [5, 6], 3, 4, 1),
             // Stride 3 with a window wider than the padding on one side.
             ([2, 4], [1, 3], [1, 1], [1, 2], [0, 3], [6, 9], 2, 3, 1),
+            // Enough channels that an image goes in tiles of output rows (with padding rows
+            // in the first and last tiles, and a shorter last tile).
+            ([3, 3], [1, 1], [1, 1], [1, 1], [1, 1], [30, 20], 64, 8, 1),
+            ([3, 3], [2, 2], [1, 1], [1, 0], [0, 1], [45, 40], 128, 4, 2),
         ];
         for (k, s, d, pb, pe, hw, c, oc, g) in geos {
             let out = [0, 1].map(|j| (hw[j] + pb[j] + pe[j] - ((k[j] - 1) * d[j] + 1)) / s[j] + 1);
@@ -3483,9 +3895,9 @@ mod tests {
                 out,
                 g,
             };
-            let x = Tensor::randn(0f64, 1.0, (2, c, hw[0], hw[1]), &dev).unwrap();
+            let x = Tensor::randn(0f64, 1.0, (5, c, hw[0], hw[1]), &dev).unwrap();
             let w = Tensor::randn(0f64, 1.0, (oc, c / g, k[0], k[1]), &dev).unwrap();
-            let dy = Tensor::randn(0f64, 1.0, (2, oc, out[0], out[1]), &dev).unwrap();
+            let dy = Tensor::randn(0f64, 1.0, (5, oc, out[0], out[1]), &dev).unwrap();
             let diff = |a: Tensor, b: Tensor| {
                 assert_eq!(a.dims(), b.dims());
                 (a - b)
@@ -3891,22 +4303,61 @@ mod tests {
                 x: vec![2, 3, hw[0], hw[1]],
             };
             let x = Tensor::randn(0f64, 1.0, (2, 3, hw[0], hw[1]), &dev).unwrap();
-            let (y1, i1) = max_pool_indices_any(&x, &p).unwrap();
-            let (y2, i2) = max_pool_with_indices(&x, &p).unwrap();
-            assert_eq!(
-                i1.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
-                i2.flatten_all().unwrap().to_vec1::<i64>().unwrap()
-            );
-            let e = (y1 - y2)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
-            assert_eq!(e, 0.0);
+            // Rounded values tie often: both paths keep the first maximum in window order.
+            let ties = (&x * 1.5).unwrap().round().unwrap();
+            for x in [x, ties] {
+                let (y1, i1) = max_pool_indices_any(&x, &p).unwrap();
+                let (y2, i2) = max_pool_with_indices(&x, &p).unwrap();
+                assert_eq!(
+                    i1.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
+                    i2.flatten_all().unwrap().to_vec1::<i64>().unwrap()
+                );
+                let e = (y1 - y2)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap();
+                assert_eq!(e, 0.0);
+            }
         }
+    }
+
+    #[test]
+    fn host_max_pool_takes_the_first_nan() {
+        use super::{max_pool_indices_any, PoolGeo, Win};
+        use candle_core::{Device, Tensor};
+        // Two 4×4 planes, 2×2 windows, stride 2. The first has NaN at 5 and 6 (window 0 holds
+        // 5; window 1 holds 6 after a larger number): the first NaN wins; the second plane has
+        // no NaN and a tie.
+        let mut v: Vec<f32> = (0..32).map(|i| (i % 7) as f32).collect();
+        v[5] = f32::NAN;
+        v[6] = f32::NAN;
+        v[3] = 100.0;
+        v[30] = 6.0; // ties with 27, which comes first in window order
+        let x = Tensor::from_vec(v, (1, 2, 4, 4), &Device::Cpu).unwrap();
+        let win = Win {
+            k: vec![2, 2],
+            s: vec![2, 2],
+            d: vec![1, 1],
+            pb: vec![0, 0],
+            pe: vec![0, 0],
+            out: vec![2, 2],
+        };
+        let p = PoolGeo {
+            pe_full: vec![0, 0],
+            win,
+            x: vec![1, 2, 4, 4],
+        };
+        let (y, i) = max_pool_indices_any(&x, &p).unwrap();
+        let i = i.flatten_all().unwrap().to_vec1::<i64>().unwrap();
+        assert_eq!(&i[..4], &[5, 6, 13, 11]);
+        let y = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(y[0].is_nan() && y[1].is_nan());
+        // Second plane (values (16..32) % 7): windows' first maxima.
+        assert_eq!(&i[4..], &[20, 19, 25, 27]);
     }
 
     #[test]
