@@ -202,6 +202,12 @@ pub fn summary(v: &Validation) -> String {
         )),
         None => s.push_str(&format!("  heap     {}\n", v.heap_note)),
     }
+    if let Some(d) = v.device_peak_bytes {
+        s.push_str(&format!(
+            "  device   {} in use at the peak (cuMemGetInfo, the CUDA allocator's cache included)\n",
+            human_bytes(d)
+        ));
+    }
     s.push_str(&format!(
         "  grads    max relative error {:.2e} over {} parameters (store-all loss {:.6}, plan loss {:.6})\n",
         v.grad_max_rel_err, v.params_checked, v.store_all_loss, v.loss

@@ -6,6 +6,9 @@ use crate::schedule::{simulate, store_all, with_frees, Schedule, Stats, Step};
 
 /// Schedule steps the greedy descent of [`min_feasible_budget`] may generate.
 const DESCENT_WORK: usize = 5_000_000;
+/// Wall-clock cap of [`min_feasible_budget`]'s horizon search (its work budget,
+/// [`DESCENT_WORK`], normally ends it first).
+const MIN_PEAK_SECONDS: u64 = 20;
 
 /// The least peak found for a problem.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,7 +55,9 @@ impl Lowest {
 /// zero budget, so it minimizes peak), for training graphs a greedy descent over single-node changes of the
 /// keep-set (at most `4n + 64` evaluations and 5 million generated schedule steps), and finally
 /// a peak descent on store-all's compute order and on the best one found (recompute a value
-/// held across the peak right before its next reader while that lowers the peak; same limit).
+/// held across the peak right before its next reader while that lowers the peak; same limit),
+/// and the local search's greedy peak descent over retention horizons
+/// ([`crate::plan::search::min_peak_search`]; same work limit).
 pub fn min_feasible_budget(p: &Problem) -> MinBudget {
     let lower_bound = p.footprint_lower_bound();
     let chain = crate::dp::min_peak_chain(p);
@@ -134,6 +139,20 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
                 if let Some(better) = peak_descent(p, seq, DESCENT_WORK, lower_bound) {
                     low.offer(p, better);
                 }
+            }
+        }
+    }
+    // The local search's greedy peak descent over retention horizons (what `auto` searches
+    // with): on random layered graphs it reaches peaks the checkpoint-set moves above miss
+    // (n1000: 486,896 B fits while they stop at 498,419 B).
+    if low.peak() > lower_bound {
+        let limits = crate::plan::search::SearchLimits {
+            work: DESCENT_WORK as u64,
+            time: std::time::Duration::from_secs(MIN_PEAK_SECONDS),
+        };
+        if let Ok(out) = crate::plan::search::min_peak_search(p, limits, 0) {
+            if let Some((s, _)) = out.lowest {
+                low.offer(p, s);
             }
         }
     }

@@ -458,6 +458,10 @@ fn auto(
         1
     };
     let found = search::portfolio_search(p, opts.budget, limits(start), runs)?;
+    // The search's greedy phase does not depend on the budget until it fits it, so the least
+    // peak it passed through here is one a plan with the same limits reaches (unless the
+    // clock cuts it): it may report a lower minimum than `min_feasible_budget`.
+    let search_low = found.lowest.as_ref().map(|(_, st)| st.peak_bytes);
     if let Some((s, st)) = found.best {
         pool.offer("search", s, st);
     }
@@ -470,7 +474,7 @@ fn auto(
     if pool.best.is_none() {
         // The minimum-peak schedule fits whenever any schedule this crate builds does.
         let low = crate::budget::min_feasible_budget(p);
-        pool.min_peak = Some(low.bytes);
+        pool.min_peak = Some(search_low.map_or(low.bytes, |s| s.min(low.bytes)));
         if low.bytes <= opts.budget {
             pool.offer_schedule(p, "min-peak", low.schedule)?;
         }

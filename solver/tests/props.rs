@@ -221,6 +221,26 @@ proptest! {
         prop_assert!(st.peak_bytes <= mb.bytes);
     }
 
+    /// The search's greedy phase follows the same path whatever the budget until it fits
+    /// it: the least peak an unsuccessful search passed through (which `auto` reports as the
+    /// minimum feasible budget) is a budget the same search then meets.
+    #[test]
+    fn search_meets_the_least_peak_it_reported(p in arb_plain_dag(14), frac in 0.0f64..0.6) {
+        use remat_solver::plan::search::{horizon_search, SearchLimits};
+        let limits = SearchLimits { work: 100_000, time: Duration::from_secs(3600) };
+        let budget = budget_of(&p, frac);
+        let out = horizon_search(&p, budget, limits, 3)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assume!(out.best.is_none());
+        let (_, low) = out.lowest.expect("the search evaluates at least one schedule");
+        prop_assert!(low.peak_bytes > budget);
+        let again = horizon_search(&p, low.peak_bytes, limits, 3)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let (s, st) = again.best.expect("a schedule within the least peak reported");
+        prop_assert!(st.peak_bytes <= low.peak_bytes);
+        prop_assert_eq!(simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?, st);
+    }
+
     #[test]
     fn min_budget_sound_on_plain_dags(p in arb_plain_dag(14)) {
         let mb = min_feasible_budget(&p);

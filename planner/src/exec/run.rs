@@ -64,7 +64,25 @@ pub struct StepMeasure {
     /// Heap bytes in use after the step, relative to the start of the run (`None` without the
     /// counting allocator).
     pub heap_bytes: Option<u64>,
+    /// On CUDA: device memory in use after the step (total − free), relative to the start of
+    /// the run; `None` on the CPU.
+    pub device_bytes: Option<i64>,
     pub seconds: f64,
+}
+
+/// Device memory in use (total − free, cuMemGetInfo) on a CUDA device; `None` on the CPU.
+fn device_used(dev: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Ok(c) = dev.as_cuda_device() {
+        return c
+            .cuda_stream()
+            .context()
+            .mem_get_info()
+            .ok()
+            .map(|(free, total)| total.saturating_sub(free) as u64);
+    }
+    let _ = dev;
+    None
 }
 
 /// What one run of a schedule produced and measured.
@@ -78,6 +96,10 @@ pub struct RunResult {
     pub live_peak_step: usize,
     /// Heap peak during the run above the heap in use when it started.
     pub heap_peak_bytes: Option<u64>,
+    /// On CUDA: the device memory in use at its highest after a step, above what was in use
+    /// when the run started (cuMemGetInfo: it includes what the CUDA allocator keeps cached);
+    /// `None` on the CPU.
+    pub device_peak_bytes: Option<u64>,
     pub seconds: f64,
     /// Seconds per training node (summed over its computations).
     pub node_seconds: Vec<f64>,
@@ -1017,6 +1039,8 @@ impl<'m> Executor<'m> {
             st.grads.insert(v, z);
         }
         let heap0 = alloc::installed().then(alloc::reset_peak);
+        let dev0 = device_used(&self.device);
+        let mut dev_peak = 0i64;
         let t0 = Instant::now();
         let mut steps = Vec::with_capacity(schedule.steps.len());
         let mut live_peak = 0u64;
@@ -1062,6 +1086,19 @@ impl<'m> Executor<'m> {
                     st.resident[i] = None;
                 }
             }
+            // Device kernels run asynchronously: a step's time and memory count once it ends.
+            let device_bytes = match dev0 {
+                Some(d0) => {
+                    self.device
+                        .synchronize()
+                        .map_err(|e| exec_err("", "", e.to_string()))?;
+                    device_used(&self.device).map(|d| d as i64 - d0 as i64)
+                }
+                None => None,
+            };
+            if let Some(d) = device_bytes {
+                dev_peak = dev_peak.max(d);
+            }
             let secs = ts.elapsed().as_secs_f64();
             if let Step::Compute(i) = *step {
                 st.node_seconds[i] += secs;
@@ -1076,6 +1113,7 @@ impl<'m> Executor<'m> {
             steps.push(StepMeasure {
                 live_bytes: live,
                 heap_bytes: heap0.map(|h0| alloc::current().saturating_sub(h0) as u64),
+                device_bytes,
                 seconds: secs,
             });
             progress(s + 1, total);
@@ -1091,6 +1129,7 @@ impl<'m> Executor<'m> {
             live_peak_bytes: live_peak,
             live_peak_step,
             heap_peak_bytes: heap_peak,
+            device_peak_bytes: dev0.map(|_| dev_peak as u64),
             seconds,
             node_seconds: st.node_seconds,
             node_runs: st.computed,

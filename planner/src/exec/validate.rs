@@ -50,6 +50,10 @@ pub struct TimelinePoint {
     pub measured_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heap_bytes: Option<u64>,
+    /// On CUDA: device memory in use (cuMemGetInfo) above the run's start, plus the fixed
+    /// tensors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_bytes: Option<u64>,
     pub seconds: f64,
 }
 
@@ -92,6 +96,9 @@ pub struct Validation {
     pub heap_peak_bytes: Option<u64>,
     /// What the difference between the heap peak and the live-tensor peak is.
     pub heap_note: String,
+    /// On CUDA: the device's memory in use at its peak (cuMemGetInfo, so including what the
+    /// CUDA allocator caches) above the run's start, plus the fixed tensors; `None` on the CPU.
+    pub device_peak_bytes: Option<u64>,
     pub budget_bytes: Option<u64>,
     /// Max over parameters of max|plan − store-all| / max|store-all|.
     pub grad_max_rel_err: f64,
@@ -356,6 +363,9 @@ fn report(
                 predicted_bytes: stats.memory.get(s).copied().unwrap_or(0),
                 measured_bytes: m.map(|m| m.live_bytes).unwrap_or(0),
                 heap_bytes: m.and_then(|m| m.heap_bytes).map(|h| h + fixed),
+                device_bytes: m
+                    .and_then(|m| m.device_bytes)
+                    .map(|d| (d + fixed as i64).max(0) as u64),
                 seconds: m.map(|m| m.seconds).unwrap_or(0.0),
             }
         })
@@ -389,6 +399,7 @@ fn report(
         measured_peak_step: plan.live_peak_step,
         heap_peak_bytes: heap_peak,
         heap_note,
+        device_peak_bytes: plan.device_peak_bytes.map(|d| d + fixed),
         budget_bytes: opts.budget_bytes,
         grad_max_rel_err: grad_err,
         grad_tolerance: opts.grad_tolerance,

