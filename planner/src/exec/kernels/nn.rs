@@ -728,7 +728,7 @@ fn c2_fwd_host(x: &Tensor, w: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
 /// does not allow it.
 fn c2_dx_as_fwd(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<Option<Tensor>> {
     let (_, _, o0, o1) = dy.dims4()?;
-    let (oc, cg, kh, kw) = w.dims4()?;
+    let (oc, _, kh, kw) = w.dims4()?;
     let g = p.g;
     let k = [kh, kw];
     let unit = p.s == [1, 1] && p.d == [1, 1];
@@ -752,13 +752,20 @@ fn c2_dx_as_fwd(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<O
     if (0..2).any(|j| [o0, o1][j] + q.pb[j] + q.pe[j] + 1 != input[j] + k[j]) {
         return Ok(None);
     }
-    let wt = w
-        .reshape((g, oc / g, cg, kh, kw))?
+    let wt = data_grad_weights(w, g)?;
+    Ok(Some(c2_fwd_host(dy, &wt, &q, false)?))
+}
+
+/// The weights `[OC, C/g, kh, kw]` of a convolution as those of its data gradient computed
+/// as a convolution of `dy`: `[C, OC/g, kh, kw]`, channels transposed within each group and the
+/// window flipped.
+fn data_grad_weights(w: &Tensor, g: usize) -> KResult<Tensor> {
+    let (oc, cg, kh, kw) = w.dims4()?;
+    Ok(w.reshape((g, oc / g, cg, kh, kw))?
         .transpose(1, 2)?
         .reshape((g * cg, oc / g, kh, kw))?
         .flip(&[2, 3])?
-        .contiguous()?;
-    Ok(Some(c2_fwd_host(dy, &wt, &q, false)?))
+        .contiguous()?)
 }
 
 fn c2_dx_host(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2], cm: bool) -> KResult<Tensor> {
@@ -1334,17 +1341,12 @@ fn c2_dx(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<Tensor> 
 
 fn c2_dx_candle(dy: &Tensor, w: &Tensor, p: &G2, input: [usize; 2]) -> KResult<Tensor> {
     let (w, q) = uniform_dilation(w, p)?;
-    let (oc, cg, kh, kw) = w.dims4()?;
+    let (oc, cg, _, _) = w.dims4()?;
     let g = q.g;
     if g == 0 || !oc.is_multiple_of(g) {
         kbail!("{oc} output channels do not split into {g} groups");
     }
-    let wt = w
-        .reshape((g, oc / g, cg, kh, kw))?
-        .transpose(1, 2)?
-        .reshape((g * cg, oc / g, kh, kw))?
-        .flip(&[2, 3])?
-        .contiguous()?;
+    let wt = data_grad_weights(&w, g)?;
     let mut z = dy.clone();
     let mut lr = [(0isize, 0isize); 2];
     for j in 0..2 {
