@@ -102,7 +102,21 @@ pub enum PlannerError {
         node: String,
         op: String,
         message: String,
+        fault: ExecFault,
     },
+}
+
+/// What kind of executor failure a [`PlannerError::Exec`] is, so that callers can tell the
+/// user's input from a fault of remat's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecFault {
+    /// The request asks for what this build cannot run: an op without a kernel, a device not
+    /// compiled in or not present.
+    Unsupported,
+    /// The schedule does not belong to the model or is invalid for it.
+    InvalidSchedule,
+    /// A kernel or the runner failed on input it accepted.
+    Failed,
 }
 
 pub type Result<T, E = PlannerError> = std::result::Result<T, E>;

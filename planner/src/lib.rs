@@ -68,7 +68,7 @@ pub mod training;
 
 use std::collections::BTreeMap;
 
-pub use error::{PlannerError, Result, UnsupportedNode};
+pub use error::{ExecFault, PlannerError, Result, UnsupportedNode};
 pub use inspect::{InspectReport, TensorInfo, TrainingNodeInfo};
 pub use model::{Model, ValueKind};
 pub use training::{ExecInfo, SavedTensor, Source, TrainingGraph, TrainingNode};

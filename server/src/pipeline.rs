@@ -4,7 +4,7 @@
 use crate::engine::{Engine, EngineError, ErrorKind, ModelFormat, Phase, PlanRequest};
 use remat_planner::exec::run::ExecDevice;
 use remat_planner::exec::validate::{self as exec_validate, ValidateOptions, Validation};
-use remat_planner::{ImportOptions, InspectReport, Model, PlannerError, TrainingGraph};
+use remat_planner::{ExecFault, ImportOptions, InspectReport, Model, PlannerError, TrainingGraph};
 use remat_solver::plan::{self, Algorithm, PlanOptions, PlanReport, Status};
 use remat_solver::{NodeKind, Problem, Schedule, SolverError, Step};
 use serde_json::{json, Value};
@@ -301,22 +301,14 @@ pub fn validate_schedule(
 /// Maps an executor error: a missing kernel or a schedule that does not fit the model is the
 /// caller's input; anything else is internal.
 pub fn exec_error(e: PlannerError) -> EngineError {
-    let message = e.to_string();
-    let kind = if message.contains("no executor kernel")
-        || message.contains("not valid for this model")
-        || message.contains("not compiled with CUDA")
-        || message.contains("unknown device")
-    {
-        ErrorKind::BadInput
-    } else {
-        ErrorKind::Internal
+    let (kind, code) = match &e {
+        PlannerError::Exec {
+            fault: ExecFault::Unsupported | ExecFault::InvalidSchedule,
+            ..
+        } => (ErrorKind::BadInput, "not_runnable"),
+        _ => (ErrorKind::Internal, "executor_failed"),
     };
-    let code = if kind == ErrorKind::BadInput {
-        "not_runnable"
-    } else {
-        "executor_failed"
-    };
-    EngineError::new(kind, code, message)
+    EngineError::new(kind, code, e.to_string())
 }
 
 /// The `validation` object of a plan document: the executor's report, or why it did not run.

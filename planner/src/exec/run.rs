@@ -5,7 +5,7 @@ use super::alloc;
 use super::kernel::{BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError};
 use super::kernels::registry;
 use super::weights::{constants, input_value, seed_for, stored_tensors, ConstSources};
-use crate::error::PlannerError;
+use crate::error::{ExecFault, PlannerError};
 use crate::model::{Model, ValueId, ValueKind};
 use crate::onnx::Attrs;
 use crate::ops::Saved;
@@ -32,17 +32,13 @@ impl ExecDevice {
             ExecDevice::Cpu => Ok(Device::Cpu),
             ExecDevice::Cuda => {
                 if !cfg!(feature = "cuda") {
-                    return Err(PlannerError::Exec {
-                        node: String::new(),
-                        op: String::new(),
-                        message: "device cuda: remat was not compiled with CUDA (build with --features cuda)".into(),
-                    });
+                    return Err(exec_fault(
+                        ExecFault::Unsupported,
+                        "device cuda: remat was not compiled with CUDA (build with --features cuda)",
+                    ));
                 }
-                Device::new_cuda(0).map_err(|e| PlannerError::Exec {
-                    node: String::new(),
-                    op: String::new(),
-                    message: format!("device cuda: {e}"),
-                })
+                Device::new_cuda(0)
+                    .map_err(|e| exec_fault(ExecFault::Unsupported, format!("device cuda: {e}")))
             }
         }
     }
@@ -138,6 +134,17 @@ fn exec_err(node: &str, op: &str, message: impl Into<String>) -> PlannerError {
         node: node.to_string(),
         op: op.to_string(),
         message: message.into(),
+        fault: ExecFault::Failed,
+    }
+}
+
+/// An executor error of `fault`'s kind, about no node in particular.
+pub(crate) fn exec_fault(fault: ExecFault, message: impl Into<String>) -> PlannerError {
+    PlannerError::Exec {
+        node: String::new(),
+        op: String::new(),
+        message: message.into(),
+        fault,
     }
 }
 
@@ -306,9 +313,8 @@ impl<'m> Executor<'m> {
         if !missing.is_empty() {
             let n = missing.len();
             missing.truncate(12);
-            return Err(exec_err(
-                "",
-                "",
+            return Err(exec_fault(
+                ExecFault::Unsupported,
                 format!(
                     "{n} node(s) have no executor kernel: {}{}",
                     missing.join(", "),
@@ -444,7 +450,12 @@ impl<'m> Executor<'m> {
         let node = &self.model.graph[ix];
         let kernel = registry()
             .get(node.op_type.as_str())
-            .ok_or_else(|| exec_err(&node.name, &node.op_type, "the op has no executor kernel"))?;
+            .ok_or_else(|| PlannerError::Exec {
+                node: node.name.clone(),
+                op: node.op_type.clone(),
+                message: "the op has no executor kernel".into(),
+                fault: ExecFault::Unsupported,
+            })?;
         let owned;
         let (ins, outs) = match self.facts.get(&ix) {
             Some(f) => (&f.0, &f.1),

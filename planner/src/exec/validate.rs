@@ -1,8 +1,8 @@
 //! Validation of a plan by running it: the plan's schedule and the store-all schedule on the
 //! same weights and inputs, gradients compared, memory and time measured.
 
-use super::run::{ExecDevice, Executor, RunResult};
-use crate::error::PlannerError;
+use super::run::{exec_fault, ExecDevice, Executor, RunResult};
+use crate::error::{ExecFault, PlannerError};
 use crate::model::Model;
 use crate::training::TrainingGraph;
 use candle_core::Tensor;
@@ -131,11 +131,7 @@ pub struct Validation {
 }
 
 fn err(message: impl Into<String>) -> PlannerError {
-    PlannerError::Exec {
-        node: String::new(),
-        op: String::new(),
-        message: message.into(),
-    }
+    exec_fault(ExecFault::Failed, message)
 }
 
 /// Max over parameters of max|a − b| / max|b|, and how many were compared.
@@ -180,8 +176,12 @@ pub fn flat(t: &Tensor) -> crate::Result<Vec<f64>> {
 /// Checks that `schedule` belongs to `problem` and is valid; the simulator's error names the
 /// step.
 fn check_schedule(problem: &Problem, schedule: &Schedule) -> crate::Result<remat_solver::Stats> {
-    simulate(problem, schedule)
-        .map_err(|e| err(format!("the schedule is not valid for this model: {e}")))
+    simulate(problem, schedule).map_err(|e| {
+        exec_fault(
+            ExecFault::InvalidSchedule,
+            format!("the schedule is not valid for this model: {e}"),
+        )
+    })
 }
 
 /// Runs `schedule` and the store-all schedule of `tg` and compares them.
