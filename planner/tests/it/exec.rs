@@ -356,11 +356,44 @@ fn a_budget_the_run_exceeds_fails_the_validation() {
 
 #[test]
 fn cuda_without_the_feature_says_so() {
-    if cfg!(feature = "cuda") {
+    match ExecDevice::Cuda.open() {
+        Ok(d) => assert!(cfg!(feature = "cuda") && d.is_cuda()),
+        Err(e) if cfg!(feature = "cuda") => {
+            // Built with CUDA on a machine without a usable GPU: an error naming the device.
+            assert!(e.to_string().contains("device cuda:"), "{e}");
+        }
+        Err(e) => assert!(e.to_string().contains("not compiled with CUDA"), "{e}"),
+    }
+}
+
+/// Where a GPU is at hand (the `cuda` feature and a device): the validation of a plan that
+/// recomputes runs there too, with gradients checked against the same device's store-all run
+/// and the device's memory sampled per step. Without one it checks nothing and says so.
+#[test]
+fn plans_validate_on_cuda_when_a_gpu_is_present() {
+    if ExecDevice::Cuda.open().is_err() {
+        eprintln!("no CUDA device in this build or on this machine: skipped");
         return;
     }
-    let e = ExecDevice::Cuda.open().expect_err("no CUDA in this build");
-    assert!(e.to_string().contains("not compiled with CUDA"), "{e}");
+    let bytes = std::fs::read(fixtures_dir().join("grad/tiny_cnn.onnx")).expect("onnx");
+    let (model, tg) = import(&bytes, &[("batch", 2)]);
+    let p = tg.to_problem();
+    let peak = store_all_peak(&p);
+    let budget = (peak as f64 * 0.8) as u64;
+    let (s, budget_bytes) = match plan_at(&tg, budget) {
+        Some(s) => (s, Some(budget)),
+        None => (store_all(&p), None),
+    };
+    let opts = ValidateOptions {
+        device: ExecDevice::Cuda,
+        budget_bytes,
+        ..ValidateOptions::default()
+    };
+    let v = validate(&model, &tg, &bytes, &s, &opts, &mut |_, _, _| {}).expect("validates on CUDA");
+    assert_eq!(v.device, "cuda");
+    assert!(v.grad_max_rel_err <= 1e-6, "{}", v.grad_max_rel_err);
+    assert!(v.peak_rel_diff.abs() <= 0.02, "{}", v.peak_rel_diff);
+    assert!(v.device_peak_bytes.is_some());
 }
 
 #[test]
