@@ -1960,6 +1960,9 @@ fn fwd_stats(xc: &Tensor, dims: &[usize], eps: f64, ex: &Extras) -> KResult<(Ten
             return stats_from(v, DType::F32, &shape);
         }
     }
+    if dims == all_but_1(xc.rank()).as_slice() {
+        return bn_moments(xc, eps);
+    }
     moments(xc, dims, eps)
 }
 
@@ -1996,7 +1999,7 @@ fn bn_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Ten
     }
     let x = req(xs, 0)?;
     let xc = x.to_dtype(compute_dtype(x.dtype()))?;
-    let (m, r) = moments(&xc, &all_but_1(x.rank()), eps_attr(cx)?)?;
+    let (m, r) = bn_moments(&xc, eps_attr(cx)?)?;
     stats_extra(&m, &r)
 }
 
@@ -2018,7 +2021,7 @@ fn bn_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Opt
         let (m, r) = fwd_stats(&xc, &dims, eps, ex)?;
         let a = scale.broadcast_mul(&r)?;
         let b = bias.broadcast_sub(&m.broadcast_mul(&a)?)?;
-        let y = xc.broadcast_mul(&a)?.broadcast_add(&b)?;
+        let y = bn_affine(&xc, &a, &b)?;
         outs[0] = Some(y.to_dtype(x.dtype())?);
         if cx.outputs.len() > 1 {
             let momentum = cx.attrs.float_or("momentum", 0.9)? as f64;
@@ -2042,7 +2045,7 @@ fn bn_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Opt
         let v = per_chan(req(xs, 4)?, c, rank, dt)?;
         let a = scale.broadcast_mul(&v.affine(1.0, eps)?.sqrt()?.recip()?)?;
         let b = bias.broadcast_sub(&m.broadcast_mul(&a)?)?;
-        let y = xc.broadcast_mul(&a)?.broadcast_add(&b)?;
+        let y = bn_affine(&xc, &a, &b)?;
         outs[0] = Some(y.to_dtype(x.dtype())?);
         for (k, src) in [(1usize, 3usize), (2, 4)] {
             if want(cx, k) {
@@ -2120,6 +2123,203 @@ fn bn_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     Ok(out)
 }
 
+/// Accumulator lanes of the host reductions: independent partial sums, so that the adds
+/// pipeline and vectorize instead of waiting on one running total.
+const LANES: usize = 8;
+
+/// `Σ f(v)` in f64 over [`LANES`] partial sums.
+fn lane_sum<T: candle_core::WithDType>(v: &[T], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0f64; LANES];
+    let mut it = v.chunks_exact(LANES);
+    for ch in &mut it {
+        for (a, x) in acc.iter_mut().zip(ch) {
+            *a += f(x.to_f64());
+        }
+    }
+    let tail: f64 = it.remainder().iter().map(|x| f(x.to_f64())).sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+/// `(Σ g, Σ g (x − m))` in f64 over [`LANES`] partial sums.
+fn lane_sums2<T: candle_core::WithDType>(x: &[T], g: &[T], m: f64) -> (f64, f64) {
+    let (mut a, mut b) = ([0f64; LANES], [0f64; LANES]);
+    let (mut xi, mut gi) = (x.chunks_exact(LANES), g.chunks_exact(LANES));
+    for (xc, gc) in (&mut xi).zip(&mut gi) {
+        for k in 0..LANES {
+            let gv = gc[k].to_f64();
+            a[k] += gv;
+            b[k] += gv * (xc[k].to_f64() - m);
+        }
+    }
+    let (mut sa, mut sb) = (a.iter().sum::<f64>(), b.iter().sum::<f64>());
+    for (xv, gv) in xi.remainder().iter().zip(gi.remainder()) {
+        let gv = gv.to_f64();
+        sa += gv;
+        sb += gv * (xv.to_f64() - m);
+    }
+    (sa, sb)
+}
+
+/// Batch statistics of `[N, C, S]` data on the host (CPU): per channel the mean and the
+/// inverse standard deviation `1 / sqrt(var + eps)` (biased variance, two passes in f64),
+/// returned as `[mean; r]` (`2 * C` values), channels spread over threads.
+#[derive(Clone, Debug)]
+struct BnMoments {
+    n: usize,
+    c: usize,
+    s: usize,
+    eps: f64,
+}
+
+impl BnMoments {
+    fn run<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<T> {
+        let (n, c, s) = (self.n, self.c, self.s);
+        let cnt = (n * s).max(1) as f64;
+        let mut out = vec![(0.0f64, 0.0f64); c];
+        par_units(&mut out, 1, |ch, o| {
+            let plane = |b: usize| x.get((b * c + ch) * s..(b * c + ch + 1) * s).unwrap_or(&[]);
+            let mean = (0..n).map(|b| lane_sum(plane(b), |v| v)).sum::<f64>() / cnt;
+            let var = (0..n)
+                .map(|b| lane_sum(plane(b), |v| (v - mean) * (v - mean)))
+                .sum::<f64>()
+                / cnt;
+            o[0] = (mean, 1.0 / (var + self.eps).sqrt());
+        });
+        let mut v: Vec<T> = out.iter().map(|p| T::from_f64(p.0)).collect();
+        v.extend(out.iter().map(|p| T::from_f64(p.1)));
+        v
+    }
+}
+
+impl candle_core::CustomOp1 for BnMoments {
+    fn name(&self) -> &'static str {
+        "remat-batchnorm-moments"
+    }
+
+    fn cpu_fwd(
+        &self,
+        st: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let (a, b) = l
+            .contiguous_offsets()
+            .filter(|(a, b)| b - a == self.n * self.c * self.s)
+            .ok_or_else(|| {
+                candle_core::Error::Msg(
+                    "batch-norm statistics need contiguous [N, C, S] data".into(),
+                )
+            })?;
+        let out = match st {
+            S::F32(v) => S::F32(self.run(&v[a..b])),
+            S::F64(v) => S::F64(self.run(&v[a..b])),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "host batch-norm statistics take f32 or f64 data".into(),
+                ))
+            }
+        };
+        Ok((out, candle_core::Shape::from(2 * self.c)))
+    }
+}
+
+/// `y = a[c] x + b[c]` over `[N, C, S]` data on the host (CPU): the batch-norm forward in
+/// one pass.
+#[derive(Clone, Debug)]
+struct ChanAffine {
+    c: usize,
+    s: usize,
+    a: Vec<f64>,
+    b: Vec<f64>,
+}
+
+impl ChanAffine {
+    fn run<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<T> {
+        let mut out = vec![T::from_f64(0.0); x.len()];
+        par_units(&mut out, self.s.max(1), |u, o| {
+            let ch = u % self.c.max(1);
+            // In the data's dtype, as the broadcast ops it replaces compute (and vectorizes).
+            let (a, b) = (T::from_f64(self.a[ch]), T::from_f64(self.b[ch]));
+            if let Some(xs) = x.get(u * self.s..(u + 1) * self.s) {
+                for (o, &v) in o.iter_mut().zip(xs) {
+                    *o = v * a + b;
+                }
+            }
+        });
+        out
+    }
+}
+
+impl candle_core::CustomOp1 for ChanAffine {
+    fn name(&self) -> &'static str {
+        "remat-channel-affine"
+    }
+
+    fn cpu_fwd(
+        &self,
+        st: &candle_core::CpuStorage,
+        l: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        use candle_core::CpuStorage as S;
+        let (a, b) = l
+            .contiguous_offsets()
+            .filter(|(a, b)| (b - a) % (self.c * self.s).max(1) == 0)
+            .ok_or_else(|| {
+                candle_core::Error::Msg("channel affine needs contiguous [N, C, S] data".into())
+            })?;
+        if self.a.len() != self.c || self.b.len() != self.c {
+            return Err(candle_core::Error::Msg(
+                "channel affine coefficients do not match the channels".into(),
+            ));
+        }
+        let out = match st {
+            S::F32(v) => S::F32(self.run(&v[a..b])),
+            S::F64(v) => S::F64(self.run(&v[a..b])),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "host channel affine takes f32 or f64 data".into(),
+                ))
+            }
+        };
+        Ok((out, l.shape().clone()))
+    }
+}
+
+/// Whether the batch-norm host paths take `x` (CPU, f32/f64, at least `[N, C]`).
+fn bn_host_ok(x: &Tensor) -> bool {
+    host_unfold(x.device()) && matches!(x.dtype(), DType::F32 | DType::F64) && x.rank() >= 2
+}
+
+/// Batch statistics over all dims but the channels: mean and inverse std, keepdim-shaped.
+fn bn_moments(xc: &Tensor, eps: f64) -> KResult<(Tensor, Tensor)> {
+    if !bn_host_ok(xc) {
+        return moments(xc, &all_but_1(xc.rank()), eps);
+    }
+    let (n, c) = (xc.dim(0)?, xc.dim(1)?);
+    let s: usize = xc.dims()[2..].iter().product();
+    let op = BnMoments { n, c, s, eps };
+    let v = xc.contiguous()?.apply_op1_no_bwd(&op)?;
+    let cs = chan_shape(c, xc.rank());
+    Ok((
+        v.narrow(0, 0, c)?.reshape(cs.clone())?,
+        v.narrow(0, c, c)?.reshape(cs)?,
+    ))
+}
+
+/// `x · a + b` with per-channel `a`, `b` (keepdim-shaped): one host pass on the CPU.
+fn bn_affine(x: &Tensor, a: &Tensor, b: &Tensor) -> KResult<Tensor> {
+    if bn_host_ok(x) {
+        let c = x.dim(1)?;
+        let s: usize = x.dims()[2..].iter().product();
+        let (av, bv) = (chan_vec(a)?, chan_vec(b)?);
+        if av.len() == c && bv.len() == c {
+            let op = ChanAffine { c, s, a: av, b: bv };
+            return Ok(x.contiguous()?.apply_op1_no_bwd(&op)?);
+        }
+    }
+    Ok(x.broadcast_mul(a)?.broadcast_add(b)?)
+}
+
 /// Fused batch-normalization backward passes on the host over contiguous `[N, C, S]` data
 /// `x` (first operand) and its gradient `g` (second): the per-channel sums `[S_g; S_gx]`
 /// (`2 * C` values), or, with `coef`, `dx = a g + b (x - mean) + c0` per channel.
@@ -2150,12 +2350,7 @@ impl BnHost {
                         for b in 0..n {
                             let at = (b * c + ch) * s;
                             if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
-                                let (mut sg, mut sgx) = (0.0f64, 0.0f64);
-                                for (xv, gv) in xs.iter().zip(gs) {
-                                    let gv = gv.to_f64();
-                                    sg += gv;
-                                    sgx += gv * (xv.to_f64() - m);
-                                }
+                                let (sg, sgx) = lane_sums2(xs, gs, m);
                                 acc.0 += sg;
                                 acc.1 += sgx;
                             }
@@ -2190,11 +2385,12 @@ impl BnHost {
                         let at = u * s;
                         let pick = |v: &[f64]| v.get(ch).copied().unwrap_or(0.0);
                         let (a, b, c0) = (pick(&coef[0]), pick(&coef[1]), pick(&coef[2]));
-                        // dx = a g + b x + (c0 - b mean)
-                        let c1 = c0 - b * self.mean.get(ch).copied().unwrap_or(0.0);
+                        // dx = a g + b x + (c0 - b mean), in the data's dtype (vectorizes).
+                        let c1 = T::from_f64(c0 - b * self.mean.get(ch).copied().unwrap_or(0.0));
+                        let (a, b) = (T::from_f64(a), T::from_f64(b));
                         if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
-                            for ((o, xv), gv) in o.iter_mut().zip(xs).zip(gs) {
-                                *o = T::from_f64(a * gv.to_f64() + b * xv.to_f64() + c1);
+                            for ((o, &xv), &gv) in o.iter_mut().zip(xs).zip(gs) {
+                                *o = a * gv + b * xv + c1;
                             }
                         }
                     }
