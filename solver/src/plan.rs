@@ -399,9 +399,6 @@ fn auto(
     start: Instant,
 ) -> Result<()> {
     offer_baselines(pool, base);
-    if opts.budget < p.footprint_lower_bound() {
-        return Ok(());
-    }
     // A chain's DP schedule: proven optimal when the exact program ran (then nothing can do
     // better), otherwise a strong start that the search and the MILP try to improve (the
     // search lowers MobileNet's restricted-DP overhead at 0.9× from 0.33% to 0.19%).
@@ -435,13 +432,32 @@ fn auto(
         work: search::SearchLimits::for_time(slice).work,
         time: left(start).min(slice).max(floor),
     };
+    let floor_bytes = p.footprint_lower_bound();
+    let needed = p.needed().iter().filter(|&&n| n).count();
+    let runs = if needed <= PORTFOLIO_MAX_NODES {
+        SEARCH_RUNS
+    } else {
+        1
+    };
+    if opts.budget < floor_bytes {
+        // Nothing fits. The search still runs, at the lower bound, for the least peak to
+        // report: its greedy phase follows the same path at every budget it has not met, so
+        // every infeasible budget gets the same answer.
+        let found = search::portfolio_search(p, floor_bytes, limits(start), runs)?;
+        let low = crate::budget::min_feasible_budget(p);
+        pool.min_peak = Some(
+            found
+                .lowest
+                .map_or(low.bytes, |(_, st)| st.peak_bytes.min(low.bytes)),
+        );
+        return Ok(());
+    }
     // Peak descent to a ladder of targets at and below the budget, each result pruned back to
     // the budget: descending further and then dropping the recomputations the budget does not
     // need finds cheaper schedules than stopping at the budget (random n100 at 0.9×: 0.79%
     // from the 0.9 rung against 1.76% from the first; ResNet50 at 0.9×: 0.11% against
     // 0.28%), and it fits budgets close to the least peak that the search misses. Under 1.5 s
     // for 1,000 nodes.
-    let floor_bytes = p.footprint_lower_bound();
     for f in DESCENT_LADDER {
         let target = (opts.budget as f64 * f) as u64;
         if target < floor_bytes {
@@ -451,12 +467,6 @@ fn auto(
         let pruned = crate::budget::prune_recomputations(p, &descended, opts.budget, PRUNE_WORK);
         pool.offer_schedule(p, "descent", pruned)?;
     }
-    let needed = p.needed().iter().filter(|&&n| n).count();
-    let runs = if needed <= PORTFOLIO_MAX_NODES {
-        SEARCH_RUNS
-    } else {
-        1
-    };
     let found = search::portfolio_search(p, opts.budget, limits(start), runs)?;
     // The search's greedy phase does not depend on the budget until it fits it, so the least
     // peak it passed through here is one a plan with the same limits reaches (unless the
