@@ -544,7 +544,7 @@ impl Unfold {
             (false, false) => (self.n * self.c, self.kk() * self.oo()),
             (true, _) => (self.n * self.c, self.hw[0] * self.hw[1]),
         };
-        let mut dst = vec![T::from_f64(0.0); units * unit_len];
+        let mut dst = par_filled(units * unit_len, T::from_f64(0.0));
         if unit_len == 0 {
             return dst;
         }
@@ -829,6 +829,36 @@ fn c2_dw_host(x: &Tensor, dy: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     };
     let c = x.dim(1)?;
     Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?)
+}
+
+/// `len` copies of `zero`, written by all threads: large outputs are zeroed in parallel
+/// rather than by one `memset` on the calling thread (measured: zeroing was a third of the
+/// single-threaded time of a resnet18 step, with freed pages reused).
+fn par_filled<T: Copy + Send>(len: usize, zero: T) -> Vec<T> {
+    const SERIAL_BELOW: usize = 1 << 16;
+    if len < SERIAL_BELOW {
+        return vec![zero; len];
+    }
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    let spare = &mut v.spare_capacity_mut()[..len];
+    let threads = std::thread::available_parallelism()
+        .map(|t| t.get())
+        .unwrap_or(1)
+        .max(1);
+    let per = len.div_ceil(threads);
+    std::thread::scope(|scope| {
+        for chunk in spare.chunks_mut(per) {
+            scope.spawn(move || {
+                for x in chunk {
+                    x.write(zero);
+                }
+            });
+        }
+    });
+    // SAFETY: the threads above wrote every one of the first `len` elements (the chunks
+    // cover `spare[..len]`), and the scope joined them all before this point.
+    unsafe { v.set_len(len) };
+    v
 }
 
 /// Splits `out` into units of `unit_len` and fills them on all threads: `f(unit, slice)`.
@@ -1163,7 +1193,7 @@ impl ConvHost {
             ConvPass::Dw => (oc * ckg, 0),
         };
         let zero = T::from_f64(0.0);
-        let mut out = vec![zero; out_len];
+        let mut out = par_filled(out_len, zero);
         let workers = std::thread::available_parallelism()
             .map(|t| t.get())
             .unwrap_or(1)
@@ -2235,7 +2265,7 @@ struct ChanAffine {
 
 impl ChanAffine {
     fn run<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<T> {
-        let mut out = vec![T::from_f64(0.0); x.len()];
+        let mut out = par_filled(x.len(), T::from_f64(0.0));
         par_units(&mut out, self.s.max(1), |u, o| {
             let ch = u % self.c.max(1);
             // In the data's dtype, as the broadcast ops it replaces compute (and vectorizes).
@@ -2367,7 +2397,7 @@ impl BnHost {
     fn dx<T: candle_core::WithDType>(&self, x: &[T], g: &[T], coef: &[Vec<f64>; 3]) -> Vec<T> {
         let (c, s) = (self.c, self.s);
         let units = self.n * c;
-        let mut out = vec![T::from_f64(0.0); units * s];
+        let mut out = par_filled(units * s, T::from_f64(0.0));
         if s == 0 {
             return out;
         }
@@ -2969,7 +2999,7 @@ impl PoolArgmax {
         let plane = self.hw[0] * self.hw[1];
         let (o0, o1) = (w.out[0], w.out[1]);
         let oo = o0 * o1;
-        let mut dst = vec![zero; self.nc * oo];
+        let mut dst = par_filled(self.nc * oo, zero);
         if oo == 0 {
             return dst;
         }
@@ -3176,7 +3206,7 @@ impl candle_core::CustomOp2 for ScatterAddFlat {
             idx: &[i64],
             len: usize,
         ) -> candle_core::Result<Vec<T>> {
-            let mut dx = vec![T::from_f64(0.0); len];
+            let mut dx = par_filled(len, T::from_f64(0.0));
             for (&i, &v) in idx.iter().zip(g) {
                 let d = usize::try_from(i)
                     .ok()
