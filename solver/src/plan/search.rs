@@ -340,15 +340,19 @@ fn search(
         better
     };
     let _ = consider(&mut best, &cur_sched, &cur_stats);
-    if best.is_some() || movable.is_empty() {
-        // Store-all fits (nothing to improve: it computes everything once), or nothing moves.
-        return Ok(SearchOutcome {
+    // Store-all fits (nothing to improve: it computes everything once), nothing moves, or
+    // (min-peak search) the descent is over: the outcome so far, not cut by the clock.
+    let done = |best, lowest, evaluations, work| {
+        Ok(SearchOutcome {
             best,
             lowest,
             evaluations,
             work,
             capped: false,
-        });
+        })
+    };
+    if best.is_some() || movable.is_empty() {
+        return done(best, lowest, evaluations, work);
     }
 
     // Phase 1: greedy descent on the peak. At each round, try lowering the horizons of the
@@ -420,13 +424,7 @@ fn search(
     }
 
     if !anneal {
-        return Ok(SearchOutcome {
-            best,
-            lowest,
-            evaluations,
-            work,
-            capped: false,
-        });
+        return done(best, lowest, evaluations, work);
     }
     // Phase 2: simulated annealing on cost + penalty * excess bytes.
     let base = p.base_cost().max(f64::MIN_POSITIVE);

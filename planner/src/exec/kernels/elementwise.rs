@@ -1019,6 +1019,23 @@ fn relu_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
 /// backward is the most frequent one in a CNN).
 struct ReluGrad;
 
+impl super::host::Host2 for ReluGrad {
+    const WHAT: &'static str = "relu-grad";
+    const HALF: bool = true;
+
+    fn run<T: candle_core::WithDType>(
+        &self,
+        g: &[T],
+        y: &[T],
+        shape: &candle_core::Shape,
+    ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
+        if g.len() != y.len() {
+            candle_core::bail!("relu-grad: {} and {} elements differ", g.len(), y.len());
+        }
+        Ok((mask_positive(g, y), shape.clone()))
+    }
+}
+
 impl candle_core::CustomOp2 for ReluGrad {
     fn name(&self) -> &'static str {
         "relu-grad"
@@ -1031,7 +1048,6 @@ impl candle_core::CustomOp2 for ReluGrad {
         s2: &candle_core::CpuStorage,
         l2: &candle_core::Layout,
     ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage as S;
         if l1.shape() != l2.shape() {
             candle_core::bail!(
                 "relu-grad: shapes {:?} and {:?} differ",
@@ -1039,34 +1055,13 @@ impl candle_core::CustomOp2 for ReluGrad {
                 l2.shape()
             );
         }
-        let (Some(r1), Some(r2)) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
-            candle_core::bail!("relu-grad needs contiguous tensors");
-        };
-        fn run<T: Copy + PartialOrd + Default + Send + Sync>(
-            g: &[T],
-            y: &[T],
-            r1: (usize, usize),
-            r2: (usize, usize),
-        ) -> candle_core::Result<Vec<T>> {
-            match (g.get(r1.0..r1.1), y.get(r2.0..r2.1)) {
-                (Some(g), Some(y)) if g.len() == y.len() => Ok(mask_positive(g, y)),
-                _ => candle_core::bail!("relu-grad: storage shorter than its layout"),
-            }
-        }
-        let out = match (s1, s2) {
-            (S::F32(g), S::F32(y)) => S::F32(run(g, y, r1, r2)?),
-            (S::F64(g), S::F64(y)) => S::F64(run(g, y, r1, r2)?),
-            (S::F16(g), S::F16(y)) => S::F16(run(g, y, r1, r2)?),
-            (S::BF16(g), S::BF16(y)) => S::BF16(run(g, y, r1, r2)?),
-            _ => candle_core::bail!("relu-grad: unsupported element types"),
-        };
-        Ok((out, l1.shape().clone()))
+        super::host::host2(self, s1, l1, s2, l2)
     }
 }
 
 /// `g[i]` where `y[i] > 0`, else zero, in chunks of at least 64K elements on scoped threads.
-fn mask_positive<T: Copy + PartialOrd + Default + Send + Sync>(g: &[T], y: &[T]) -> Vec<T> {
-    let zero = T::default();
+fn mask_positive<T: candle_core::WithDType>(g: &[T], y: &[T]) -> Vec<T> {
+    let zero = T::from_f64(0.0);
     let n = g.len();
     let mut out = vec![zero; n];
     let threads = candle_core::utils::get_num_threads().clamp(1, 64);

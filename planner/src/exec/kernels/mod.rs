@@ -4,6 +4,8 @@
 use super::kernel::KernelRegistry;
 use std::sync::OnceLock;
 
+#[macro_use]
+mod host;
 pub mod array;
 pub mod attention;
 pub mod elementwise;

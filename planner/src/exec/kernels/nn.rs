@@ -14,6 +14,7 @@
 //! max pooling finds its argmax on the host on the CPU). Normalization statistics are
 //! computed in f32 (f64 when the data is f64) and saved as f32, as the gradient rules declare.
 
+use super::host;
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
 };
@@ -538,7 +539,7 @@ impl Unfold {
         }
     }
 
-    fn run<T: candle_core::WithDType>(&self, src: &[T]) -> Vec<T> {
+    fn apply<T: candle_core::WithDType>(&self, src: &[T]) -> Vec<T> {
         let (units, unit_len) = match (self.fold, self.cmajor) {
             (false, true) => (self.c, self.kk() * self.n * self.oo()),
             (false, false) => (self.n * self.c, self.kk() * self.oo()),
@@ -566,54 +567,33 @@ impl Unfold {
     }
 }
 
-impl candle_core::CustomOp1 for Unfold {
-    fn name(&self) -> &'static str {
-        if self.fold {
-            "remat-col2im"
-        } else {
-            "remat-im2col"
-        }
-    }
+impl host::Host1 for Unfold {
+    const WHAT: &'static str = "unfold";
+    const HALF: bool = true;
 
-    fn cpu_fwd(
-        &self,
-        s: &candle_core::CpuStorage,
-        l: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage as S;
-        let (a, b) = l
-            .contiguous_offsets()
-            .ok_or_else(|| candle_core::Error::Msg("unfold needs a contiguous input".into()))?;
-        let want = if self.fold {
+    fn want(&self) -> Option<usize> {
+        Some(if self.fold {
             self.cols_len()
         } else {
             self.x_len()
-        };
-        if b - a != want {
-            return Err(candle_core::Error::Msg(format!(
-                "unfold input has {} elements, expected {want}",
-                b - a
-            )));
-        }
-        let out = match s {
-            S::F32(v) => S::F32(self.run(&v[a..b])),
-            S::F64(v) => S::F64(self.run(&v[a..b])),
-            S::F16(v) => S::F16(self.run(&v[a..b])),
-            S::BF16(v) => S::BF16(self.run(&v[a..b])),
-            _ => {
-                return Err(candle_core::Error::Msg(
-                    "unfold supports f16, bf16, f32 and f64 data only".into(),
-                ))
-            }
-        };
+        })
+    }
+
+    fn run<T: candle_core::WithDType>(
+        &self,
+        x: &[T],
+        _: &candle_core::Shape,
+    ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
         let shape = match (self.fold, self.cmajor) {
             (true, _) => candle_core::Shape::from((self.n, self.c, self.hw[0], self.hw[1])),
             (false, false) => candle_core::Shape::from((self.n, self.c * self.kk(), self.oo())),
             (false, true) => candle_core::Shape::from((self.c * self.kk(), self.n * self.oo())),
         };
-        Ok((out, shape))
+        Ok((self.apply(x), shape))
     }
 }
+
+custom_op1!(Unfold, "remat-unfold");
 
 /// Whether convolutions on `dev` use the host im2col path.
 fn host_unfold(dev: &candle_core::Device) -> bool {
@@ -1179,7 +1159,7 @@ impl ConvHost {
     /// images with a column buffer of its own and single-threaded products (no
     /// synchronisation inside an image; the weight gradient is summed from per-thread
     /// partial sums); otherwise images go one at a time, each spread over all threads.
-    fn run<T: candle_core::WithDType>(&self, a: &[T], b: &[T]) -> candle_core::Result<Vec<T>> {
+    fn apply<T: candle_core::WithDType>(&self, a: &[T], b: &[T]) -> candle_core::Result<Vec<T>> {
         let g = self.p.g.max(1);
         let (c, oc) = (self.c, self.oc);
         let kk = self.p.k[0] * self.p.k[1];
@@ -1266,44 +1246,25 @@ impl ConvHost {
     }
 }
 
-impl candle_core::CustomOp2 for ConvHost {
-    fn name(&self) -> &'static str {
-        "remat-conv-host"
+impl host::Host2 for ConvHost {
+    const WHAT: &'static str = "host convolution";
+
+    fn want(&self) -> [Option<usize>; 2] {
+        let (x, y, w) = self.lens();
+        match self.pass {
+            ConvPass::Fwd => [Some(x), Some(w)],
+            ConvPass::Dx => [Some(y), Some(w)],
+            ConvPass::Dw => [Some(x), Some(y)],
+        }
     }
 
-    fn cpu_fwd(
+    fn run<T: candle_core::WithDType>(
         &self,
-        s1: &candle_core::CpuStorage,
-        l1: &candle_core::Layout,
-        s2: &candle_core::CpuStorage,
-        l2: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage as S;
-        let (x, y, w) = self.lens();
-        let (want1, want2) = match self.pass {
-            ConvPass::Fwd => (x, w),
-            ConvPass::Dx => (y, w),
-            ConvPass::Dw => (x, y),
-        };
-        let range = |l: &candle_core::Layout, want: usize| {
-            l.contiguous_offsets()
-                .filter(|(a, b)| b - a == want)
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(format!(
-                        "host convolution needs contiguous operands of {want} elements"
-                    ))
-                })
-        };
-        let ((a1, b1), (a2, b2)) = (range(l1, want1)?, range(l2, want2)?);
-        let out = match (s1, s2) {
-            (S::F32(p), S::F32(q)) => S::F32(self.run(&p[a1..b1], &q[a2..b2])?),
-            (S::F64(p), S::F64(q)) => S::F64(self.run(&p[a1..b1], &q[a2..b2])?),
-            _ => {
-                return Err(candle_core::Error::Msg(
-                    "host convolution takes f32 or f64 operands of one dtype".into(),
-                ))
-            }
-        };
+        a: &[T],
+        b: &[T],
+        _: &candle_core::Shape,
+    ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
+        let (_, _, w) = self.lens();
         let shape = match self.pass {
             ConvPass::Fwd => {
                 candle_core::Shape::from((self.n, self.oc, self.p.out[0], self.p.out[1]))
@@ -1311,9 +1272,11 @@ impl candle_core::CustomOp2 for ConvHost {
             ConvPass::Dx => candle_core::Shape::from((self.n, self.c, self.hw[0], self.hw[1])),
             ConvPass::Dw => candle_core::Shape::from((self.oc, w / self.oc.max(1))),
         };
-        Ok((out, shape))
+        Ok((self.apply(a, b)?, shape))
     }
 }
+
+custom_op2!(ConvHost, "remat-conv-host", host2);
 
 /// Whether the per-image host convolution handles `t`'s dtype (and the groups split).
 fn direct_ok(t: &Tensor, c: usize, oc: usize, g: usize) -> bool {
@@ -2202,7 +2165,7 @@ struct BnMoments {
 }
 
 impl BnMoments {
-    fn run<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<T> {
+    fn apply<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<T> {
         let (n, c, s) = (self.n, self.c, self.s);
         let cnt = (n * s).max(1) as f64;
         let mut out = vec![(0.0f64, 0.0f64); c];
@@ -2221,37 +2184,23 @@ impl BnMoments {
     }
 }
 
-impl candle_core::CustomOp1 for BnMoments {
-    fn name(&self) -> &'static str {
-        "remat-batchnorm-moments"
+impl host::Host1 for BnMoments {
+    const WHAT: &'static str = "batch-norm statistics";
+
+    fn want(&self) -> Option<usize> {
+        Some(self.n * self.c * self.s)
     }
 
-    fn cpu_fwd(
+    fn run<T: candle_core::WithDType>(
         &self,
-        st: &candle_core::CpuStorage,
-        l: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage as S;
-        let (a, b) = l
-            .contiguous_offsets()
-            .filter(|(a, b)| b - a == self.n * self.c * self.s)
-            .ok_or_else(|| {
-                candle_core::Error::Msg(
-                    "batch-norm statistics need contiguous [N, C, S] data".into(),
-                )
-            })?;
-        let out = match st {
-            S::F32(v) => S::F32(self.run(&v[a..b])),
-            S::F64(v) => S::F64(self.run(&v[a..b])),
-            _ => {
-                return Err(candle_core::Error::Msg(
-                    "host batch-norm statistics take f32 or f64 data".into(),
-                ))
-            }
-        };
-        Ok((out, candle_core::Shape::from(2 * self.c)))
+        x: &[T],
+        _: &candle_core::Shape,
+    ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
+        Ok((self.apply(x), candle_core::Shape::from(2 * self.c)))
     }
 }
+
+custom_op1!(BnMoments, "remat-batchnorm-moments");
 
 /// `y = a[c] x + b[c]` over `[N, C, S]` data on the host (CPU): the batch-norm forward in
 /// one pass.
@@ -2264,7 +2213,7 @@ struct ChanAffine {
 }
 
 impl ChanAffine {
-    fn run<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<T> {
+    fn apply<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<T> {
         let mut out = par_filled(x.len(), T::from_f64(0.0));
         par_units(&mut out, self.s.max(1), |u, o| {
             let ch = u % self.c.max(1);
@@ -2280,40 +2229,29 @@ impl ChanAffine {
     }
 }
 
-impl candle_core::CustomOp1 for ChanAffine {
-    fn name(&self) -> &'static str {
-        "remat-channel-affine"
-    }
+impl host::Host1 for ChanAffine {
+    const WHAT: &'static str = "channel affine";
 
-    fn cpu_fwd(
+    fn run<T: candle_core::WithDType>(
         &self,
-        st: &candle_core::CpuStorage,
-        l: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage as S;
-        let (a, b) = l
-            .contiguous_offsets()
-            .filter(|(a, b)| (b - a) % (self.c * self.s).max(1) == 0)
-            .ok_or_else(|| {
-                candle_core::Error::Msg("channel affine needs contiguous [N, C, S] data".into())
-            })?;
-        if self.a.len() != self.c || self.b.len() != self.c {
-            return Err(candle_core::Error::Msg(
-                "channel affine coefficients do not match the channels".into(),
-            ));
+        x: &[T],
+        shape: &candle_core::Shape,
+    ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
+        let plane = (self.c * self.s).max(1);
+        if !x.len().is_multiple_of(plane) || self.a.len() != self.c || self.b.len() != self.c {
+            return Err(candle_core::Error::Msg(format!(
+                "channel affine: {} elements or {} coefficients do not match {} channels of {}",
+                x.len(),
+                self.a.len(),
+                self.c,
+                self.s
+            )));
         }
-        let out = match st {
-            S::F32(v) => S::F32(self.run(&v[a..b])),
-            S::F64(v) => S::F64(self.run(&v[a..b])),
-            _ => {
-                return Err(candle_core::Error::Msg(
-                    "host channel affine takes f32 or f64 data".into(),
-                ))
-            }
-        };
-        Ok((out, l.shape().clone()))
+        Ok((self.apply(x), shape.clone()))
     }
 }
+
+custom_op1!(ChanAffine, "remat-channel-affine");
 
 /// Whether the batch-norm host paths take `x` (CPU, f32/f64, at least `[N, C]`).
 fn bn_host_ok(x: &Tensor) -> bool {
@@ -2430,7 +2368,7 @@ impl BnHost {
         out
     }
 
-    fn run<T: candle_core::WithDType>(&self, x: &[T], g: &[T]) -> Vec<T> {
+    fn apply<T: candle_core::WithDType>(&self, x: &[T], g: &[T]) -> Vec<T> {
         match &self.coef {
             None => self.sums(x, g),
             Some(coef) => self.dx(x, g, coef),
@@ -2438,46 +2376,29 @@ impl BnHost {
     }
 }
 
-impl candle_core::CustomOp2 for BnHost {
-    fn name(&self) -> &'static str {
-        "remat-batchnorm-backward"
+impl host::Host2 for BnHost {
+    const WHAT: &'static str = "batch-norm backward";
+
+    fn want(&self) -> [Option<usize>; 2] {
+        let len = self.n * self.c * self.s;
+        [Some(len), Some(len)]
     }
 
-    fn cpu_fwd(
+    fn run<T: candle_core::WithDType>(
         &self,
-        s1: &candle_core::CpuStorage,
-        l1: &candle_core::Layout,
-        s2: &candle_core::CpuStorage,
-        l2: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage as S;
-        let len = self.n * self.c * self.s;
-        let range = |l: &candle_core::Layout| {
-            l.contiguous_offsets()
-                .filter(|(a, b)| b - a == len)
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(format!(
-                        "batch-norm backward needs contiguous data of {len} elements"
-                    ))
-                })
-        };
-        let ((a1, b1), (a2, b2)) = (range(l1)?, range(l2)?);
-        let out = match (s1, s2) {
-            (S::F32(x), S::F32(g)) => S::F32(self.run(&x[a1..b1], &g[a2..b2])),
-            (S::F64(x), S::F64(g)) => S::F64(self.run(&x[a1..b1], &g[a2..b2])),
-            _ => {
-                return Err(candle_core::Error::Msg(
-                    "batch-norm backward on the host takes f32 or f64 data of one dtype".into(),
-                ))
-            }
-        };
+        x: &[T],
+        g: &[T],
+        _: &candle_core::Shape,
+    ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
         let shape = match self.coef {
             None => candle_core::Shape::from(2 * self.c),
             Some(_) => candle_core::Shape::from((self.n, self.c, self.s)),
         };
-        Ok((out, shape))
+        Ok((self.apply(x, g), shape))
     }
 }
+
+custom_op2!(BnHost, "remat-batchnorm-backward", host2);
 
 fn chan_vec(t: &Tensor) -> KResult<Vec<f64>> {
     Ok(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?)
@@ -3130,129 +3051,70 @@ impl PoolArgmax {
 /// `out[j] = x[idx[j]]` (CPU, flat indices into `x`): a max pool's values from its indices.
 struct GatherFlat;
 
-impl candle_core::CustomOp2 for GatherFlat {
-    fn name(&self) -> &'static str {
-        "remat-gather-flat"
-    }
+impl host::HostIdx for GatherFlat {
+    const WHAT: &'static str = "gather";
 
-    fn cpu_fwd(
+    fn run<T: candle_core::WithDType>(
         &self,
-        s1: &candle_core::CpuStorage,
-        l1: &candle_core::Layout,
-        s2: &candle_core::CpuStorage,
-        l2: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage as S;
-        fn go<T: Copy>(x: &[T], idx: &[i64]) -> candle_core::Result<Vec<T>> {
-            idx.iter()
-                .map(|&i| {
-                    usize::try_from(i)
-                        .ok()
-                        .and_then(|i| x.get(i).copied())
-                        .ok_or_else(|| {
-                            candle_core::Error::Msg(format!(
-                                "index {i} outside the {} input elements",
-                                x.len()
-                            ))
-                        })
-                })
-                .collect()
-        }
-        let (Some((a1, b1)), Some((a2, b2))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
-        else {
-            return Err(candle_core::Error::Msg(
-                "gather needs contiguous operands".into(),
-            ));
-        };
-        let S::I64(idx) = s2 else {
-            return Err(candle_core::Error::Msg("gather indices must be i64".into()));
-        };
-        let idx = &idx[a2..b2];
-        let out = match s1 {
-            S::F32(v) => S::F32(go(&v[a1..b1], idx)?),
-            S::F64(v) => S::F64(go(&v[a1..b1], idx)?),
-            S::F16(v) => S::F16(go(&v[a1..b1], idx)?),
-            S::BF16(v) => S::BF16(go(&v[a1..b1], idx)?),
-            _ => {
-                return Err(candle_core::Error::Msg(
-                    "gather supports f16, bf16, f32 and f64 data only".into(),
-                ))
-            }
-        };
+        x: &[T],
+        idx: &[i64],
+    ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
+        let out = idx
+            .iter()
+            .map(|&i| {
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| x.get(i).copied())
+                    .ok_or_else(|| {
+                        candle_core::Error::Msg(format!(
+                            "index {i} outside the {} input elements",
+                            x.len()
+                        ))
+                    })
+            })
+            .collect::<candle_core::Result<Vec<T>>>()?;
         Ok((out, candle_core::Shape::from(idx.len())))
     }
 }
+
+custom_op2!(GatherFlat, "remat-gather-flat", host_idx);
 
 /// `dx` of `len` zeros with `dx[idx[j]] += g[j]` (CPU, flat indices): a max pool's backward.
 struct ScatterAddFlat {
     len: usize,
 }
 
-impl candle_core::CustomOp2 for ScatterAddFlat {
-    fn name(&self) -> &'static str {
-        "remat-scatter-add-flat"
-    }
+impl host::HostIdx for ScatterAddFlat {
+    const WHAT: &'static str = "scatter";
 
-    fn cpu_fwd(
+    fn run<T: candle_core::WithDType>(
         &self,
-        s1: &candle_core::CpuStorage,
-        l1: &candle_core::Layout,
-        s2: &candle_core::CpuStorage,
-        l2: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::CpuStorage as S;
-        fn go<T: candle_core::WithDType>(
-            g: &[T],
-            idx: &[i64],
-            len: usize,
-        ) -> candle_core::Result<Vec<T>> {
-            let mut dx = par_filled(len, T::from_f64(0.0));
-            for (&i, &v) in idx.iter().zip(g) {
-                let d = usize::try_from(i)
-                    .ok()
-                    .and_then(|i| dx.get_mut(i))
-                    .ok_or_else(|| {
-                        candle_core::Error::Msg(format!(
-                            "index {i} outside the {len} input elements"
-                        ))
-                    })?;
-                *d += v;
-            }
-            Ok(dx)
-        }
-        let (Some((a1, b1)), Some((a2, b2))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
-        else {
-            return Err(candle_core::Error::Msg(
-                "scatter needs contiguous operands".into(),
-            ));
-        };
-        let S::I64(idx) = s2 else {
-            return Err(candle_core::Error::Msg(
-                "scatter indices must be i64".into(),
-            ));
-        };
-        let idx = &idx[a2..b2];
-        if idx.len() != b1 - a1 {
+        g: &[T],
+        idx: &[i64],
+    ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
+        if idx.len() != g.len() {
             return Err(candle_core::Error::Msg(format!(
                 "{} indices for {} gradient elements",
                 idx.len(),
-                b1 - a1
+                g.len()
             )));
         }
-        let out = match s1 {
-            S::F32(v) => S::F32(go(&v[a1..b1], idx, self.len)?),
-            S::F64(v) => S::F64(go(&v[a1..b1], idx, self.len)?),
-            S::F16(v) => S::F16(go(&v[a1..b1], idx, self.len)?),
-            S::BF16(v) => S::BF16(go(&v[a1..b1], idx, self.len)?),
-            _ => {
-                return Err(candle_core::Error::Msg(
-                    "scatter supports f16, bf16, f32 and f64 data only".into(),
-                ))
-            }
-        };
-        Ok((out, candle_core::Shape::from(self.len)))
+        let len = self.len;
+        let mut dx = par_filled(len, T::from_f64(0.0));
+        for (&i, &v) in idx.iter().zip(g) {
+            let d = usize::try_from(i)
+                .ok()
+                .and_then(|i| dx.get_mut(i))
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!("index {i} outside the {len} input elements"))
+                })?;
+            *d += v;
+        }
+        Ok((dx, candle_core::Shape::from(len)))
     }
 }
+
+custom_op2!(ScatterAddFlat, "remat-scatter-add-flat", host_idx);
 
 /// `x.flatten()[idx]` in `idx`'s shape: a host loop on the CPU, `index_select` elsewhere.
 fn gather_flat(x: &Tensor, idx: &Tensor) -> KResult<Tensor> {

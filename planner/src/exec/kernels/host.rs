@@ -1,0 +1,203 @@
+//! Host (CPU) kernels as candle custom ops: the operand checks and the dtype dispatch they
+//! share. A kernel implements [`Host1`], [`Host2`] or [`HostIdx`] generically over the float
+//! type; [`host1`], [`host2`] and [`host_idx`] hand it candle's CPU storage.
+
+use candle_core::{CpuStorage, Layout, Shape, WithDType};
+
+type Out = candle_core::Result<(CpuStorage, Shape)>;
+
+/// The contiguous element range `[a, b)` of an operand, of exactly `want` elements when given.
+fn span(l: &Layout, want: Option<usize>, what: &str) -> candle_core::Result<(usize, usize)> {
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{what} needs contiguous operands")))?;
+    match want {
+        Some(w) if b - a != w => Err(candle_core::Error::Msg(format!(
+            "{what}: an operand has {} elements, expected {w}",
+            b - a
+        ))),
+        _ => Ok((a, b)),
+    }
+}
+
+fn dtype_error(what: &str, half: bool) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{what} takes {} operands of one dtype",
+        if half {
+            "f16, bf16, f32 or f64"
+        } else {
+            "f32 or f64"
+        }
+    ))
+}
+
+/// A host kernel over one float operand, the result in its dtype.
+pub(super) trait Host1 {
+    /// The op, in errors.
+    const WHAT: &'static str;
+    /// Takes f16 and bf16 as well as f32 and f64.
+    const HALF: bool = false;
+    /// Elements the operand must have (`None`: any).
+    fn want(&self) -> Option<usize> {
+        None
+    }
+    /// The result and its shape, from the operand's elements and shape.
+    fn run<T: WithDType>(&self, x: &[T], shape: &Shape) -> candle_core::Result<(Vec<T>, Shape)>;
+}
+
+/// A host kernel over two float operands of one dtype, the result in it.
+pub(super) trait Host2 {
+    const WHAT: &'static str;
+    const HALF: bool = false;
+    fn want(&self) -> [Option<usize>; 2] {
+        [None, None]
+    }
+    /// The result and its shape, from both operands' elements and the first one's shape.
+    fn run<T: WithDType>(
+        &self,
+        a: &[T],
+        b: &[T],
+        shape: &Shape,
+    ) -> candle_core::Result<(Vec<T>, Shape)>;
+}
+
+/// A host kernel over float data and i64 indices, the result in the data's dtype.
+pub(super) trait HostIdx {
+    const WHAT: &'static str;
+    fn run<T: WithDType>(&self, x: &[T], idx: &[i64]) -> candle_core::Result<(Vec<T>, Shape)>;
+}
+
+pub(super) fn host1<K: Host1>(k: &K, st: &CpuStorage, l: &Layout) -> Out {
+    use CpuStorage as S;
+    let (a, b) = span(l, k.want(), K::WHAT)?;
+    let sh = l.shape();
+    Ok(match st {
+        S::F32(v) => {
+            let (o, s) = k.run(&v[a..b], sh)?;
+            (S::F32(o), s)
+        }
+        S::F64(v) => {
+            let (o, s) = k.run(&v[a..b], sh)?;
+            (S::F64(o), s)
+        }
+        S::F16(v) if K::HALF => {
+            let (o, s) = k.run(&v[a..b], sh)?;
+            (S::F16(o), s)
+        }
+        S::BF16(v) if K::HALF => {
+            let (o, s) = k.run(&v[a..b], sh)?;
+            (S::BF16(o), s)
+        }
+        _ => return Err(dtype_error(K::WHAT, K::HALF)),
+    })
+}
+
+pub(super) fn host2<K: Host2>(
+    k: &K,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+) -> Out {
+    use CpuStorage as S;
+    let [w1, w2] = k.want();
+    let ((a1, b1), (a2, b2)) = (span(l1, w1, K::WHAT)?, span(l2, w2, K::WHAT)?);
+    let sh = l1.shape();
+    Ok(match (s1, s2) {
+        (S::F32(p), S::F32(q)) => {
+            let (o, s) = k.run(&p[a1..b1], &q[a2..b2], sh)?;
+            (S::F32(o), s)
+        }
+        (S::F64(p), S::F64(q)) => {
+            let (o, s) = k.run(&p[a1..b1], &q[a2..b2], sh)?;
+            (S::F64(o), s)
+        }
+        (S::F16(p), S::F16(q)) if K::HALF => {
+            let (o, s) = k.run(&p[a1..b1], &q[a2..b2], sh)?;
+            (S::F16(o), s)
+        }
+        (S::BF16(p), S::BF16(q)) if K::HALF => {
+            let (o, s) = k.run(&p[a1..b1], &q[a2..b2], sh)?;
+            (S::BF16(o), s)
+        }
+        _ => return Err(dtype_error(K::WHAT, K::HALF)),
+    })
+}
+
+pub(super) fn host_idx<K: HostIdx>(
+    k: &K,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+) -> Out {
+    use CpuStorage as S;
+    let ((a1, b1), (a2, b2)) = (span(l1, None, K::WHAT)?, span(l2, None, K::WHAT)?);
+    let S::I64(idx) = s2 else {
+        return Err(candle_core::Error::Msg(format!(
+            "{}: indices must be i64",
+            K::WHAT
+        )));
+    };
+    let idx = &idx[a2..b2];
+    Ok(match s1 {
+        S::F32(v) => {
+            let (o, s) = k.run(&v[a1..b1], idx)?;
+            (S::F32(o), s)
+        }
+        S::F64(v) => {
+            let (o, s) = k.run(&v[a1..b1], idx)?;
+            (S::F64(o), s)
+        }
+        S::F16(v) => {
+            let (o, s) = k.run(&v[a1..b1], idx)?;
+            (S::F16(o), s)
+        }
+        S::BF16(v) => {
+            let (o, s) = k.run(&v[a1..b1], idx)?;
+            (S::BF16(o), s)
+        }
+        _ => return Err(dtype_error(K::WHAT, true)),
+    })
+}
+
+/// `impl candle_core::CustomOp1` for a [`Host1`] kernel: `custom_op1!(Type, "name")`.
+macro_rules! custom_op1 {
+    ($t:ty, $name:literal) => {
+        impl candle_core::CustomOp1 for $t {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(
+                &self,
+                s: &candle_core::CpuStorage,
+                l: &candle_core::Layout,
+            ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+                super::host::host1(self, s, l)
+            }
+        }
+    };
+}
+
+/// `impl candle_core::CustomOp2` for a [`Host2`] kernel (`host2`) or a [`HostIdx`] one
+/// (`host_idx`): `custom_op2!(Type, "name", host2)`.
+macro_rules! custom_op2 {
+    ($t:ty, $name:literal, $run:ident) => {
+        impl candle_core::CustomOp2 for $t {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(
+                &self,
+                s1: &candle_core::CpuStorage,
+                l1: &candle_core::Layout,
+                s2: &candle_core::CpuStorage,
+                l2: &candle_core::Layout,
+            ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+                super::host::$run(self, s1, l1, s2, l2)
+            }
+        }
+    };
+}
