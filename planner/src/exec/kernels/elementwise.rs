@@ -1063,7 +1063,7 @@ impl candle_core::CustomOp2 for ReluGrad {
 fn mask_positive<T: candle_core::WithDType>(g: &[T], y: &[T]) -> Vec<T> {
     let zero = T::from_f64(0.0);
     let n = g.len();
-    let mut out = vec![zero; n];
+    let mut out = super::host::par_filled(n, zero);
     let threads = candle_core::utils::get_num_threads().clamp(1, 64);
     let chunk = n.div_ceil(threads).max(1 << 16);
     let fill = |o: &mut [T], g: &[T], y: &[T]| {

@@ -6,6 +6,36 @@ use candle_core::{CpuStorage, Layout, Shape, WithDType};
 
 type Out = candle_core::Result<(CpuStorage, Shape)>;
 
+/// `len` copies of `zero`, written by all threads: large outputs are zeroed in parallel
+/// rather than by one `memset` on the calling thread (measured: zeroing was a third of the
+/// single-threaded time of a resnet18 step, with freed pages reused).
+pub(super) fn par_filled<T: Copy + Send>(len: usize, zero: T) -> Vec<T> {
+    const SERIAL_BELOW: usize = 1 << 16;
+    if len < SERIAL_BELOW {
+        return vec![zero; len];
+    }
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    let spare = &mut v.spare_capacity_mut()[..len];
+    let threads = std::thread::available_parallelism()
+        .map(|t| t.get())
+        .unwrap_or(1)
+        .max(1);
+    let per = len.div_ceil(threads);
+    std::thread::scope(|scope| {
+        for chunk in spare.chunks_mut(per) {
+            scope.spawn(move || {
+                for x in chunk {
+                    x.write(zero);
+                }
+            });
+        }
+    });
+    // SAFETY: the threads above wrote every one of the first `len` elements (the chunks
+    // cover `spare[..len]`), and the scope joined them all before this point.
+    unsafe { v.set_len(len) };
+    v
+}
+
 /// The contiguous element range `[a, b)` of an operand, of exactly `want` elements when given.
 fn span(l: &Layout, want: Option<usize>, what: &str) -> candle_core::Result<(usize, usize)> {
     let (a, b) = l

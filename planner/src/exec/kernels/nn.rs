@@ -14,7 +14,7 @@
 //! max pooling finds its argmax on the host on the CPU). Normalization statistics are
 //! computed in f32 (f64 when the data is f64) and saved as f32, as the gradient rules declare.
 
-use super::host;
+use super::host::{self, par_filled};
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
 };
@@ -809,36 +809,6 @@ fn c2_dw_host(x: &Tensor, dy: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     };
     let c = x.dim(1)?;
     Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?)
-}
-
-/// `len` copies of `zero`, written by all threads: large outputs are zeroed in parallel
-/// rather than by one `memset` on the calling thread (measured: zeroing was a third of the
-/// single-threaded time of a resnet18 step, with freed pages reused).
-fn par_filled<T: Copy + Send>(len: usize, zero: T) -> Vec<T> {
-    const SERIAL_BELOW: usize = 1 << 16;
-    if len < SERIAL_BELOW {
-        return vec![zero; len];
-    }
-    let mut v: Vec<T> = Vec::with_capacity(len);
-    let spare = &mut v.spare_capacity_mut()[..len];
-    let threads = std::thread::available_parallelism()
-        .map(|t| t.get())
-        .unwrap_or(1)
-        .max(1);
-    let per = len.div_ceil(threads);
-    std::thread::scope(|scope| {
-        for chunk in spare.chunks_mut(per) {
-            scope.spawn(move || {
-                for x in chunk {
-                    x.write(zero);
-                }
-            });
-        }
-    });
-    // SAFETY: the threads above wrote every one of the first `len` elements (the chunks
-    // cover `spare[..len]`), and the scope joined them all before this point.
-    unsafe { v.set_len(len) };
-    v
 }
 
 /// Splits `out` into units of `unit_len` and fills them on all threads: `f(unit, slice)`.
