@@ -15,19 +15,20 @@ pub const DEFAULT_TIME_LIMIT: f64 = 30.0;
 
 /// A model ready to plan: the solver problem and, for ONNX models, the importer's report and
 /// what the executor needs to run it.
-pub struct Loaded {
+pub struct Loaded<'a> {
     pub problem: Problem,
     pub format: ModelFormat,
     pub inspect: Option<InspectReport>,
-    pub exec: Option<ExecModel>,
+    pub exec: Option<ExecModel<'a>>,
 }
 
 /// An imported ONNX model, kept for the executor.
-pub struct ExecModel {
+pub struct ExecModel<'a> {
     pub model: Model,
     pub training: TrainingGraph,
-    /// The file's bytes: the executor reads the stored weights from them.
-    pub bytes: Vec<u8>,
+    /// The file's bytes, borrowed from the caller (not copied: only a validation reads them,
+    /// for the stored weights).
+    pub bytes: &'a [u8],
 }
 
 /// The outcome of planning one model at one budget.
@@ -77,7 +78,11 @@ pub fn import_options(req: &PlanRequest) -> ImportOptions {
 }
 
 /// Loads a model in either format into a solver problem.
-pub fn load(model: &[u8], format: ModelFormat, req: &PlanRequest) -> Result<Loaded, EngineError> {
+pub fn load<'a>(
+    model: &'a [u8],
+    format: ModelFormat,
+    req: &PlanRequest,
+) -> Result<Loaded<'a>, EngineError> {
     let model_bytes = model;
     match format {
         ModelFormat::GraphJson => {
@@ -116,7 +121,7 @@ pub fn load(model: &[u8], format: ModelFormat, req: &PlanRequest) -> Result<Load
                 exec: Some(ExecModel {
                     model,
                     training,
-                    bytes: model_bytes.to_vec(),
+                    bytes: model_bytes,
                 }),
             })
         }
@@ -294,7 +299,7 @@ pub fn validate_schedule(
             "only ONNX models can be validated: a node-link graph has no tensors to run",
         ));
     };
-    exec_validate::validate(&em.model, &em.training, &em.bytes, schedule, opts, progress)
+    exec_validate::validate(&em.model, &em.training, em.bytes, schedule, opts, progress)
         .map_err(exec_error)
 }
 

@@ -111,7 +111,7 @@ pub fn apply_cost_model(
     };
     let runs = 3;
     let costs = with_progress(|_| {
-        measured_costs(&em.model, &em.training, &em.bytes, device.into(), 0, runs)
+        measured_costs(&em.model, &em.training, em.bytes, device.into(), 0, runs)
     })
     .map_err(pipeline::exec_error)?;
     let measured = with_costs(&loaded.problem, &costs).map_err(pipeline::exec_error)?;
