@@ -1059,32 +1059,16 @@ impl candle_core::CustomOp2 for ReluGrad {
     }
 }
 
-/// `g[i]` where `y[i] > 0`, else zero, in chunks of at least 64K elements on scoped threads.
+/// `g[i]` where `y[i] > 0`, else zero, in chunks of 64K elements on all threads.
 fn mask_positive<T: candle_core::WithDType>(g: &[T], y: &[T]) -> Vec<T> {
+    const CHUNK: usize = 1 << 16;
     let zero = T::from_f64(0.0);
-    let n = g.len();
-    let mut out = super::host::par_filled(n, zero);
-    let threads = candle_core::utils::get_num_threads().clamp(1, 64);
-    let chunk = n.div_ceil(threads).max(1 << 16);
-    let fill = |o: &mut [T], g: &[T], y: &[T]| {
-        for ((o, &g), &y) in o.iter_mut().zip(g).zip(y) {
+    super::host::par_build(g.len(), CHUNK, zero, |u, o| {
+        let at = u * CHUNK;
+        for ((o, &g), &y) in o.iter_mut().zip(&g[at..]).zip(&y[at..]) {
             *o = if y > zero { g } else { zero };
         }
-    };
-    if chunk >= n {
-        fill(&mut out, g, y);
-    } else {
-        std::thread::scope(|s| {
-            for ((o, g), y) in out
-                .chunks_mut(chunk)
-                .zip(g.chunks(chunk))
-                .zip(y.chunks(chunk))
-            {
-                s.spawn(move || fill(o, g, y));
-            }
-        });
-    }
-    out
+    })
 }
 
 pub fn register(r: &mut KernelRegistry) {

@@ -14,7 +14,7 @@
 //! max pooling finds its argmax on the host on the CPU). Normalization statistics are
 //! computed in f32 (f64 when the data is f64) and saved as f32, as the gradient rules declare.
 
-use super::host::{self, par_filled};
+use super::host::{self, par_build, par_filled, par_units, threads};
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
 };
@@ -545,25 +545,9 @@ impl Unfold {
             (false, false) => (self.n * self.c, self.kk() * self.oo()),
             (true, _) => (self.n * self.c, self.hw[0] * self.hw[1]),
         };
-        let mut dst = par_filled(units * unit_len, T::from_f64(0.0));
-        if unit_len == 0 {
-            return dst;
-        }
-        let threads = std::thread::available_parallelism()
-            .map(|t| t.get())
-            .unwrap_or(1)
-            .clamp(1, units.max(1));
-        let per = units.div_ceil(threads).max(1);
-        std::thread::scope(|scope| {
-            for (ci, chunk) in dst.chunks_mut(per * unit_len).enumerate() {
-                scope.spawn(move || {
-                    for (k, out) in chunk.chunks_mut(unit_len).enumerate() {
-                        self.unit(ci * per + k, src, out);
-                    }
-                });
-            }
-        });
-        dst
+        par_build(units * unit_len, unit_len, T::from_f64(0.0), |u, out| {
+            self.unit(u, src, out)
+        })
     }
 }
 
@@ -811,29 +795,6 @@ fn c2_dw_host(x: &Tensor, dy: &Tensor, p: &G2, cm: bool) -> KResult<Tensor> {
     Ok(dw.reshape((oc, c / g, p.k[0], p.k[1]))?)
 }
 
-/// Splits `out` into units of `unit_len` and fills them on all threads: `f(unit, slice)`.
-fn par_units<T: Send>(out: &mut [T], unit_len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    if unit_len == 0 {
-        return;
-    }
-    let units = out.len() / unit_len;
-    let threads = std::thread::available_parallelism()
-        .map(|t| t.get())
-        .unwrap_or(1)
-        .clamp(1, units.max(1));
-    let per = units.div_ceil(threads).max(1);
-    let f = &f;
-    std::thread::scope(|scope| {
-        for (ci, chunk) in out.chunks_mut(per * unit_len).enumerate() {
-            scope.spawn(move || {
-                for (k, o) in chunk.chunks_mut(unit_len).enumerate() {
-                    f(ci * per + k, o);
-                }
-            });
-        }
-    });
-}
-
 /// A strided host matrix operand: data, rows, columns, row stride, column stride.
 struct Mat<'a, T> {
     v: &'a [T],
@@ -887,9 +848,7 @@ fn host_gemm<T: candle_core::WithDType>(
         }
         return Ok(());
     }
-    let threads = std::thread::available_parallelism()
-        .map(|t| t.get())
-        .unwrap_or(1);
+    let threads = threads();
     let par = if par && threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
@@ -1144,10 +1103,7 @@ impl ConvHost {
         };
         let zero = T::from_f64(0.0);
         let mut out = par_filled(out_len, zero);
-        let workers = std::thread::available_parallelism()
-            .map(|t| t.get())
-            .unwrap_or(1)
-            .min(self.n);
+        let workers = threads().min(self.n);
         if workers <= 1 {
             let mut buf = vec![zero; buf_len];
             for img in 0..self.n {
@@ -2184,8 +2140,7 @@ struct ChanAffine {
 
 impl ChanAffine {
     fn apply<T: candle_core::WithDType>(&self, x: &[T]) -> Vec<T> {
-        let mut out = par_filled(x.len(), T::from_f64(0.0));
-        par_units(&mut out, self.s.max(1), |u, o| {
+        par_build(x.len(), self.s.max(1), T::from_f64(0.0), |u, o| {
             let ch = u % self.c.max(1);
             // In the data's dtype, as the broadcast ops it replaces compute (and vectorizes).
             let (a, b) = (T::from_f64(self.a[ch]), T::from_f64(self.b[ch]));
@@ -2194,8 +2149,7 @@ impl ChanAffine {
                     *o = v * a + b;
                 }
             }
-        });
-        out
+        })
     }
 }
 
@@ -2274,27 +2228,15 @@ impl BnHost {
     fn sums<T: candle_core::WithDType>(&self, x: &[T], g: &[T]) -> Vec<T> {
         let (n, c, s) = (self.n, self.c, self.s);
         let mut out = vec![(0.0f64, 0.0f64); c];
-        let threads = std::thread::available_parallelism()
-            .map(|t| t.get())
-            .unwrap_or(1)
-            .clamp(1, c.max(1));
-        let per = c.div_ceil(threads).max(1);
-        std::thread::scope(|scope| {
-            for (ci, chunk) in out.chunks_mut(per).enumerate() {
-                scope.spawn(move || {
-                    for (k, acc) in chunk.iter_mut().enumerate() {
-                        let ch = ci * per + k;
-                        let m = self.mean.get(ch).copied().unwrap_or(0.0);
-                        for b in 0..n {
-                            let at = (b * c + ch) * s;
-                            if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
-                                let (sg, sgx) = lane_sums2(xs, gs, m);
-                                acc.0 += sg;
-                                acc.1 += sgx;
-                            }
-                        }
-                    }
-                });
+        par_units(&mut out, 1, |ch, acc| {
+            let m = self.mean.get(ch).copied().unwrap_or(0.0);
+            for b in 0..n {
+                let at = (b * c + ch) * s;
+                if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
+                    let (sg, sgx) = lane_sums2(xs, gs, m);
+                    acc[0].0 += sg;
+                    acc[0].1 += sgx;
+                }
             }
         });
         let mut v: Vec<T> = out.iter().map(|p| T::from_f64(p.0)).collect();
@@ -2305,37 +2247,20 @@ impl BnHost {
     fn dx<T: candle_core::WithDType>(&self, x: &[T], g: &[T], coef: &[Vec<f64>; 3]) -> Vec<T> {
         let (c, s) = (self.c, self.s);
         let units = self.n * c;
-        let mut out = par_filled(units * s, T::from_f64(0.0));
-        if s == 0 {
-            return out;
-        }
-        let threads = std::thread::available_parallelism()
-            .map(|t| t.get())
-            .unwrap_or(1)
-            .clamp(1, units.max(1));
-        let per = units.div_ceil(threads).max(1);
-        std::thread::scope(|scope| {
-            for (ci, chunk) in out.chunks_mut(per * s).enumerate() {
-                scope.spawn(move || {
-                    for (k, o) in chunk.chunks_mut(s).enumerate() {
-                        let u = ci * per + k;
-                        let ch = u % c;
-                        let at = u * s;
-                        let pick = |v: &[f64]| v.get(ch).copied().unwrap_or(0.0);
-                        let (a, b, c0) = (pick(&coef[0]), pick(&coef[1]), pick(&coef[2]));
-                        // dx = a g + b x + (c0 - b mean), in the data's dtype (vectorizes).
-                        let c1 = T::from_f64(c0 - b * self.mean.get(ch).copied().unwrap_or(0.0));
-                        let (a, b) = (T::from_f64(a), T::from_f64(b));
-                        if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
-                            for ((o, &xv), &gv) in o.iter_mut().zip(xs).zip(gs) {
-                                *o = a * gv + b * xv + c1;
-                            }
-                        }
-                    }
-                });
+        par_build(units * s, s, T::from_f64(0.0), |u, o| {
+            let ch = u % c;
+            let at = u * s;
+            let pick = |v: &[f64]| v.get(ch).copied().unwrap_or(0.0);
+            let (a, b, c0) = (pick(&coef[0]), pick(&coef[1]), pick(&coef[2]));
+            // dx = a g + b x + (c0 - b mean), in the data's dtype (vectorizes).
+            let c1 = T::from_f64(c0 - b * self.mean.get(ch).copied().unwrap_or(0.0));
+            let (a, b) = (T::from_f64(a), T::from_f64(b));
+            if let (Some(xs), Some(gs)) = (x.get(at..at + s), g.get(at..at + s)) {
+                for ((o, &xv), &gv) in o.iter_mut().zip(xs).zip(gs) {
+                    *o = a * gv + b * xv + c1;
+                }
             }
-        });
-        out
+        })
     }
 
     fn apply<T: candle_core::WithDType>(&self, x: &[T], g: &[T]) -> Vec<T> {
@@ -2890,9 +2815,8 @@ impl PoolArgmax {
         let plane = self.hw[0] * self.hw[1];
         let (o0, o1) = (w.out[0], w.out[1]);
         let oo = o0 * o1;
-        let mut dst = par_filled(self.nc * oo, zero);
         if oo == 0 {
-            return dst;
+            return vec![zero; self.nc * oo];
         }
         // Kernel offsets along one dim whose input position lies in `[0, len)`, for a window
         // starting at `start`.
@@ -2925,7 +2849,7 @@ impl PoolArgmax {
         let ib = ia + cols[ia..].iter().take_while(|c| full(c)).count();
         let geo = ScanGeo { rows, cols, ia, ib };
         let (geo, pick) = (&geo, &pick);
-        par_units(&mut dst, oo, |u, out| {
+        par_build(self.nc * oo, oo, zero, |u, out| {
             let Some(inp) = x.get(u * plane..(u + 1) * plane) else {
                 return;
             };
@@ -2937,8 +2861,7 @@ impl PoolArgmax {
             } else {
                 self.plane::<T, O, false>(geo, inp, out, &|i| pick(u, inp, i));
             }
-        });
-        dst
+        })
     }
 
     /// One plane of [`PoolArgmax::scan`]; `NAN`: the plane may hold NaN.
