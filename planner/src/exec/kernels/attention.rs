@@ -9,24 +9,12 @@
 //! into its rows, so one batched matmul serves the whole group and its backward sums over
 //! the group by itself. Half-precision inputs compute in f32.
 
+use super::{get, present, req};
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
 };
 use crate::kbail;
 use candle_core::{DType, Tensor, D};
-
-fn get(xs: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
-    xs.get(i).and_then(|t| t.as_ref())
-}
-
-fn req<'a>(xs: &'a [Option<Tensor>], i: usize, what: &str) -> KResult<&'a Tensor> {
-    get(xs, i)
-        .ok_or_else(|| KernelError::new(format!("{what} (input {i}) is required but missing")))
-}
-
-fn present(cx: &KernelCtx, i: usize) -> bool {
-    cx.inputs.get(i).is_some_and(|f| f.is_some())
-}
 
 fn out_present(cx: &KernelCtx, k: usize) -> bool {
     cx.outputs.get(k).is_some_and(|f| f.is_some())

@@ -1,7 +1,8 @@
 //! The kernel registry: forward, extra and backward kernels per op type, in the same
 //! families as the shape rules of `crate::ops`.
 
-use super::kernel::KernelRegistry;
+use super::kernel::{KResult, KernelCtx, KernelError, KernelRegistry};
+use candle_core::Tensor;
 use std::sync::OnceLock;
 
 #[macro_use]
@@ -30,4 +31,20 @@ pub fn registry() -> &'static KernelRegistry {
         spatial::register(&mut r);
         r
     })
+}
+
+/// Input `i` of a kernel, if the node has it.
+fn get(xs: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
+    xs.get(i).and_then(|t| t.as_ref())
+}
+
+/// Input `i`, which the op requires (`what` names it in the error).
+fn req<'a>(xs: &'a [Option<Tensor>], i: usize, what: &str) -> KResult<&'a Tensor> {
+    get(xs, i)
+        .ok_or_else(|| KernelError::new(format!("{what} (input {i}) is required but missing")))
+}
+
+/// Whether the node has input `i` (an optional input may be left out).
+fn present(cx: &KernelCtx, i: usize) -> bool {
+    cx.inputs.get(i).is_some_and(|f| f.is_some())
 }

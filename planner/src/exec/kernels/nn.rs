@@ -14,6 +14,7 @@
 //! max pooling finds its argmax on the host on the CPU). Normalization statistics are
 //! computed in f32 (f64 when the data is f64) and saved as f32, as the gradient rules declare.
 
+use super::get as opt;
 use super::host::{self, par_build, par_filled, par_units, threads};
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Rng,
@@ -25,13 +26,7 @@ use candle_core::{DType, Tensor};
 // Small helpers
 
 fn req(xs: &[Option<Tensor>], i: usize) -> KResult<&Tensor> {
-    xs.get(i)
-        .and_then(|t| t.as_ref())
-        .ok_or_else(|| KernelError::new(format!("input {i} is required but missing")))
-}
-
-fn opt(xs: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
-    xs.get(i).and_then(|t| t.as_ref())
+    opt(xs, i).ok_or_else(|| KernelError::new(format!("input {i} is required but missing")))
 }
 
 /// The dtype statistics are computed in: f64 for f64 data, f32 otherwise.

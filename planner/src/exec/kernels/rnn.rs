@@ -13,6 +13,7 @@
 //! GRU's `linear_before_reset`, and the activations Sigmoid, Tanh and Relu. `clip` and
 //! LSTM's `input_forget` are refused with an error naming the attribute.
 
+use super::get;
 use crate::exec::kernel::{
     BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
 };
@@ -217,10 +218,6 @@ fn spec(cx: &KernelCtx) -> KResult<Spec> {
         acts,
         linear_before_reset,
     })
-}
-
-fn get(xs: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
-    xs.get(i).and_then(|t| t.as_ref())
 }
 
 fn req(xs: &[Option<Tensor>], i: usize, what: &str) -> KResult<Tensor> {

@@ -6,21 +6,13 @@
 //! `index_select`, and the backward (the transposed linear map) multiplies by the bases
 //! again and overlap-adds the frame gradients with `index_add`.
 
+use super::{get, req};
 use crate::exec::kernel::{
     to_candle, BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
 };
 use crate::kbail;
 use candle_core::{DType, Device, Tensor};
 use std::f64::consts::PI;
-
-fn get(xs: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
-    xs.get(i).and_then(|t| t.as_ref())
-}
-
-fn req<'a>(xs: &'a [Option<Tensor>], i: usize, what: &str) -> KResult<&'a Tensor> {
-    get(xs, i)
-        .ok_or_else(|| KernelError::new(format!("{what} (input {i}) is required but missing")))
-}
 
 fn scalar_const(cx: &KernelCtx, i: usize, what: &str) -> KResult<Option<i64>> {
     match cx.const_ints(i)? {

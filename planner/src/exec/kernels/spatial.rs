@@ -9,25 +9,13 @@
 //! from the shapes; RoiAlign's bilinear sampling table depends on the boxes, which are read
 //! back from the device.
 
+use super::{present, req};
 use crate::exec::kernel::{
     BackwardFn, BwdArgs, ExtraFn, Extras, ForwardFn, KResult, Kernel, KernelCtx, KernelError,
     KernelRegistry,
 };
 use crate::kbail;
 use candle_core::{DType, Device, Tensor, D};
-
-fn get(xs: &[Option<Tensor>], i: usize) -> Option<&Tensor> {
-    xs.get(i).and_then(|t| t.as_ref())
-}
-
-fn req<'a>(xs: &'a [Option<Tensor>], i: usize, what: &str) -> KResult<&'a Tensor> {
-    get(xs, i)
-        .ok_or_else(|| KernelError::new(format!("{what} (input {i}) is required but missing")))
-}
-
-fn present(cx: &KernelCtx, i: usize) -> bool {
-    cx.inputs.get(i).is_some_and(|f| f.is_some())
-}
 
 fn grads_out(cx: &KernelCtx) -> Vec<Option<Tensor>> {
     vec![None; cx.inputs.len()]
