@@ -91,6 +91,26 @@ pub struct Model {
     pub op_counts: BTreeMap<String, usize>,
 }
 
+impl OpNode {
+    /// The node's attributes, read through the typed getters (errors name the node).
+    pub fn attrs(&self) -> Attrs<'_> {
+        Attrs {
+            node: &self.name,
+            op: &self.op_type,
+            list: &self.attrs,
+        }
+    }
+}
+
+impl Model {
+    /// The inferred facts of values (`None` for a missing value or one without a fact).
+    pub fn facts(&self, vs: &[Option<ValueId>]) -> Vec<Option<Fact>> {
+        vs.iter()
+            .map(|v| v.and_then(|v| self.values[v].fact.clone()))
+            .collect()
+    }
+}
+
 fn malformed(what: impl Into<String>) -> PlannerError {
     PlannerError::Malformed { what: what.into() }
 }
@@ -657,20 +677,12 @@ impl Builder {
 pub fn with_ctx<R>(model: &Model, ix: NodeIndex, f: impl FnOnce(&OpSpec, &Ctx) -> R) -> Option<R> {
     let node = &model.graph[ix];
     let spec = registry().get(node.op_type.as_str())?;
-    let facts: Vec<Option<Fact>> = node
-        .inputs
-        .iter()
-        .map(|v| v.and_then(|v| model.values[v].fact.clone()))
-        .collect();
+    let facts = model.facts(&node.inputs);
     let cx = Ctx {
         node: &node.name,
         op: &node.op_type,
         opset: node.opset,
-        attrs: Attrs {
-            node: &node.name,
-            op: &node.op_type,
-            list: &node.attrs,
-        },
+        attrs: node.attrs(),
         inputs: &facts,
         n_outputs: node.outputs.len(),
     };

@@ -7,7 +7,6 @@ use super::kernels::registry;
 use super::weights::{constants, input_value, seed_for, stored_tensors, ConstSources};
 use crate::error::{ExecFault, PlannerError};
 use crate::model::{Model, ValueId, ValueKind};
-use crate::onnx::Attrs;
 use crate::ops::Saved;
 use crate::tensor::Fact;
 use crate::training::{Source, TrainingGraph};
@@ -427,12 +426,10 @@ impl<'m> Executor<'m> {
 
     fn node_facts(&self, ix: NodeIndex) -> NodeFacts {
         let node = &self.model.graph[ix];
-        let f = |vs: &[Option<ValueId>]| -> Vec<Option<Fact>> {
-            vs.iter()
-                .map(|v| v.and_then(|v| self.model.values[v].fact.clone()))
-                .collect()
-        };
-        (f(&node.inputs), f(&node.outputs))
+        (
+            self.model.facts(&node.inputs),
+            self.model.facts(&node.outputs),
+        )
     }
 
     fn cache_facts(&mut self, ix: NodeIndex) {
@@ -468,11 +465,7 @@ impl<'m> Executor<'m> {
             node: &node.name,
             op: &node.op_type,
             opset: node.opset,
-            attrs: Attrs {
-                node: &node.name,
-                op: &node.op_type,
-                list: &node.attrs,
-            },
+            attrs: node.attrs(),
             inputs: ins,
             outputs: outs,
             device: &self.device,
