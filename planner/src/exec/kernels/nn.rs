@@ -2947,20 +2947,28 @@ impl host::HostIdx for GatherFlat {
         x: &[T],
         idx: &[i64],
     ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
-        let out = idx
-            .iter()
-            .map(|&i| {
-                usize::try_from(i)
-                    .ok()
-                    .and_then(|i| x.get(i).copied())
-                    .ok_or_else(|| {
-                        candle_core::Error::Msg(format!(
-                            "index {i} outside the {} input elements",
-                            x.len()
-                        ))
-                    })
-            })
-            .collect::<candle_core::Result<Vec<T>>>()?;
+        const UNIT: usize = 1 << 14;
+        let bad = std::sync::atomic::AtomicBool::new(false);
+        let out = par_build(idx.len(), UNIT, T::from_f64(0.0), |u, o| {
+            let ids = idx.get(u * UNIT..).unwrap_or(&[]);
+            for (d, &i) in o.iter_mut().zip(ids) {
+                match usize::try_from(i).ok().and_then(|i| x.get(i)) {
+                    Some(v) => *d = *v,
+                    None => bad.store(true, std::sync::atomic::Ordering::Relaxed),
+                }
+            }
+        });
+        if bad.into_inner() {
+            let i = idx
+                .iter()
+                .find(|&&i| usize::try_from(i).map_or(true, |i| i >= x.len()))
+                .copied()
+                .unwrap_or(-1);
+            return Err(candle_core::Error::Msg(format!(
+                "index {i} outside the {} input elements",
+                x.len()
+            )));
+        }
         Ok((out, candle_core::Shape::from(idx.len())))
     }
 }
@@ -2968,8 +2976,11 @@ impl host::HostIdx for GatherFlat {
 custom_op2!(GatherFlat, "remat-gather-flat", host_idx);
 
 /// `dx` of `len` zeros with `dx[idx[j]] += g[j]` (CPU, flat indices): a max pool's backward.
+/// The indices come in `planes` equal runs, run `u` pointing into plane `u` of `dx` (as a
+/// max pool's do: a window never leaves its plane), so planes are filled on all threads.
 struct ScatterAddFlat {
     len: usize,
+    planes: usize,
 }
 
 impl host::HostIdx for ScatterAddFlat {
@@ -2980,23 +2991,47 @@ impl host::HostIdx for ScatterAddFlat {
         g: &[T],
         idx: &[i64],
     ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
-        if idx.len() != g.len() {
+        let (len, planes) = (self.len, self.planes.max(1));
+        if idx.len() != g.len() || !len.is_multiple_of(planes) || !g.len().is_multiple_of(planes) {
             return Err(candle_core::Error::Msg(format!(
-                "{} indices for {} gradient elements",
+                "{} indices for {} gradient elements in {planes} planes of {len} elements",
                 idx.len(),
                 g.len()
             )));
         }
-        let len = self.len;
-        let mut dx = par_filled(len, T::from_f64(0.0));
-        for (&i, &v) in idx.iter().zip(g) {
-            let d = usize::try_from(i)
-                .ok()
-                .and_then(|i| dx.get_mut(i))
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(format!("index {i} outside the {len} input elements"))
-                })?;
-            *d += v;
+        let (pl, gl) = (len / planes, g.len() / planes);
+        let bad = std::sync::atomic::AtomicBool::new(false);
+        let dx = par_build(len, pl.max(1), T::from_f64(0.0), |u, d| {
+            let at = u * gl;
+            let (Some(ids), Some(vs)) = (idx.get(at..at + gl), g.get(at..at + gl)) else {
+                return;
+            };
+            for (&i, &v) in ids.iter().zip(vs) {
+                match usize::try_from(i)
+                    .ok()
+                    .and_then(|i| i.checked_sub(u * pl))
+                    .and_then(|i| d.get_mut(i))
+                {
+                    Some(o) => *o += v,
+                    None => bad.store(true, std::sync::atomic::Ordering::Relaxed),
+                }
+            }
+        });
+        if bad.into_inner() {
+            let (j, i) = idx
+                .iter()
+                .enumerate()
+                .find(|&(j, &i)| {
+                    let u = j / gl.max(1);
+                    usize::try_from(i).map_or(true, |i| i < u * pl || i >= (u + 1) * pl)
+                })
+                .map_or((0, -1), |(j, &i)| (j, i));
+            return Err(candle_core::Error::Msg(format!(
+                "index {i} (at {j}) outside its plane: plane {} of {planes} holds elements {}..{}",
+                j / gl.max(1),
+                (j / gl.max(1)) * pl,
+                (j / gl.max(1) + 1) * pl
+            )));
         }
         Ok((dx, candle_core::Shape::from(len)))
     }
@@ -3017,13 +3052,15 @@ fn gather_flat(x: &Tensor, idx: &Tensor) -> KResult<Tensor> {
 }
 
 /// Zeros of `shape` with `g` added at the flat indices `idx` (a host loop on the CPU,
-/// `index_add` elsewhere).
+/// `index_add` elsewhere). Each index points into its own plane (the first two dims of
+/// `shape` count the planes), as a max pool's do.
 fn scatter_add_flat(g: &Tensor, idx: &Tensor, shape: &[usize]) -> KResult<Tensor> {
     let n: usize = shape.iter().product();
+    let planes = shape.iter().take(2).product::<usize>();
     let (gf, i) = (g.flatten_all()?, idx.flatten_all()?);
     let dx = if host_unfold(g.device()) {
         gf.contiguous()?
-            .apply_op2_no_bwd(&i.contiguous()?, &ScatterAddFlat { len: n })?
+            .apply_op2_no_bwd(&i.contiguous()?, &ScatterAddFlat { len: n, planes })?
     } else {
         Tensor::zeros(n, g.dtype(), g.device())?.index_add(&i, &gf, 0)?
     };
@@ -3073,22 +3110,34 @@ impl candle_core::CustomOp1 for PoolArgmax {
 /// Max pooling with flat indices: the host loop for 2-D pooling on the CPU, strided windows
 /// of candle ops otherwise.
 fn max_pool_indices_any(x: &Tensor, p: &PoolGeo) -> KResult<(Tensor, Tensor)> {
-    if host_unfold(x.device()) && x.rank() == 4 {
-        let (n, c, h, w) = x.dims4()?;
-        let op = PoolArgmax {
-            nc: n * c,
-            hw: [h, w],
-            win: p.win.clone(),
-        };
-        let (o0, o1) = (p.win.out[0], p.win.out[1]);
-        let idx = x
-            .contiguous()?
-            .apply_op1_no_bwd(&op)?
-            .reshape((n, c, o0, o1))?;
+    if host_argmax(x) {
+        let idx = max_pool_indices(x, p)?;
         let y = gather_flat(x, &idx)?;
         return Ok((y, idx));
     }
     max_pool_with_indices(x, p)
+}
+
+/// Whether max pooling finds its argmax with the host loop.
+fn host_argmax(x: &Tensor) -> bool {
+    host_unfold(x.device()) && x.rank() == 4
+}
+
+/// The flat indices alone (the saved value of the backward: no values gathered on the host).
+fn max_pool_indices(x: &Tensor, p: &PoolGeo) -> KResult<Tensor> {
+    if !host_argmax(x) {
+        return Ok(max_pool_with_indices(x, p)?.1);
+    }
+    let (n, c, h, w) = x.dims4()?;
+    let op = PoolArgmax {
+        nc: n * c,
+        hw: [h, w],
+        win: p.win.clone(),
+    };
+    let (o0, o1) = (p.win.out[0], p.win.out[1]);
+    Ok(x.contiguous()?
+        .apply_op1_no_bwd(&op)?
+        .reshape((n, c, o0, o1))?)
 }
 
 fn maxpool_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
@@ -3096,7 +3145,7 @@ fn maxpool_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Ve
         kbail!("no extra value {tag:?}");
     }
     let p = pool_geo(cx)?;
-    Ok(vec![max_pool_indices_any(req(xs, 0)?, &p)?.1])
+    Ok(vec![max_pool_indices(req(xs, 0)?, &p)?])
 }
 
 fn maxpool_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Vec<Option<Tensor>>> {
@@ -4345,6 +4394,69 @@ mod tests {
                 assert_eq!(e, 0.0);
             }
         }
+    }
+
+    /// The host gather and scatter of a max pool (planes on all threads above 64 Ki
+    /// elements) agree with candle's `index_select` / `index_add`, and name a bad index.
+    #[test]
+    fn max_pool_gather_scatter_on_threads() {
+        use super::{gather_flat, scatter_add_flat, GatherFlat, ScatterAddFlat};
+        use candle_core::{Device, Tensor};
+        let dev = Device::Cpu;
+        // 6 planes of 120×110 (79,200 elements) and 72,000 outputs, each reading its own plane; the
+        // windows overlap, so an input element receives several gradients.
+        let (planes, h, w, o) = (6usize, 120usize, 110usize, 12000usize);
+        let x = Tensor::randn(0f32, 1.0, (2, 3, h, w), &dev).unwrap();
+        let mut ids = Vec::with_capacity(planes * o);
+        for u in 0..planes {
+            for j in 0..o {
+                ids.push((u * h * w + (j * 7919) % (h * w)) as i64);
+            }
+        }
+        let idx = Tensor::from_vec(ids.clone(), (2, 3, o), &dev).unwrap();
+        let g = Tensor::randn(0f32, 1.0, (2, 3, o), &dev).unwrap();
+        let flat = idx.flatten_all().unwrap();
+        let y = gather_flat(&x, &idx).unwrap().flatten_all().unwrap();
+        let y_ref = x.flatten_all().unwrap().index_select(&flat, 0).unwrap();
+        assert_eq!(y.to_vec1::<f32>().unwrap(), y_ref.to_vec1::<f32>().unwrap());
+        let dx = scatter_add_flat(&g, &idx, &[2, 3, h, w]).unwrap();
+        let dx_ref = Tensor::zeros(planes * h * w, candle_core::DType::F32, &dev)
+            .unwrap()
+            .index_add(&flat, &g.flatten_all().unwrap(), 0)
+            .unwrap();
+        let e = (dx.flatten_all().unwrap() - dx_ref)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(e < 1e-6, "{e}");
+        // An index outside the input, and one outside its plane.
+        let mut bad = ids.clone();
+        bad[planes * o - 1] = (planes * h * w) as i64;
+        let bad = Tensor::from_vec(bad, planes * o, &dev).unwrap();
+        let xf = x.flatten_all().unwrap();
+        let err = xf
+            .apply_op2_no_bwd(&bad, &GatherFlat)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("index {}", planes * h * w)), "{err}");
+        let mut cross = ids;
+        cross[o] = 0; // plane 1's first index points into plane 0
+        let cross = Tensor::from_vec(cross, planes * o, &dev).unwrap();
+        let op = ScatterAddFlat {
+            len: planes * h * w,
+            planes,
+        };
+        let err = g
+            .flatten_all()
+            .unwrap()
+            .apply_op2_no_bwd(&cross, &op)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("index 0 (at 12000) outside its plane"), "{err}");
     }
 
     #[test]
