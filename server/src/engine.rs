@@ -21,6 +21,9 @@ pub struct PlanRequest {
     pub solver: Option<String>,
     /// Seconds the solver may spend.
     pub time_limit: Option<f64>,
+    /// Extra seconds, after the schedule is found, for a lower bound from the MILP's LP
+    /// relaxation (none by default).
+    pub bound_time: Option<f64>,
     /// Run the executor on the plan (ONNX models only).
     pub validate: Option<bool>,
     /// A display name for the model.

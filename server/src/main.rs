@@ -104,6 +104,10 @@ struct PlanArgs {
     /// Seconds the solver may spend
     #[arg(long, default_value_t = pipeline::DEFAULT_TIME_LIMIT)]
     time_limit: f64,
+    /// Extra seconds, after the schedule is found, to prove a lower bound with the MILP's LP
+    /// relaxation (for graphs too large for the MILP; 0: none)
+    #[arg(long, default_value_t = 0.0)]
+    bound_time: f64,
     /// Print the plan as JSON
     #[arg(long)]
     json: bool,
@@ -244,6 +248,7 @@ fn plan(args: PlanArgs) -> Result<(), Failure> {
     req.budget = Some(args.budget.clone());
     req.solver = Some(args.solver.clone());
     req.time_limit = Some(args.time_limit);
+    req.bound_time = Some(args.bound_time);
     let engine = Pipeline::new();
     let mut loaded = pipeline::load(&bytes, pipeline::detect(&bytes), &req)?;
     let cost_model =
@@ -296,8 +301,12 @@ fn plan(args: PlanArgs) -> Result<(), Failure> {
                 100.0 * r.predicted.overhead,
                 r.solve_seconds
             );
-            if let Some(gap) = r.gap {
-                println!("gap        {:.2}% to the lower bound", 100.0 * gap);
+            if let (Some(gap), Some(lb)) = (r.gap, &r.lower_bound) {
+                println!(
+                    "gap        {:.2}% to the lower bound ({})",
+                    100.0 * gap,
+                    lb.source.as_str()
+                );
             }
         }
         println!("baselines");

@@ -206,11 +206,20 @@ pub fn plan_options(
             format!("time_limit must be a positive number of seconds, got {seconds}"),
         ));
     }
+    let bound = req.bound_time.unwrap_or(0.0);
+    if !(bound.is_finite() && bound >= 0.0) {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            format!("bound_time must be a non-negative number of seconds, got {bound}"),
+        ));
+    }
     Ok(PlanOptions {
         budget,
         algorithm,
         time_limit: Duration::from_secs_f64(seconds),
         threads,
+        bound_time: Duration::from_secs_f64(bound),
     })
 }
 

@@ -1,4 +1,5 @@
-//! `remat validate` and `remat plan --validate` as a user runs them: exit codes and what they say.
+//! `remat validate`, `remat plan --validate` and `remat plan --bound-time` as a user runs them:
+//! exit codes and what they say.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -94,4 +95,73 @@ fn a_graph_json_cannot_be_validated_and_cuda_is_not_compiled_in() {
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));
         assert!(text(&o).contains("not compiled with CUDA"), "{}", text(&o));
     }
+}
+
+/// A training chain of `k` forward and `k - 1` backward nodes in node-link form (Checkmate's
+/// flavour): more nodes than `auto` hands to the MILP once `k` is over 80.
+fn chain_graph(k: usize) -> String {
+    let mut nodes = Vec::new();
+    let mut links = Vec::new();
+    for i in 0..k {
+        nodes.push(serde_json::json!({
+            "id": i, "cost_cpu": 1 + i % 7, "cost_ram": 10 + 4 * (i % 5), "backward": false
+        }));
+        if i > 0 {
+            links.push(serde_json::json!({"source": i - 1, "target": i}));
+        }
+    }
+    for j in 0..k - 1 {
+        let id = k + j;
+        let f = k - 2 - j;
+        nodes.push(serde_json::json!({
+            "id": id, "cost_cpu": 2 + j % 3, "cost_ram": 12, "backward": true
+        }));
+        links.push(serde_json::json!({"source": f, "target": id}));
+        links.push(serde_json::json!({"source": f + 1, "target": id}));
+        if j > 0 {
+            links.push(serde_json::json!({"source": id - 1, "target": id}));
+        }
+    }
+    serde_json::json!({"directed": true, "nodes": nodes, "links": links}).to_string()
+}
+
+#[test]
+fn bound_time_proves_an_lp_bound_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = dir.path().join("chain.json");
+    std::fs::write(&graph, chain_graph(86)).unwrap();
+    let base = [
+        "plan",
+        graph.to_str().unwrap(),
+        "--budget",
+        "0.6x",
+        "--time-limit",
+        "2",
+    ];
+    let o = remat(&[&base[..], &["--json"]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["lower_bound"]["source"], "store_all", "{v}");
+    assert_eq!(v["bound_seconds"], 0.0);
+
+    let o = remat(&[&base[..], &["--bound-time", "120", "--json"]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let w: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(w["lower_bound"]["source"], "lp", "{w}");
+    let lb = w["lower_bound"]["compute_cost"].as_f64().unwrap();
+    let cost = w["predicted"]["compute_cost"].as_f64().unwrap();
+    assert!(lb > v["lower_bound"]["compute_cost"].as_f64().unwrap() && lb <= cost);
+    assert!(w["gap"].as_f64().unwrap() < v["gap"].as_f64().unwrap());
+    assert!(w["bound_seconds"].as_f64().unwrap() > 0.0);
+
+    let o = remat(&[&base[..], &["--bound-time", "120"]].concat());
+    assert!(text(&o).contains("to the lower bound (LP)"), "{}", text(&o));
+
+    let o = remat(&[&base[..], &["--bound-time=-1"]].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("bound_time must be a non-negative number of seconds, got -1"),
+        "{}",
+        text(&o)
+    );
 }

@@ -94,16 +94,22 @@ pub struct PlanOptions {
     pub time_limit: Duration,
     /// Threads the MILP may use (at least 1).
     pub threads: usize,
+    /// Extra time, after the schedule is found, to prove a lower bound on its cost with the
+    /// LP relaxation of the Checkmate MILP ([`crate::ilp::lp_bound`]) where nothing has proven
+    /// one yet: the relaxation of a graph too large for the MILP itself can still solve
+    /// (MobileNet, 185 nodes: 38 s here). Zero (the default) skips it.
+    pub bound_time: Duration,
 }
 
 impl PlanOptions {
-    /// `auto`, 10 s, 1 thread.
+    /// `auto`, 10 s, 1 thread, no extra time for a bound.
     pub fn new(budget: u64) -> Self {
         PlanOptions {
             budget,
             algorithm: Algorithm::Auto,
             time_limit: Duration::from_secs(10),
             threads: 1,
+            bound_time: Duration::ZERO,
         }
     }
 }
@@ -137,6 +143,33 @@ pub struct Predicted {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LowerBound {
     pub compute_cost: f64,
+    /// What proved it.
+    pub source: BoundSource,
+}
+
+/// Where a lower bound comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundSource {
+    /// Every needed node is computed at least once: the store-all cost.
+    StoreAll,
+    /// The Checkmate MILP's dual bound (HiGHS).
+    Milp,
+    /// The LP relaxation of the Checkmate MILP ([`PlanOptions::bound_time`]).
+    Lp,
+    /// The schedule is optimal by construction (the exact chain DP).
+    Exact,
+}
+
+impl BoundSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BoundSource::StoreAll => "store-all",
+            BoundSource::Milp => "MILP",
+            BoundSource::Lp => "LP",
+            BoundSource::Exact => "exact",
+        }
+    }
 }
 
 /// One baseline beside the plan.
@@ -165,7 +198,11 @@ pub struct PlanReport {
     pub lower_bound: Option<LowerBound>,
     /// `(cost − bound) / cost`.
     pub gap: Option<f64>,
+    /// Seconds in all, the lower bound's extra time ([`PlanOptions::bound_time`]) included.
     pub solve_seconds: f64,
+    /// Seconds spent on the LP relaxation's bound after the schedule was found (0 when it did
+    /// not run).
+    pub bound_seconds: f64,
     pub baselines: Vec<BaselineReport>,
     pub schedule: Vec<schedule::StepJson>,
 }
@@ -192,6 +229,12 @@ const OPTIMAL_GAP: f64 = 1e-4;
 /// schedule within seconds; at 34k (MobileNet) not even the LP relaxation finishes in 30 s on
 /// 2 cores, so larger graphs get the search for the whole time limit.
 const EXACT_BINARIES: usize = 15_000;
+/// Largest reduced model (rows) whose LP relaxation [`PlanOptions::bound_time`] tries. Measured
+/// here with HiGHS on 2 threads: MobileNet (179,651 rows) and random n250 (661,052) solve in
+/// 38–39 s; ResNet50 (700,695) not in 300 s; random n500 (4,033,414) not in 400 s, and larger
+/// models take minutes and gigabytes just to build.
+#[cfg(feature = "highs")]
+const LP_BOUND_MAX_ROWS: usize = 1_000_000;
 /// Share of the time limit the search gets before an exact MILP.
 const SEARCH_SHARE: f64 = 0.3;
 /// Share of the time limit kept back from the MILP for building its model and pruning after it.
@@ -220,7 +263,7 @@ struct Candidate {
 struct Pool {
     budget: u64,
     best: Option<Candidate>,
-    lower_bound: Option<f64>,
+    lower_bound: Option<(f64, BoundSource)>,
     /// Solvers whose result is optimal by construction (the chain DP, a MILP solved to gap).
     proven: Option<f64>,
     /// The least peak [`crate::budget::min_feasible_budget`] found, once computed.
@@ -251,8 +294,10 @@ impl Pool {
         Ok(())
     }
 
-    fn bound(&mut self, b: f64) {
-        self.lower_bound = Some(self.lower_bound.map_or(b, |x| x.max(b)));
+    fn bound(&mut self, b: f64, source: BoundSource) {
+        if self.lower_bound.is_none_or(|(x, _)| b > x) {
+            self.lower_bound = Some((b, source));
+        }
     }
 
     /// Drops the recomputations the best schedule does not need under the budget
@@ -314,6 +359,13 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
         }
         Algorithm::Auto => auto(p, opts, &base, &mut pool, start)?,
     }
+    // Every needed node is computed at least once: store-all's cost bounds every schedule.
+    pool.bound(full.compute_cost, BoundSource::StoreAll);
+    let bound_seconds = if opts.bound_time.is_zero() {
+        0.0
+    } else {
+        lp_bound(p, opts, &mut pool)?
+    };
     let solve_seconds = start.elapsed().as_secs_f64();
     let baselines: Vec<BaselineReport> = base
         .iter()
@@ -338,14 +390,16 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
             overhead: 0.0,
             memory: Vec::new(),
         },
-        lower_bound: pool.lower_bound.map(|c| LowerBound { compute_cost: c }),
+        lower_bound: pool.lower_bound.map(|(c, source)| LowerBound {
+            compute_cost: c,
+            source,
+        }),
         gap: None,
         solve_seconds,
+        bound_seconds,
         baselines,
         schedule: Vec::new(),
     };
-    // Every needed node is computed at least once: store-all's cost bounds every schedule.
-    pool.bound(full.compute_cost);
     let Some(best) = pool.best else {
         let least = match pool.min_peak {
             Some(b) => b,
@@ -355,7 +409,7 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
         return Ok((Schedule::default(), report));
     };
     let cost = best.stats.compute_cost;
-    let mut gap = pool.lower_bound.map(|lb| {
+    let mut gap = pool.lower_bound.map(|(lb, _)| {
         if cost > 0.0 {
             ((cost - lb) / cost).max(0.0)
         } else {
@@ -365,7 +419,8 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
     if pool.proven.is_some_and(|c| cost <= c * (1.0 + 1e-12)) {
         gap = Some(0.0);
         report.lower_bound = Some(LowerBound {
-            compute_cost: pool.lower_bound.map_or(cost, |lb| lb.max(cost)),
+            compute_cost: pool.lower_bound.map_or(cost, |(lb, _)| lb.max(cost)),
+            source: BoundSource::Exact,
         });
     }
     report.status = if gap.is_some_and(|g| g <= OPTIMAL_GAP) {
@@ -531,7 +586,7 @@ fn run_ilp(
     o.warm_start = pool.warm();
     let out = ilp::solve(p, &o)?;
     if let Some(lb) = out.lower_bound {
-        pool.bound(lb);
+        pool.bound(lb, BoundSource::Milp);
     }
     if let (Some(s), Some(st)) = (out.schedule, out.stats) {
         if out.status == IlpStatus::Optimal {
@@ -540,6 +595,39 @@ fn run_ilp(
         pool.offer("ilp", s, st);
     }
     Ok(())
+}
+
+/// Raises the pool's lower bound with the MILP's LP relaxation, within `opts.bound_time`,
+/// when a schedule exists, no MILP has bounded it already (its dual bound is at least the
+/// relaxation's) and the model is not over [`LP_BOUND_MAX_ROWS`]. Returns the seconds it
+/// spent (0 when it did not run).
+#[cfg(feature = "highs")]
+fn lp_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<f64> {
+    let start = Instant::now();
+    let Some(best) = &pool.best else {
+        return Ok(0.0);
+    };
+    let cost = best.stats.compute_cost;
+    let proven = pool.proven.is_some_and(|c| cost <= c * (1.0 + 1e-12));
+    let settled = pool.lower_bound.is_some_and(|(lb, source)| {
+        source == BoundSource::Milp || cost <= 0.0 || (cost - lb) / cost <= OPTIMAL_GAP
+    });
+    if proven || settled || crate::ilp::model_size(p)?.rows > LP_BOUND_MAX_ROWS {
+        return Ok(0.0);
+    }
+    let lp = crate::ilp::lp_bound(p, opts.budget, opts.bound_time, opts.threads.max(1))?;
+    if let Some(b) = lp.bound {
+        pool.bound(b, BoundSource::Lp);
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+#[cfg(not(feature = "highs"))]
+fn lp_bound(_p: &Problem, _opts: &PlanOptions, _pool: &mut Pool) -> Result<f64> {
+    Err(SolverError::Unavailable {
+        solver: "LP bound".to_string(),
+        why: "remat-solver was built without the `highs` feature".to_string(),
+    })
 }
 
 #[cfg(not(feature = "highs"))]

@@ -172,6 +172,7 @@ fn plan_reports_round_trip_for_every_algorithm() {
             algorithm,
             time_limit: Duration::from_secs(10),
             threads: 1,
+            bound_time: Duration::ZERO,
         };
         let (schedule, report) = plan(&p, &opts).unwrap();
         if report.status == Status::Infeasible {
@@ -234,6 +235,7 @@ fn auto_on_a_training_dag_is_at_least_as_good_as_the_baselines() {
             algorithm: Algorithm::Auto,
             time_limit: Duration::from_secs(20),
             threads: 1,
+            bound_time: Duration::ZERO,
         };
         let (schedule, report) = plan(&p, &opts).unwrap();
         let stats = simulate(&p, &schedule).unwrap();
@@ -307,6 +309,7 @@ fn published_graphs_plan_within_budget() {
             algorithm: Algorithm::Auto,
             time_limit: Duration::from_secs(15),
             threads: 1,
+            bound_time: Duration::ZERO,
         };
         let (schedule, report) = plan(&p, &opts).unwrap();
         let stats = simulate(&p, &schedule).unwrap();
@@ -360,4 +363,38 @@ fn lp_relaxation_bounds_the_milp() {
     }
     let lp = ilp::lp_bound(&p, p.footprint_lower_bound() - 1, TIME, 1).unwrap();
     assert_eq!(lp.status, IlpStatus::Infeasible);
+}
+
+/// `bound_time`: where `auto` does not run the MILP (171 nodes), the LP relaxation bounds the
+/// schedule after it is found, and the report says so.
+#[test]
+fn bound_time_adds_the_lp_bound_where_the_milp_does_not_run() {
+    let fwd: Vec<(f64, u64)> = (0..86)
+        .map(|i| (1.0 + (i % 7) as f64, 10 + (i % 5) as u64 * 4))
+        .collect();
+    let bwd: Vec<(f64, u64)> = (0..85).map(|i| (2.0 + (i % 3) as f64, 12)).collect();
+    let p = chain(&fwd, &bwd, 0);
+    let budget = budget_at(&p, 0.2);
+    let base = PlanOptions {
+        time_limit: Duration::from_secs(3),
+        ..PlanOptions::new(budget)
+    };
+    let (_, plain) = plan(&p, &base).unwrap();
+    let (schedule, bounded) = plan(
+        &p,
+        &PlanOptions {
+            bound_time: TIME,
+            ..base.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(plain.bound_seconds, 0.0);
+    let lb0 = plain.lower_bound.expect("a bound");
+    assert_eq!(lb0.source, plan::BoundSource::StoreAll);
+    let lb = bounded.lower_bound.expect("a bound");
+    assert_eq!(lb.source, plan::BoundSource::Lp, "{bounded:?}");
+    let cost = simulate(&p, &schedule).unwrap().compute_cost;
+    assert!(lb.compute_cost > p.base_cost() && lb.compute_cost <= cost + 1e-9);
+    assert!(bounded.gap.unwrap() < plain.gap.unwrap());
+    assert!(bounded.bound_seconds > 0.0 && bounded.bound_seconds <= bounded.solve_seconds);
 }

@@ -42,6 +42,7 @@ fn plan_at(tg: &TrainingGraph, budget: u64) -> Option<Schedule> {
         algorithm: Algorithm::Auto,
         time_limit: Duration::from_millis(500),
         threads: 1,
+        bound_time: Duration::ZERO,
     };
     let (s, r) = plan(&p, &opts).expect("planning runs");
     (r.status != Status::Infeasible).then_some(s)

@@ -176,6 +176,8 @@ pub fn resolve(
         dims: body.dims,
         solver: query.solver.or(body.solver),
         time_limit: query.time_limit.or(body.time_limit),
+        // Not offered over HTTP: the server's time cap covers the solve only.
+        bound_time: None,
         validate: query.validate.or(body.validate),
         name: query.name.or(body.name),
         params: body.params,

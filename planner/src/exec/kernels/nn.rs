@@ -4456,7 +4456,10 @@ mod tests {
             .apply_op2_no_bwd(&cross, &op)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("index 0 (at 12000) outside its plane"), "{err}");
+        assert!(
+            err.contains("index 0 (at 12000) outside its plane"),
+            "{err}"
+        );
     }
 
     #[test]
