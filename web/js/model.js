@@ -65,6 +65,8 @@ export function normalizeDoc(doc) {
       memory: arr(predicted.memory).map((x) => num(x)),
     },
     lowerBound: num(obj(o.lower_bound).compute_cost),
+    // What proved the bound: store_all, milp, lp or exact (absent from older reports).
+    boundSource: str(obj(o.lower_bound).source),
     gap: num(o.gap),
     solveSeconds: num(o.solve_seconds),
     baselines: arr(o.baselines).map(normalizeBaseline),

@@ -14,6 +14,9 @@ import { session, saveSweep, loadSweep } from './session.js';
 import { describeError } from './upload.js';
 import { fillFigures } from './figures.js';
 
+/** How the report's lower-bound sources read in the solver card. */
+const BOUND_SOURCES = { store_all: 'store-all cost', milp: 'MILP', lp: 'LP relaxation', exact: 'exact' };
+
 /**
  * Budget fractions for a sweep: 8 from the minimum feasible budget to the store-all peak, or
  * none (the server's default grid) when the minimum is unknown.
@@ -89,7 +92,7 @@ export function summaryCards(doc) {
       'Solver',
       h('span', {}, doc.solver ?? '—', ' ', statusBadge),
       doc.gap,
-      `gap ${isNum(doc.gap) ? fmtPct(doc.gap, 2) : '—'}${isNum(doc.lowerBound) ? ` · bound ${fmtCost(doc.lowerBound)}` : ''}`,
+      `gap ${isNum(doc.gap) ? fmtPct(doc.gap, 2) : '—'}${isNum(doc.lowerBound) ? ` · bound ${fmtCost(doc.lowerBound)}${doc.boundSource ? ` (${BOUND_SOURCES[doc.boundSource] ?? doc.boundSource})` : ''}` : ''}`,
       `solved in ${fmtSeconds(doc.solveSeconds)}`,
     ),
     verdict,

@@ -5,7 +5,7 @@ import { normalizeRecord, normalizeDoc, normalizeSweep, normalizeHistory, decisi
 const doc = {
   status: 'optimal', solver: 'dp', budget_bytes: 100, store_all_peak_bytes: 160, store_all_cost: 10,
   predicted: { peak_bytes: 96, compute_cost: 12, overhead: 0.2, memory: [10, 50, 96, 40] },
-  gap: 0, solve_seconds: 0.5,
+  gap: 0, solve_seconds: 0.5, lower_bound: { compute_cost: 12, source: 'exact' },
   baselines: [{ name: 'store-all', peak_bytes: 160, compute_cost: 10, overhead: 0, feasible: false }],
   schedule: [{ op: 'compute', node: '0' }],
   decisions: [
@@ -22,6 +22,8 @@ test('a full plan record normalizes', () => {
   assert.equal(r.doc.budgetBytes, 100);
   assert.equal(r.doc.predicted.overhead, 0.2);
   assert.equal(r.doc.validation, null);
+  assert.equal(r.doc.lowerBound, 12);
+  assert.equal(r.doc.boundSource, 'exact');
   assert.deepEqual(r.doc.decisions.map((d) => d.id), ['0', '1']);
   // Missing or odd fields: the name falls back to the id, an unknown kind to forward, a bad number to null.
   assert.equal(r.doc.decisions[1].name, '1');
