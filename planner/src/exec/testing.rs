@@ -198,6 +198,89 @@ fn prepare(case: &Case, dev: &Device, rng: &mut Rng) -> KResult<Prepared> {
     })
 }
 
+/// One op on given input facts, run through its shape rule: what a kernel test builds a
+/// kernel context from (node name `"n"`).
+pub struct Harness<'a> {
+    pub op: &'static str,
+    pub opset: i64,
+    pub attrs: Attrs<'a>,
+    pub facts: &'a [Option<Fact>],
+    pub n_outputs: usize,
+    /// The shape rule's output facts.
+    pub outs: Vec<Fact>,
+    out_facts: Vec<Option<Fact>>,
+}
+
+impl<'a> Harness<'a> {
+    pub fn new(
+        op: &'static str,
+        opset: i64,
+        attrs: &'a [AttributeProto],
+        facts: &'a [Option<Fact>],
+        n_outputs: usize,
+    ) -> KResult<Self> {
+        let mut h = Harness {
+            op,
+            opset,
+            attrs: Attrs {
+                node: "n",
+                op,
+                list: attrs,
+            },
+            facts,
+            n_outputs,
+            outs: vec![],
+            out_facts: vec![],
+        };
+        let spec = op_registry()
+            .get(op)
+            .ok_or_else(|| KernelError::new("no shape rule"))?;
+        h.outs = (spec.infer)(&h.shape_cx())?;
+        h.out_facts = h.outs.iter().cloned().map(Some).collect();
+        Ok(h)
+    }
+
+    /// The shape rule's context (for `diff_in`, `diff_out` and `grad`).
+    pub fn shape_cx(&self) -> Ctx<'_> {
+        Ctx {
+            node: "n",
+            op: self.op,
+            opset: self.opset,
+            attrs: self.attrs,
+            inputs: self.facts,
+            n_outputs: self.n_outputs,
+        }
+    }
+
+    /// The op's shape and gradient rules.
+    pub fn spec(&self) -> KResult<&'static crate::ops::OpSpec> {
+        op_registry()
+            .get(self.op)
+            .ok_or_else(|| KernelError::new("no shape rule"))
+    }
+
+    /// The kernel context on `device`, with the inferred output facts.
+    pub fn cx<'b>(&'b self, device: &'b Device, seed: u64) -> KernelCtx<'b> {
+        KernelCtx {
+            node: "n",
+            op: self.op,
+            opset: self.opset,
+            attrs: self.attrs,
+            inputs: self.facts,
+            outputs: &self.out_facts,
+            device,
+            seed,
+        }
+    }
+
+    pub fn kernel(&self) -> KResult<super::kernel::Kernel> {
+        registry()
+            .get(self.op)
+            .copied()
+            .ok_or_else(|| KernelError::new("no kernel"))
+    }
+}
+
 /// Runs a case on every device; panics with a readable message on a failure (tests only).
 pub fn check(case: &Case) {
     for dev in devices() {
@@ -215,43 +298,17 @@ fn flat(t: &Tensor) -> KResult<Vec<f64>> {
 
 /// Runs a case on one device.
 pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
-    let spec = op_registry()
-        .get(case.op)
-        .ok_or_else(|| KernelError::new("no shape rule"))?;
-    let kernel = *registry()
-        .get(case.op)
-        .ok_or_else(|| KernelError::new("no kernel"))?;
     let mut rng = Rng::new(case.seed);
     let p = prepare(case, dev, &mut rng)?;
-    let attrs = Attrs {
-        node: "n",
-        op: case.op,
-        list: &case.attrs,
-    };
-    let scx = Ctx {
-        node: "n",
-        op: case.op,
-        opset: case.opset,
-        attrs: Attrs { ..attrs },
-        inputs: &p.facts,
-        n_outputs: case.n_outputs,
-    };
-    let outs: Vec<Fact> = (spec.infer)(&scx)?;
+    let h = Harness::new(case.op, case.opset, &case.attrs, &p.facts, case.n_outputs)?;
+    let (spec, kernel) = (h.spec()?, h.kernel()?);
+    let scx = h.shape_cx();
+    let outs = &h.outs;
     let needs: Vec<bool> = (0..p.facts.len())
         .map(|i| p.float_in[i] && (spec.diff_in)(&scx, i))
         .collect();
-    let rule = (spec.grad)(&scx, &outs, &needs);
-    let out_facts: Vec<Option<Fact>> = outs.iter().cloned().map(Some).collect();
-    let cx = KernelCtx {
-        node: "n",
-        op: case.op,
-        opset: case.opset,
-        attrs: Attrs { ..attrs },
-        inputs: &p.facts,
-        outputs: &out_facts,
-        device: dev,
-        seed: case.seed,
-    };
+    let rule = (spec.grad)(&scx, outs, &needs);
+    let cx = h.cx(dev, case.seed);
 
     // Extras, checked against the declared bytes.
     let mut extras = Extras::new();
@@ -288,7 +345,7 @@ pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
             outs.len()
         )));
     }
-    for (k, (t, f)) in y.iter().zip(&outs).enumerate() {
+    for (k, (t, f)) in y.iter().zip(outs).enumerate() {
         let t = t
             .as_ref()
             .ok_or_else(|| KernelError::new(format!("output {k} missing")))?;

@@ -3360,10 +3360,8 @@ mod tests {
         ft: DType,
         backward: bool,
     ) -> (Vec<Vec<f64>>, Vec<Option<Vec<f64>>>) {
-        use crate::exec::kernel::{to_candle, BwdArgs, Extras, KernelCtx};
-        use crate::exec::kernels::registry;
-        use crate::onnx::Attrs;
-        use crate::ops::{registry as op_registry, Ctx};
+        use crate::exec::kernel::{to_candle, BwdArgs, Extras};
+        use crate::exec::testing::Harness;
         use crate::tensor::{Data, Fact, Tensor as PTensor};
         use candle_core::{Device, Tensor};
         let dev = Device::Cpu;
@@ -3399,33 +3397,10 @@ mod tests {
                 other => panic!("value tests take fixed inputs, not {other:?}"),
             }
         }
-        let a = Attrs {
-            node: "n",
-            op,
-            list: attrs,
-        };
-        let scx = Ctx {
-            node: "n",
-            op,
-            opset,
-            attrs: a,
-            inputs: &facts,
-            n_outputs: n_out,
-        };
-        let spec = &op_registry()[op];
-        let outs = (spec.infer)(&scx).unwrap();
-        let of: Vec<Option<Fact>> = outs.iter().cloned().map(Some).collect();
-        let cx = KernelCtx {
-            node: "n",
-            op,
-            opset,
-            attrs: a,
-            inputs: &facts,
-            outputs: &of,
-            device: &dev,
-            seed,
-        };
-        let kernel = registry()[op];
+        let h = Harness::new(op, opset, attrs, &facts, n_out).unwrap();
+        let (spec, kernel, scx) = (h.spec().unwrap(), h.kernel().unwrap(), h.shape_cx());
+        let outs = &h.outs;
+        let cx = h.cx(&dev, seed);
         let y = (kernel.forward)(&cx, &vals, &Extras::new()).unwrap();
         let host = |t: &Tensor| {
             t.to_dtype(candle_core::DType::F64)
@@ -3435,7 +3410,7 @@ mod tests {
                 .to_vec1::<f64>()
                 .unwrap()
         };
-        for (t, f) in y.iter().zip(&outs) {
+        for (t, f) in y.iter().zip(outs) {
             assert_eq!(
                 t.as_ref().unwrap().dtype(),
                 to_candle(f.dtype).unwrap(),

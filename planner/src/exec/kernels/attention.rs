@@ -737,7 +737,7 @@ pub fn register(r: &mut KernelRegistry) {
 #[cfg(test)]
 pub(crate) mod tests {
     use crate::exec::kernel::{Extras, KResult, KernelCtx, KernelError};
-    use crate::exec::testing::{check, float, int, Case, In};
+    use crate::exec::testing::{check, float, int, Case, Harness, In};
     use crate::onnx::Attrs;
     use crate::ops::{registry as op_registry, Ctx};
     use crate::tensor::{DType, Data, Fact, Tensor as PTensor};
@@ -748,22 +748,16 @@ pub(crate) mod tests {
         match d {
             candle_core::DType::F64 => DType::F64,
             candle_core::DType::F32 => DType::F32,
+            candle_core::DType::F16 => DType::F16,
             candle_core::DType::I64 => DType::I64,
             candle_core::DType::I32 => DType::I32,
             _ => DType::Bool,
         }
     }
 
-    /// Runs only the forward of `op` on the CPU; inputs listed in `consts` are constants
-    /// known at import.
-    pub(crate) fn forward(
-        op: &'static str,
-        opset: i64,
-        attrs: &[AttributeProto],
-        inputs: &[Option<Tensor>],
-        consts: &[usize],
-        n_outputs: usize,
-    ) -> KResult<Vec<Tensor>> {
+    /// Input facts of `inputs`: dtype and shape, and the value of those listed in `consts`
+    /// (constants known at import).
+    fn facts_of(inputs: &[Option<Tensor>], consts: &[usize]) -> KResult<Vec<Option<Fact>>> {
         let mut facts = vec![];
         for (i, t) in inputs.iter().enumerate() {
             facts.push(match t {
@@ -785,37 +779,22 @@ pub(crate) mod tests {
                 }
             });
         }
-        let attrs = Attrs {
-            node: "n",
-            op,
-            list: attrs,
-        };
-        let spec = op_registry()
-            .get(op)
-            .ok_or_else(|| KernelError::new("no shape rule"))?;
-        let outs = (spec.infer)(&Ctx {
-            node: "n",
-            op,
-            opset,
-            attrs: Attrs { ..attrs },
-            inputs: &facts,
-            n_outputs,
-        })?;
-        let outs: Vec<Option<Fact>> = outs.into_iter().map(Some).collect();
-        let cx = KernelCtx {
-            node: "n",
-            op,
-            opset,
-            attrs,
-            inputs: &facts,
-            outputs: &outs,
-            device: &Device::Cpu,
-            seed: 1,
-        };
-        let kernel = crate::exec::kernels::registry()
-            .get(op)
-            .ok_or_else(|| KernelError::new("no kernel"))?;
-        (kernel.forward)(&cx, inputs, &Extras::new())?
+        Ok(facts)
+    }
+
+    /// Runs only the forward of `op` on the CPU; inputs listed in `consts` are constants
+    /// known at import.
+    pub(crate) fn forward(
+        op: &'static str,
+        opset: i64,
+        attrs: &[AttributeProto],
+        inputs: &[Option<Tensor>],
+        consts: &[usize],
+        n_outputs: usize,
+    ) -> KResult<Vec<Tensor>> {
+        let facts = facts_of(inputs, consts)?;
+        let h = Harness::new(op, opset, attrs, &facts, n_outputs)?;
+        (h.kernel()?.forward)(&h.cx(&Device::Cpu, 1), inputs, &Extras::new())?
             .into_iter()
             .map(|t| t.ok_or_else(|| KernelError::new("missing output")))
             .collect()
@@ -845,47 +824,9 @@ pub(crate) mod tests {
                 other => Ok(other.clone()),
             })
             .collect::<candle_core::Result<_>>()?;
-        let mut facts = vec![];
-        for (i, t) in inputs.iter().enumerate() {
-            facts.push(match t {
-                None => None,
-                Some(t) => {
-                    let d = match t.dtype() {
-                        candle_core::DType::F16 => DType::F16,
-                        other => planner_dtype(other),
-                    };
-                    let shape: Vec<u64> = t.dims().iter().map(|&x| x as u64).collect();
-                    Some(if consts.contains(&i) {
-                        let flat = t.flatten_all()?;
-                        let data = if d.is_float() {
-                            Data::F(flat.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?)
-                        } else {
-                            Data::I(flat.to_dtype(candle_core::DType::I64)?.to_vec1::<i64>()?)
-                        };
-                        Fact::with_value(PTensor::new(d, shape, data))
-                    } else {
-                        Fact::new(d, shape)
-                    })
-                }
-            });
-        }
-        let attrs = Attrs {
-            node: "n",
-            op,
-            list: attrs,
-        };
-        let spec = op_registry()
-            .get(op)
-            .ok_or_else(|| KernelError::new("no shape rule"))?;
-        let scx = Ctx {
-            node: "n",
-            op,
-            opset,
-            attrs: Attrs { ..attrs },
-            inputs: &facts,
-            n_outputs,
-        };
-        let outs = (spec.infer)(&scx)?;
+        let facts = facts_of(&inputs, consts)?;
+        let h = Harness::new(op, opset, attrs, &facts, n_outputs)?;
+        let (spec, kernel, scx) = (h.spec()?, h.kernel()?, h.shape_cx());
         let needs: Vec<bool> = (0..facts.len())
             .map(|i| {
                 !consts.contains(&i)
@@ -893,22 +834,11 @@ pub(crate) mod tests {
                     && (spec.diff_in)(&scx, i)
             })
             .collect();
-        let rule = (spec.grad)(&scx, &outs, &needs);
-        let diff_out: Vec<bool> = (0..outs.len()).map(|k| (spec.diff_out)(&scx, k)).collect();
-        let outs: Vec<Option<Fact>> = outs.into_iter().map(Some).collect();
-        let cx = KernelCtx {
-            node: "n",
-            op,
-            opset,
-            attrs,
-            inputs: &facts,
-            outputs: &outs,
-            device: &Device::Cpu,
-            seed: 1,
-        };
-        let kernel = crate::exec::kernels::registry()
-            .get(op)
-            .ok_or_else(|| KernelError::new("no kernel"))?;
+        let rule = (spec.grad)(&scx, &h.outs, &needs);
+        let diff_out: Vec<bool> = (0..h.outs.len())
+            .map(|k| (spec.diff_out)(&scx, k))
+            .collect();
+        let cx = h.cx(&Device::Cpu, 1);
         let mut extras = Extras::new();
         for sv in &rule.saved {
             if let Saved::Extra { tag, .. } = sv {
@@ -923,9 +853,9 @@ pub(crate) mod tests {
             let t = t
                 .as_ref()
                 .ok_or_else(|| KernelError::new("missing output"))?;
-            let want = outs
+            let want = h
+                .outs
                 .get(k)
-                .and_then(|f| f.as_ref())
                 .map(|f| crate::exec::kernel::to_candle(f.dtype))
                 .transpose()?;
             if Some(t.dtype()) != want {

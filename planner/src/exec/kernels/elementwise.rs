@@ -1126,9 +1126,9 @@ pub fn register(r: &mut KernelRegistry) {
 pub(crate) mod tests {
     use crate::exec::kernel::{KResult, KernelCtx, KernelError};
     use crate::exec::kernels::registry;
-    use crate::exec::testing::{check, float, int, string, Case, In};
+    use crate::exec::testing::{check, float, int, string, Case, Harness, In};
     use crate::onnx::Attrs;
-    use crate::ops::{registry as op_registry, Ctx};
+    use crate::ops::Ctx;
     use crate::tensor::{DType as OD, Data, Fact, Tensor as PTensor};
     use candle_core::{DType, Device, Tensor};
     use onnx_protobuf::AttributeProto;
@@ -1190,37 +1190,9 @@ pub(crate) mod tests {
                 }
             }
         }
-        let attrs_of = || Attrs {
-            node: "n",
-            op,
-            list: attrs,
-        };
-        let spec = op_registry()
-            .get(op)
-            .ok_or_else(|| KernelError::new("no shape rule"))?;
-        let scx = Ctx {
-            node: "n",
-            op,
-            opset,
-            attrs: attrs_of(),
-            inputs: &facts,
-            n_outputs: 1,
-        };
-        let outs = (spec.infer)(&scx)?;
-        let out_facts: Vec<Option<Fact>> = outs.iter().cloned().map(Some).collect();
-        let cx = KernelCtx {
-            node: "n",
-            op,
-            opset,
-            attrs: attrs_of(),
-            inputs: &facts,
-            outputs: &out_facts,
-            device: &dev,
-            seed: 1,
-        };
-        let k = registry()
-            .get(op)
-            .ok_or_else(|| KernelError::new("no kernel"))?;
+        let h = Harness::new(op, opset, attrs, &facts, 1)?;
+        let (spec, k, scx) = (h.spec()?, h.kernel()?, h.shape_cx());
+        let cx = h.cx(&dev, 1);
         let ys = (k.forward)(&cx, &values, &Default::default())?;
         let flat = |t: &Tensor| -> KResult<Flat> {
             Ok((
