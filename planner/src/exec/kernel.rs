@@ -176,6 +176,17 @@ pub struct Kernel {
     pub backward: Option<BackwardFn>,
 }
 
+impl Kernel {
+    /// Kernels of an op whose gradient rule saves no extra values.
+    pub fn new(forward: ForwardFn, backward: Option<BackwardFn>) -> Kernel {
+        Kernel {
+            forward,
+            extra: None,
+            backward,
+        }
+    }
+}
+
 pub type KernelRegistry = HashMap<&'static str, Kernel>;
 
 /// A kernel's error; the runner adds the node and the op.

@@ -171,17 +171,6 @@ fn unselect(g: &Tensor, idx: &[i64], axis: usize, d: usize) -> KResult<Tensor> {
     Ok(z.index_add(&ids(idx.to_vec(), g.device())?, &g.contiguous()?, axis)?)
 }
 
-fn kernel(
-    forward: crate::exec::kernel::ForwardFn,
-    backward: Option<crate::exec::kernel::BackwardFn>,
-) -> Kernel {
-    Kernel {
-        forward,
-        extra: None,
-        backward,
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Views: Identity, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand
 // ---------------------------------------------------------------------------------------------
@@ -2494,46 +2483,52 @@ fn det_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {
 // ---------------------------------------------------------------------------------------------
 
 pub fn register(r: &mut KernelRegistry) {
-    r.insert("Identity", kernel(identity_fwd, Some(identity_bwd)));
+    r.insert("Identity", Kernel::new(identity_fwd, Some(identity_bwd)));
     for op in ["Reshape", "Flatten", "Squeeze", "Unsqueeze"] {
-        r.insert(op, kernel(reshape_fwd, Some(reshape_bwd)));
+        r.insert(op, Kernel::new(reshape_fwd, Some(reshape_bwd)));
     }
-    r.insert("Transpose", kernel(transpose_fwd, Some(transpose_bwd)));
-    r.insert("Expand", kernel(expand_fwd, Some(expand_bwd)));
-    r.insert("Slice", kernel(slice_fwd, Some(slice_bwd)));
-    r.insert("Split", kernel(split_fwd, Some(split_bwd)));
-    r.insert("Concat", kernel(concat_fwd, Some(concat_bwd)));
-    r.insert("Gather", kernel(gather_fwd, Some(gather_bwd)));
+    r.insert("Transpose", Kernel::new(transpose_fwd, Some(transpose_bwd)));
+    r.insert("Expand", Kernel::new(expand_fwd, Some(expand_bwd)));
+    r.insert("Slice", Kernel::new(slice_fwd, Some(slice_bwd)));
+    r.insert("Split", Kernel::new(split_fwd, Some(split_bwd)));
+    r.insert("Concat", Kernel::new(concat_fwd, Some(concat_bwd)));
+    r.insert("Gather", Kernel::new(gather_fwd, Some(gather_bwd)));
     r.insert(
         "GatherElements",
-        kernel(gather_elements_fwd, Some(gather_elements_bwd)),
+        Kernel::new(gather_elements_fwd, Some(gather_elements_bwd)),
     );
-    r.insert("Cast", kernel(cast_fwd, Some(cast_bwd)));
-    r.insert("CastLike", kernel(cast_fwd, Some(cast_bwd)));
-    r.insert("Pad", kernel(pad_fwd, Some(pad_bwd)));
-    r.insert("Resize", kernel(resize_fwd, Some(resize_bwd)));
-    r.insert("Upsample", kernel(resize_fwd, Some(resize_bwd)));
-    r.insert("CumSum", kernel(cumsum_fwd, Some(cumsum_bwd)));
-    r.insert("Shape", kernel(shape_fwd, None));
-    r.insert("Size", kernel(size_fwd, None));
-    r.insert("Constant", kernel(constant_fwd, None));
-    r.insert("ConstantOfShape", kernel(constant_of_shape_fwd, None));
-    r.insert("Range", kernel(range_fwd, None));
-    r.insert("Tile", kernel(tile_fwd, Some(tile_bwd)));
-    r.insert("Trilu", kernel(trilu_fwd, Some(trilu_bwd)));
-    r.insert("DepthToSpace", kernel(depth_fwd, Some(depth_bwd)));
-    r.insert("SpaceToDepth", kernel(depth_fwd, Some(depth_bwd)));
-    r.insert("GatherND", kernel(gather_nd_fwd, Some(gather_nd_bwd)));
+    r.insert("Cast", Kernel::new(cast_fwd, Some(cast_bwd)));
+    r.insert("CastLike", Kernel::new(cast_fwd, Some(cast_bwd)));
+    r.insert("Pad", Kernel::new(pad_fwd, Some(pad_bwd)));
+    r.insert("Resize", Kernel::new(resize_fwd, Some(resize_bwd)));
+    r.insert("Upsample", Kernel::new(resize_fwd, Some(resize_bwd)));
+    r.insert("CumSum", Kernel::new(cumsum_fwd, Some(cumsum_bwd)));
+    r.insert("Shape", Kernel::new(shape_fwd, None));
+    r.insert("Size", Kernel::new(size_fwd, None));
+    r.insert("Constant", Kernel::new(constant_fwd, None));
+    r.insert("ConstantOfShape", Kernel::new(constant_of_shape_fwd, None));
+    r.insert("Range", Kernel::new(range_fwd, None));
+    r.insert("Tile", Kernel::new(tile_fwd, Some(tile_bwd)));
+    r.insert("Trilu", Kernel::new(trilu_fwd, Some(trilu_bwd)));
+    r.insert("DepthToSpace", Kernel::new(depth_fwd, Some(depth_bwd)));
+    r.insert("SpaceToDepth", Kernel::new(depth_fwd, Some(depth_bwd)));
+    r.insert("GatherND", Kernel::new(gather_nd_fwd, Some(gather_nd_bwd)));
     for op in ["ScatterND", "ScatterElements", "Scatter"] {
-        r.insert(op, kernel(scatter_fwd, Some(scatter_bwd)));
+        r.insert(op, Kernel::new(scatter_fwd, Some(scatter_bwd)));
     }
-    r.insert("TopK", kernel(topk_fwd, Some(topk_bwd)));
-    r.insert("OneHot", kernel(onehot_fwd, None));
-    r.insert("EyeLike", kernel(eyelike_fwd, None));
-    r.insert("NonZero", kernel(nonzero_fwd, None));
-    r.insert("ReverseSequence", kernel(reverse_fwd, Some(reverse_bwd)));
-    r.insert("LpNormalization", kernel(lp_fwd, Some(lp_bwd)));
-    r.insert("MeanVarianceNormalization", kernel(mvn_fwd, Some(mvn_bwd)));
+    r.insert("TopK", Kernel::new(topk_fwd, Some(topk_bwd)));
+    r.insert("OneHot", Kernel::new(onehot_fwd, None));
+    r.insert("EyeLike", Kernel::new(eyelike_fwd, None));
+    r.insert("NonZero", Kernel::new(nonzero_fwd, None));
+    r.insert(
+        "ReverseSequence",
+        Kernel::new(reverse_fwd, Some(reverse_bwd)),
+    );
+    r.insert("LpNormalization", Kernel::new(lp_fwd, Some(lp_bwd)));
+    r.insert(
+        "MeanVarianceNormalization",
+        Kernel::new(mvn_fwd, Some(mvn_bwd)),
+    );
     register_more(r);
 }
 
@@ -2546,15 +2541,18 @@ fn register_more(r: &mut KernelRegistry) {
         "RandomUniformLike",
         "Bernoulli",
     ] {
-        r.insert(op, kernel(random_fwd, None));
+        r.insert(op, Kernel::new(random_fwd, None));
     }
-    r.insert("QuantizeLinear", kernel(quantize_fwd, Some(quantize_bwd)));
+    r.insert(
+        "QuantizeLinear",
+        Kernel::new(quantize_fwd, Some(quantize_bwd)),
+    );
     r.insert(
         "DequantizeLinear",
-        kernel(dequantize_fwd, Some(dequantize_bwd)),
+        Kernel::new(dequantize_fwd, Some(dequantize_bwd)),
     );
-    r.insert("GridSample", kernel(grid_fwd, Some(grid_bwd)));
-    r.insert("Det", kernel(det_fwd, Some(det_bwd)));
+    r.insert("GridSample", Kernel::new(grid_fwd, Some(grid_bwd)));
+    r.insert("Det", Kernel::new(det_fwd, Some(det_bwd)));
 }
 
 #[cfg(test)]

@@ -726,11 +726,7 @@ pub fn register(r: &mut KernelRegistry) {
     );
     r.insert(
         "RotaryEmbedding",
-        Kernel {
-            forward: rotary_forward,
-            extra: None,
-            backward: Some(rotary_backward),
-        },
+        Kernel::new(rotary_forward, Some(rotary_backward)),
     );
 }
 

@@ -7,7 +7,7 @@
 //! loops over the values.
 
 use crate::exec::kernel::{
-    BackwardFn, BwdArgs, Extras, ForwardFn, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
+    BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
 };
 use crate::kbail;
 use crate::tensor::DType as ODType;
@@ -1072,11 +1072,7 @@ fn mask_positive<T: candle_core::WithDType>(g: &[T], y: &[T]) -> Vec<T> {
 }
 
 pub fn register(r: &mut KernelRegistry) {
-    let k = |forward: ForwardFn, backward: Option<BackwardFn>| Kernel {
-        forward,
-        extra: None,
-        backward,
-    };
+    let k = Kernel::new;
     for &op in UNARY {
         r.insert(op, k(unary_fwd, Some(unary_bwd)));
     }

@@ -9,9 +9,7 @@
 //! the ONNX specification says.
 
 use super::elementwise::{input, mask, need_float, scalar_like, scale};
-use crate::exec::kernel::{
-    BackwardFn, BwdArgs, Extras, ForwardFn, KResult, Kernel, KernelCtx, KernelRegistry,
-};
+use crate::exec::kernel::{BwdArgs, Extras, KResult, Kernel, KernelCtx, KernelRegistry};
 use crate::kbail;
 use candle_core::{DType, Tensor};
 
@@ -283,11 +281,7 @@ fn arg_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Opt
 }
 
 pub fn register(r: &mut KernelRegistry) {
-    let k = |forward: ForwardFn, backward: Option<BackwardFn>| Kernel {
-        forward,
-        extra: None,
-        backward,
-    };
+    let k = Kernel::new;
     for op in [
         "ReduceSum",
         "ReduceMean",

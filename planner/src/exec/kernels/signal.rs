@@ -465,40 +465,12 @@ fn mel_forward(cx: &KernelCtx, _: &[Option<Tensor>], _: &Extras) -> KResult<Vec<
 }
 
 pub fn register(r: &mut KernelRegistry) {
-    r.insert(
-        "STFT",
-        Kernel {
-            forward: stft_forward,
-            extra: None,
-            backward: Some(stft_backward),
-        },
-    );
-    r.insert(
-        "DFT",
-        Kernel {
-            forward: dft_forward,
-            extra: None,
-            backward: Some(dft_backward),
-        },
-    );
+    r.insert("STFT", Kernel::new(stft_forward, Some(stft_backward)));
+    r.insert("DFT", Kernel::new(dft_forward, Some(dft_backward)));
     for op in ["HannWindow", "HammingWindow", "BlackmanWindow"] {
-        r.insert(
-            op,
-            Kernel {
-                forward: window_forward,
-                extra: None,
-                backward: None,
-            },
-        );
+        r.insert(op, Kernel::new(window_forward, None));
     }
-    r.insert(
-        "MelWeightMatrix",
-        Kernel {
-            forward: mel_forward,
-            extra: None,
-            backward: None,
-        },
-    );
+    r.insert("MelWeightMatrix", Kernel::new(mel_forward, None));
 }
 
 #[cfg(test)]
