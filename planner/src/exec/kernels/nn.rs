@@ -132,12 +132,14 @@ fn want(cx: &KernelCtx, k: usize) -> bool {
     cx.outputs.get(k).map(|f| f.is_some()).unwrap_or(false)
 }
 
-fn usizes(cx: &KernelCtx, name: &str, v: &[i64]) -> KResult<Vec<usize>> {
+/// `v` as sizes; `what` names the attribute or input in the error (`attribute "strides"`,
+/// `input 1 "size"`).
+pub(super) fn usizes(cx: &KernelCtx, what: &str, v: &[i64]) -> KResult<Vec<usize>> {
     v.iter()
         .map(|&x| {
             usize::try_from(x).map_err(|_| {
                 KernelError::new(format!(
-                    "attribute {name:?} value {x} must be non-negative (node {})",
+                    "{what} value {x} must be non-negative (node {})",
                     cx.node
                 ))
             })
@@ -145,10 +147,15 @@ fn usizes(cx: &KernelCtx, name: &str, v: &[i64]) -> KResult<Vec<usize>> {
         .collect()
 }
 
-fn ints_attr(cx: &KernelCtx, name: &str, n: usize, default: usize) -> KResult<Vec<usize>> {
+pub(super) fn ints_attr(
+    cx: &KernelCtx,
+    name: &str,
+    n: usize,
+    default: usize,
+) -> KResult<Vec<usize>> {
     match cx.attrs.ints(name)? {
         Some(v) => {
-            let v = usizes(cx, name, v)?;
+            let v = usizes(cx, &format!("attribute {name:?}"), v)?;
             if v.len() != n {
                 kbail!(
                     "attribute {name:?} has {} values for {n} spatial dims",
@@ -165,14 +172,14 @@ fn ints_attr(cx: &KernelCtx, name: &str, n: usize, default: usize) -> KResult<Ve
 // Windows: strides, dilations, pads of conv and pooling ops
 
 #[derive(Clone, Debug)]
-struct Win {
-    k: Vec<usize>,
-    s: Vec<usize>,
-    d: Vec<usize>,
-    pb: Vec<usize>,
-    pe: Vec<usize>,
+pub(super) struct Win {
+    pub(super) k: Vec<usize>,
+    pub(super) s: Vec<usize>,
+    pub(super) d: Vec<usize>,
+    pub(super) pb: Vec<usize>,
+    pub(super) pe: Vec<usize>,
     /// Output spatial size.
-    out: Vec<usize>,
+    pub(super) out: Vec<usize>,
 }
 
 impl Win {
@@ -183,7 +190,12 @@ impl Win {
 
 /// Reads strides, dilations and pads (resolving `auto_pad`) for input spatial size `input`
 /// and output spatial size `out` (from the shape rule).
-fn read_win(cx: &KernelCtx, k: Vec<usize>, input: &[usize], out: &[usize]) -> KResult<Win> {
+pub(super) fn read_win(
+    cx: &KernelCtx,
+    k: Vec<usize>,
+    input: &[usize],
+    out: &[usize],
+) -> KResult<Win> {
     let n = k.len();
     if input.len() != n || out.len() != n {
         kbail!(
@@ -1424,7 +1436,7 @@ fn conv_geo(cx: &KernelCtx, transpose: bool) -> KResult<ConvGeo> {
     let g = g as usize;
     let k = match cx.attrs.ints("kernel_shape")? {
         Some(v) => {
-            let v = usizes(cx, "kernel_shape", v)?;
+            let v = usizes(cx, "attribute \"kernel_shape\"", v)?;
             if v != w[2..] {
                 kbail!("attribute \"kernel_shape\" = {v:?} does not match the weight {w:?}");
             }
@@ -2759,7 +2771,7 @@ fn pool_geo(cx: &KernelCtx) -> KResult<PoolGeo> {
         kbail!("input must be [N, C, spatial...], got {x:?}");
     }
     let k = match cx.attrs.ints("kernel_shape")? {
-        Some(v) => usizes(cx, "kernel_shape", v)?,
+        Some(v) => usizes(cx, "attribute \"kernel_shape\"", v)?,
         None => kbail!("attribute \"kernel_shape\" is required but missing"),
     };
     let y = cx.out_shape(0)?;

@@ -9,6 +9,7 @@
 //! from the shapes; RoiAlign's bilinear sampling table depends on the boxes, which are read
 //! back from the device.
 
+use super::nn::{ints_attr, read_win, usizes};
 use super::{present, req};
 use crate::exec::kernel::{
     BackwardFn, BwdArgs, ExtraFn, Extras, ForwardFn, KResult, Kernel, KernelCtx, KernelError,
@@ -25,15 +26,6 @@ fn set(out: &mut [Option<Tensor>], i: usize, t: Tensor) {
     if let Some(s) = out.get_mut(i) {
         *s = Some(t);
     }
-}
-
-fn usizes(v: &[i64], what: &str) -> KResult<Vec<usize>> {
-    v.iter()
-        .map(|&x| {
-            usize::try_from(x)
-                .map_err(|_| KernelError::new(format!("{what} must be non-negative, got {v:?}")))
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -132,75 +124,33 @@ impl Win {
     }
 }
 
-/// A pooling window from the attributes (explicit pads, auto_pad, ceil mode); the output
-/// dims come from the shape rule.
+/// A pooling window from the attributes (explicit pads, auto_pad: the convolutions' reading,
+/// [`super::nn::read_win`]), with the end padding that ceil mode needs; the output dims come
+/// from the shape rule.
 fn pool_win(cx: &KernelCtx) -> KResult<Win> {
     let x = cx.in_shape(0)?;
     let in_dims = x.get(2..).unwrap_or(&[]).to_vec();
-    let n = in_dims.len();
     let out_dims = cx.out_shape(0)?.get(2..).unwrap_or(&[]).to_vec();
     let kernel = match cx.attrs.ints("kernel_shape")? {
-        Some(k) => usizes(k, "kernel_shape")?,
+        Some(k) => usizes(cx, "attribute \"kernel_shape\"", k)?,
         None => kbail!("attribute \"kernel_shape\" is required"),
     };
-    let strides = match cx.attrs.ints("strides")? {
-        Some(s) => usizes(s, "strides")?,
-        None => vec![1; n],
-    };
-    let dilations = match cx.attrs.ints("dilations")? {
-        Some(s) => usizes(s, "dilations")?,
-        None => vec![1; n],
-    };
-    let pads = match cx.attrs.ints("pads")? {
-        Some(s) => usizes(s, "pads")?,
-        None => vec![0; 2 * n],
-    };
-    if kernel.len() != n
-        || strides.len() != n
-        || dilations.len() != n
-        || pads.len() != 2 * n
-        || out_dims.len() != n
-    {
-        kbail!("kernel_shape/strides/dilations/pads do not match {n} spatial dims");
-    }
-    let auto_pad = cx.attrs.string("auto_pad")?.unwrap_or_default();
-    let mut begin = vec![0; n];
-    let mut end = vec![0; n];
-    for i in 0..n {
-        let span = (out_dims[i].saturating_sub(1)) * strides[i]
-            + (kernel[i].saturating_sub(1)) * dilations[i]
-            + 1;
-        match auto_pad.as_str() {
-            "SAME_UPPER" | "SAME_LOWER" => {
-                let total = span.saturating_sub(in_dims[i]);
-                let small = total / 2;
-                let (b, e) = if auto_pad == "SAME_UPPER" {
-                    (small, total - small)
-                } else {
-                    (total - small, small)
-                };
-                begin[i] = b;
-                end[i] = e;
-            }
-            "VALID" => {}
-            "" | "NOTSET" => {
-                begin[i] = pads[i];
-                end[i] = pads[i + n];
-            }
-            a => kbail!("attribute \"auto_pad\" = {a:?} is not supported"),
-        }
-        // Ceil mode may need positions past the end padding; they read as zeros.
-        let have = begin[i] + in_dims[i] + end[i];
+    let w = read_win(cx, kernel, &in_dims, &out_dims)?;
+    // Ceil mode may need positions past the end padding; they read as zeros.
+    let mut end = w.pe.clone();
+    for (i, e) in end.iter_mut().enumerate() {
+        let span = (out_dims[i] - 1) * w.s[i] + (w.k[i] - 1) * w.d[i] + 1;
+        let have = w.pb[i] + in_dims[i] + *e;
         if span > have {
-            end[i] += span - have;
+            *e += span - have;
         }
     }
     Ok(Win {
         in_dims,
-        kernel,
-        strides,
-        dilations,
-        begin,
+        kernel: w.k,
+        strides: w.s,
+        dilations: w.d,
+        begin: w.pb,
         end,
         out_dims,
     })
@@ -625,23 +575,14 @@ fn col2im_win(cx: &KernelCtx) -> KResult<Win> {
     let block = cx
         .const_ints(2)?
         .ok_or_else(|| KernelError::new("block_shape (input 2) is required"))?;
-    let in_dims = usizes(&image, "image_shape")?;
-    let kernel = usizes(&block, "block_shape")?;
+    let in_dims = usizes(cx, "input 1 \"image_shape\"", &image)?;
+    let kernel = usizes(cx, "input 2 \"block_shape\"", &block)?;
     let n = in_dims.len();
-    let strides = match cx.attrs.ints("strides")? {
-        Some(s) => usizes(s, "strides")?,
-        None => vec![1; n],
-    };
-    let dilations = match cx.attrs.ints("dilations")? {
-        Some(s) => usizes(s, "dilations")?,
-        None => vec![1; n],
-    };
-    let pads = match cx.attrs.ints("pads")? {
-        Some(s) => usizes(s, "pads")?,
-        None => vec![0; 2 * n],
-    };
-    if kernel.len() != n || strides.len() != n || dilations.len() != n || pads.len() != 2 * n {
-        kbail!("block_shape/strides/dilations/pads do not match {n} image dims");
+    let strides = ints_attr(cx, "strides", n, 1)?;
+    let dilations = ints_attr(cx, "dilations", n, 1)?;
+    let pads = ints_attr(cx, "pads", 2 * n, 0)?;
+    if kernel.len() != n {
+        kbail!("block_shape {kernel:?} does not match the {n} image dims");
     }
     let mut out_dims = vec![];
     for i in 0..n {
@@ -769,7 +710,7 @@ fn affine_base(cx: &KernelCtx, dtype: DType) -> KResult<Tensor> {
     let size = cx
         .const_ints(1)?
         .ok_or_else(|| KernelError::new("size (input 1) is required"))?;
-    let size = usizes(&size, "size")?;
+    let size = usizes(cx, "input 1 \"size\"", &size)?;
     let spatial = size.get(2..).unwrap_or(&[]).to_vec();
     let align = cx.attrs.int_or("align_corners", 0)? != 0;
     let coord = |i: usize, n: usize| -> f64 {
