@@ -198,22 +198,24 @@ pub fn plan_options(
                     format!("solver: {e}"),
                 )
             })?;
-    let seconds = req.time_limit.unwrap_or(DEFAULT_TIME_LIMIT);
-    if !(seconds.is_finite() && seconds > 0.0) {
-        return Err(EngineError::new(
+    // A duration option in seconds: finite, and positive unless zero is allowed.
+    let secs = |name: &str, v: f64, zero_ok: bool| {
+        if v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0)) {
+            return Ok(v);
+        }
+        let kind = if zero_ok { "non-negative" } else { "positive" };
+        Err(EngineError::new(
             ErrorKind::BadInput,
             "invalid_option",
-            format!("time_limit must be a positive number of seconds, got {seconds}"),
-        ));
-    }
-    let bound = req.bound_time.unwrap_or(0.0);
-    if !(bound.is_finite() && bound >= 0.0) {
-        return Err(EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            format!("bound_time must be a non-negative number of seconds, got {bound}"),
-        ));
-    }
+            format!("{name} must be a {kind} number of seconds, got {v}"),
+        ))
+    };
+    let seconds = secs(
+        "time_limit",
+        req.time_limit.unwrap_or(DEFAULT_TIME_LIMIT),
+        false,
+    )?;
+    let bound = secs("bound_time", req.bound_time.unwrap_or(0.0), true)?;
     Ok(PlanOptions {
         budget,
         algorithm,

@@ -334,7 +334,7 @@ fn bound_cell(rep: &PlanReport) -> String {
     else {
         return "–".into();
     };
-    let ran = rep.bound_seconds > 0.05;
+    let ran = rep.bound_seconds > 0.0;
     match lb.source {
         BoundSource::Lp => format!("LP, {:.1} s", rep.bound_seconds),
         source if ran => format!(

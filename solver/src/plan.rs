@@ -157,7 +157,8 @@ pub enum BoundSource {
     Milp,
     /// The LP relaxation of the Checkmate MILP ([`PlanOptions::bound_time`]).
     Lp,
-    /// The schedule is optimal by construction (the exact chain DP).
+    /// The schedule is proven optimal: the exact chain DP, or the MILP solved to its gap
+    /// (the bound is then the schedule's own cost).
     Exact,
 }
 
@@ -294,6 +295,14 @@ impl Pool {
         Ok(())
     }
 
+    /// Whether the best schedule is one a solver proved optimal.
+    fn best_proven(&self) -> bool {
+        self.best.as_ref().is_some_and(|b| {
+            self.proven
+                .is_some_and(|c| b.stats.compute_cost <= c * (1.0 + 1e-12))
+        })
+    }
+
     fn bound(&mut self, b: f64, source: BoundSource) {
         if self.lower_bound.is_none_or(|(x, _)| b > x) {
             self.lower_bound = Some((b, source));
@@ -407,6 +416,7 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
         baselines,
         schedule: Vec::new(),
     };
+    let proven = pool.best_proven();
     let Some(best) = pool.best else {
         let least = match pool.min_peak {
             Some(b) => b,
@@ -423,7 +433,7 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
             0.0
         }
     });
-    if pool.proven.is_some_and(|c| cost <= c * (1.0 + 1e-12)) {
+    if proven {
         gap = Some(0.0);
         report.lower_bound = Some(LowerBound {
             compute_cost: pool.lower_bound.map_or(cost, |(lb, _)| lb.max(cost)),
@@ -615,7 +625,7 @@ fn lp_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<f64> {
         return Ok(0.0);
     };
     let cost = best.stats.compute_cost;
-    let proven = pool.proven.is_some_and(|c| cost <= c * (1.0 + 1e-12));
+    let proven = pool.best_proven();
     let settled = pool.lower_bound.is_some_and(|(lb, source)| {
         source == BoundSource::Milp || cost <= 0.0 || (cost - lb) / cost <= OPTIMAL_GAP
     });

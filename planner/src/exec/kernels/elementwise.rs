@@ -1022,6 +1022,7 @@ struct ReluGrad;
 impl super::host::Host2 for ReluGrad {
     const WHAT: &'static str = "relu-grad";
     const HALF: bool = true;
+    const SAME_SHAPE: bool = true;
 
     fn run<T: candle_core::WithDType>(
         &self,
@@ -1036,28 +1037,7 @@ impl super::host::Host2 for ReluGrad {
     }
 }
 
-impl candle_core::CustomOp2 for ReluGrad {
-    fn name(&self) -> &'static str {
-        "relu-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &candle_core::CpuStorage,
-        l1: &candle_core::Layout,
-        s2: &candle_core::CpuStorage,
-        l2: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        if l1.shape() != l2.shape() {
-            candle_core::bail!(
-                "relu-grad: shapes {:?} and {:?} differ",
-                l1.shape(),
-                l2.shape()
-            );
-        }
-        super::host::host2(self, s1, l1, s2, l2)
-    }
-}
+custom_op2!(ReluGrad, "relu-grad", host2);
 
 /// `g[i]` where `y[i] > 0`, else zero, in chunks of 64K elements on all threads.
 fn mask_positive<T: candle_core::WithDType>(g: &[T], y: &[T]) -> Vec<T> {
@@ -1322,6 +1302,17 @@ pub(crate) mod tests {
         assert_eq!(
             got.to_vec1::<f32>().unwrap(),
             want.to_vec1::<f32>().unwrap()
+        );
+        // Equal element counts in different shapes are refused.
+        let a = Tensor::zeros((2, 3), DType::F32, &dev).unwrap();
+        let b = Tensor::zeros((3, 2), DType::F32, &dev).unwrap();
+        let err = a
+            .apply_op2_no_bwd(&b, &super::ReluGrad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("relu-grad: shapes [2, 3] and [3, 2] differ"),
+            "{err}"
         );
         // Through the kernel, with a transposed (non-contiguous) gradient.
         let y2 = y

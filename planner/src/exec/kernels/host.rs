@@ -138,6 +138,8 @@ pub(super) trait Host1 {
 pub(super) trait Host2 {
     const WHAT: &'static str;
     const HALF: bool = false;
+    /// Both operands must have the same shape (not just matching element counts).
+    const SAME_SHAPE: bool = false;
     fn want(&self) -> [Option<usize>; 2] {
         [None, None]
     }
@@ -189,6 +191,14 @@ pub(super) fn host2<K: Host2>(
     l2: &Layout,
 ) -> Out {
     use CpuStorage as S;
+    if K::SAME_SHAPE && l1.shape() != l2.shape() {
+        return Err(candle_core::Error::Msg(format!(
+            "{}: shapes {:?} and {:?} differ",
+            K::WHAT,
+            l1.shape(),
+            l2.shape()
+        )));
+    }
     let [w1, w2] = k.want();
     let ((a1, b1), (a2, b2)) = (span(l1, w1, K::WHAT)?, span(l2, w2, K::WHAT)?);
     let sh = l1.shape();
