@@ -95,9 +95,9 @@ pub struct PlanOptions {
     /// Threads the MILP may use (at least 1).
     pub threads: usize,
     /// Extra time, after the schedule is found, to prove a lower bound on its cost with the
-    /// LP relaxation of the Checkmate MILP ([`crate::ilp::lp_bound`]) where nothing has proven
-    /// one yet: the relaxation of a graph too large for the MILP itself can still solve
-    /// (MobileNet, 185 nodes: 38 s here). Zero (the default) skips it.
+    /// LP relaxation of the boundary model ([`crate::ilp::lp_bound`]) where nothing has proven
+    /// one yet: it solves for graphs far too large for the MILP itself (MobileNet, 185 nodes:
+    /// 1 s here; ResNet50: 5 s; random n500: 18–78 s). Zero (the default) skips it.
     pub bound_time: Duration,
 }
 
@@ -155,7 +155,7 @@ pub enum BoundSource {
     StoreAll,
     /// The Checkmate MILP's dual bound (HiGHS).
     Milp,
-    /// The LP relaxation of the Checkmate MILP ([`PlanOptions::bound_time`]).
+    /// The LP relaxation of the boundary model ([`PlanOptions::bound_time`]).
     Lp,
     /// The schedule is proven optimal: the exact chain DP, or the MILP solved to its gap
     /// (the bound is then the schedule's own cost).
@@ -230,10 +230,9 @@ const OPTIMAL_GAP: f64 = 1e-4;
 /// schedule within seconds; at 34k (MobileNet) not even the LP relaxation finishes in 30 s on
 /// 2 cores, so larger graphs get the search for the whole time limit.
 const EXACT_BINARIES: usize = 15_000;
-/// Largest reduced model (rows) whose LP relaxation [`PlanOptions::bound_time`] tries. Measured
-/// here with HiGHS on 2 threads: MobileNet (179,651 rows) and random n250 (661,052) solve in
-/// 38–39 s; ResNet50 (700,695) not in 300 s; random n500 (4,033,414) not in 400 s, and larger
-/// models take minutes and gigabytes just to build.
+/// Largest boundary model (rows) whose LP relaxation [`PlanOptions::bound_time`] tries.
+/// Measured here with HiGHS on 2 threads: MobileNet (42,690 rows) 1 s, ResNet50 (162,468) 5 s,
+/// random n250 (129,720) 3 s, n500 (680,481) 18–78 s; n1000 (3,102,224) not in 400 s (3.8 GB).
 #[cfg(feature = "highs")]
 const LP_BOUND_MAX_ROWS: usize = 1_000_000;
 /// Share of the time limit the search gets before an exact MILP.
@@ -614,7 +613,7 @@ fn run_ilp(
     Ok(())
 }
 
-/// Raises the pool's lower bound with the MILP's LP relaxation, within `opts.bound_time`,
+/// Raises the pool's lower bound with the boundary model's LP relaxation, within `opts.bound_time`,
 /// when a schedule exists, no MILP has bounded it already (its dual bound is at least the
 /// relaxation's) and the model is not over [`LP_BOUND_MAX_ROWS`]. Returns the seconds it
 /// spent (0 when it did not run).
@@ -629,7 +628,7 @@ fn lp_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<f64> {
     let settled = pool.lower_bound.is_some_and(|(lb, source)| {
         source == BoundSource::Milp || cost <= 0.0 || (cost - lb) / cost <= OPTIMAL_GAP
     });
-    if proven || settled || crate::ilp::model_size(p)?.rows > LP_BOUND_MAX_ROWS {
+    if proven || settled || crate::ilp::lp_model_size(p)?.rows > LP_BOUND_MAX_ROWS {
         return Ok(0.0);
     }
     let lp = crate::ilp::lp_bound(p, opts.budget, opts.bound_time, opts.threads.max(1))?;
