@@ -696,6 +696,33 @@ async fn a_large_time_limit_is_clamped_and_says_so() {
 }
 
 #[tokio::test]
+async fn bound_time_reaches_the_engine_clamped_and_checked() {
+    let t = test_app_with(Config {
+        max_time_limit: 300.0,
+        ..test_config()
+    });
+    let v = t
+        .post_json("/v1/plans?bound_time=20", &graph("ok"))
+        .await
+        .json();
+    assert_eq!(v["plan"]["echo"]["bound_time"], 20.0);
+    let body = json!({"model": graph("ok"), "options": {"bound_time": 1000}});
+    let r = t.post_json("/v1/plans", &body).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let v = r.json();
+    assert_eq!(v["plan"]["echo"]["bound_time"], 300.0);
+    assert_eq!(v["options"]["clamped"]["bound_time"]["requested"], 1000.0);
+    assert!(v["options"]["clamped"].get("time_limit").is_none());
+    let bad = t.post_json("/v1/plans?bound_time=-1", &graph("ok")).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let e = bad.error();
+    assert!(
+        e["message"].as_str().unwrap().contains("bound_time -1"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
 async fn static_files_do_not_escape_the_embedded_set() {
     let t = test_app();
     let index = t.get("/").await;
@@ -779,6 +806,7 @@ async fn health_metrics_and_openapi() {
         "dim",
         "solver",
         "time_limit",
+        "bound_time",
         "validate",
         "name",
         "wait",

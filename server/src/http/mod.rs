@@ -56,7 +56,8 @@ pub struct ServeArgs {
     /// Allow cross-origin requests from this origin (repeatable); CORS is off without it.
     #[arg(long = "cors", value_name = "ORIGIN")]
     pub cors: Vec<String>,
-    /// Largest solver time limit a request may ask for, in seconds; larger ones are clamped.
+    /// Largest solver time limit (and LP bound time) a request may ask for, in seconds each;
+    /// larger ones are clamped.
     #[arg(long, default_value_t = 300.0)]
     pub max_time_limit: f64,
     /// Seconds a request may take before it is answered 408.

@@ -25,6 +25,10 @@ pub struct PlanOptions {
     pub solver: Option<String>,
     /// Seconds the solver may spend (clamped to the server's cap).
     pub time_limit: Option<f64>,
+    /// Extra seconds, after the schedule, to prove a lower bound on its cost with the LP
+    /// relaxation where nothing proved one (graphs too large for the exact MILP); clamped to
+    /// the server's cap; 0 or absent: none.
+    pub bound_time: Option<f64>,
     /// Run the executor on the plan (ONNX models only).
     pub validate: Option<bool>,
     /// A display name for the model.
@@ -56,6 +60,9 @@ pub struct PlanQuery {
     pub solver: Option<String>,
     /// Seconds the solver may spend (clamped to the server's cap).
     pub time_limit: Option<f64>,
+    /// Extra seconds to prove a lower bound with the LP relaxation (clamped to the server's
+    /// cap; 0: none).
+    pub bound_time: Option<f64>,
     /// Run the executor on the plan (ONNX models only).
     pub validate: Option<bool>,
     /// A display name for the model.
@@ -117,6 +124,7 @@ impl PlanQuery {
                 "dim" => q.dim.push(value.clone()),
                 "solver" => q.solver = Some(value.clone()),
                 "time_limit" => q.time_limit = Some(parse_f64(key, value)?),
+                "bound_time" => q.bound_time = Some(parse_f64(key, value)?),
                 "validate" => q.validate = Some(parse_bool(key, value)?),
                 "name" => q.name = Some(value.clone()),
                 "wait" => q.wait = Some(parse_f64(key, value)?),
@@ -126,8 +134,8 @@ impl PlanQuery {
                 "fraction" => q.fraction.push(parse_f64(key, value)?),
                 other => {
                     return Err(invalid(format!(
-                        "unknown query parameter `{other}`; known: budget, dim, solver, time_limit, validate, \
-                         name, wait, refresh, param, input, fraction"
+                        "unknown query parameter `{other}`; known: budget, dim, solver, time_limit, bound_time, \
+                         validate, name, wait, refresh, param, input, fraction"
                     )))
                 }
             }
@@ -176,8 +184,7 @@ pub fn resolve(
         dims: body.dims,
         solver: query.solver.or(body.solver),
         time_limit: query.time_limit.or(body.time_limit),
-        // Not offered over HTTP: the server's time cap covers the solve only.
-        bound_time: None,
+        bound_time: query.bound_time.or(body.bound_time),
         validate: query.validate.or(body.validate),
         name: query.name.or(body.name),
         params: body.params,
@@ -218,16 +225,22 @@ pub fn resolve(
     }
 
     let mut clamped = serde_json::Map::new();
-    if let Some(t) = request.time_limit {
-        if !(t.is_finite() && t > 0.0) {
+    // Each of the solve and the bound gets at most the server's cap.
+    for (key, value, zero_ok) in [
+        ("time_limit", &mut request.time_limit, false),
+        ("bound_time", &mut request.bound_time, true),
+    ] {
+        let Some(t) = *value else { continue };
+        if !(t.is_finite() && (t > 0.0 || (zero_ok && t == 0.0))) {
+            let what = if zero_ok { "non-negative" } else { "positive" };
             return Err(invalid(format!(
-                "time_limit {t}: expected a positive number of seconds"
+                "{key} {t}: expected a {what} number of seconds"
             )));
         }
         if t > caps.max_time_limit {
-            request.time_limit = Some(caps.max_time_limit);
+            *value = Some(caps.max_time_limit);
             clamped.insert(
-                "time_limit".to_string(),
+                key.to_string(),
                 serde_json::json!({
                     "requested": t,
                     "applied": caps.max_time_limit,
