@@ -26,10 +26,13 @@
 //! schedule of the stage model satisfies both, so they cut no schedule off; they cut off
 //! fractional solutions that the `U` recurrence allows (it frees fractions of values), and
 //! raise the LP relaxation's bound a lot (random n100 at 0.8: 0.79% → 1.21% overhead, which
-//! proves the schedule within 1% in seconds instead of minutes). [`lp_bound`] solves the
-//! *boundary model* (`R`, `S`, their rows and the boundary rows; no `FREE`, no `U`): a
-//! relaxation too (it drops rows), a fraction of the size, and on the benchmark graphs as tight
-//! as or tighter than the full model's relaxation.
+//! proves the schedule within 1% in seconds instead of minutes). [`lp_bound`] and
+//! [`boundary_bound`] solve the *boundary model* (`R`, `S`, their rows and the boundary rows;
+//! no `FREE`, no `U`) as an LP and as a MILP: a relaxation too (it drops rows), a quarter of the
+//! size, whose LP is on the benchmark graphs as tight as or tighter than the full model's and
+//! whose MILP HiGHS often closes in seconds. Where even that is too large (random n1000: 3.1 M
+//! rows), the *loose model* keeps only the dependency rows of each stage's own node (506 k rows;
+//! its LP solves in 10–19 s there, a weaker bound).
 //!
 //! Model reductions: only needed nodes; `R[t,i]` only when `i` leads within stage `t` to node
 //! `t` or to a value some later node reads (this excludes recomputing a value only to keep it
@@ -108,6 +111,19 @@ pub struct IlpOutcome {
     pub warm_started: bool,
 }
 
+/// Which model a solve builds (the module's documentation describes them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Model {
+    /// Checkmate's stage model with the boundary rows: its MILP's solutions are schedules.
+    Full,
+    /// `R`, `S`, their rows and the boundary rows: a relaxation, for bounds.
+    Boundary,
+    /// The boundary model with the dependency rows of each stage's own node only (a
+    /// recomputation inside a stage does not need its inputs): a looser relaxation, about a
+    /// sixth of the boundary model's rows on large random graphs.
+    Loose,
+}
+
 /// Size of the MILP after reductions.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ModelSize {
@@ -142,6 +158,8 @@ struct Layout {
     rows: usize,
     /// Whether the model tracks memory within stages (`FREE`, `U`): the full model.
     memory: bool,
+    /// Whether only the stage's own node has dependency rows ([`Model::Loose`]).
+    loose: bool,
 }
 
 const NONE: u32 = u32::MAX;
@@ -162,10 +180,11 @@ impl Layout {
         (c != NONE).then_some(c as usize)
     }
 
-    /// The layout of the full model, or with `memory == false` of the boundary model only
-    /// (no `FREE` or `U` columns: `frees` and `u_at` are empty per stage, `rows` counts the
-    /// boundary model's).
-    fn new(p: &Problem, memory: bool) -> Result<Self> {
+    /// The layout of `model`: the boundary and loose models have no `FREE` or `U` columns
+    /// (`frees` and `u_at` are empty per stage).
+    fn new(p: &Problem, model: Model) -> Result<Self> {
+        let memory = model == Model::Full;
+        let loose = model == Model::Loose;
         let g = Local::new(p);
         let m = g.len();
         let cells = m
@@ -239,6 +258,7 @@ impl Layout {
             binaries,
             rows: 0,
             memory,
+            loose,
         };
         let mut rows = 0usize;
         let mut boundary_rows = 0usize;
@@ -288,7 +308,11 @@ impl Layout {
                 boundary_rows += (0..t).filter(|&i| layout.s(t + 1, i).is_some()).count();
             }
             // R[t,k] <= R[t,d] + S[t,d]
-            boundary_rows += comp.iter().map(|&k| layout.g.deps[k].len()).sum::<usize>();
+            boundary_rows += comp
+                .iter()
+                .filter(|&&k| !loose || k == t)
+                .map(|&k| layout.g.deps[k].len())
+                .sum::<usize>();
             // The two stage-boundary rows.
             boundary_rows += 2;
             let mut u = Vec::with_capacity(comp.len());
@@ -314,7 +338,8 @@ impl Layout {
     }
 
     /// Column values of a stage-form schedule (stages as from [`Local::stages_of`]), with the
-    /// largest `U` (in scaled bytes). `None` when the stages use a variable the model dropped.
+    /// largest `U` (in scaled bytes; 0 for the boundary model, which has no `U`). `None` when
+    /// the stages use a variable the model dropped.
     fn values_of(&self, stages: &[Vec<usize>], unit: f64) -> Option<(Vec<f64>, f64)> {
         let m = self.m;
         let g = &self.g;
@@ -354,6 +379,11 @@ impl Layout {
             }
             live[t] = false;
         }
+        if !self.memory {
+            // The boundary model has no memory columns; its rows hold for every stage-form
+            // schedule that fits (see `boundary_rows_hold_for_every_stage_form_schedule`).
+            return Some((x, 0.0));
+        }
         let mut peak: f64 = 0.0;
         for t in 0..m {
             let mut mem: f64 = (0..t)
@@ -383,27 +413,52 @@ impl Layout {
 
 /// Size of the reduced MILP for `p`, without building it.
 pub fn model_size(p: &Problem) -> Result<ModelSize> {
-    Ok(Layout::new(p, true)?.size())
+    Ok(Layout::new(p, Model::Full)?.size())
 }
 
-/// Size of the boundary model whose LP relaxation [`lp_bound`] solves.
-pub fn lp_model_size(p: &Problem) -> Result<ModelSize> {
-    Ok(Layout::new(p, false)?.size())
+/// Size of `model` for `p`, without building it.
+pub fn lp_model_size(p: &Problem, model: Model) -> Result<ModelSize> {
+    Ok(Layout::new(p, model)?.size())
 }
 
 /// Solves the Checkmate MILP for `p` within `opts.budget`. Infeasible budgets and time-outs
 /// are statuses, not errors.
 pub fn solve(p: &Problem, opts: &IlpOptions) -> Result<IlpOutcome> {
-    run(p, opts, false)
+    run(p, opts, false, Model::Full)
 }
 
-/// Solves the boundary model's LP relaxation (the module's documentation says what that model
-/// is): a lower bound on the compute cost of any schedule that fits the budget (in the stage
-/// model). `None` when the time limit cut it short.
-pub fn lp_bound(p: &Problem, budget: u64, time_limit: Duration, threads: usize) -> Result<LpBound> {
+/// Solves the boundary model (the module's documentation says what it is) as a MILP within
+/// `opts.time_limit`, warm-started from `opts.warm_start`, for its bound: the boundary model is
+/// a relaxation of the stage model, so HiGHS's dual bound on it is a lower bound on the compute
+/// cost of any schedule that fits (in the stage model), and from the root on at least the LP
+/// relaxation's ([`lp_bound`]). Random n100 at 0.8×: 1.55% over store-all, optimal, in 3 s,
+/// where the full MILP's bound is 1.21% after its root and 1.50% after a cut round.
+/// `Optimal` when HiGHS closed its gap (the bound is then the boundary model's optimum),
+/// `NoSolution` when the time limit stopped it (with the bound reached, if the root was
+/// solved), `Infeasible` when no schedule fits.
+pub fn boundary_bound(p: &Problem, opts: &IlpOptions) -> Result<LpBound> {
+    let out = run(p, opts, false, Model::Boundary)?;
+    Ok(LpBound {
+        status: out.status,
+        bound: out.lower_bound,
+        seconds: out.seconds,
+    })
+}
+
+/// Solves the LP relaxation of `model` ([`Model::Boundary`] or the looser [`Model::Loose`] for
+/// bounds; the module's documentation says what they are): a lower bound on the compute cost of
+/// any schedule that fits the budget (in the stage model). `None` when the time limit cut it
+/// short.
+pub fn lp_bound(
+    p: &Problem,
+    model: Model,
+    budget: u64,
+    time_limit: Duration,
+    threads: usize,
+) -> Result<LpBound> {
     let mut opts = IlpOptions::new(budget, time_limit);
     opts.threads = threads;
-    let out = run(p, &opts, true)?;
+    let out = run(p, &opts, true, model)?;
     Ok(LpBound {
         status: out.status,
         bound: out.lower_bound,
@@ -421,7 +476,9 @@ pub struct LpBound {
     pub seconds: f64,
 }
 
-fn run(p: &Problem, opts: &IlpOptions, relax: bool) -> Result<IlpOutcome> {
+/// Solves `model` as a MILP or its LP relaxation (`relax`); only the full MILP's solutions are
+/// schedules.
+fn run(p: &Problem, opts: &IlpOptions, relax: bool, model: Model) -> Result<IlpOutcome> {
     let start = Instant::now();
     if opts.budget < p.footprint_lower_bound() {
         return Ok(IlpOutcome {
@@ -436,7 +493,7 @@ fn run(p: &Problem, opts: &IlpOptions, relax: bool) -> Result<IlpOutcome> {
             warm_started: false,
         });
     }
-    let layout = Layout::new(p, !relax)?;
+    let layout = Layout::new(p, model)?;
     let g = &layout.g;
     let max_bytes = g.bytes.iter().copied().max().unwrap_or(1).max(1) as f64;
     let unit = (max_bytes / 1024.0).max(1.0);
@@ -476,7 +533,7 @@ fn run(p: &Problem, opts: &IlpOptions, relax: bool) -> Result<IlpOutcome> {
             },
         )?;
         out.seconds = start.elapsed().as_secs_f64();
-        if relax {
+        if relax || model != Model::Full {
             return Ok(out.finish(None));
         }
         let Some(stages) = out.stages.take() else {
@@ -586,6 +643,21 @@ fn boundary_rows(layout: &Layout, t: usize, unit: f64) -> [BoundaryRow; 2] {
 fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
     let g = &layout.g;
     let m = layout.m;
+    if layout.columns == 0 && !layout.memory {
+        // A boundary model without variables (nothing to store or recompute): its rows are
+        // constants that hold, since the budget is at least every node's footprint (`run`
+        // checks it first), and its optimum is the store-all cost. HiGHS would only answer
+        // "model empty".
+        return Ok(Raw {
+            status: IlpStatus::Optimal,
+            stages: None,
+            objective: None,
+            lower_bound: Some(sp.base),
+            seconds: 0.0,
+            size: layout.size(),
+            warm_started: false,
+        });
+    }
     let mut vars = ProblemVariables::new();
     let mut cols: Vec<Variable> = Vec::with_capacity(layout.columns);
     // Columns are created in layout order: R and S (interleaved as laid out), then FREE and U.
@@ -637,7 +709,7 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
             }
         }
         // R[t,k] <= R[t,d] + S[t,d]
-        for &k in &layout.comp[t] {
+        for &k in layout.comp[t].iter().filter(|&&k| !layout.loose || k == t) {
             for &d in &g.deps[k] {
                 let mut e = Expression::with_capacity(3);
                 if let Some(r) = layout.r(t, d) {
@@ -721,6 +793,14 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
             .map_err(|_| opt("mip_rel_gap"))?;
         hm.try_set_option("mip_abs_gap", sp.mip_gap.max(0.0) * sp.base / sp.cost_unit)
             .map_err(|_| opt("mip_abs_gap"))?;
+        if !layout.memory {
+            // Solved for its bound alone: no time on primal heuristics (the warm start, when
+            // there is one, is the incumbent that prunes).
+            hm.try_set_option("mip_heuristic_effort", 0.0)
+                .map_err(|_| opt("mip_heuristic_effort"))?;
+            hm.try_set_option("mip_heuristic_run_feasibility_jump", false)
+                .map_err(|_| opt("mip_heuristic_run_feasibility_jump"))?;
+        }
     }
     let mut warm_started = false;
     if let Some(x) = sp.warm {
@@ -780,6 +860,13 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
             raw.lower_bound = Some(to_cost(b));
         }
     }
+    if !layout.memory {
+        // The boundary model's solutions are not schedules: only its bound counts.
+        if raw.status == IlpStatus::Feasible {
+            raw.status = IlpStatus::NoSolution;
+        }
+        return Ok(raw);
+    }
     if !has_solution {
         if raw.status == IlpStatus::Optimal {
             raw.status = IlpStatus::NoSolution;
@@ -812,7 +899,7 @@ mod tests {
     #[test]
     fn warm_start_values_reproduce_simulated_memory() {
         let p = training_chain(6);
-        let layout = Layout::new(&p, true).unwrap();
+        let layout = Layout::new(&p, Model::Full).unwrap();
         let stages = layout.g.stages_of(&store_all(&p)).unwrap();
         let (_, peak) = layout.values_of(&stages, 1.0).unwrap();
         assert_eq!(peak as u64, store_all_peak(&p));
@@ -855,7 +942,7 @@ mod tests {
     fn boundary_rows_hold_for_every_stage_form_schedule() {
         let cases = [training_chain(6), skip_graph()];
         for p in &cases {
-            let layout = Layout::new(p, true).unwrap();
+            let layout = Layout::new(p, Model::Full).unwrap();
             let lo = p.footprint_lower_bound();
             let hi = store_all_peak(p);
             let mut schedules = vec![store_all(p)];

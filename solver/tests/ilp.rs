@@ -345,6 +345,40 @@ fn ilp_is_unavailable_only_without_highs() {
     assert_eq!(report.predicted.overhead, 0.0);
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// The boundary model's MILP bound lies between its LP relaxation's and the exact optimum
+    /// (the MILP's, on training DAGs and chains); the loose model's LP bound is at most the
+    /// boundary model's.
+    #[test]
+    fn boundary_bound_lies_between_the_lp_and_the_optimum(p in prop_oneof![arb_training_dag(5), arb_chain(6)], f in 0.0f64..1.0) {
+        let budget = budget_at(&p, f);
+        let out = solve(&p, budget);
+        let mut o = IlpOptions::new(budget, TIME);
+        o.warm_start = out.schedule.clone();
+        let b = ilp::boundary_bound(&p, &o).unwrap();
+        let lp = ilp::lp_bound(&p, ilp::Model::Boundary, budget, TIME, 1).unwrap();
+        let loose = ilp::lp_bound(&p, ilp::Model::Loose, budget, TIME, 1).unwrap();
+        if let (Some(l), Some(b)) = (loose.bound, lp.bound) {
+            prop_assert!(l <= b * (1.0 + 1e-6), "loose {} > boundary {}", l, b);
+        }
+        if b.status == IlpStatus::Infeasible {
+            // A relaxation: infeasible only where the stage model is.
+            prop_assert!(out.stats.is_none());
+        }
+        if let Some(st) = out.stats {
+            {
+                prop_assert_eq!(out.status, IlpStatus::Optimal);
+                prop_assert_eq!(b.status, IlpStatus::Optimal);
+                let bound = b.bound.unwrap();
+                prop_assert!(bound <= st.compute_cost * (1.0 + 1e-6), "{} > optimum {}", bound, st.compute_cost);
+                prop_assert!(bound >= lp.bound.unwrap() * (1.0 - 1e-6), "{} < LP {:?}", bound, lp.bound);
+            }
+        }
+    }
+}
+
 #[test]
 fn lp_relaxation_bounds_the_milp() {
     let fwd: Vec<(f64, u64)> = (0..6).map(|i| (1.0 + i as f64, 10 + 4 * i)).collect();
@@ -352,7 +386,7 @@ fn lp_relaxation_bounds_the_milp() {
     let p = chain(&fwd, &bwd, 3);
     for f in [0.1, 0.5, 0.9] {
         let budget = budget_at(&p, f);
-        let lp = ilp::lp_bound(&p, budget, TIME, 1).unwrap();
+        let lp = ilp::lp_bound(&p, ilp::Model::Boundary, budget, TIME, 1).unwrap();
         let out = solve(&p, budget);
         let cost = out.stats.expect("feasible").compute_cost;
         let bound = lp.bound.expect("the LP is solved");
@@ -361,7 +395,14 @@ fn lp_relaxation_bounds_the_milp() {
             "{bound} {cost}"
         );
     }
-    let lp = ilp::lp_bound(&p, p.footprint_lower_bound() - 1, TIME, 1).unwrap();
+    let lp = ilp::lp_bound(
+        &p,
+        ilp::Model::Boundary,
+        p.footprint_lower_bound() - 1,
+        TIME,
+        1,
+    )
+    .unwrap();
     assert_eq!(lp.status, IlpStatus::Infeasible);
 }
 
@@ -383,7 +424,7 @@ fn bound_time_adds_the_lp_bound_where_the_milp_does_not_run() {
     let (schedule, bounded) = plan(
         &p,
         &PlanOptions {
-            bound_time: TIME,
+            bound_time: Duration::from_secs(5),
             ..base.clone()
         },
     )
@@ -392,7 +433,14 @@ fn bound_time_adds_the_lp_bound_where_the_milp_does_not_run() {
     let lb0 = plain.lower_bound.expect("a bound");
     assert_eq!(lb0.source, plan::BoundSource::StoreAll);
     let lb = bounded.lower_bound.expect("a bound");
-    assert_eq!(lb.source, plan::BoundSource::Lp, "{bounded:?}");
+    // The LP relaxation, then (for the rest of the time) the same model as a MILP.
+    assert!(
+        matches!(
+            lb.source,
+            plan::BoundSource::Lp | plan::BoundSource::BoundaryMilp
+        ),
+        "{bounded:?}"
+    );
     let cost = simulate(&p, &schedule).unwrap().compute_cost;
     assert!(lb.compute_cost > p.base_cost() && lb.compute_cost <= cost + 1e-9);
     assert!(bounded.gap.unwrap() < plain.gap.unwrap());
