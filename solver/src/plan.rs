@@ -681,17 +681,10 @@ fn run_ilp(
 #[cfg(feature = "highs")]
 fn lp_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<f64> {
     let start = Instant::now();
-    let Some(best) = &pool.best else {
-        return Ok(0.0);
-    };
-    let cost = best.stats.compute_cost;
-    let proven = pool.best_proven();
-    let settled = pool.lower_bound.is_some_and(|(lb, source)| {
-        matches!(source, BoundSource::Milp | BoundSource::BoundaryMilp)
-            || cost <= 0.0
-            || (cost - lb) / cost <= OPTIMAL_GAP
-    });
-    if proven || settled {
+    let by_milp = pool
+        .lower_bound
+        .is_some_and(|(_, source)| matches!(source, BoundSource::Milp | BoundSource::BoundaryMilp));
+    if pool.best.is_none() || by_milp || settled_pool(pool, OPTIMAL_GAP) {
         return Ok(0.0);
     }
     // The boundary model where it is small enough, otherwise the loose one (random n1000).
