@@ -50,6 +50,7 @@ export function renderUpload(root) {
   const budgetRange = h('div', { class: 'budget-range muted' });
   const solverSel = h('select', { id: 'solver' }, SOLVERS.map(([v, l]) => h('option', { value: v }, l)));
   const timeInput = h('input', { type: 'number', id: 'time-limit', min: '1', max: '3600', step: '1', value: '30' });
+  const boundInput = h('input', { type: 'number', id: 'bound-time', min: '0', max: '3600', step: '1', value: '0', title: 'Extra seconds after the schedule to prove how far it can be from optimal, on graphs too large for the exact MILP (0: none)' });
   const validateBox = h('input', { type: 'checkbox', id: 'validate' });
   const planBtn = h('button', { type: 'submit', class: 'btn primary', disabled: true, 'data-testid': 'plan-button' }, 'Plan');
   const tokenInput = h('input', { type: 'password', id: 'token', autocomplete: 'off', placeholder: 'only if the server asks for one' });
@@ -185,6 +186,7 @@ export function renderUpload(root) {
         budget: String(budgetBytes()),
         solver: solverSel.value,
         time_limit: timeInput.value,
+        bound_time: Number(boundInput.value) > 0 ? boundInput.value : undefined,
         validate: validateBox.checked ? 'true' : undefined,
         dims: dims(),
         name: nameInput.value || state.baseName,
@@ -223,6 +225,7 @@ export function renderUpload(root) {
           { class: 'row' },
           h('label', { class: 'field', for: 'solver' }, h('span', {}, '3. Solver'), solverSel),
           h('label', { class: 'field', for: 'time-limit' }, h('span', {}, 'Time limit (s)'), timeInput),
+          h('label', { class: 'field', for: 'bound-time' }, h('span', {}, 'Bound time (s)'), boundInput),
           h('label', { class: 'field check', for: 'validate' }, validateBox, h('span', {}, 'Validate (run the plan on the executor)')),
         ),
         h('div', { class: 'actions' }, planBtn),
