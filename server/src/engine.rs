@@ -21,8 +21,8 @@ pub struct PlanRequest {
     pub solver: Option<String>,
     /// Seconds the solver may spend.
     pub time_limit: Option<f64>,
-    /// Extra seconds, after the schedule is found, for a lower bound from the LP relaxation
-    /// (`remat_solver::ilp::lp_bound`; none by default).
+    /// Extra seconds, after the schedule is found, for a lower bound from the boundary model
+    /// (`remat_solver::plan::PlanOptions::bound_time`; none by default).
     pub bound_time: Option<f64>,
     /// Run the executor on the plan (ONNX models only).
     pub validate: Option<bool>,

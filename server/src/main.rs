@@ -104,8 +104,8 @@ struct PlanArgs {
     /// Seconds the solver may spend
     #[arg(long, default_value_t = pipeline::DEFAULT_TIME_LIMIT)]
     time_limit: f64,
-    /// Extra seconds, after the schedule is found, to prove a lower bound with an LP
-    /// relaxation (for graphs too large for the MILP; 0: none)
+    /// Extra seconds, after the schedule is found, to prove a lower bound (for graphs too
+    /// large for the MILP: an LP relaxation, then a relaxed MILP; 0: none)
     #[arg(long, default_value_t = 0.0)]
     bound_time: f64,
     /// Print the plan as JSON

@@ -25,8 +25,8 @@
 //! in `t`), `Σ_{i ∉ deps(t)} S[t+1,i]·M_i + Σ_{d ∈ deps(t)} M_d + M_t <= budget`. Every
 //! schedule of the stage model satisfies both, so they cut no schedule off; they cut off
 //! fractional solutions that the `U` recurrence allows (it frees fractions of values), and
-//! raise the LP relaxation's bound a lot (random n100 at 0.8: 0.79% → 1.21% overhead, which
-//! proves the schedule within 1% in seconds instead of minutes). [`lp_bound`] and
+//! raise the LP relaxation's bound a lot (random n100 at 0.8: from 0.79% to 1.21% over
+//! store-all at the MILP's root). [`lp_bound`] and
 //! [`boundary_bound`] solve the *boundary model* (`R`, `S`, their rows and the boundary rows;
 //! no `FREE`, no `U`) as an LP and as a MILP: a relaxation too (it drops rows), a quarter of the
 //! size, whose LP is on the benchmark graphs as tight as or tighter than the full model's and
@@ -119,8 +119,8 @@ pub enum Model {
     /// `R`, `S`, their rows and the boundary rows: a relaxation, for bounds.
     Boundary,
     /// The boundary model with the dependency rows of each stage's own node only (a
-    /// recomputation inside a stage does not need its inputs): a looser relaxation, about a
-    /// sixth of the boundary model's rows on large random graphs.
+    /// recomputation inside a stage does not need its inputs): a looser relaxation, a quarter
+    /// to a sixth of the boundary model's rows on the random graphs (n250 to n1000).
     Loose,
 }
 
@@ -156,10 +156,7 @@ struct Layout {
     binaries: usize,
     /// Rows of the model.
     rows: usize,
-    /// Whether the model tracks memory within stages (`FREE`, `U`): the full model.
-    memory: bool,
-    /// Whether only the stage's own node has dependency rows ([`Model::Loose`]).
-    loose: bool,
+    model: Model,
 }
 
 const NONE: u32 = u32::MAX;
@@ -183,8 +180,6 @@ impl Layout {
     /// The layout of `model`: the boundary and loose models have no `FREE` or `U` columns
     /// (`frees` and `u_at` are empty per stage).
     fn new(p: &Problem, model: Model) -> Result<Self> {
-        let memory = model == Model::Full;
-        let loose = model == Model::Loose;
         let g = Local::new(p);
         let m = g.len();
         let cells = m
@@ -257,9 +252,9 @@ impl Layout {
             columns,
             binaries,
             rows: 0,
-            memory,
-            loose,
+            model,
         };
+        let memory = layout.memory();
         let mut rows = 0usize;
         let mut boundary_rows = 0usize;
         for t in 0..m {
@@ -310,7 +305,7 @@ impl Layout {
             // R[t,k] <= R[t,d] + S[t,d]
             boundary_rows += comp
                 .iter()
-                .filter(|&&k| !loose || k == t)
+                .filter(|&&k| layout.dep_rows(t, k))
                 .map(|&k| layout.g.deps[k].len())
                 .sum::<usize>();
             // The two stage-boundary rows.
@@ -327,6 +322,17 @@ impl Layout {
         }
         layout.rows = rows + boundary_rows;
         Ok(layout)
+    }
+
+    /// Whether the model tracks memory within stages (`FREE`, `U`): the full model.
+    fn memory(&self) -> bool {
+        self.model == Model::Full
+    }
+
+    /// Whether stage `t` has dependency rows for computing `k` (the loose model keeps those
+    /// of the stage's own node only).
+    fn dep_rows(&self, t: usize, k: usize) -> bool {
+        self.model != Model::Loose || k == t
     }
 
     fn size(&self) -> ModelSize {
@@ -379,7 +385,7 @@ impl Layout {
             }
             live[t] = false;
         }
-        if !self.memory {
+        if !self.memory() {
             // The boundary model has no memory columns; its rows hold for every stage-form
             // schedule that fits (see `boundary_rows_hold_for_every_stage_form_schedule`).
             return Some((x, 0.0));
@@ -411,13 +417,8 @@ impl Layout {
     }
 }
 
-/// Size of the reduced MILP for `p`, without building it.
-pub fn model_size(p: &Problem) -> Result<ModelSize> {
-    Ok(Layout::new(p, Model::Full)?.size())
-}
-
-/// Size of `model` for `p`, without building it.
-pub fn lp_model_size(p: &Problem, model: Model) -> Result<ModelSize> {
+/// Size of `model` for `p` after reductions, without building it.
+pub fn model_size(p: &Problem, model: Model) -> Result<ModelSize> {
     Ok(Layout::new(p, model)?.size())
 }
 
@@ -466,7 +467,7 @@ pub fn lp_bound(
     })
 }
 
-/// Result of [`lp_bound`].
+/// Result of [`lp_bound`] and [`boundary_bound`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LpBound {
     /// `Optimal` with a bound, `Infeasible` (no schedule fits even fractionally), or
@@ -643,7 +644,7 @@ fn boundary_rows(layout: &Layout, t: usize, unit: f64) -> [BoundaryRow; 2] {
 fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
     let g = &layout.g;
     let m = layout.m;
-    if layout.columns == 0 && !layout.memory {
+    if layout.columns == 0 && !layout.memory() {
         // A boundary model without variables (nothing to store or recompute): its rows are
         // constants that hold, since the budget is at least every node's footprint (`run`
         // checks it first), and its optimum is the store-all cost. HiGHS would only answer
@@ -709,7 +710,7 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
             }
         }
         // R[t,k] <= R[t,d] + S[t,d]
-        for &k in layout.comp[t].iter().filter(|&&k| !layout.loose || k == t) {
+        for &k in layout.comp[t].iter().filter(|&&k| layout.dep_rows(t, k)) {
             for &d in &g.deps[k] {
                 let mut e = Expression::with_capacity(3);
                 if let Some(r) = layout.r(t, d) {
@@ -734,7 +735,7 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
             }
             model.add_constraint(e.leq(sp.cap - row.held));
         }
-        if !layout.memory {
+        if !layout.memory() {
             continue;
         }
         // FREE[t,i,k] <= R[t,k], FREE[t,i,k] <= 1 - hazard
@@ -793,7 +794,7 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
             .map_err(|_| opt("mip_rel_gap"))?;
         hm.try_set_option("mip_abs_gap", sp.mip_gap.max(0.0) * sp.base / sp.cost_unit)
             .map_err(|_| opt("mip_abs_gap"))?;
-        if !layout.memory {
+        if !layout.memory() {
             // Solved for its bound alone: no time on primal heuristics (the warm start, when
             // there is one, is the incumbent that prunes).
             hm.try_set_option("mip_heuristic_effort", 0.0)
@@ -860,7 +861,7 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
             raw.lower_bound = Some(to_cost(b));
         }
     }
-    if !layout.memory {
+    if !layout.memory() {
         // The boundary model's solutions are not schedules: only its bound counts.
         if raw.status == IlpStatus::Feasible {
             raw.status = IlpStatus::NoSolution;
@@ -936,8 +937,9 @@ mod tests {
         Problem::new("skip", nodes, 7).unwrap()
     }
 
-    /// The boundary rows cut off no schedule: every stage-form schedule (the MILP's at many
-    /// budgets, store-all) satisfies them at its own peak.
+    /// The boundary rows cut off no schedule: every stage-form schedule satisfies them at its
+    /// own peak — store-all, the baselines (which know nothing of the rows) and the MILP's,
+    /// at many budgets.
     #[test]
     fn boundary_rows_hold_for_every_stage_form_schedule() {
         let cases = [training_chain(6), skip_graph()];
@@ -950,6 +952,11 @@ mod tests {
                 let budget = lo + (hi - lo) * k / 8;
                 let out = solve(p, &IlpOptions::new(budget, Duration::from_secs(20))).unwrap();
                 schedules.extend(out.schedule);
+                schedules.extend(
+                    crate::baselines::baselines(p, budget)
+                        .into_iter()
+                        .map(|b| b.schedule),
+                );
             }
             let mut checked = 0;
             for s in &schedules {

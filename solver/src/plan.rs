@@ -207,8 +207,8 @@ pub struct PlanReport {
     pub gap: Option<f64>,
     /// Seconds in all, the lower bound's extra time ([`PlanOptions::bound_time`]) included.
     pub solve_seconds: f64,
-    /// Seconds spent on the LP relaxation's bound after the schedule was found (0 when it did
-    /// not run).
+    /// Seconds spent on the bound after the schedule was found ([`PlanOptions::bound_time`]:
+    /// the LP, then the boundary MILP; 0 when it did not run).
     pub bound_seconds: f64,
     pub baselines: Vec<BaselineReport>,
     pub schedule: Vec<schedule::StepJson>,
@@ -604,6 +604,19 @@ fn settled_pool(pool: &Pool, gap: f64) -> bool {
             .is_some_and(|(lb, _)| cost <= 0.0 || (cost - lb) / cost <= gap)
 }
 
+/// HiGHS options for a MILP (the full one or the boundary one) within `time`, warm-started
+/// from the pool's best schedule.
+#[cfg(feature = "highs")]
+fn milp_options(opts: &PlanOptions, pool: &Pool, time: Duration) -> crate::ilp::IlpOptions {
+    let mut o = crate::ilp::IlpOptions::new(opts.budget, time);
+    o.threads = opts.threads.max(1);
+    // HiGHS keeps improving the schedule below the gap that counts as optimal while it has
+    // time (segnet at 0.9×: schedules 0.004% apart are both "optimal" at OPTIMAL_GAP).
+    o.mip_gap = OPTIMAL_GAP / 10.0;
+    o.warm_start = pool.warm();
+    o
+}
+
 /// Raises the pool's lower bound with the boundary model's MILP ([`crate::ilp::boundary_bound`])
 /// within `time`, warm-started from the best schedule.
 #[cfg(feature = "highs")]
@@ -611,11 +624,7 @@ fn boundary_milp(p: &Problem, opts: &PlanOptions, pool: &mut Pool, time: Duratio
     if pool.best.is_none() || time.is_zero() {
         return Ok(());
     }
-    let mut o = crate::ilp::IlpOptions::new(opts.budget, time);
-    o.threads = opts.threads.max(1);
-    o.mip_gap = OPTIMAL_GAP / 10.0;
-    o.warm_start = pool.warm();
-    let out = crate::ilp::boundary_bound(p, &o)?;
+    let out = crate::ilp::boundary_bound(p, &milp_options(opts, pool, time))?;
     if let Some(b) = out.bound {
         pool.bound(b, BoundSource::BoundaryMilp);
     }
@@ -638,7 +647,9 @@ fn ilp_binaries(p: &Problem) -> Result<Option<usize>> {
     if p.len() > 160 {
         return Ok(None);
     }
-    Ok(Some(crate::ilp::model_size(p)?.binaries))
+    Ok(Some(
+        crate::ilp::model_size(p, crate::ilp::Model::Full)?.binaries,
+    ))
 }
 
 #[cfg(not(feature = "highs"))]
@@ -654,14 +665,8 @@ fn run_ilp(
     time: Duration,
     _explicit: bool,
 ) -> Result<()> {
-    use crate::ilp::{self, IlpOptions, IlpStatus};
-    let mut o = IlpOptions::new(opts.budget, time);
-    o.threads = opts.threads.max(1);
-    // HiGHS keeps improving the schedule below the gap that counts as optimal while it has
-    // time (segnet at 0.9×: schedules 0.004% apart are both "optimal" at OPTIMAL_GAP).
-    o.mip_gap = OPTIMAL_GAP / 10.0;
-    o.warm_start = pool.warm();
-    let out = ilp::solve(p, &o)?;
+    use crate::ilp::{self, IlpStatus};
+    let out = ilp::solve(p, &milp_options(opts, pool, time))?;
     if let Some(lb) = out.lower_bound {
         pool.bound(lb, BoundSource::Milp);
     }
@@ -688,10 +693,10 @@ fn lp_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<f64> {
         return Ok(0.0);
     }
     // The boundary model where it is small enough, otherwise the loose one (random n1000).
-    use crate::ilp::{lp_model_size, Model};
-    let model = if lp_model_size(p, Model::Boundary)?.rows <= LP_BOUND_MAX_ROWS {
+    use crate::ilp::{model_size, Model};
+    let model = if model_size(p, Model::Boundary)?.rows <= LP_BOUND_MAX_ROWS {
         Model::Boundary
-    } else if lp_model_size(p, Model::Loose)?.rows <= LP_BOUND_MAX_ROWS {
+    } else if model_size(p, Model::Loose)?.rows <= LP_BOUND_MAX_ROWS {
         Model::Loose
     } else {
         return Ok(0.0);

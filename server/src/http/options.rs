@@ -25,9 +25,9 @@ pub struct PlanOptions {
     pub solver: Option<String>,
     /// Seconds the solver may spend (clamped to the server's cap).
     pub time_limit: Option<f64>,
-    /// Extra seconds, after the schedule, to prove a lower bound on its cost with the LP
-    /// relaxation where nothing proved one (graphs too large for the exact MILP); clamped to
-    /// the server's cap; 0 or absent: none.
+    /// Extra seconds, after the schedule, to prove a lower bound on its cost where nothing
+    /// proved one (graphs too large for the exact MILP); clamped to the server's cap; 0 or
+    /// absent: none.
     pub bound_time: Option<f64>,
     /// Run the executor on the plan (ONNX models only).
     pub validate: Option<bool>,
@@ -60,8 +60,8 @@ pub struct PlanQuery {
     pub solver: Option<String>,
     /// Seconds the solver may spend (clamped to the server's cap).
     pub time_limit: Option<f64>,
-    /// Extra seconds to prove a lower bound with the LP relaxation (clamped to the server's
-    /// cap; 0: none).
+    /// Extra seconds to prove a lower bound where the exact MILP does not run (clamped to the
+    /// server's cap; 0: none).
     pub bound_time: Option<f64>,
     /// Run the executor on the plan (ONNX models only).
     pub validate: Option<bool>,
