@@ -41,8 +41,13 @@
 //! hazard forbids it. Bytes are scaled so that the largest value is about 1024 units and costs
 //! so that the largest is about 1000; the schedule is checked against the exact byte budget
 //! and the model re-solved with a tightened budget if scaling tolerance let it exceed.
+//!
+//! Every solve runs through `highs_run` (crate-private), which holds its time limit: a MILP still
+//! running at the deadline (HiGHS waits unchecked for its analytic-centre IPM) answers with the
+//! incumbent and dual bound its callbacks saw.
 
 use crate::error::{Result, SolverError};
+use crate::highs_run::{self, Run};
 use crate::plan::search::Local;
 use crate::problem::Problem;
 use crate::schedule::{simulate, with_frees, Schedule, Stats};
@@ -783,7 +788,8 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
         .try_into_inner()
         .map_err(|e| SolverError::Ilp(e.to_string()))?;
     let opt = |name: &str| SolverError::Ilp(format!("HiGHS rejected option {name}"));
-    hm.try_set_option("time_limit", sp.time_limit.as_secs_f64().max(0.01))
+    let time_limit = sp.time_limit.max(Duration::from_millis(10));
+    hm.try_set_option("time_limit", time_limit.as_secs_f64())
         .map_err(|_| opt("time_limit"))?;
     hm.try_set_option("threads", sp.threads as i32)
         .map_err(|_| opt("threads"))?;
@@ -807,14 +813,6 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
     if let Some(x) = sp.warm {
         warm_started = hm.try_set_solution(Some(x), None, None, None).is_ok();
     }
-    let solved = hm
-        .try_solve()
-        .map_err(|e| SolverError::Ilp(format!("HiGHS failed: {e:?}")))?;
-    let status = solved.status();
-    let has_solution = solved
-        .int_info_value(c"primal_solution_status")
-        .unwrap_or(0)
-        == 2;
     let to_cost = |obj: f64| obj * sp.cost_unit + sp.base;
     let mut raw = Raw {
         status: IlpStatus::NoSolution,
@@ -825,6 +823,28 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
         size,
         warm_started,
     };
+    let solved = match highs_run::solve(hm, time_limit)? {
+        Run::Done(solved, _) => solved,
+        Run::Overran(progress) => {
+            // HiGHS passed its time limit (see `highs_run`): answer with what it had found.
+            // An LP's bound counts only once solved; a MIP's dual bound holds at any time.
+            if sp.relax {
+                return Ok(raw);
+            }
+            raw.lower_bound = progress.dual_bound.map(to_cost);
+            if let (true, Some((obj, x))) = (layout.memory(), progress.incumbent) {
+                raw.status = IlpStatus::Feasible;
+                raw.objective = Some(to_cost(obj));
+                raw.stages = Some(stages_of(layout, &x));
+            }
+            return Ok(raw);
+        }
+    };
+    let status = solved.status();
+    let has_solution = solved
+        .int_info_value(c"primal_solution_status")
+        .unwrap_or(0)
+        == 2;
     match status {
         HighsModelStatus::Infeasible => {
             raw.status = IlpStatus::Infeasible;
@@ -875,17 +895,23 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
         return Ok(raw);
     }
     raw.objective = Some(to_cost(solved.objective_value()));
-    let sol = solved.get_solution();
-    let x = sol.columns();
-    let stages: Vec<Vec<usize>> = (0..m)
+    raw.stages = Some(stages_of(layout, solved.get_solution().columns()));
+    Ok(raw)
+}
+
+/// The nodes each stage (re)computes, read off a solution's `R` columns.
+fn stages_of(layout: &Layout, x: &[f64]) -> Vec<Vec<usize>> {
+    (0..layout.m)
         .map(|t| {
             (0..t)
-                .filter(|&i| layout.r(t, i).is_some_and(|c| x[c] > 0.5))
+                .filter(|&i| {
+                    layout
+                        .r(t, i)
+                        .is_some_and(|c| x.get(c).is_some_and(|v| *v > 0.5))
+                })
                 .collect()
         })
-        .collect();
-    raw.stages = Some(stages);
-    Ok(raw)
+        .collect()
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@ pub mod budget;
 pub mod dp;
 // The exact MILP (Checkmate) through good_lp + HiGHS.
 #[cfg(feature = "highs")]
+mod highs_run;
+#[cfg(feature = "highs")]
 pub mod ilp;
 // Algorithm choice, the plan report, the budget sweep.
 pub mod plan;
