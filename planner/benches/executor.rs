@@ -9,7 +9,9 @@
 //! sees the same machine; the headline is the median of the pairs' ratios, which the machine's
 //! drift (tens of percent within minutes) moves far less than a ratio of separate runs.
 //! Env: `REMAT_BENCH_BATCH` (8), `REMAT_BENCH_PAIRS` (15), `REMAT_BENCH_NODES` (0: how many of
-//! the slowest nodes to list with their FLOP rates).
+//! the slowest nodes to list with their FLOP rates), `REMAT_BENCH_DEVICE` (`cpu`; `cuda` in a
+//! build with the `cuda` feature: both sides on the GPU, PyTorch synchronized at the step's end,
+//! remat's executor after every step of its schedule, as in a validation run).
 
 use remat_planner::exec::run::{ExecDevice, Executor};
 use remat_planner::{load, ImportOptions};
@@ -40,7 +42,12 @@ struct Torch {
 }
 
 impl Torch {
-    fn start(root: &std::path::Path, batch: u64, threads: usize) -> Result<Self, String> {
+    fn start(
+        root: &std::path::Path,
+        batch: u64,
+        threads: usize,
+        device: &str,
+    ) -> Result<Self, String> {
         let mut child = Command::new("python3")
             .arg(root.join("benches/torch_step.py"))
             .args([
@@ -48,6 +55,8 @@ impl Torch {
                 &batch.to_string(),
                 "--threads",
                 &threads.to_string(),
+                "--device",
+                device,
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -112,12 +121,17 @@ fn main() {
     let model = load(&bytes, &opts).expect("imports");
     let tg = model.training_graph().expect("training graph");
     let sched = store_all(&tg.to_problem());
-    let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0).expect("executor");
+    let device = match std::env::var("REMAT_BENCH_DEVICE").as_deref() {
+        Ok("cuda") => ExecDevice::Cuda,
+        Ok("cpu") | Err(_) => ExecDevice::Cpu,
+        Ok(other) => panic!("REMAT_BENCH_DEVICE={other:?}: cpu or cuda"),
+    };
+    let mut ex = Executor::new(&model, &tg, &bytes, device, 0).expect("executor");
 
     // One warm-up step each, then pairs of steps: remat first in even pairs, PyTorch first in
     // odd ones, a pause before every step so that neither side's idle threads (spinning
     // OpenMP or rayon workers) overlap the other's step.
-    let mut torch = match Torch::start(&root, batch, threads) {
+    let mut torch = match Torch::start(&root, batch, threads, device.name()) {
         Ok(t) => Some(t),
         Err(e) => {
             eprintln!("PyTorch side not run: {e}");
@@ -159,7 +173,11 @@ fn main() {
     };
     let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
     let rm = median(remat.clone());
-    println!("## resnet18 training step, batch {batch}, 224×224, CPU, {threads} thread(s)\n");
+    let on = match device {
+        ExecDevice::Cpu => format!("CPU, {threads} thread(s)"),
+        ExecDevice::Cuda => "CUDA GPU".to_string(),
+    };
+    println!("## resnet18 training step, batch {batch}, 224×224, {on}\n");
     println!(
         "{pairs} pairs of steps, one per side, alternating (remat first in odd-numbered pairs, \
          PyTorch first in even-numbered ones), 0.3 s apart, after one warm-up step each.\n"

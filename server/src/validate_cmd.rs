@@ -227,6 +227,12 @@ pub fn summary(v: &Validation) -> String {
         .map(|o| format!("{} {:.3}s", o.op, o.seconds))
         .collect();
     s.push_str(&format!("  ops      {}\n", ops.join(", ")));
+    if !v.host_ops.is_empty() {
+        s.push_str(&format!(
+            "  host     {} ran on the host: the GPU's kernel library lacks one of their kernels\n",
+            v.host_ops.join(", ")
+        ));
+    }
     s.push_str(&format!(
         "  weights  {} parameter(s) from the file, {} seeded\n",
         v.params_from_file, v.params_seeded

@@ -187,6 +187,141 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// `forward`, on the host when the device lacks one of the op's kernels (see
+    /// [`missing_on_device`]).
+    pub fn run_forward(
+        &self,
+        cx: &KernelCtx,
+        ins: &[Option<Tensor>],
+        extras: &Extras,
+    ) -> KResult<Vec<Option<Tensor>>> {
+        match (self.forward)(cx, ins, extras) {
+            Err(e) if missing_on_device(cx, &e) => {
+                let cpu = Device::Cpu;
+                let ins = opt_to(ins, &cpu)?;
+                let out = (self.forward)(&cx.on(&cpu), &ins, &extras_to(extras, &cpu)?)?;
+                noted_on_host(cx.op);
+                opt_to(&out, cx.device)
+            }
+            r => r,
+        }
+    }
+
+    /// `extra` (an error when the op has none), on the host as [`Kernel::run_forward`].
+    pub fn run_extra(
+        &self,
+        cx: &KernelCtx,
+        tag: &str,
+        ins: &[Option<Tensor>],
+    ) -> KResult<Vec<Tensor>> {
+        let f = self.extra.ok_or_else(|| {
+            KernelError::new(format!("no kernel computes the extra value {tag:?}"))
+        })?;
+        match f(cx, tag, ins) {
+            Err(e) if missing_on_device(cx, &e) => {
+                let cpu = Device::Cpu;
+                let out = f(&cx.on(&cpu), tag, &opt_to(ins, &cpu)?)?;
+                noted_on_host(cx.op);
+                all_to(&out, cx.device)
+            }
+            r => r,
+        }
+    }
+
+    /// `backward` (an error when the op has none), on the host as [`Kernel::run_forward`].
+    pub fn run_backward(&self, cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
+        let b = self
+            .backward
+            .ok_or_else(|| KernelError::new("the op has no backward kernel"))?;
+        match b(cx, a) {
+            Err(e) if missing_on_device(cx, &e) => {
+                let cpu = Device::Cpu;
+                let (inputs, outputs) = (opt_to(a.inputs, &cpu)?, opt_to(a.outputs, &cpu)?);
+                let (extras, grads) = (extras_to(a.extras, &cpu)?, opt_to(a.grads, &cpu)?);
+                let host = BwdArgs {
+                    inputs: &inputs,
+                    outputs: &outputs,
+                    extras: &extras,
+                    grads: &grads,
+                    needs: a.needs,
+                };
+                let out = b(&cx.on(&cpu), &host)?;
+                noted_on_host(cx.op);
+                opt_to(&out, cx.device)
+            }
+            r => r,
+        }
+    }
+}
+
+impl<'a> KernelCtx<'a> {
+    /// The same node on another device.
+    fn on<'b>(&'b self, device: &'b Device) -> KernelCtx<'b>
+    where
+        'a: 'b,
+    {
+        KernelCtx {
+            node: self.node,
+            op: self.op,
+            opset: self.opset,
+            attrs: self.attrs,
+            inputs: self.inputs,
+            outputs: self.outputs,
+            device,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Whether `e`, from a kernel on a GPU, says that the device's kernel library has no kernel for
+/// what was asked: candle's CUDA kernels cover fewer dtype pairs than its CPU ones (casts from
+/// and to 32-bit integers, some integer gathers and elementwise ops), and cudarc answers
+/// `CUDA_ERROR_NOT_FOUND` for the missing symbol. Such an op runs on the host instead (its
+/// inputs copied to the CPU, its outputs back), and the run reports it
+/// ([`take_host_ops`]).
+fn missing_on_device(cx: &KernelCtx, e: &KernelError) -> bool {
+    !cx.device.is_cpu()
+        && (e.0.contains("CUDA_ERROR_NOT_FOUND") || e.0.contains("named symbol not found"))
+}
+
+thread_local! {
+    static HOST_OPS: std::cell::RefCell<std::collections::BTreeSet<String>> =
+        const { std::cell::RefCell::new(std::collections::BTreeSet::new()) };
+}
+
+fn noted_on_host(op: &str) {
+    HOST_OPS.with(|h| {
+        h.borrow_mut().insert(op.to_string());
+    });
+}
+
+/// The op types this thread ran on the host for want of a device kernel since the last call
+/// (sorted).
+pub fn take_host_ops() -> Vec<String> {
+    HOST_OPS.with(|h| std::mem::take(&mut *h.borrow_mut()).into_iter().collect())
+}
+
+fn opt_to(v: &[Option<Tensor>], d: &Device) -> KResult<Vec<Option<Tensor>>> {
+    v.iter()
+        .map(|t| t.as_ref().map(|t| t.to_device(d)).transpose())
+        .collect::<candle_core::Result<_>>()
+        .map_err(Into::into)
+}
+
+fn all_to(v: &[Tensor], d: &Device) -> KResult<Vec<Tensor>> {
+    v.iter()
+        .map(|t| t.to_device(d))
+        .collect::<candle_core::Result<_>>()
+        .map_err(Into::into)
+}
+
+fn extras_to(e: &Extras, d: &Device) -> KResult<Extras> {
+    e.iter()
+        .map(|(k, v)| Ok((k.clone(), all_to(v, d)?)))
+        .collect()
+}
+
 pub type KernelRegistry = HashMap<&'static str, Kernel>;
 
 /// A kernel's error; the runner adds the node and the op.

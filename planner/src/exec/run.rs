@@ -107,6 +107,9 @@ pub struct RunResult {
     pub running_stats: HashMap<ValueId, Tensor>,
     /// Bytes of each node's value as computed (distinct storages), `None` if never computed.
     pub node_bytes: Vec<Option<u64>>,
+    /// Op types that ran on the host for want of a device kernel (see
+    /// `kernel::Kernel::run_forward`); empty on the CPU.
+    pub host_ops: Vec<String>,
 }
 
 /// A model ready to run: constants loaded, inputs generated, kernels looked up.
@@ -517,7 +520,7 @@ impl<'m> Executor<'m> {
                 continue;
             }
             self.cache_facts(ix);
-            let outs = self.with_kernel(ix, |k, cx| (k.forward)(cx, &ins, &Extras::new()))?;
+            let outs = self.with_kernel(ix, |k, cx| k.run_forward(cx, &ins, &Extras::new()))?;
             for (v, t) in node.outputs.iter().zip(outs) {
                 if let (Some(v), Some(t)) = (v, t) {
                     self.consts.entry(*v).or_insert(t);
@@ -557,7 +560,7 @@ impl<'m> Executor<'m> {
     /// A folded node's inputs and outputs, computed from the constants.
     fn run_folded(&self, p: NodeIndex, depth: usize) -> crate::Result<Value> {
         let ins = self.folded_inputs(p, depth)?;
-        self.with_kernel(p, |k, cx| (k.forward)(cx, &ins, &Extras::new()))
+        self.with_kernel(p, |k, cx| k.run_forward(cx, &ins, &Extras::new()))
     }
 
     fn folded_inputs(&self, p: NodeIndex, depth: usize) -> crate::Result<Value> {
@@ -600,10 +603,7 @@ impl<'m> Executor<'m> {
         needs: &[bool],
     ) -> crate::Result<Value> {
         self.with_kernel(ix, |k, cx| {
-            let b = k
-                .backward
-                .ok_or_else(|| KernelError::new("the op has no backward kernel"))?;
-            b(
+            k.run_backward(
                 cx,
                 &BwdArgs {
                     inputs,
@@ -679,7 +679,7 @@ impl<'m> Executor<'m> {
         }
         let node = &self.model.graph[p];
         let ins = self.inputs_of(st, node, step)?;
-        let outs = self.with_kernel(p, |k, cx| (k.forward)(cx, &ins, &Extras::new()))?;
+        let outs = self.with_kernel(p, |k, cx| k.run_forward(cx, &ins, &Extras::new()))?;
         outs.get(slot).cloned().flatten().ok_or_else(|| {
             exec_err(
                 &node.name,
@@ -819,19 +819,14 @@ impl<'m> Executor<'m> {
                 } else {
                     self.inputs_of(st, n, step)?
                 };
-                let out = self.with_kernel(*node, |k, cx| {
-                    let f = k.extra.ok_or_else(|| {
-                        KernelError::new(format!("no kernel computes the extra value {tag:?}"))
-                    })?;
-                    f(cx, tag, &ins)
-                })?;
+                let out = self.with_kernel(*node, |k, cx| k.run_extra(cx, tag, &ins))?;
                 Ok(out.into_iter().map(Some).collect())
             }
             Source::Forward(ix) => {
                 let n = &self.model.graph[*ix];
                 let ins = self.inputs_of(st, n, step)?;
                 let extras = self.extras(st, *ix, step)?;
-                let outs = self.with_kernel(*ix, |k, cx| (k.forward)(cx, &ins, &extras))?;
+                let outs = self.with_kernel(*ix, |k, cx| k.run_forward(cx, &ins, &extras))?;
                 if n.op_type == "BatchNormalization" && outs.len() > 1 && st.bn_done.insert(*ix) {
                     // Training-mode running statistics (outputs 1 and 2 replace the buffers
                     // at inputs 3 and 4): written on the first computation only, so a
@@ -1021,6 +1016,7 @@ impl<'m> Executor<'m> {
         for ix in self.tg.exec.fwd_order.clone() {
             self.cache_facts(ix);
         }
+        super::kernel::take_host_ops();
         let n = self.tg.nodes.len();
         let mut st = State {
             resident: vec![None; n],
@@ -1140,6 +1136,7 @@ impl<'m> Executor<'m> {
             running_stat_updates: st.bn_done.len(),
             running_stats: st.running,
             node_bytes: st.node_bytes,
+            host_ops: super::kernel::take_host_ops(),
         })
     }
 }

@@ -177,7 +177,8 @@ fn prepare(case: &Case, dev: &Device, rng: &mut Rng) -> KResult<Prepared> {
             }
             In::Ints(d, s, v) => {
                 facts.push(Some(Fact::new(*d, u64s(s))));
-                let t = Tensor::from_vec(v.clone(), s.clone(), dev)?.to_dtype(to_candle(*d)?)?;
+                let host = Tensor::from_vec(v.clone(), s.clone(), &Device::Cpu)?;
+                let t = super::value::on_device(host, to_candle(*d)?, dev)?;
                 values.push(Some(t));
                 float_in.push(false);
                 params.push(false);
@@ -291,7 +292,9 @@ pub fn check(case: &Case) {
 }
 
 fn flat(t: &Tensor) -> KResult<Vec<f64>> {
-    Ok(t.to_dtype(candle_core::DType::F64)?
+    // On the host: candle's CUDA kernels cannot convert every integer dtype.
+    Ok(t.to_device(&Device::Cpu)?
+        .to_dtype(candle_core::DType::F64)?
         .flatten_all()?
         .to_vec1::<f64>()?)
 }
@@ -314,7 +317,7 @@ pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
     let mut extras = Extras::new();
     for s in &rule.saved {
         if let Saved::Extra { tag, bytes, .. } = s {
-            let f = kernel.extra.ok_or_else(|| {
+            kernel.extra.ok_or_else(|| {
                 KernelError::new(format!(
                     "the rule saves {tag:?} but the kernel has no extra function"
                 ))
@@ -324,7 +327,7 @@ pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
             } else {
                 p.values.clone()
             };
-            let v = f(&cx, tag, &inputs)?;
+            let v = kernel.run_extra(&cx, tag, &inputs)?;
             let got: u64 = v
                 .iter()
                 .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
@@ -337,7 +340,7 @@ pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
             extras.insert(tag.to_string(), v);
         }
     }
-    let y = (kernel.forward)(&cx, &p.values, &extras)?;
+    let y = kernel.run_forward(&cx, &p.values, &extras)?;
     if y.len() != outs.len() {
         return Err(KernelError::new(format!(
             "forward returned {} outputs, the shape rule {}",
@@ -374,7 +377,7 @@ pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
             .iter()
             .all(|s| !matches!(s, Saved::Extra { tag: "mask", .. }))
     {
-        let y2 = (kernel.forward)(&cx, &p.values, &Extras::new())?;
+        let y2 = kernel.run_forward(&cx, &p.values, &Extras::new())?;
         for (k, (a, b)) in y.iter().zip(&y2).enumerate() {
             if let (Some(a), Some(b)) = (a, b) {
                 if a.dtype().is_float() {
@@ -396,7 +399,7 @@ pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
     if !needs.iter().any(|&b| b) {
         return Ok(());
     }
-    let bwd = kernel
+    kernel
         .backward
         .ok_or_else(|| KernelError::new("the op is differentiable but has no backward kernel"))?;
 
@@ -413,10 +416,10 @@ pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
         }
     }
     let objective = |values: &[Option<Tensor>]| -> KResult<f64> {
-        let y = (kernel.forward)(
+        let y = kernel.run_forward(
             &cx,
             values,
-            &recompute_extras(&cx, kernel.extra, &rule.saved, values)?,
+            &recompute_extras(&cx, &kernel, &rule.saved, values)?,
         )?;
         let mut s = 0.0;
         for (t, g) in y.iter().zip(&seeds) {
@@ -454,7 +457,7 @@ pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
             Saved::Extra { .. } => {}
         }
     }
-    let grads = bwd(
+    let grads = kernel.run_backward(
         &cx,
         &BwdArgs {
             inputs: &bin,
@@ -524,20 +527,19 @@ pub fn check_on(case: &Case, dev: &Device) -> KResult<()> {
 
 fn recompute_extras(
     cx: &KernelCtx,
-    f: Option<super::kernel::ExtraFn>,
+    kernel: &super::kernel::Kernel,
     saved: &[Saved],
     values: &[Option<Tensor>],
 ) -> KResult<Extras> {
     let mut e = Extras::new();
     for s in saved {
         if let Saved::Extra { tag, .. } = s {
-            let f = f.ok_or_else(|| KernelError::new("no extra function"))?;
             let inputs: Vec<Option<Tensor>> = if *tag == "mask" {
                 vec![None; values.len()]
             } else {
                 values.to_vec()
             };
-            e.insert(tag.to_string(), f(cx, tag, &inputs)?);
+            e.insert(tag.to_string(), kernel.run_extra(cx, tag, &inputs)?);
         }
     }
     Ok(e)

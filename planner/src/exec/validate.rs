@@ -127,6 +127,10 @@ pub struct Validation {
     /// parameters) as the executor holds them, against the problem's `fixed_bytes`.
     pub measured_fixed_bytes: u64,
     pub predicted_fixed_bytes: u64,
+    /// Op types run on the host, inputs and outputs copied, because the GPU's kernel library
+    /// lacks one of their kernels (candle's CUDA kernels cover fewer dtypes than its CPU
+    /// ones); empty on the CPU.
+    pub host_ops: Vec<String>,
     pub timeline: Vec<TimelinePoint>,
 }
 
@@ -167,7 +171,9 @@ pub fn grad_rel_err(
 
 /// A tensor's values as f64 on the host.
 pub fn flat(t: &Tensor) -> crate::Result<Vec<f64>> {
-    t.to_dtype(candle_core::DType::F64)
+    // On the host: candle's CUDA kernels cannot convert every integer dtype.
+    t.to_device(&candle_core::Device::Cpu)
+        .and_then(|t| t.to_dtype(candle_core::DType::F64))
         .and_then(|t| t.flatten_all())
         .and_then(|t| t.to_vec1::<f64>())
         .map_err(|e| err(e.to_string()))
@@ -420,6 +426,13 @@ fn report(
         params_from_file: ex.sources.params_from_file,
         params_seeded: ex.sources.params_seeded,
         op_seconds,
+        host_ops: {
+            let mut h = plan.host_ops.clone();
+            h.extend(reference.host_ops.iter().cloned());
+            h.sort();
+            h.dedup();
+            h
+        },
         timeline,
     }
 }

@@ -75,7 +75,11 @@ pub fn init_value(
     } else {
         (0..n).map(|_| rng.uniform(-0.1, 0.1)).collect()
     };
-    Ok(Tensor::from_vec(data, shape.to_vec(), dev)?.to_dtype(to_candle(dtype)?)?)
+    super::value::on_device(
+        Tensor::from_vec(data, shape.to_vec(), &Device::Cpu)?,
+        to_candle(dtype)?,
+        dev,
+    )
 }
 
 /// The upper bound (exclusive) for the values of an integer data input: the row count of the
@@ -139,7 +143,11 @@ pub fn input_value(model: &Model, v: ValueId, seed: u64, dev: &Device) -> KResul
     let mut rng = Rng::new(seed_for(seed, &val.name));
     if f.dtype.is_float() {
         let data: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        Ok(Tensor::from_vec(data, shape, dev)?.to_dtype(to_candle(f.dtype)?)?)
+        super::value::on_device(
+            Tensor::from_vec(data, shape, &Device::Cpu)?,
+            to_candle(f.dtype)?,
+            dev,
+        )
     } else {
         let hi = if f.dtype == DType::Bool {
             2
@@ -149,7 +157,11 @@ pub fn input_value(model: &Model, v: ValueId, seed: u64, dev: &Device) -> KResul
         let data: Vec<i64> = (0..n)
             .map(|_| (rng.next_u64() % hi as u64) as i64)
             .collect();
-        Ok(Tensor::from_vec(data, shape, dev)?.to_dtype(to_candle(f.dtype)?)?)
+        super::value::on_device(
+            Tensor::from_vec(data, shape, &Device::Cpu)?,
+            to_candle(f.dtype)?,
+            dev,
+        )
     }
 }
 

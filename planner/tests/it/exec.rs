@@ -65,7 +65,12 @@ fn check(v: &Validation, what: &str) -> Result<(), String> {
 /// One model at 1.0×, 0.6× and 0.4× store-all peak (where feasible); when neither smaller
 /// budget is feasible, at the least feasible budget instead, so that every model runs a plan
 /// that recomputes. Returns a line for the report.
-fn run_model(name: &str, bytes: &[u8], dims: &[(&str, u64)]) -> Result<String, String> {
+fn run_model(
+    name: &str,
+    bytes: &[u8],
+    dims: &[(&str, u64)],
+    device: ExecDevice,
+) -> Result<String, String> {
     let (model, tg) = import(bytes, dims);
     let problem = tg.to_problem();
     let peak = store_all_peak(&problem);
@@ -86,29 +91,32 @@ fn run_model(name: &str, bytes: &[u8], dims: &[(&str, u64)]) -> Result<String, S
             labels.push(format!("{:.2}x", budget as f64 / peak as f64));
         }
     }
-    let mut ex =
-        Executor::new(&model, &tg, bytes, ExecDevice::Cpu, 0).map_err(|e| e.to_string())?;
+    let mut ex = Executor::new(&model, &tg, bytes, device, 0).map_err(|e| e.to_string())?;
     let vs = validate_with(
         &mut ex,
         &tg,
         &schedules,
         // One store-all run: the test checks gradients and memory, not time.
         &ValidateOptions {
+            device,
             repeat_reference: false,
             ..ValidateOptions::default()
         },
         &mut |_, _, _| {},
     )
     .map_err(|e| e.to_string())?;
-    let mut line = format!("{name}:");
+    let mut line = format!("{name} ({}):", device.name());
     for (v, l) in vs.iter().zip(&labels) {
         check(v, &format!("{name} at {l}"))?;
         line.push_str(&format!(
-            " {l} peak {} / {} ({:+.2}%) heap {} grad {:.1e} recomp {} time {:+.0}%;",
+            " {l} peak {} / {} ({:+.2}%) heap {} device {} grad {:.1e} recomp {} time {:+.0}%;",
             v.measured_peak_bytes,
             v.predicted_peak_bytes,
             100.0 * v.peak_rel_diff,
             v.heap_peak_bytes
+                .map(|h| h.to_string())
+                .unwrap_or("-".into()),
+            v.device_peak_bytes
                 .map(|h| h.to_string())
                 .unwrap_or("-".into()),
             v.grad_max_rel_err,
@@ -119,9 +127,34 @@ fn run_model(name: &str, bytes: &[u8], dims: &[(&str, u64)]) -> Result<String, S
     Ok(line)
 }
 
+/// Whether this build has CUDA and this machine a GPU it can open.
+fn cuda_at_hand() -> bool {
+    match ExecDevice::Cuda.open() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("no CUDA device in this build or on this machine ({e}): skipped");
+            false
+        }
+    }
+}
+
 /// The manifest's models that run on the executor (`executor` field absent or not `false`).
 #[test]
 fn fixture_models_run_their_plans() {
+    fixture_models_run_their_plans_on(ExecDevice::Cpu);
+}
+
+/// The same validation on a GPU, where one is at hand (the `cuda` feature and a device):
+/// gradients against the GPU's own store-all run, the executor's accounting against the
+/// prediction, the device's memory in use reported beside it.
+#[test]
+fn fixture_models_run_their_plans_on_cuda() {
+    if cuda_at_hand() {
+        fixture_models_run_their_plans_on(ExecDevice::Cuda);
+    }
+}
+
+fn fixture_models_run_their_plans_on(device: ExecDevice) {
     let manifest = json("manifest.json");
     let mut failures = vec![];
     let mut ran = 0;
@@ -148,7 +181,7 @@ fn fixture_models_run_their_plans() {
         for d in dims.iter_mut().filter(|d| d.0 == "batch") {
             d.1 = exec["batch"].as_u64().unwrap_or(1);
         }
-        match run_model(name, &bytes, &dims) {
+        match run_model(name, &bytes, &dims, device) {
             Ok(line) => {
                 ran += 1;
                 eprintln!("{line}");
@@ -192,6 +225,18 @@ fn read_i64(data: &[u8], t: &Value) -> Vec<i64> {
 /// Store-all gradients equal PyTorch's on the same weights and inputs (≤ 1e-4 relative).
 #[test]
 fn store_all_gradients_match_pytorch() {
+    store_all_gradients_match_pytorch_on(ExecDevice::Cpu);
+}
+
+/// The same on a GPU, where one is at hand (PyTorch's gradients were computed on the CPU).
+#[test]
+fn store_all_gradients_match_pytorch_on_cuda() {
+    if cuda_at_hand() {
+        store_all_gradients_match_pytorch_on(ExecDevice::Cuda);
+    }
+}
+
+fn store_all_gradients_match_pytorch_on(device: ExecDevice) {
     let manifest = json("grad/manifest.json");
     let mut failures = vec![];
     for entry in manifest["models"].as_array().expect("models") {
@@ -208,7 +253,7 @@ fn store_all_gradients_match_pytorch() {
             .collect();
         let dims_ref: Vec<(&str, u64)> = dims.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         let (model, tg) = import(&bytes, &dims_ref);
-        let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0).expect("executor");
+        let mut ex = Executor::new(&model, &tg, &bytes, device, 0).expect("executor");
         assert_eq!(
             ex.sources.params_seeded, 0,
             "{name}: every parameter is stored in the file"
@@ -273,7 +318,11 @@ fn store_all_gradients_match_pytorch() {
                 ));
             }
         }
-        eprintln!("{name}: loss {:.7} (PyTorch {want_loss:.7}), worst gradient relative error {worst:.2e}", r.loss);
+        eprintln!(
+            "{name} ({}): loss {:.7} (PyTorch {want_loss:.7}), worst gradient relative error {worst:.2e}",
+            device.name(),
+            r.loss
+        );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -372,8 +421,7 @@ fn cuda_without_the_feature_says_so() {
 /// and the device's memory sampled per step. Without one it checks nothing and says so.
 #[test]
 fn plans_validate_on_cuda_when_a_gpu_is_present() {
-    if ExecDevice::Cuda.open().is_err() {
-        eprintln!("no CUDA device in this build or on this machine: skipped");
+    if !cuda_at_hand() {
         return;
     }
     let bytes = std::fs::read(fixtures_dir().join("grad/tiny_cnn.onnx")).expect("onnx");

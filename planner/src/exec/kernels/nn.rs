@@ -3123,18 +3123,47 @@ fn gather_flat(x: &Tensor, idx: &Tensor) -> KResult<Tensor> {
 }
 
 /// Zeros of `shape` with `g` added at the flat indices `idx` (a host loop on the CPU,
-/// `index_add` elsewhere). Each index points into its own plane (the first two dims of
-/// `shape` count the planes), as a max pool's do.
+/// [`scatter_add_planes`] elsewhere). Each index points into its own plane (the first two
+/// dims of `shape` count the planes), as a max pool's do.
 fn scatter_add_flat(g: &Tensor, idx: &Tensor, shape: &[usize]) -> KResult<Tensor> {
     let n: usize = shape.iter().product();
     let planes = shape.iter().take(2).product::<usize>();
+    if !host_unfold(g.device()) {
+        return scatter_add_planes(g, idx, shape);
+    }
     let (gf, i) = (g.flatten_all()?, idx.flatten_all()?);
-    let dx = if host_unfold(g.device()) {
-        gf.contiguous()?
-            .apply_op2_no_bwd(&i.contiguous()?, &ScatterAddFlat { len: n, planes })?
-    } else {
-        Tensor::zeros(n, g.dtype(), g.device())?.index_add(&i, &gf, 0)?
-    };
+    let dx = gf
+        .contiguous()?
+        .apply_op2_no_bwd(&i.contiguous()?, &ScatterAddFlat { len: n, planes })?;
+    Ok(dx.reshape(shape)?)
+}
+
+/// [`scatter_add_flat`] with candle's ops: one scatter-add row per plane, the indices made
+/// local to their plane. (A scatter into the flat vector runs candle's CUDA kernel as one
+/// thread over every index: 0.44 s of resnet18's 0.49 s step on an H200; a row per plane
+/// gives it a thread per plane.)
+fn scatter_add_planes(g: &Tensor, idx: &Tensor, shape: &[usize]) -> KResult<Tensor> {
+    let n: usize = shape.iter().product();
+    let planes = shape.iter().take(2).product::<usize>().max(1);
+    let (len, per) = (n / planes, g.elem_count() / planes);
+    if len * planes != n || per * planes != g.elem_count() || idx.elem_count() != g.elem_count() {
+        return Err(KernelError::new(format!(
+            "{} indices for {} gradient elements in {planes} planes of {n} elements",
+            idx.elem_count(),
+            g.elem_count()
+        )));
+    }
+    let base: Vec<i64> = (0..planes).map(|u| (u * len) as i64).collect();
+    let base = Tensor::from_vec(base, (planes, 1), g.device())?;
+    let local = idx
+        .to_dtype(candle_core::DType::I64)?
+        .reshape((planes, per))?
+        .broadcast_sub(&base)?;
+    let dx = Tensor::zeros((planes, len), g.dtype(), g.device())?.scatter_add(
+        &local.contiguous()?,
+        &g.reshape((planes, per))?.contiguous()?,
+        1,
+    )?;
     Ok(dx.reshape(shape)?)
 }
 
@@ -4534,15 +4563,19 @@ mod tests {
             .unwrap()
             .index_add(&flat, &g.flatten_all().unwrap(), 0)
             .unwrap();
-        let e = (dx.flatten_all().unwrap() - dx_ref)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert!(e < 1e-6, "{e}");
+        // The GPU's path (candle's scatter-add, a row per plane), here on the CPU.
+        let dx_planes = super::scatter_add_planes(&g, &idx, &[2, 3, h, w]).unwrap();
+        for got in [&dx, &dx_planes] {
+            let e = (got.flatten_all().unwrap() - &dx_ref)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(e < 1e-6, "{e}");
+        }
         // An index outside the input, and one outside its plane.
         let mut bad = ids.clone();
         bad[planes * o - 1] = (planes * h * w) as i64;
