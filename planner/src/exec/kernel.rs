@@ -197,15 +197,24 @@ impl Kernel {
         extras: &Extras,
     ) -> KResult<Vec<Option<Tensor>>> {
         match (self.forward)(cx, ins, extras) {
-            Err(e) if missing_on_device(cx, &e) => {
-                let cpu = Device::Cpu;
-                let ins = opt_to(ins, &cpu)?;
-                let out = (self.forward)(&cx.on(&cpu), &ins, &extras_to(extras, &cpu)?)?;
-                noted_on_host(cx.op);
-                opt_to(&out, cx.device)
-            }
+            Err(e) if missing_on_device(cx, &e) => self.forward_on_host(cx, ins, extras),
             r => r,
         }
+    }
+
+    /// `forward` on the host: inputs and extras copied to the CPU, outputs back to `cx`'s
+    /// device; the op is noted for [`take_host_ops`].
+    fn forward_on_host(
+        &self,
+        cx: &KernelCtx,
+        ins: &[Option<Tensor>],
+        extras: &Extras,
+    ) -> KResult<Vec<Option<Tensor>>> {
+        let cpu = Device::Cpu;
+        let ins = opt_to(ins, &cpu)?;
+        let out = (self.forward)(&cx.on(&cpu), &ins, &extras_to(extras, &cpu)?)?;
+        noted_on_host(cx.op);
+        opt_to(&out, cx.device)
     }
 
     /// `extra` (an error when the op has none), on the host as [`Kernel::run_forward`].
@@ -281,8 +290,13 @@ impl<'a> KernelCtx<'a> {
 /// inputs copied to the CPU, its outputs back), and the run reports it
 /// ([`take_host_ops`]).
 fn missing_on_device(cx: &KernelCtx, e: &KernelError) -> bool {
-    !cx.device.is_cpu()
-        && (e.0.contains("CUDA_ERROR_NOT_FOUND") || e.0.contains("named symbol not found"))
+    !cx.device.is_cpu() && names_missing_kernel(e)
+}
+
+/// Whether an error is cudarc's for a kernel the loaded module does not have (as seen on an
+/// H200: `DriverError(CUDA_ERROR_NOT_FOUND, "named symbol not found")`).
+fn names_missing_kernel(e: &KernelError) -> bool {
+    e.0.contains("CUDA_ERROR_NOT_FOUND") || e.0.contains("named symbol not found")
 }
 
 thread_local! {
@@ -400,5 +414,55 @@ impl Rng {
     /// Uniform in [lo, hi).
     pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::kernels::registry;
+
+    #[test]
+    fn a_missing_device_kernel_is_recognised_by_cudarcs_error() {
+        let seen = KernelError::from(candle_core::Error::Msg(
+            "DriverError(CUDA_ERROR_NOT_FOUND, \"named symbol not found\")".into(),
+        ));
+        assert!(names_missing_kernel(&seen));
+        assert!(!names_missing_kernel(&KernelError::new(
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"
+        )));
+        assert!(!names_missing_kernel(&KernelError::new("shape mismatch")));
+    }
+
+    /// The host path copies the inputs over, runs the same kernel and notes the op; on the CPU
+    /// (no GPU here) it must give exactly the device path's answer.
+    #[test]
+    fn the_host_path_gives_the_kernels_answer_and_is_reported() {
+        let k = registry()["Relu"];
+        let facts = [Some(Fact::new(DType::F32, vec![2, 3]))];
+        let cx = KernelCtx {
+            node: "r",
+            op: "Relu",
+            opset: 14,
+            attrs: crate::onnx::Attrs {
+                node: "r",
+                op: "Relu",
+                list: &[],
+            },
+            inputs: &facts,
+            outputs: &facts,
+            device: &Device::Cpu,
+            seed: 0,
+        };
+        let x = Tensor::new(&[[-1f32, 2.0, -3.0], [4.0, -5.0, 6.0]], &Device::Cpu).unwrap();
+        let ins = [Some(x)];
+        take_host_ops();
+        let direct = k.run_forward(&cx, &ins, &Extras::new()).unwrap();
+        assert!(take_host_ops().is_empty(), "the CPU never falls back");
+        let host = k.forward_on_host(&cx, &ins, &Extras::new()).unwrap();
+        assert_eq!(take_host_ops(), vec!["Relu".to_string()]);
+        let v = |t: &[Option<Tensor>]| t[0].as_ref().unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(v(&direct), v(&host));
+        assert_eq!(v(&host), vec![vec![0.0, 2.0, 0.0], vec![4.0, 0.0, 6.0]]);
     }
 }
