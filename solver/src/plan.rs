@@ -671,7 +671,13 @@ fn run_ilp(
         pool.bound(lb, BoundSource::Milp);
     }
     if let (Some(s), Some(st)) = (out.schedule, out.stats) {
-        if out.status == IlpStatus::Optimal {
+        // HiGHS's "optimal" proves this schedule only when the schedule costs what HiGHS's
+        // objective says (HiGHS 1.16's presolve has ended a warm-started MILP "optimal" on a
+        // point that is not a solution; see `ilp`).
+        let agrees = out
+            .objective
+            .is_some_and(|o| (o - st.compute_cost).abs() <= 1e-6 * st.compute_cost.abs().max(1.0));
+        if out.status == IlpStatus::Optimal && agrees {
             pool.proven = Some(st.compute_cost);
         }
         pool.offer("ilp", s, st);
