@@ -85,12 +85,28 @@ impl Jobs {
         self.workers
     }
 
+    /// Makes job `id` followable before its record is claimed in the store, so that an
+    /// identical request that finds the record can always follow it. The claimer then calls
+    /// [`Jobs::submit`], or [`Jobs::forget`] when it did not create the job.
+    pub fn announce(&self, id: &str) {
+        self.watchers()
+            .insert(id.to_string(), watch::channel(Status::Queued).0);
+    }
+
+    /// Drops the watcher of a job that was announced but not submitted.
+    pub fn forget(&self, id: &str) {
+        self.watchers().remove(id);
+    }
+
     /// Queues a job whose record is already in the store. The returned receiver follows its
     /// status until it is done or failed.
     pub fn submit(&self, job: Job) -> Result<watch::Receiver<Status>, Rejected> {
         let id = job.id.clone();
-        let (tx, rx) = watch::channel(Status::Queued);
-        self.watchers().insert(id.clone(), tx);
+        let rx = self
+            .watchers()
+            .entry(id.clone())
+            .or_insert_with(|| watch::channel(Status::Queued).0)
+            .subscribe();
         self.shared.metrics.queue_depth.inc();
         match self.sender.try_send(job) {
             Ok(()) => Ok(rx),

@@ -332,33 +332,6 @@ async fn wait_for(state: &AppState, mut rx: tokio::sync::watch::Receiver<Status>
     }
 }
 
-/// Waits, at most `wait`, for an identical job another request created. Its creator claims the
-/// job in the store and only then hands it to the workers (which makes it followable): a
-/// request arriving in between polls until it can follow the job, or the job has ended.
-async fn follow_existing(
-    state: &AppState,
-    kind: Kind,
-    id: &str,
-    wait: Duration,
-) -> Result<(), ApiError> {
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        if let Some(rx) = state.inner.jobs.follow(id) {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            wait_for(state, rx, left).await;
-            return Ok(());
-        }
-        let ended = match state.inner.store.get(kind, id).map_err(store_error)? {
-            Some(Record { row, .. }) => row.status.is_terminal(),
-            None => true,
-        };
-        if ended || tokio::time::Instant::now() >= deadline {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// The answer to a submission once the wait is over: the plan (`done_status`), the job's
 /// error, or 202 with its id.
 fn answer(
@@ -451,10 +424,19 @@ async fn submit(
         cache_key: &cache_key,
         created_at: &created_at,
     };
-    match store.claim(&job, !resolved.refresh).map_err(store_error)? {
+    // Followable before it is claimed: an identical request that finds the claimed record
+    // can wait for it even before it reaches the queue.
+    state.inner.jobs.announce(&id);
+    let claim = store.claim(&job, !resolved.refresh).map_err(store_error);
+    if !matches!(claim, Ok(Some(Claim::Created))) {
+        state.inner.jobs.forget(&id);
+    }
+    match claim? {
         None => return Err(shutting_down()),
         Some(Claim::Existing(existing)) => {
-            follow_existing(&state, kind, &existing, resolved.wait).await?;
+            if let Some(rx) = state.inner.jobs.follow(&existing) {
+                wait_for(&state, rx, resolved.wait).await;
+            }
             return answer(&state, kind, &existing, StatusCode::OK);
         }
         Some(Claim::Created) => {}
