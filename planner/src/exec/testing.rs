@@ -292,11 +292,7 @@ pub fn check(case: &Case) {
 }
 
 fn flat(t: &Tensor) -> KResult<Vec<f64>> {
-    // On the host: candle's CUDA kernels cannot convert every integer dtype.
-    Ok(t.to_device(&Device::Cpu)?
-        .to_dtype(candle_core::DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()?)
+    Ok(super::validate::flat(t)?)
 }
 
 /// Runs a case on one device.
