@@ -316,6 +316,12 @@ pub fn take_host_ops() -> Vec<String> {
     HOST_OPS.with(|h| std::mem::take(&mut *h.borrow_mut()).into_iter().collect())
 }
 
+/// The op types of several host-op lists, once each (sorted).
+pub fn host_ops_union<'a>(lists: impl IntoIterator<Item = &'a [String]>) -> Vec<String> {
+    let all: std::collections::BTreeSet<&String> = lists.into_iter().flatten().collect();
+    all.into_iter().cloned().collect()
+}
+
 fn opt_to(v: &[Option<Tensor>], d: &Device) -> KResult<Vec<Option<Tensor>>> {
     v.iter()
         .map(|t| t.as_ref().map(|t| t.to_device(d)).transpose())
@@ -464,5 +470,17 @@ mod tests {
         let v = |t: &[Option<Tensor>]| t[0].as_ref().unwrap().to_vec2::<f32>().unwrap();
         assert_eq!(v(&direct), v(&host));
         assert_eq!(v(&host), vec![vec![0.0, 2.0, 0.0], vec![4.0, 0.0, 6.0]]);
+    }
+
+    /// A run reports the setup's host ops with its own, each op once, sorted.
+    #[test]
+    fn host_op_lists_merge_once_each_in_order() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let (run, setup) = (s(&["Gather", "Cast"]), s(&["Cast", "CastLike"]));
+        assert_eq!(
+            host_ops_union([&run[..], &setup[..]]),
+            s(&["Cast", "CastLike", "Gather"])
+        );
+        assert!(host_ops_union([&[][..]]).is_empty());
     }
 }

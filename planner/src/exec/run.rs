@@ -108,7 +108,7 @@ pub struct RunResult {
     /// Bytes of each node's value as computed (distinct storages), `None` if never computed.
     pub node_bytes: Vec<Option<u64>>,
     /// Op types that ran on the host for want of a device kernel (see
-    /// `kernel::Kernel::run_forward`); empty on the CPU.
+    /// `kernel::Kernel::run_forward`), in the run or in the executor's setup; empty on the CPU.
     pub host_ops: Vec<String>,
 }
 
@@ -129,6 +129,9 @@ pub struct Executor<'m> {
     facts: HashMap<NodeIndex, NodeFacts>,
     pub sources: ConstSources,
     fixed_live_bytes: u64,
+    /// Op types that ran on the host while the executor was set up (folded constants); every
+    /// run reports them with its own.
+    setup_host_ops: Vec<String>,
 }
 
 fn exec_err(node: &str, op: &str, message: impl Into<String>) -> PlannerError {
@@ -296,6 +299,7 @@ impl<'m> Executor<'m> {
             facts: HashMap::new(),
             sources,
             fixed_live_bytes: 0,
+            setup_host_ops: vec![],
         };
         // Every op the run needs must have kernels: report all missing at once.
         let mut missing: Vec<String> = vec![];
@@ -324,7 +328,9 @@ impl<'m> Executor<'m> {
                 ),
             ));
         }
+        super::kernel::take_host_ops();
         ex.fold_constants()?;
+        ex.setup_host_ops = super::kernel::take_host_ops();
         for (i, s) in tg.exec.sources.iter().enumerate() {
             match s {
                 Source::Input(v) => {
@@ -1136,7 +1142,10 @@ impl<'m> Executor<'m> {
             running_stat_updates: st.bn_done.len(),
             running_stats: st.running,
             node_bytes: st.node_bytes,
-            host_ops: super::kernel::take_host_ops(),
+            host_ops: super::kernel::host_ops_union([
+                &super::kernel::take_host_ops()[..],
+                &self.setup_host_ops,
+            ]),
         })
     }
 }

@@ -426,13 +426,7 @@ fn report(
         params_from_file: ex.sources.params_from_file,
         params_seeded: ex.sources.params_seeded,
         op_seconds,
-        host_ops: {
-            let mut h = plan.host_ops.clone();
-            h.extend(reference.host_ops.iter().cloned());
-            h.sort();
-            h.dedup();
-            h
-        },
+        host_ops: super::kernel::host_ops_union([&plan.host_ops[..], &reference.host_ops]),
         timeline,
     }
 }
