@@ -59,6 +59,9 @@ pub struct StepMeasure {
     /// Heap bytes in use after the step, relative to the start of the run (`None` without the
     /// counting allocator).
     pub heap_bytes: Option<u64>,
+    /// The heap's peak during the step (the kernel's output and its temporaries), relative to
+    /// the start of the run (`None` without the counting allocator).
+    pub heap_peak_bytes: Option<u64>,
     /// On CUDA: device memory in use after the step (total − free), relative to the start of
     /// the run; `None` on the CPU.
     pub device_bytes: Option<i64>,
@@ -91,6 +94,8 @@ pub struct RunResult {
     pub live_peak_step: usize,
     /// Heap peak during the run above the heap in use when it started.
     pub heap_peak_bytes: Option<u64>,
+    /// The step during which the heap peaked (`None` without the counting allocator).
+    pub heap_peak_step: Option<usize>,
     /// On CUDA: the device memory in use at its highest after a step, above what was in use
     /// when the run started (cuMemGetInfo: it includes what the CUDA allocator keeps cached);
     /// `None` on the CPU.
@@ -129,6 +134,9 @@ pub struct Executor<'m> {
     facts: HashMap<NodeIndex, NodeFacts>,
     pub sources: ConstSources,
     fixed_live_bytes: u64,
+    /// Bytes of the parameters' gradients (part of `fixed_live_bytes`), which a run allocates
+    /// as they are computed.
+    grad_bytes: u64,
     /// Op types that ran on the host while the executor was set up (folded constants); every
     /// run reports them with its own.
     setup_host_ops: Vec<String>,
@@ -236,8 +244,9 @@ fn distinct_storages(v: Value, st: &State) -> KResult<Value> {
 
 struct State {
     resident: Vec<Option<Value>>,
+    /// Parameter gradients, each from its first contribution on (zeros at the end for those
+    /// that got none).
     grads: HashMap<ValueId, Tensor>,
-    derived_grads: HashMap<ValueId, Tensor>,
     params_done: HashSet<usize>,
     bn_done: HashSet<NodeIndex>,
     running: HashMap<ValueId, Tensor>,
@@ -247,18 +256,21 @@ struct State {
     node_bytes: Vec<Option<u64>>,
 }
 
-fn add_into(map: &mut HashMap<ValueId, Tensor>, v: ValueId, g: Tensor) -> KResult<()> {
-    match map.remove(&v) {
-        Some(acc) => {
-            let dt = acc.dtype();
-            let s = (acc + g.to_dtype(dt)?)?;
-            map.insert(v, s);
-        }
-        None => {
-            map.insert(v, g);
-        }
+/// A parameter's gradient `g` as the parameter's `shape` and `dtype` in a storage of its own
+/// size (a view into a larger storage is copied out).
+fn own_grad(g: Tensor, shape: &[usize], dt: candle_core::DType) -> KResult<Tensor> {
+    if g.dims() != shape {
+        return Err(KernelError::new(format!(
+            "the parameter's gradient has shape {:?}, the parameter {shape:?}",
+            g.dims()
+        )));
     }
-    Ok(())
+    let g = g.to_dtype(dt)?;
+    let own = (g.elem_count() * dt.size_in_bytes()) as u64;
+    if storage_bytes(std::iter::once(&g), &mut HashSet::new()) > own {
+        return Ok(g.force_contiguous()?);
+    }
+    Ok(g)
 }
 
 impl<'m> Executor<'m> {
@@ -299,6 +311,7 @@ impl<'m> Executor<'m> {
             facts: HashMap::new(),
             sources,
             fixed_live_bytes: 0,
+            grad_bytes: 0,
             setup_host_ops: vec![],
         };
         // Every op the run needs must have kernels: report all missing at once.
@@ -372,6 +385,7 @@ impl<'m> Executor<'m> {
             .map(|f| f.bytes())
             .sum();
         ex.fixed_live_bytes = fixed + grads;
+        ex.grad_bytes = grads;
         Ok(ex)
     }
 
@@ -431,6 +445,13 @@ impl<'m> Executor<'m> {
     /// Bytes of parameters, their gradients and buffers as held by the executor.
     pub fn fixed_live_bytes(&self) -> u64 {
         self.fixed_live_bytes
+    }
+
+    /// The part of [`Executor::fixed_live_bytes`] held before a run starts (parameters,
+    /// buffers, derived constants): the run allocates the gradients, so its heap and device
+    /// figures (measured from its start) hold them already.
+    pub fn held_before_run_bytes(&self) -> u64 {
+        self.fixed_live_bytes - self.grad_bytes
     }
 
     fn node_facts(&self, ix: NodeIndex) -> NodeFacts {
@@ -939,14 +960,13 @@ impl<'m> Executor<'m> {
             match self.model.values[*v].kind {
                 ValueKind::Param => {
                     if first {
-                        add_into(&mut st.grads, *v, g)
+                        self.add_param_grad(st, *v, g)
                             .map_err(|e| exec_err(&node.name, &node.op_type, e.0))?;
                     }
                 }
                 ValueKind::Derived => {
                     if first {
-                        add_into(&mut st.derived_grads, *v, g)
-                            .map_err(|e| exec_err(&node.name, &node.op_type, e.0))?;
+                        self.push_derived(st, *v, g, 0)?;
                     }
                 }
                 _ => {
@@ -959,54 +979,87 @@ impl<'m> Executor<'m> {
         Ok(out)
     }
 
-    /// Pushes the gradients of derived constants back through their folded nodes to the
-    /// parameters they are computed from.
-    fn backprop_derived(&self, st: &mut State) -> crate::Result<()> {
-        let order: Vec<NodeIndex> = self.model.graph.node_indices().collect();
-        for &ix in order.iter().rev() {
-            let node = &self.model.graph[ix];
-            if !node.folded || node.skipped {
-                continue;
+    /// Adds a contribution `g` to parameter `v`'s gradient. The first one becomes the gradient
+    /// (in the parameter's dtype and a storage of its own size), as in the frameworks: a
+    /// gradient held as zeros from the start and added to would hold it three times at once
+    /// (the zeros, `g` and the sum) where the memory model counts it once.
+    fn add_param_grad(&self, st: &mut State, v: ValueId, g: Tensor) -> KResult<()> {
+        match st.grads.remove(&v) {
+            Some(acc) => {
+                let dt = acc.dtype();
+                st.grads.insert(v, (acc + g.to_dtype(dt)?)?);
             }
-            let grads: Vec<Option<Tensor>> = node
-                .outputs
-                .iter()
-                .map(|o| o.and_then(|o| st.derived_grads.get(&o).cloned()))
-                .collect();
-            if grads.iter().all(|g| g.is_none()) {
-                continue;
+            None => {
+                let p = self.consts.get(&v).ok_or_else(|| {
+                    KernelError::new("a gradient for a parameter without a value")
+                })?;
+                st.grads.insert(v, own_grad(g, p.dims(), p.dtype())?);
             }
-            let ins = self.folded_inputs(ix, 0)?;
-            let outs = self.run_folded(ix, 0)?;
-            let needs: Vec<bool> = node
-                .inputs
-                .iter()
-                .map(|x| {
-                    x.is_some_and(|x| {
-                        matches!(
-                            self.model.values[x].kind,
-                            ValueKind::Param | ValueKind::Derived
-                        ) && self.model.values[x]
-                            .fact
-                            .as_ref()
-                            .is_some_and(|f| f.dtype.is_float())
-                    })
+        }
+        Ok(())
+    }
+
+    /// Pushes a gradient contribution `g` of the derived constant `v` (a transposed or tied
+    /// weight) back through the folded node that computes it, to the parameters it comes
+    /// from, as it arrives: the backward is linear in `g`, so contributions need no summing
+    /// first, and summing them until the end of the run would hold a gradient-sized buffer
+    /// per derived constant that the memory model does not count (MiniLM's transposed
+    /// weights: 42 MB at batch 1).
+    fn push_derived(
+        &self,
+        st: &mut State,
+        v: ValueId,
+        g: Tensor,
+        depth: usize,
+    ) -> crate::Result<()> {
+        let val = &self.model.values[v];
+        let Some((ix, slot)) = val
+            .producer
+            .filter(|&(p, _)| depth <= self.model.graph.node_count() && self.model.graph[p].folded)
+        else {
+            return Err(exec_err(
+                "",
+                "",
+                format!("derived constant {:?} has no folded producer", val.name),
+            ));
+        };
+        let node = &self.model.graph[ix];
+        let mut grads: Vec<Option<Tensor>> = vec![None; node.outputs.len()];
+        let Some(at) = grads.get_mut(slot) else {
+            return Err(exec_err(&node.name, &node.op_type, "no such output"));
+        };
+        *at = Some(g);
+        let needs: Vec<bool> = node
+            .inputs
+            .iter()
+            .map(|x| {
+                x.is_some_and(|x| {
+                    matches!(
+                        self.model.values[x].kind,
+                        ValueKind::Param | ValueKind::Derived
+                    ) && self.model.values[x]
+                        .fact
+                        .as_ref()
+                        .is_some_and(|f| f.dtype.is_float())
                 })
-                .collect();
-            if !needs.iter().any(|&b| b) {
+            })
+            .collect();
+        if !needs.iter().any(|&b| b) {
+            return Ok(());
+        }
+        let ins = self.folded_inputs(ix, depth)?;
+        let outs = self.run_folded(ix, depth)?;
+        let r = self.backward_kernel(ix, &ins, &outs, &Extras::new(), &grads, &needs)?;
+        for (slot, g) in r.into_iter().enumerate() {
+            let (Some(g), Some(Some(x))) = (g, node.inputs.get(slot)) else {
                 continue;
-            }
-            let r = self.backward_kernel(ix, &ins, &outs, &Extras::new(), &grads, &needs)?;
-            for (slot, g) in r.into_iter().enumerate() {
-                let (Some(g), Some(Some(v))) = (g, node.inputs.get(slot)) else {
-                    continue;
-                };
-                let map = if self.model.values[*v].kind == ValueKind::Param {
-                    &mut st.grads
-                } else {
-                    &mut st.derived_grads
-                };
-                add_into(map, *v, g).map_err(|e| exec_err(&node.name, &node.op_type, e.0))?;
+            };
+            match self.model.values[*x].kind {
+                ValueKind::Param => self
+                    .add_param_grad(st, *x, g)
+                    .map_err(|e| exec_err(&node.name, &node.op_type, e.0))?,
+                ValueKind::Derived => self.push_derived(st, *x, g, depth + 1)?,
+                _ => {}
             }
         }
         Ok(())
@@ -1027,7 +1080,6 @@ impl<'m> Executor<'m> {
         let mut st = State {
             resident: vec![None; n],
             grads: HashMap::new(),
-            derived_grads: HashMap::new(),
             params_done: HashSet::new(),
             bn_done: HashSet::new(),
             running: HashMap::new(),
@@ -1036,14 +1088,6 @@ impl<'m> Executor<'m> {
             loss: None,
             node_bytes: vec![None; n],
         };
-        // Parameter gradients live for the whole step (fixed memory), zero to start.
-        for v in self.params() {
-            let p = &self.consts[&v];
-            let z = p
-                .zeros_like()
-                .map_err(|e| exec_err("", "", e.to_string()))?;
-            st.grads.insert(v, z);
-        }
         let heap0 = alloc::installed().then(alloc::reset_peak);
         let dev0 = device_used(&self.device);
         let mut dev_peak = 0i64;
@@ -1052,8 +1096,13 @@ impl<'m> Executor<'m> {
         let mut live_peak = 0u64;
         let mut live_peak_step = 0usize;
         let total = schedule.steps.len();
+        let mut heap_peak_step = None;
+        let mut heap_peak = 0u64;
         for (s, step) in schedule.steps.iter().enumerate() {
             let ts = Instant::now();
+            if heap0.is_some() {
+                alloc::reset_peak();
+            }
             match *step {
                 Step::Compute(i) => {
                     if i >= n {
@@ -1106,6 +1155,11 @@ impl<'m> Executor<'m> {
                 dev_peak = dev_peak.max(d);
             }
             let secs = ts.elapsed().as_secs_f64();
+            let step_heap_peak = heap0.map(|h0| alloc::peak().saturating_sub(h0) as u64);
+            if let Some(h) = step_heap_peak.filter(|&h| heap_peak_step.is_none() || h > heap_peak) {
+                heap_peak = h;
+                heap_peak_step = Some(s);
+            }
             if let Step::Compute(i) = *step {
                 st.node_seconds[i] += secs;
             }
@@ -1119,15 +1173,25 @@ impl<'m> Executor<'m> {
             steps.push(StepMeasure {
                 live_bytes: live,
                 heap_bytes: heap0.map(|h0| alloc::current().saturating_sub(h0) as u64),
+                heap_peak_bytes: step_heap_peak,
                 device_bytes,
                 seconds: secs,
             });
             progress(s + 1, total);
         }
-        self.backprop_derived(&mut st)?;
+        // Parameters no backward reached have zero gradients.
+        for v in self.params() {
+            if let std::collections::hash_map::Entry::Vacant(e) = st.grads.entry(v) {
+                let z = self.consts[&v]
+                    .zeros_like()
+                    .map_err(|e| exec_err("", "", e.to_string()))?;
+                e.insert(z);
+            }
+        }
         let loss = st.loss.unwrap_or(f64::NAN);
         let seconds = t0.elapsed().as_secs_f64();
-        let heap_peak = heap0.map(|h0| alloc::peak().saturating_sub(h0) as u64);
+        // The steps' peaks, and what came after the last one (zero gradients).
+        let heap_peak = heap0.map(|h0| heap_peak.max(alloc::peak().saturating_sub(h0) as u64));
         Ok(RunResult {
             loss,
             grads: st.grads,
@@ -1135,6 +1199,7 @@ impl<'m> Executor<'m> {
             live_peak_bytes: live_peak,
             live_peak_step,
             heap_peak_bytes: heap_peak,
+            heap_peak_step,
             device_peak_bytes: dev0.map(|_| dev_peak as u64),
             seconds,
             node_seconds: st.node_seconds,

@@ -48,10 +48,16 @@ pub struct TimelinePoint {
     pub node: String,
     pub predicted_bytes: u64,
     pub measured_bytes: u64,
+    /// The heap in use after the step above the run's start, plus what the executor held
+    /// before the run (parameters, buffers; gradients are allocated in the run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heap_bytes: Option<u64>,
-    /// On CUDA: device memory in use (cuMemGetInfo) above the run's start, plus the fixed
-    /// tensors.
+    /// The heap's peak during the step (its kernel's output and temporaries), counted as
+    /// `heap_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heap_peak_bytes: Option<u64>,
+    /// On CUDA: device memory in use (cuMemGetInfo) above the run's start, plus what the
+    /// executor held before the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_bytes: Option<u64>,
     pub seconds: f64,
@@ -90,14 +96,18 @@ pub struct Validation {
     /// `measured / predicted − 1`.
     pub peak_rel_diff: f64,
     pub measured_peak_step: usize,
-    /// The heap's peak during the run above the heap in use when it started, plus the fixed
-    /// tensors (comparable with `measured_peak_bytes`); `None` when the counting allocator is
-    /// not installed.
+    /// The heap's peak during the run above the heap in use when it started, plus what the
+    /// executor held before the run (parameters, buffers; comparable with
+    /// `measured_peak_bytes`); `None` when the counting allocator is not installed.
     pub heap_peak_bytes: Option<u64>,
-    /// What the difference between the heap peak and the live-tensor peak is.
+    /// The step during which the heap peaked.
+    pub heap_peak_step: Option<usize>,
+    /// What the difference between the heap peak and the live-tensor peak is, and where the
+    /// heap peaked.
     pub heap_note: String,
     /// On CUDA: the device's memory in use at its peak (cuMemGetInfo, so including what the
-    /// CUDA allocator caches) above the run's start, plus the fixed tensors; `None` on the CPU.
+    /// CUDA allocator caches) above the run's start, plus what the executor held before the
+    /// run; `None` on the CPU.
     pub device_peak_bytes: Option<u64>,
     pub budget_bytes: Option<u64>,
     /// Max over parameters of max|plan − store-all| / max|store-all|.
@@ -318,18 +328,42 @@ fn report(
         }
     }
     let fixed = ex.fixed_live_bytes();
-    let heap_peak = plan.heap_peak_bytes.map(|h| h + fixed);
+    // The heap and the device are measured from the run's start: add what was held before it.
+    let before = ex.held_before_run_bytes();
+    let heap_peak = plan.heap_peak_bytes.map(|h| h + before);
     let heap_note = match heap_peak {
         None => {
             "heap not measured: the counting allocator is not installed in this process".to_string()
         }
         Some(h) => {
             let extra = h as i64 - measured as i64;
+            let at = plan
+                .heap_peak_step
+                .and_then(|s| Some((s, schedule.steps.get(s)?, plan.steps.get(s)?)))
+                .map(|(s, step, m)| {
+                    let i = match *step {
+                        Step::Compute(i) | Step::Free(i) => i,
+                    };
+                    let (id, op) = tg
+                        .nodes
+                        .get(i)
+                        .map(|n| (n.id.as_str(), n.op.as_str()))
+                        .unwrap_or_default();
+                    let live = m.live_bytes as i64;
+                    format!(
+                        "; it peaked during step {s} ({} {id}, {op}), {} B above the {} B of live tensors after that step",
+                        if matches!(step, Step::Compute(_)) { "compute" } else { "free" },
+                        h as i64 - live,
+                        live
+                    )
+                })
+                .unwrap_or_default();
             format!(
                 "the heap peaked {} B ({:+.1}%) {} the live-tensor peak: kernel workspaces and temporaries \
                  (im2col buffers, packed matmul operands, gradient contributions being summed, views made \
-                 contiguous) that the memory model does not count; inputs are generated before the run and \
-                 held outside it",
+                 contiguous) that the memory model does not count, less what it counts before it is allocated: \
+                 parameter gradients (fixed memory in the model) are allocated when first computed, and inputs \
+                 are generated before the run and held outside it{at}",
                 extra.unsigned_abs(),
                 if measured > 0 { extra as f64 / measured as f64 * 100.0 } else { 0.0 },
                 if extra >= 0 { "above" } else { "below" }
@@ -368,10 +402,11 @@ fn report(
                 node: tg.nodes.get(i).map(|n| n.id.clone()).unwrap_or_default(),
                 predicted_bytes: stats.memory.get(s).copied().unwrap_or(0),
                 measured_bytes: m.map(|m| m.live_bytes).unwrap_or(0),
-                heap_bytes: m.and_then(|m| m.heap_bytes).map(|h| h + fixed),
+                heap_bytes: m.and_then(|m| m.heap_bytes).map(|h| h + before),
+                heap_peak_bytes: m.and_then(|m| m.heap_peak_bytes).map(|h| h + before),
                 device_bytes: m
                     .and_then(|m| m.device_bytes)
-                    .map(|d| (d + fixed as i64).max(0) as u64),
+                    .map(|d| (d + before as i64).max(0) as u64),
                 seconds: m.map(|m| m.seconds).unwrap_or(0.0),
             }
         })
@@ -404,8 +439,9 @@ fn report(
         peak_rel_diff: rel,
         measured_peak_step: plan.live_peak_step,
         heap_peak_bytes: heap_peak,
+        heap_peak_step: plan.heap_peak_step,
         heap_note,
-        device_peak_bytes: plan.device_peak_bytes.map(|d| d + fixed),
+        device_peak_bytes: plan.device_peak_bytes.map(|d| d + before),
         budget_bytes: opts.budget_bytes,
         grad_max_rel_err: grad_err,
         grad_tolerance: opts.grad_tolerance,
