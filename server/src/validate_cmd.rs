@@ -213,10 +213,18 @@ pub fn summary(v: &Validation) -> String {
         v.grad_max_rel_err, v.params_checked, v.store_all_loss, v.loss
     ));
     s.push_str(&format!(
-        "  time     step {:.3}s vs store-all {:.3}s: measured overhead {:+.2}% (predicted {:+.2}%), {} recomputation(s)\n",
+        "  time     step {:.3}s vs store-all {:.3}s: measured overhead {:+.2}% ({}; predicted {:+.2}%), {} recomputation(s)\n",
         v.step_seconds,
         v.store_all_step_seconds,
         100.0 * v.measured_overhead,
+        match v.timing_rounds {
+            0 | 1 => "one run each".to_string(),
+            n => format!(
+                "median of {n} rounds, {:+.2}% to {:+.2}%",
+                100.0 * v.measured_overhead_range[0],
+                100.0 * v.measured_overhead_range[1]
+            ),
+        },
         100.0 * v.predicted_overhead,
         v.recomputations
     ));

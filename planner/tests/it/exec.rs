@@ -468,6 +468,34 @@ fn a_tight_plan_recomputes_and_keeps_gradients_identical() {
     .expect("runs");
     assert!(v.recomputations > 0, "the plan recomputes");
     check(&v, "gpt2_tiny").unwrap();
+    // Timed in pairs of rounds; the overhead is their median, inside their range.
+    assert!(
+        v.timing_rounds >= 2 && v.timing_rounds.is_multiple_of(2),
+        "{} timing rounds",
+        v.timing_rounds
+    );
+    assert!(v.timing_rounds <= remat_planner::exec::validate::MAX_TIMING_ROUNDS);
+    let [lo, hi] = v.measured_overhead_range;
+    assert!(
+        lo <= v.measured_overhead && v.measured_overhead <= hi,
+        "{lo} <= {} <= {hi}",
+        v.measured_overhead
+    );
+}
+
+/// Without timing rounds, the times come from the measured run alone.
+#[test]
+fn without_timing_rounds_one_run_times_each_schedule() {
+    let (bytes, model, tg) = tiny_cnn();
+    let s = store_all(&tg.to_problem());
+    let opts = ValidateOptions {
+        repeat_reference: false,
+        ..ValidateOptions::default()
+    };
+    let v = validate(&model, &tg, &bytes, &s, &opts, &mut |_, _, _| {}).expect("runs");
+    assert_eq!(v.timing_rounds, 1);
+    assert_eq!(v.measured_overhead_range, [v.measured_overhead; 2]);
+    assert!(v.step_seconds > 0.0 && v.store_all_step_seconds > 0.0);
 }
 
 #[test]
