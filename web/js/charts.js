@@ -63,9 +63,10 @@ export function destroyChart(u) {
 
 /**
  * The memory timeline. `memory`: predicted bytes after each step; `measured`: same length, null
- * where not measured; `budget`, `storeAll`: bytes or null.
+ * where not measured; `heap` (optional): the heap's peak during each step, likewise; `budget`,
+ * `storeAll`: bytes or null.
  */
-export function timelineChart(el, { memory, measured, budget, storeAll }) {
+export function timelineChart(el, { memory, measured, heap = [], budget, storeAll }) {
   const steps = memory.map((_, i) => i + 1);
   const hasMeasured = measured.some((v) => isNum(v));
   const series = [
@@ -76,6 +77,10 @@ export function timelineChart(el, { memory, measured, budget, storeAll }) {
   if (hasMeasured) {
     series.push({ label: 'measured', stroke: '#c2410c', width: 2, paths: uPlot.paths.stepped({ align: 1 }), value: (u, v) => fmtBytes(v), spanGaps: true });
     data.push(measured);
+  }
+  if (heap.some((v) => isNum(v))) {
+    series.push({ label: 'heap (peak in step)', stroke: '#7c3aed', width: 1, dash: [3, 3], paths: uPlot.paths.stepped({ align: 1 }), value: (u, v) => fmtBytes(v), spanGaps: true });
+    data.push(heap);
   }
   if (isNum(budget)) {
     series.push({ label: 'budget', stroke: '#b91c1c', width: 1.5, dash: [6, 4], value: (u, v) => fmtBytes(v), points: { show: false } });
@@ -103,13 +108,16 @@ export function timelineChart(el, { memory, measured, budget, storeAll }) {
 }
 
 /** The text alternative of the timeline: a sentence and a (sampled) table. */
-export function timelineText({ memory, measured, budget }) {
+export function timelineText({ memory, measured, heap = [], budget }) {
   const peak = peakStep(memory);
   const mPeak = peakStep(measured.map((v) => (isNum(v) ? v : null)));
+  const hPeak = peakStep(heap.map((v) => (isNum(v) ? v : null)));
+  const hasHeap = heap.some((v) => isNum(v));
   const parts = [`${memory.length} schedule steps.`];
   if (peak) parts.push(`Predicted peak ${fmtBytes(peak.bytes)} at step ${peak.step + 1}.`);
   if (isNum(budget)) parts.push(`Budget ${fmtBytes(budget)}.`);
   parts.push(mPeak ? `Measured peak ${fmtBytes(mPeak.bytes)} at step ${mPeak.step + 1}.` : 'Not measured (not validated).');
+  if (hPeak) parts.push(`Heap peak ${fmtBytes(hPeak.bytes)} during step ${hPeak.step + 1}.`);
   const rows = sampleIndices(memory.length, 60, peak ? [peak.step] : []);
   return h(
     'div',
@@ -123,8 +131,21 @@ export function timelineText({ memory, measured, budget }) {
       h(
         'table',
         { class: 'data' },
-        h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Step'), h('th', { scope: 'col' }, 'Predicted'), h('th', { scope: 'col' }, 'Measured'))),
-        h('tbody', {}, rows.map((i) => h('tr', {}, h('td', {}, i + 1), h('td', {}, fmtBytes(memory[i])), h('td', {}, isNum(measured[i]) ? fmtBytes(measured[i]) : '—')))),
+        h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Step'), h('th', { scope: 'col' }, 'Predicted'), h('th', { scope: 'col' }, 'Measured'), hasHeap ? h('th', { scope: 'col' }, 'Heap peak') : null)),
+        h(
+          'tbody',
+          {},
+          rows.map((i) =>
+            h(
+              'tr',
+              {},
+              h('td', {}, i + 1),
+              h('td', {}, fmtBytes(memory[i])),
+              h('td', {}, isNum(measured[i]) ? fmtBytes(measured[i]) : '—'),
+              hasHeap ? h('td', {}, isNum(heap[i]) ? fmtBytes(heap[i]) : '—') : null,
+            ),
+          ),
+        ),
       ),
     ),
   );

@@ -96,6 +96,8 @@ export function normalizeDoc(doc) {
         step: num(obj(t).step),
         predicted: num(obj(t).predicted_bytes),
         measured: num(obj(t).measured_bytes),
+        // The process's heap at its highest during the step (kernels' workspaces included).
+        heapPeak: num(obj(t).heap_peak_bytes),
       })),
     },
   };
@@ -190,12 +192,12 @@ export function peakStep(memory) {
  * Per step, the measured bytes from a validation timeline (null where not measured), aligned
  * with the predicted memory array.
  */
-export function measuredSeries(validation, steps) {
+export function measuredSeries(validation, steps, field = 'measured') {
   const out = new Array(steps).fill(null);
   if (!validation?.ran) return out;
   validation.timeline.forEach((t, i) => {
     const s = t.step ?? i;
-    if (Number.isInteger(s) && s >= 0 && s < steps) out[s] = t.measured;
+    if (Number.isInteger(s) && s >= 0 && s < steps) out[s] = t[field] ?? null;
   });
   return out;
 }

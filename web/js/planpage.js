@@ -159,6 +159,7 @@ export async function renderPlan(root, id) {
   const historyEl = h('div', { 'data-testid': 'history' }, h('p', { class: 'muted' }, 'Loading…'));
   const memory = doc.predicted.memory.map((x) => x ?? 0);
   const measured = measuredSeries(doc.validation, memory.length);
+  const heap = measuredSeries(doc.validation, memory.length, 'heapPeak');
 
   mount(
     root,
@@ -179,7 +180,7 @@ export async function renderPlan(root, id) {
     h(
       'div',
       { class: 'two' },
-      section('Memory timeline', 'h-timeline', h('p', { class: 'muted' }, 'Resident bytes after each schedule step; drag to zoom, double-click to reset.'), timelineEl, timelineText({ memory, measured, budget: doc.budgetBytes })),
+      section('Memory timeline', 'h-timeline', h('p', { class: 'muted' }, 'Resident bytes after each schedule step (heap: the process\u2019s heap at its highest during the step, gradients allocated as they are computed); drag to zoom, double-click to reset.'), timelineEl, timelineText({ memory, measured, heap, budget: doc.budgetBytes })),
       section('Budget vs. overhead', 'h-pareto', paretoTools, paretoEl, paretoTextEl),
     ),
     section('Graph', 'h-graph', graphEl),
@@ -187,7 +188,7 @@ export async function renderPlan(root, id) {
     section('History of this model', 'h-history', historyEl),
   );
 
-  if (memory.length) timelineChart(timelineEl, { memory, measured, budget: doc.budgetBytes, storeAll: doc.storeAllPeakBytes });
+  if (memory.length) timelineChart(timelineEl, { memory, measured, heap, budget: doc.budgetBytes, storeAll: doc.storeAllPeakBytes });
   else mount(timelineEl, h('p', { class: 'muted' }, 'The plan has no per-step memory.'));
 
   let table = null;

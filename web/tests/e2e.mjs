@@ -152,6 +152,11 @@ async function checkPlanPage(id, label) {
     const legend = await page.textContent('[data-testid="timeline"] .u-legend');
     assert.ok(legend.includes('measured'), `${label}: the timeline has no measured series`);
     assert.ok(summary.includes('Measured peak'), `${label}: timeline summary "${summary}"`);
+    // The remat binary counts its heap: every validated step has its heap peak.
+    if (doc.validation.timeline?.some((t) => Number.isFinite(t.heap_peak_bytes))) {
+      assert.ok(legend.includes('heap'), `${label}: the timeline has no heap series`);
+      assert.ok(summary.includes('Heap peak'), `${label}: timeline summary "${summary}"`);
+    }
   }
   check(`${label}: memory timeline drawn`, `${tl} inked samples, ${doc.predicted.memory.length} steps${validated ? ', measured too' : ''}`);
   const pareto = await inkedPixels('[data-testid="pareto"] canvas');

@@ -50,6 +50,17 @@ test('validation fields and the measured timeline', () => {
   assert.equal(d.validation.measuredPeakBytes, 99);
   assert.deepEqual(measuredSeries(d.validation, 4), [null, 52, null, null]);
   assert.deepEqual(measuredSeries(null, 2), [null, null]);
+  // No heap figures: the heap series is empty.
+  assert.deepEqual(measuredSeries(d.validation, 4, 'heapPeak'), [null, null, null, null]);
+});
+
+test('the heap peak per step, where the validation measured it', () => {
+  const d = normalizeDoc({
+    ...doc,
+    validation: { timeline: [{ step: 0, measured_bytes: 10, heap_peak_bytes: 14 }, { step: 2, measured_bytes: 12, heap_peak_bytes: 'x' }] },
+  });
+  assert.deepEqual(measuredSeries(d.validation, 3, 'heapPeak'), [14, null, null]);
+  assert.deepEqual(measuredSeries(d.validation, 3), [10, null, 12]);
 });
 
 test('sweeps: baselines as records or as [name, overhead] pairs; budget from the fraction', () => {
