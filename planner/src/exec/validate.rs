@@ -129,7 +129,7 @@ pub struct Validation {
     pub step_seconds: f64,
     pub store_all_step_seconds: f64,
     /// The median over the timing rounds of `plan / store-all − 1`, each round's plan run
-    /// against the store-all run just before it; `step_seconds` and `store_all_step_seconds`
+    /// against the store-all run of the same round; `step_seconds` and `store_all_step_seconds`
     /// are the medians of their runs.
     pub measured_overhead: f64,
     /// The lowest and highest of the rounds' overheads: how far the machine's noise moves it.
@@ -256,10 +256,10 @@ pub fn validate_with(
     for (s, _) in schedules {
         runs.push(ex.run(s, &mut |d, t| progress("plan", d, t))?);
     }
-    // Timing rounds: store-all, then the plans, so that each plan's run is compared with a
-    // store-all run taken moments before it (this machine's speed drifts by tens of percent
-    // within minutes; one plan run against the faster of two store-all runs measured a
-    // store-all plan at +5% to +14% against itself on resnet18 at batch 2).
+    // Timing rounds: store-all and the plans back to back, so that each plan's run is
+    // compared with a store-all run taken moments from it (this machine's speed drifts by
+    // tens of percent within minutes; one plan run against the faster of two store-all runs
+    // measured a store-all plan at -0.2% to +13.5% against itself on resnet18 at batch 2).
     let mut sa_secs = vec![sa1.seconds];
     let mut plan_secs: Vec<Vec<f64>> = runs.iter().map(|r| vec![r.seconds]).collect();
     if opts.repeat_reference {
