@@ -1155,7 +1155,9 @@ impl<'m> Executor<'m> {
                 dev_peak = dev_peak.max(d);
             }
             let secs = ts.elapsed().as_secs_f64();
+            // Both read before this loop's own bookkeeping allocates (the live-bytes set).
             let step_heap_peak = heap0.map(|h0| alloc::peak().saturating_sub(h0) as u64);
+            let step_heap = heap0.map(|h0| alloc::current().saturating_sub(h0) as u64);
             if let Some(h) = step_heap_peak.filter(|&h| heap_peak_step.is_none() || h > heap_peak) {
                 heap_peak = h;
                 heap_peak_step = Some(s);
@@ -1172,7 +1174,7 @@ impl<'m> Executor<'m> {
             }
             steps.push(StepMeasure {
                 live_bytes: live,
-                heap_bytes: heap0.map(|h0| alloc::current().saturating_sub(h0) as u64),
+                heap_bytes: step_heap,
                 heap_peak_bytes: step_heap_peak,
                 device_bytes,
                 seconds: secs,

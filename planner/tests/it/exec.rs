@@ -49,6 +49,7 @@ fn plan_at(tg: &TrainingGraph, budget: u64) -> Option<Schedule> {
 }
 
 fn check(v: &Validation, what: &str) -> Result<(), String> {
+    heap_figures_agree(v).map_err(|e| format!("{what}: {e}"))?;
     if v.ok {
         Ok(())
     } else {
@@ -60,6 +61,44 @@ fn check(v: &Validation, what: &str) -> Result<(), String> {
             v.bytes_mismatches
         ))
     }
+}
+
+/// The heap's figures hang together (where the counting allocator is installed, as in this
+/// test binary): each step's peak is at least the heap after it, and the run's peak is that of
+/// the step the validation names.
+fn heap_figures_agree(v: &Validation) -> Result<(), String> {
+    let Some(peak) = v.heap_peak_bytes else {
+        return Ok(());
+    };
+    for t in &v.timeline {
+        let (Some(after), Some(during)) = (t.heap_bytes, t.heap_peak_bytes) else {
+            return Err(format!("step {} has no heap figures", t.step));
+        };
+        if during < after {
+            return Err(format!(
+                "step {}: heap peak {during} below the heap after it {after}",
+                t.step
+            ));
+        }
+    }
+    let step = v.heap_peak_step.ok_or("no heap peak step")?;
+    let at = v
+        .timeline
+        .get(step)
+        .and_then(|t| t.heap_peak_bytes)
+        .ok_or("heap peak step out of range")?;
+    let most = v
+        .timeline
+        .iter()
+        .filter_map(|t| t.heap_peak_bytes)
+        .max()
+        .unwrap_or(0);
+    if at != most || peak < most {
+        return Err(format!(
+            "heap peak {peak} B, step {step}'s {at} B, the steps' highest {most} B"
+        ));
+    }
+    Ok(())
 }
 
 /// One model at 1.0×, 0.6× and 0.4× store-all peak (where feasible); when neither smaller
