@@ -113,7 +113,9 @@ fn main() {
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    );
     let path = root.join("../fixtures/models/resnet18.legacy.onnx");
     let bytes = std::fs::read(&path).expect("resnet18 fixture");
     let mut opts = ImportOptions::default();

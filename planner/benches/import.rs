@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn main() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("..");
     let models: [(&str, &[(&str, u64)]); 5] = [
         (
             "fixtures/models/gpt2.legacy.onnx",

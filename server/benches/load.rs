@@ -46,7 +46,11 @@ fn parse_options() -> Result<Options, String> {
         workers: 1,
         queue: 16,
         max_requests: 10_000_000,
-        graphs: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/bench/graphs"),
+        graphs: std::path::PathBuf::from(
+            std::env::var_os("CARGO_MANIFEST_DIR")
+                .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
+        )
+        .join("../../shared/bench/graphs"),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;

@@ -10,7 +10,7 @@ use common::{Reply, TestApp};
 use remat_server::http::{app, AppState, Config, Store};
 use remat_server::pipeline::Pipeline;
 use serde_json::Value;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 struct Real {
@@ -44,8 +44,8 @@ impl Real {
     }
 }
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+fn root() -> PathBuf {
+    common::manifest_dir().join("..")
 }
 
 fn vgg16_train() -> Vec<u8> {

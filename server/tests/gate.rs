@@ -1,10 +1,12 @@
 //! `remat gate` end to end: the binary on two versions of a fixture model.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gate")
+    common::manifest_dir().join("../fixtures/gate")
 }
 
 fn remat(dir: &Path, args: &[&str]) -> Output {

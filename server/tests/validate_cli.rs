@@ -1,14 +1,13 @@
 //! `remat validate`, `remat plan --validate` and `remat plan --bound-time` as a user runs them:
 //! exit codes and what they say.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    common::manifest_dir().parent().unwrap().to_path_buf()
 }
 
 fn remat(args: &[&str]) -> Output {

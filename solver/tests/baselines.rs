@@ -4,16 +4,17 @@
 //! skip graphs of more than 200 nodes and the DP on chains of more than 24 forward nodes;
 //! release builds (what CI runs) cover every graph.
 
+mod common;
+
 use remat_solver::baselines::{baselines, BASELINE_NAMES};
 use remat_solver::budget::{descend_to_budget, min_feasible_budget};
 use remat_solver::dp::{chain_structure, solve_chain};
 use remat_solver::io::read_node_link;
 use remat_solver::{simulate, store_all_peak, Problem};
-use std::path::PathBuf;
 use std::time::Instant;
 
 fn graphs() -> Vec<(String, Problem)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/bench/graphs");
+    let dir = common::manifest_dir().join("../../shared/bench/graphs");
     let mut out: Vec<(String, Problem)> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("shared graphs not found at {}: {e}", dir.display()))
         .map(|e| e.expect("directory entry").path())

@@ -10,7 +10,6 @@ use remat_solver::baselines::baselines;
 use remat_solver::ilp::{self, IlpOptions, IlpStatus};
 use remat_solver::plan::{self, parse_budget, plan, sweep, Algorithm, PlanOptions, Status};
 use remat_solver::{io::read_node_link, simulate, store_all_peak, Problem, Schedule};
-use std::path::PathBuf;
 use std::time::Duration;
 
 const TIME: Duration = Duration::from_secs(60);
@@ -278,7 +277,7 @@ fn sweep_is_monotone_and_names_every_baseline() {
 }
 
 fn graph(prefix: &str) -> Problem {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/bench/graphs");
+    let dir = common::manifest_dir().join("../../shared/bench/graphs");
     let path = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("shared graphs at {}: {e}", dir.display()))
         .map(|e| e.unwrap().path())

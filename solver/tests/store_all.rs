@@ -1,11 +1,13 @@
 //! Store-all peaks of the published graphs match the budgets the Moccasin paper derives from
 //! them (B = ceil(M x store-all peak)).
 
+mod common;
+
 use remat_solver::{io::read_node_link, simulate, store_all, store_all_peak};
 use std::path::PathBuf;
 
 fn graphs_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/bench/graphs")
+    common::manifest_dir().join("../../shared/bench/graphs")
 }
 
 #[test]

@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
+    crate::manifest_dir().join("../fixtures")
 }
 
 /// The manifest's models; an absent manifest is an empty one.

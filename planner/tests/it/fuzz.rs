@@ -3,14 +3,13 @@
 
 use proptest::prelude::*;
 use remat_planner::{inspect, ImportOptions};
-use std::path::PathBuf;
 
 fn seeds() -> Vec<(Vec<u8>, ImportOptions)> {
     let mut out = vec![(
         crate::build::mlp().bytes(),
         crate::build::dims(&[("batch", 2)]),
     )];
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    let dir = crate::manifest_dir().join("../fixtures");
     for (file, dims) in [
         ("models/resnet18.legacy.onnx", vec![("batch", 1)]),
         ("models/gpt2.dynamo.onnx", vec![("batch", 1), ("seq", 4)]),

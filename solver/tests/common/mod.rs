@@ -273,3 +273,11 @@ pub fn brute_force(p: &Problem, budget: u64) -> BruteForce {
     }
     BruteForce { min_peak, min_cost }
 }
+
+/// The package's directory: cargo's at run time, else the build's. A test binary built in
+/// another clone that shares the cargo target folder (as CI's does) is reused here unchanged,
+/// with that clone's path in `env!`.
+pub fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
+}

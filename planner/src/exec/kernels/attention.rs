@@ -1335,10 +1335,13 @@ pub(crate) mod tests {
         let mut ran: Vec<String> = vec![];
         let mut failures: Vec<String> = vec![];
         for (file, dims) in models {
-            let path = format!(
-                "{}/../fixtures/models/thirdparty/{file}",
-                env!("CARGO_MANIFEST_DIR")
-            );
+            let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+                .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+            let path = std::path::Path::new(&dir)
+                .join("../fixtures/models/thirdparty")
+                .join(file)
+                .display()
+                .to_string();
             let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
             let opts = crate::ImportOptions {
                 dims: dims.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
