@@ -301,7 +301,7 @@ pub fn validate_schedule(
     loaded: &Loaded,
     schedule: &Schedule,
     opts: &ValidateOptions,
-    progress: &mut dyn FnMut(&str, usize, usize),
+    progress: &mut (dyn FnMut(&str, usize, usize) + Send),
 ) -> Result<Validation, EngineError> {
     let Some(em) = &loaded.exec else {
         return Err(EngineError::new(

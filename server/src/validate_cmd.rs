@@ -69,7 +69,7 @@ pub struct ValidateArgs {
 }
 
 /// Runs `f` with a progress bar on a terminal (hidden otherwise).
-pub fn with_progress<R>(f: impl FnOnce(&mut dyn FnMut(&str, usize, usize)) -> R) -> R {
+pub fn with_progress<R>(f: impl FnOnce(&mut (dyn FnMut(&str, usize, usize) + Send)) -> R) -> R {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg:>16} [{bar:40}] {pos}/{len} steps {elapsed}")

@@ -1,24 +1,60 @@
-//! A counting global allocator: the process's real heap in use and its peak, so that the
+//! A counting global allocator: the heap a measured run uses and its peak, so that the
 //! executor can report what the kernels' temporaries add to the live tensors it accounts for.
 //!
 //! A library cannot choose the global allocator; the binary installs it:
 //! `#[global_allocator] static A: remat_planner::exec::alloc::Counting = remat_planner::exec::alloc::Counting;`
 //! Without it, [`installed`] is false and reports say the heap was not measured.
+//!
+//! Only a run's own allocations count: those made on *measured threads* (the executor's
+//! thread pool, and the threads its kernels spawn, see [`measured_thread`]) while a
+//! [`Measurement`] is open. A process that does other work at the same time (the service's
+//! other jobs and uploads, the test harness's other tests) allocates on other threads and is
+//! not counted; before this, such work showed up as megabytes of heap that "outlived" a step.
+//! One measurement is open at a time in a process ([`Measurement::begin`] waits for the
+//! previous one to end), so two runs never count into the same figures.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Bytes allocated less bytes freed on measured threads since the open measurement began.
+static CURRENT: AtomicIsize = AtomicIsize::new(0);
+/// The highest `CURRENT` since the last reset.
+static PEAK: AtomicIsize = AtomicIsize::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Held by the open measurement.
+static MEASURING: Mutex<()> = Mutex::new(());
 
-/// The system allocator, counting bytes in use and their peak.
+thread_local! {
+    // A const-initialized `Cell<bool>` has no destructor and needs no lazy initialization,
+    // so the allocator may read it at any point of a thread's life without allocating.
+    static MEASURED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The system allocator, counting the bytes measured threads have in use and their peak.
 pub struct Counting;
 
 #[inline]
+fn on_measured_thread() -> bool {
+    MEASURED.try_with(Cell::get).unwrap_or(false)
+}
+
+#[inline]
 fn grow(n: usize) {
-    let now = CURRENT.fetch_add(n, Ordering::Relaxed) + n;
-    PEAK.fetch_max(now, Ordering::Relaxed);
+    INSTALLED.store(true, Ordering::Relaxed);
+    if on_measured_thread() {
+        let n = n as isize;
+        let now = CURRENT.fetch_add(n, Ordering::Relaxed) + n;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+#[inline]
+fn shrink(n: usize) {
+    if on_measured_thread() {
+        CURRENT.fetch_sub(n as isize, Ordering::Relaxed);
+    }
 }
 
 // SAFETY: every call forwards to `System` with the same arguments; the counters are only
@@ -27,7 +63,6 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let p = System.alloc(layout);
         if !p.is_null() {
-            INSTALLED.store(true, Ordering::Relaxed);
             grow(layout.size());
         }
         p
@@ -35,14 +70,13 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         let p = System.alloc_zeroed(layout);
         if !p.is_null() {
-            INSTALLED.store(true, Ordering::Relaxed);
             grow(layout.size());
         }
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         System.dealloc(ptr, layout);
-        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+        shrink(layout.size());
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let p = System.realloc(ptr, layout, new_size);
@@ -50,7 +84,7 @@ unsafe impl GlobalAlloc for Counting {
             if new_size >= layout.size() {
                 grow(new_size - layout.size());
             } else {
-                CURRENT.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+                shrink(layout.size() - new_size);
             }
         }
         p
@@ -62,21 +96,53 @@ pub fn installed() -> bool {
     INSTALLED.load(Ordering::Relaxed)
 }
 
-/// Heap bytes in use now (all threads).
-pub fn current() -> usize {
-    CURRENT.load(Ordering::Relaxed)
+/// Whether this thread's allocations count toward the open measurement.
+pub fn measured_thread() -> bool {
+    on_measured_thread()
 }
 
-/// The peak since the last [`reset_peak`].
-pub fn peak() -> usize {
-    PEAK.load(Ordering::Relaxed)
+/// Makes this thread's allocations count (or not) toward the open measurement: the
+/// executor's pool threads are marked when they start; a kernel marks the threads it spawns
+/// when its own thread is marked.
+pub fn mark_thread(measured: bool) {
+    MEASURED.with(|m| m.set(measured));
 }
 
-/// Restarts the peak from the bytes in use now; returns them.
-pub fn reset_peak() -> usize {
-    let now = current();
-    PEAK.store(now, Ordering::Relaxed);
-    now
+/// The open measurement of one run: while it lives no other can begin, and [`current`]
+/// and [`peak`] count from zero at its beginning. Memory a measured thread frees that was
+/// allocated before (or elsewhere) counts negative, so the figures are signed.
+///
+/// [`current`]: Measurement::current
+/// [`peak`]: Measurement::peak
+pub struct Measurement {
+    _open: MutexGuard<'static, ()>,
+}
+
+impl Measurement {
+    /// Waits for the open measurement to end, then opens one at zero bytes.
+    pub fn begin() -> Self {
+        let open = MEASURING.lock().unwrap_or_else(PoisonError::into_inner);
+        CURRENT.store(0, Ordering::Relaxed);
+        PEAK.store(0, Ordering::Relaxed);
+        Measurement { _open: open }
+    }
+
+    /// Bytes the measured threads hold now, net of what they freed, since the beginning.
+    pub fn current(&self) -> i64 {
+        CURRENT.load(Ordering::Relaxed) as i64
+    }
+
+    /// The peak of [`Measurement::current`] since the last [`Measurement::reset_peak`].
+    pub fn peak(&self) -> i64 {
+        PEAK.load(Ordering::Relaxed) as i64
+    }
+
+    /// Restarts the peak from the bytes held now; returns them.
+    pub fn reset_peak(&self) -> i64 {
+        let now = CURRENT.load(Ordering::Relaxed);
+        PEAK.store(now, Ordering::Relaxed);
+        now as i64
+    }
 }
 
 /// Asks the C allocator to keep freed memory for reuse instead of handing it back to the

@@ -222,7 +222,7 @@ pub fn validate(
     model_bytes: &[u8],
     schedule: &Schedule,
     opts: &ValidateOptions,
-    progress: &mut dyn FnMut(&str, usize, usize),
+    progress: &mut (dyn FnMut(&str, usize, usize) + Send),
 ) -> crate::Result<Validation> {
     let mut ex = Executor::new(model, tg, model_bytes, opts.device, opts.seed)?;
     let mut v = validate_with(
@@ -243,7 +243,7 @@ pub fn validate_with(
     tg: &TrainingGraph,
     schedules: &[(Schedule, Option<u64>)],
     opts: &ValidateOptions,
-    progress: &mut dyn FnMut(&str, usize, usize),
+    progress: &mut (dyn FnMut(&str, usize, usize) + Send),
 ) -> crate::Result<Vec<Validation>> {
     let problem = tg.to_problem();
     let mut checked = Vec::with_capacity(schedules.len());
@@ -315,7 +315,7 @@ fn timed(
     ex: &mut Executor,
     s: &Schedule,
     what: &str,
-    progress: &mut dyn FnMut(&str, usize, usize),
+    progress: &mut (dyn FnMut(&str, usize, usize) + Send),
 ) -> crate::Result<f64> {
     Ok(ex.run(s, &mut |d, t| progress(what, d, t))?.seconds)
 }

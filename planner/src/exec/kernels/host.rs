@@ -3,6 +3,7 @@
 //! type; [`host1`], [`host2`] and [`host_idx`] hand it candle's CPU storage.
 
 use candle_core::{CpuStorage, Layout, Shape, WithDType};
+use std::sync::OnceLock;
 
 type Out = candle_core::Result<(CpuStorage, Shape)>;
 
@@ -10,13 +11,50 @@ type Out = candle_core::Result<(CpuStorage, Shape)>;
 pub(super) fn threads() -> usize {
     // Read once: `available_parallelism` reads the cgroup's files on every call (about 1% of
     // a resnet18 step's time when asked per kernel).
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    static THREADS: OnceLock<usize> = OnceLock::new();
     *THREADS.get_or_init(|| {
         std::thread::available_parallelism()
             .map(|t| t.get())
             .unwrap_or(1)
             .max(1)
     })
+}
+
+/// The executor's thread pool, built once: candle's and gemm's parallel loops run in it while
+/// a schedule runs (`Executor::run` installs it), and its threads are measured threads (their
+/// allocations count toward the open heap measurement, see [`crate::exec::alloc`]).
+pub(crate) fn pool() -> Result<&'static rayon::ThreadPool, String> {
+    static POOL: OnceLock<Result<rayon::ThreadPool, String>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads())
+            .thread_name(|i| format!("remat-exec-{i}"))
+            .start_handler(|_| crate::exec::alloc::mark_thread(true))
+            .build()
+            .map_err(|e| format!("cannot start the executor's threads: {e}"))
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// `f(k, item)` for every item, as jobs on the current rayon pool (the executor's while a
+/// schedule runs, whose threads count toward the run's heap; a thread spawned per kernel did
+/// not: the few bytes std hands from the spawning thread to the new one drifted the count
+/// by 24 B a thread), with the results in the items' order. A job's panic reaches the caller.
+pub(super) fn par_map<I: Send, R: Send>(
+    items: impl IntoIterator<Item = I>,
+    f: impl Fn(usize, I) -> R + Sync,
+) -> Vec<R> {
+    let items: Vec<I> = items.into_iter().collect();
+    let mut out: Vec<Option<R>> = std::iter::repeat_with(|| None).take(items.len()).collect();
+    let f = &f;
+    rayon::scope(|s| {
+        for (k, (item, slot)) in items.into_iter().zip(out.iter_mut()).enumerate() {
+            s.spawn(move |_| *slot = Some(f(k, item)));
+        }
+    });
+    // The scope returns once every job has run: every slot is filled.
+    out.into_iter().flatten().collect()
 }
 
 /// Splits `out` into units of `unit_len` (the last may be shorter) and fills them on all
@@ -31,14 +69,9 @@ pub(super) fn par_units<T: Send>(
     }
     let units = out.len().div_ceil(unit_len);
     let per = units.div_ceil(threads().min(units.max(1))).max(1);
-    let f = &f;
-    std::thread::scope(|scope| {
-        for (ci, chunk) in out.chunks_mut(per * unit_len).enumerate() {
-            scope.spawn(move || {
-                for (k, o) in chunk.chunks_mut(unit_len).enumerate() {
-                    f(ci * per + k, o);
-                }
-            });
+    par_map(out.chunks_mut(per * unit_len), |ci, chunk| {
+        for (k, o) in chunk.chunks_mut(unit_len).enumerate() {
+            f(ci * per + k, o);
         }
     });
 }
@@ -67,25 +100,22 @@ pub(super) fn par_build<T: Copy + Send>(
     let spare = &mut v.spare_capacity_mut()[..len];
     let units = len.div_ceil(unit_len);
     let per = units.div_ceil(threads().min(units)).max(1);
-    let f = &f;
-    std::thread::scope(|scope| {
-        for (ci, chunk) in spare.chunks_mut(per * unit_len).enumerate() {
-            scope.spawn(move || {
-                for x in chunk.iter_mut() {
-                    x.write(zero);
-                }
-                // SAFETY: every element of `chunk` was initialized just above, and
-                // `MaybeUninit<T>` has `T`'s layout.
-                let chunk: &mut [T] =
-                    unsafe { &mut *(chunk as *mut [std::mem::MaybeUninit<T>] as *mut [T]) };
-                for (k, o) in chunk.chunks_mut(unit_len).enumerate() {
-                    f(ci * per + k, o);
-                }
-            });
+    // Each job takes its own copy of `zero` (`T` need not be `Sync`).
+    let jobs = spare.chunks_mut(per * unit_len).map(|c| (c, zero));
+    par_map(jobs, |ci, (chunk, zero)| {
+        for x in chunk.iter_mut() {
+            x.write(zero);
+        }
+        // SAFETY: every element of `chunk` was initialized just above, and
+        // `MaybeUninit<T>` has `T`'s layout.
+        let chunk: &mut [T] =
+            unsafe { &mut *(chunk as *mut [std::mem::MaybeUninit<T>] as *mut [T]) };
+        for (k, o) in chunk.chunks_mut(unit_len).enumerate() {
+            f(ci * per + k, o);
         }
     });
-    // SAFETY: the threads above initialized every one of the first `len` elements (their
-    // chunks cover `spare[..len]`), and the scope joined them all before this point.
+    // SAFETY: the jobs above initialized every one of the first `len` elements (their
+    // chunks cover `spare[..len]`), and `par_map` returned after they all ran.
     unsafe { v.set_len(len) };
     v
 }

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 #[macro_use]
 mod host;
+pub(crate) use host::pool;
 pub mod array;
 pub mod attention;
 pub mod elementwise;

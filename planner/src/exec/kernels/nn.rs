@@ -1184,29 +1184,14 @@ impl ConvHost {
             return Ok(out);
         }
         let per = self.n.div_ceil(workers);
-        let joined = |h: std::thread::ScopedJoinHandle<'_, candle_core::Result<Vec<T>>>| {
-            h.join().unwrap_or_else(|_| {
-                Err(candle_core::Error::Msg(
-                    "a host convolution thread panicked".into(),
-                ))
-            })
-        };
         if let ConvPass::Dw = self.pass {
-            let partials: Vec<candle_core::Result<Vec<T>>> = std::thread::scope(|scope| {
-                let hs: Vec<_> = (0..self.n)
-                    .step_by(per)
-                    .map(|first| {
-                        scope.spawn(move || {
-                            let mut buf = vec![zero; buf_len];
-                            let mut dw = vec![zero; out_len];
-                            for img in first..(first + per).min(self.n) {
-                                self.image(img, a, b, &mut buf, &mut dw, img > first, false)?;
-                            }
-                            Ok(dw)
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(joined).collect()
+            let partials = host::par_map((0..self.n).step_by(per), |_, first| {
+                let mut buf = vec![zero; buf_len];
+                let mut dw = vec![zero; out_len];
+                for img in first..(first + per).min(self.n) {
+                    self.image(img, a, b, &mut buf, &mut dw, img > first, false)?;
+                }
+                Ok::<_, candle_core::Error>(dw)
             });
             for part in partials {
                 for (o, v) in out.iter_mut().zip(part?) {
@@ -1215,21 +1200,12 @@ impl ConvHost {
             }
             return Ok(out);
         }
-        let results: Vec<candle_core::Result<Vec<T>>> = std::thread::scope(|scope| {
-            let hs: Vec<_> = out
-                .chunks_mut(per * per_img)
-                .enumerate()
-                .map(|(wi, chunk)| {
-                    scope.spawn(move || {
-                        let mut buf = vec![zero; buf_len];
-                        for (k, dst) in chunk.chunks_mut(per_img).enumerate() {
-                            self.image(wi * per + k, a, b, &mut buf, dst, false, false)?;
-                        }
-                        Ok(vec![])
-                    })
-                })
-                .collect();
-            hs.into_iter().map(joined).collect()
+        let results = host::par_map(out.chunks_mut(per * per_img), |wi, chunk| {
+            let mut buf = vec![zero; buf_len];
+            for (k, dst) in chunk.chunks_mut(per_img).enumerate() {
+                self.image(wi * per + k, a, b, &mut buf, dst, false, false)?;
+            }
+            Ok::<_, candle_core::Error>(())
         });
         for r in results {
             r?;
