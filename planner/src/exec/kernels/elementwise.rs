@@ -545,6 +545,21 @@ fn unary_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         "Clip" => {
             let x = x()?;
             let (lo, hi) = clip_bounds(cx, x, a.inputs)?;
+            if g.device().is_cpu() && dt.is_float() && g.dtype() == x.dtype() {
+                let bound = |b: &Option<Tensor>, none: f64| -> KResult<f64> {
+                    Ok(match b {
+                        Some(b) => b.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+                        None => none,
+                    })
+                };
+                let op = ClipGrad {
+                    lo: bound(&lo, f64::NEG_INFINITY)?,
+                    hi: bound(&hi, f64::INFINITY)?,
+                };
+                let (g, x) = (g.contiguous()?, x.contiguous()?);
+                out[0] = Some(g.apply_op2_no_bwd(&x, &op)?);
+                return Ok(out);
+            }
             let mut m = x.ones_like()?;
             if let Some(lo) = lo {
                 m = (m * mask(&x.broadcast_ge(&lo)?, dt)?)?;
@@ -1051,6 +1066,49 @@ fn mask_positive<T: candle_core::WithDType>(g: &[T], y: &[T]) -> Vec<T> {
     })
 }
 
+/// `g[i]` where `lo ≤ x[i] ≤ hi`, else zero, in chunks of 64K elements on all threads. (Its
+/// own loop: one shared with [`mask_positive`] through a predicate closure made Relu's
+/// backward 3.5× slower in the resnet18 bench, 0.023–0.029 s against 0.085 s a step.)
+fn mask_within<T: candle_core::WithDType>(g: &[T], x: &[T], lo: T, hi: T) -> Vec<T> {
+    const CHUNK: usize = 1 << 16;
+    let zero = T::from_f64(0.0);
+    super::host::par_build(g.len(), CHUNK, zero, |u, o| {
+        let at = u * CHUNK;
+        for ((o, &g), &x) in o.iter_mut().zip(&g[at..]).zip(&x[at..]) {
+            *o = if lo <= x && x <= hi { g } else { zero };
+        }
+    })
+}
+
+/// `g` where `lo ≤ x ≤ hi`, else 0 (NaN: 0): Clip's backward in one pass on the CPU. The
+/// generic path (two comparisons, two casts, three products) held three temporaries of the
+/// input's size at once: the heap's peak of mobilenet_v2's training step (its ReLU6s).
+struct ClipGrad {
+    lo: f64,
+    hi: f64,
+}
+
+impl super::host::Host2 for ClipGrad {
+    const WHAT: &'static str = "clip-grad";
+    const HALF: bool = true;
+    const SAME_SHAPE: bool = true;
+
+    fn run<T: candle_core::WithDType>(
+        &self,
+        g: &[T],
+        x: &[T],
+        shape: &candle_core::Shape,
+    ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
+        if g.len() != x.len() {
+            candle_core::bail!("clip-grad: {} and {} elements differ", g.len(), x.len());
+        }
+        let (lo, hi) = (T::from_f64(self.lo), T::from_f64(self.hi));
+        Ok((mask_within(g, x, lo, hi), shape.clone()))
+    }
+}
+
+custom_op2!(ClipGrad, "clip-grad", host2);
+
 pub fn register(r: &mut KernelRegistry) {
     let k = Kernel::new;
     for &op in UNARY {
@@ -1285,6 +1343,45 @@ pub(crate) mod tests {
     #[test]
     fn relu() {
         check(&Case::new("Relu", 17, vec![In::Rand(vec![3, 4])]));
+    }
+
+    /// The one-pass CPU backward of Clip equals the generic `g·[lo ≤ x ≤ hi]` over several
+    /// threads, bounds included, NaN giving 0, in f32 and f16, and with one bound open.
+    #[test]
+    fn clip_backward_fast_path() {
+        let dev = Device::Cpu;
+        let n = 200_003;
+        let mut xv: Vec<f32> = (0..n)
+            .map(|i| ((i * 37) % 101) as f32 / 10.0 - 2.0)
+            .collect();
+        xv[7] = f32::NAN;
+        let gv: Vec<f32> = (0..n).map(|i| ((i * 13) % 7) as f32 - 3.0).collect();
+        for dt in [DType::F32, DType::F16] {
+            let x = Tensor::from_vec(xv.clone(), n, &dev)
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap();
+            let g = Tensor::from_vec(gv.clone(), n, &dev)
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap();
+            for (lo, hi) in [(0.0, 6.0), (-0.4, 0.3), (f64::NEG_INFINITY, 1.0)] {
+                let m = (x.ge(lo).unwrap().to_dtype(dt).unwrap()
+                    * x.le(hi).unwrap().to_dtype(dt).unwrap())
+                .unwrap();
+                let want = (&g * m).unwrap();
+                let got = g.apply_op2_no_bwd(&x, &super::ClipGrad { lo, hi }).unwrap();
+                let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(f(&got), f(&want), "{dt:?} [{lo}, {hi}]");
+            }
+        }
+        // The bounds' values themselves pass the gradient.
+        let x = Tensor::new(&[0.0f32, 6.0, -1e-7, 6.000001], &dev).unwrap();
+        let g = Tensor::new(&[1.0f32, 2.0, 3.0, 4.0], &dev).unwrap();
+        let got = g
+            .apply_op2_no_bwd(&x, &super::ClipGrad { lo: 0.0, hi: 6.0 })
+            .unwrap();
+        assert_eq!(got.to_vec1::<f32>().unwrap(), vec![1.0, 2.0, 0.0, 0.0]);
     }
 
     /// The one-pass CPU backward of Relu, over several threads and on strided gradients,

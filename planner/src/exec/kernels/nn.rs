@@ -999,19 +999,28 @@ impl ConvHost {
         (x, y, w)
     }
 
-    /// Output rows per tile of a single-threaded image pass: the tile's columns (`C/g * kk`
-    /// rows of `rows × O1`) stay within about 512 KiB, so the product reads them from cache
-    /// right after they are written (measured on resnet18's 56×56 layer: forward −16%, weight
-    /// gradient −29%). The data gradient, whose tiles' folds overlap, measured 7% slower
-    /// tiled and takes the image whole, as does a pass spread over threads (`par`).
+    /// Output rows per tile of an image pass. A single-threaded forward or weight-gradient
+    /// pass keeps a group's columns (`C/g * kk` rows of `rows × O1`) within about 512 KiB, so
+    /// the product reads them from cache right after they are written (measured on resnet18's
+    /// 56×56 layer: forward −16%, weight gradient −29%). The data gradient, whose tiles' folds
+    /// overlap (measured 7% slower tiled at that size), and a pass spread over threads (`par`)
+    /// take the image whole up to the bound every pass keeps: all groups' columns of a tile
+    /// within 1M elements (4 MiB in f32). Without it a depthwise convolution's columns were the
+    /// whole image's (mobilenet_v2's stride-2 depthwise layer at 96 channels: 10.8 MB a thread).
     fn tile_rows(&self, par: bool) -> usize {
         let (o0, o1) = (self.p.out[0], self.p.out[1]);
-        if par || o0 == 0 || o1 == 0 || matches!(self.pass, ConvPass::Dx) {
+        if o0 == 0 || o1 == 0 {
             return o0.max(1);
         }
-        let ckg = (self.c / self.p.g.max(1)) * self.p.k[0] * self.p.k[1];
-        let cols = (128 * 1024 / ckg.max(1)).max(o1);
-        (cols / o1).clamp(1, o0)
+        let kk = self.p.k[0] * self.p.k[1];
+        let ckg = (self.c / self.p.g.max(1)) * kk;
+        let whole = 1024 * 1024 / (self.c * kk).max(1);
+        let cols = if par || matches!(self.pass, ConvPass::Dx) {
+            whole
+        } else {
+            whole.min(128 * 1024 / ckg.max(1))
+        };
+        (cols.max(o1) / o1).clamp(1, o0)
     }
 
     /// Whether every kernel row of the output rows `oh0..oh1` reads inside the input (no
@@ -1023,8 +1032,7 @@ impl ConvHost {
         lo >= p.pb[0] && hi < self.hw[0] + p.pb[0]
     }
 
-    /// One image's pass: `buf` is the column buffer (`C * kk * O0 * O1`, of which a tile uses
-    /// `C * kk * rows * O1`), `dst` the image's output (`Fwd`: `[OC, O0 * O1]`; `Dx`:
+    /// One image's pass: `buf` is the column buffer (a tile's: `C * kk * rows * O1`), `dst` the image's output (`Fwd`: `[OC, O0 * O1]`; `Dx`:
     /// `[C, H * W]`, zeros on entry) or, for `Dw`, the weight gradient the image adds to
     /// (overwritten when `!accumulate`). The image goes in tiles of output rows
     /// ([`ConvHost::tile_rows`]). `par`: spread the copies and products over all threads
@@ -1161,7 +1169,10 @@ impl ConvHost {
         let oo = self.p.out[0] * self.p.out[1];
         let plane = self.hw[0] * self.hw[1];
         let ckg = c / g * kk;
-        let buf_len = c * kk * oo;
+        // The column buffer holds one tile (`image` builds the columns a tile of output rows
+        // at a time); the whole image's columns were allocated before, of which a tile may use
+        // 512 KiB (resnet18's first layer at batch 8: 7.4 MB a thread).
+        let buf_len = |par: bool| c * kk * self.p.out[1] * self.tile_rows(par);
         let (out_len, per_img) = match self.pass {
             ConvPass::Fwd => (self.n * oc * oo, oc * oo),
             ConvPass::Dx => (self.n * c * plane, c * plane),
@@ -1171,7 +1182,7 @@ impl ConvHost {
         let mut out = par_filled(out_len, zero);
         let workers = threads().min(self.n);
         if workers <= 1 {
-            let mut buf = vec![zero; buf_len];
+            let mut buf = vec![zero; buf_len(true)];
             for img in 0..self.n {
                 let dst = match self.pass {
                     ConvPass::Dw => &mut out[..],
@@ -1184,6 +1195,7 @@ impl ConvHost {
             return Ok(out);
         }
         let per = self.n.div_ceil(workers);
+        let buf_len = buf_len(false);
         if let ConvPass::Dw = self.pass {
             let partials = host::par_map((0..self.n).step_by(per), |_, first| {
                 let mut buf = vec![zero; buf_len];
@@ -4062,6 +4074,18 @@ mod tests {
             // in the first and last tiles, and a shorter last tile).
             ([3, 3], [1, 1], [1, 1], [1, 1], [1, 1], [30, 20], 64, 8, 1),
             ([3, 3], [2, 2], [1, 1], [1, 0], [0, 1], [45, 40], 128, 4, 2),
+            // Depthwise: every group's columns count toward the tile (four tiles here).
+            (
+                [3, 3],
+                [1, 1],
+                [1, 1],
+                [1, 1],
+                [1, 1],
+                [40, 40],
+                256,
+                256,
+                256,
+            ),
         ];
         for (k, s, d, pb, pe, hw, c, oc, g) in geos {
             let out = [0, 1].map(|j| (hw[j] + pb[j] + pe[j] - ((k[j] - 1) * d[j] + 1)) / s[j] + 1);
@@ -4074,37 +4098,40 @@ mod tests {
                 out,
                 g,
             };
-            let x = Tensor::randn(0f64, 1.0, (5, c, hw[0], hw[1]), &dev).unwrap();
-            let w = Tensor::randn(0f64, 1.0, (oc, c / g, k[0], k[1]), &dev).unwrap();
-            let dy = Tensor::randn(0f64, 1.0, (5, oc, out[0], out[1]), &dev).unwrap();
-            let diff = |a: Tensor, b: Tensor| {
-                assert_eq!(a.dims(), b.dims());
-                (a - b)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f64>()
-                    .unwrap()
-            };
-            for cm in [false, true] {
-                let e1 = diff(
-                    c2_fwd_host(&x, &w, &p, cm).unwrap(),
-                    c2_fwd_candle(&x, &w, &p).unwrap(),
-                );
-                let e2 = diff(
-                    c2_dx_host(&dy, &w, &p, hw, cm).unwrap(),
-                    c2_dx_candle(&dy, &w, &p, hw).unwrap(),
-                );
-                let e3 = diff(
-                    c2_dw_host(&x, &dy, &p, cm).unwrap(),
-                    c2_dw_candle(&x, &dy, &p).unwrap(),
-                );
-                assert!(
-                    e1 < 1e-10 && e2 < 1e-10 && e3 < 1e-10,
-                    "{p:?} {cm}: {e1} {e2} {e3}"
-                );
+            // One image (its products spread over the threads) and five (split between them).
+            for n in [1, 5] {
+                let x = Tensor::randn(0f64, 1.0, (n, c, hw[0], hw[1]), &dev).unwrap();
+                let w = Tensor::randn(0f64, 1.0, (oc, c / g, k[0], k[1]), &dev).unwrap();
+                let dy = Tensor::randn(0f64, 1.0, (n, oc, out[0], out[1]), &dev).unwrap();
+                let diff = |a: Tensor, b: Tensor| {
+                    assert_eq!(a.dims(), b.dims());
+                    (a - b)
+                        .unwrap()
+                        .abs()
+                        .unwrap()
+                        .max_all()
+                        .unwrap()
+                        .to_scalar::<f64>()
+                        .unwrap()
+                };
+                for cm in [false, true] {
+                    let e1 = diff(
+                        c2_fwd_host(&x, &w, &p, cm).unwrap(),
+                        c2_fwd_candle(&x, &w, &p).unwrap(),
+                    );
+                    let e2 = diff(
+                        c2_dx_host(&dy, &w, &p, hw, cm).unwrap(),
+                        c2_dx_candle(&dy, &w, &p, hw).unwrap(),
+                    );
+                    let e3 = diff(
+                        c2_dw_host(&x, &dy, &p, cm).unwrap(),
+                        c2_dw_candle(&x, &dy, &p).unwrap(),
+                    );
+                    assert!(
+                        e1 < 1e-10 && e2 < 1e-10 && e3 < 1e-10,
+                        "{p:?} batch {n} {cm}: {e1} {e2} {e3}"
+                    );
+                }
             }
         }
     }
