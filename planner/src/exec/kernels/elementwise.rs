@@ -1107,9 +1107,7 @@ impl super::host::Host2 for ClipGrad {
         x: &[T],
         shape: &candle_core::Shape,
     ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
-        if g.len() != x.len() {
-            candle_core::bail!("clip-grad: {} and {} elements differ", g.len(), x.len());
-        }
+        // `SAME_SHAPE`: `host2` has checked that the operands' shapes, so their lengths, agree.
         let (lo, hi) = (T::from_f64(self.lo), T::from_f64(self.hi));
         Ok((mask_within(g, x, lo, hi), shape.clone()))
     }
@@ -1165,9 +1163,7 @@ impl super::host::Host2 for GeluGrad {
         x: &[T],
         shape: &candle_core::Shape,
     ) -> candle_core::Result<(Vec<T>, candle_core::Shape)> {
-        if g.len() != x.len() {
-            candle_core::bail!("gelu-grad: {} and {} elements differ", g.len(), x.len());
-        }
+        // `SAME_SHAPE`: `host2` has checked that the operands' shapes, so their lengths, agree.
         const CHUNK: usize = 1 << 16;
         let (tanh, wide) = (self.tanh, T::DTYPE == DType::F64);
         let out = super::host::par_build(g.len(), CHUNK, T::from_f64(0.0), |u, o| {
