@@ -6,8 +6,8 @@
 //! Without it, [`installed`] is false and reports say the heap was not measured.
 //!
 //! Only a run's own allocations count: those made on *measured threads* (the executor's
-//! thread pool, and the threads its kernels spawn, see [`measured_thread`]) while a
-//! [`Measurement`] is open. A process that does other work at the same time (the service's
+//! thread pool, where a run and its kernels' parallel work execute) while a [`Measurement`] is
+//! open. A process that does other work at the same time (the service's
 //! other jobs and uploads, the test harness's other tests) allocates on other threads and is
 //! not counted; before this, such work showed up as megabytes of heap that "outlived" a step.
 //! One measurement is open at a time in a process ([`Measurement::begin`] waits for the
@@ -96,15 +96,9 @@ pub fn installed() -> bool {
     INSTALLED.load(Ordering::Relaxed)
 }
 
-/// Whether this thread's allocations count toward the open measurement.
-pub fn measured_thread() -> bool {
-    on_measured_thread()
-}
-
 /// Makes this thread's allocations count (or not) toward the open measurement: the
-/// executor's pool threads are marked when they start; a kernel marks the threads it spawns
-/// when its own thread is marked.
-pub fn mark_thread(measured: bool) {
+/// executor's pool threads are marked when they start.
+pub(crate) fn mark_thread(measured: bool) {
     MEASURED.with(|m| m.set(measured));
 }
 
