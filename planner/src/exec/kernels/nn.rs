@@ -3965,6 +3965,21 @@ mod tests {
         In::Param(s.to_vec())
     }
 
+    /// The largest elementwise difference of two tensors of one shape, in f64.
+    fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f64 {
+        assert_eq!(a.dims(), b.dims());
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_dtype(candle_core::DType::F64)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    }
+
     #[test]
     fn conv2d_pads_strides_bias() {
         check(
@@ -4103,17 +4118,7 @@ mod tests {
                 let x = Tensor::randn(0f64, 1.0, (n, c, hw[0], hw[1]), &dev).unwrap();
                 let w = Tensor::randn(0f64, 1.0, (oc, c / g, k[0], k[1]), &dev).unwrap();
                 let dy = Tensor::randn(0f64, 1.0, (n, oc, out[0], out[1]), &dev).unwrap();
-                let diff = |a: Tensor, b: Tensor| {
-                    assert_eq!(a.dims(), b.dims());
-                    (a - b)
-                        .unwrap()
-                        .abs()
-                        .unwrap()
-                        .max_all()
-                        .unwrap()
-                        .to_scalar::<f64>()
-                        .unwrap()
-                };
+                let diff = |a: Tensor, b: Tensor| max_abs_diff(&a, &b);
                 for cm in [false, true] {
                     let e1 = diff(
                         c2_fwd_host(&x, &w, &p, cm).unwrap(),
@@ -4522,15 +4527,7 @@ mod tests {
                     i1.flatten_all().unwrap().to_vec1::<i64>().unwrap(),
                     i2.flatten_all().unwrap().to_vec1::<i64>().unwrap()
                 );
-                let e = (y1 - y2)
-                    .unwrap()
-                    .abs()
-                    .unwrap()
-                    .max_all()
-                    .unwrap()
-                    .to_scalar::<f64>()
-                    .unwrap();
-                assert_eq!(e, 0.0);
+                assert_eq!(max_abs_diff(&y1, &y2), 0.0);
             }
         }
     }
@@ -4605,14 +4602,7 @@ mod tests {
         // The GPU's path (candle's scatter-add, a row per plane), here on the CPU.
         let dx_planes = super::scatter_add_planes(&g, &idx, &[2, 3, h, w]).unwrap();
         for got in [&dx, &dx_planes] {
-            let e = (got.flatten_all().unwrap() - &dx_ref)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let e = max_abs_diff(&got.flatten_all().unwrap(), &dx_ref);
             assert!(e < 1e-6, "{e}");
         }
         // An index outside the input, and one outside its plane.
