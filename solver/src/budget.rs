@@ -57,7 +57,7 @@ impl Lowest {
 /// a peak descent on store-all's compute order and on the best one found (recompute a value
 /// held across the peak right before its next reader while that lowers the peak; same limit),
 /// and the local search's greedy peak descent over retention horizons
-/// ([`crate::plan::search::min_peak_search`]; same work limit).
+/// ([`crate::search::min_peak_search`]; same work limit).
 pub fn min_feasible_budget(p: &Problem) -> MinBudget {
     let lower_bound = p.footprint_lower_bound();
     let chain = crate::dp::min_peak_chain(p);
@@ -146,11 +146,11 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
     // with): on random layered graphs it reaches peaks the checkpoint-set moves above miss
     // (n1000: 486,896 B fits while they stop at 498,419 B).
     if low.peak() > lower_bound {
-        let limits = crate::plan::search::SearchLimits {
+        let limits = crate::search::SearchLimits {
             work: DESCENT_WORK as u64,
             time: std::time::Duration::from_secs(MIN_PEAK_SECONDS),
         };
-        if let Ok(out) = crate::plan::search::min_peak_search(p, limits, 0) {
+        if let Ok(out) = crate::search::min_peak_search(p, limits, 0) {
             if let Some((s, _)) = out.lowest {
                 low.offer(p, s);
             }

@@ -48,9 +48,9 @@
 
 use crate::error::{Result, SolverError};
 use crate::highs_run::{self, Run};
-use crate::plan::search::Local;
 use crate::problem::Problem;
 use crate::schedule::{simulate, with_frees, Schedule, Stats};
+use crate::search::Local;
 use good_lp::solvers::highs::highs;
 use good_lp::{variable, Expression, ProblemVariables, SolverModel, Variable};
 use highs::HighsModelStatus;

@@ -4,7 +4,7 @@
 //! Every figure in a [`PlanReport`] comes from [`simulate`]. `auto` runs the baselines, the
 //! chain DP when the problem is a training chain (done when the exact program ran; the
 //! restricted one for long chains only seeds the rest), the horizon local search
-//! ([`search::horizon_search`], with a work budget derived from the time limit so that runs
+//! ([`crate::search::horizon_search`], with a work budget derived from the time limit so that runs
 //! reproduce), the peak descent to the budget ([`crate::budget::descend_to_budget`]), the
 //! minimum-peak schedule when nothing else fits, and, with the `highs` feature, the Checkmate
 //! MILP when its reduced model is small enough to be useful within the time limit; the best
@@ -12,12 +12,11 @@
 //! ([`crate::budget::prune_recomputations`]) before the MILP starts from it and again at the
 //! end. It returns the cheapest schedule within the budget among everything it ran.
 
-pub mod search;
-
 use crate::baselines::{self, Baseline};
 use crate::error::{Result, SolverError};
 use crate::problem::Problem;
 use crate::schedule::{self, simulate, store_all, Schedule, Stats};
+use crate::search;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;

@@ -226,7 +226,7 @@ proptest! {
     /// minimum feasible budget) is a budget the same search then meets.
     #[test]
     fn search_meets_the_least_peak_it_reported(p in arb_plain_dag(14), frac in 0.0f64..0.6) {
-        use remat_solver::plan::search::{horizon_search, SearchLimits};
+        use remat_solver::search::{horizon_search, SearchLimits};
         let limits = SearchLimits { work: 100_000, time: Duration::from_secs(3600) };
         let budget = budget_of(&p, frac);
         let out = horizon_search(&p, budget, limits, 3)

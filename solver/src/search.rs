@@ -208,7 +208,8 @@ pub struct SearchOutcome {
     /// The best schedule within the budget, if any was found.
     pub best: Option<(Schedule, Stats)>,
     /// The lowest-peak schedule evaluated (ties: the cheaper), within the budget or not: what
-    /// the search can offer toward [`crate::budget::min_feasible_budget`] when nothing fits.
+    /// the search can offer toward the minimum feasible budget (`budget::min_feasible_budget`)
+    /// when nothing fits.
     pub lowest: Option<(Schedule, Stats)>,
     /// Schedules built and simulated.
     pub evaluations: usize,
