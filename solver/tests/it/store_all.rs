@@ -1,13 +1,11 @@
 //! Store-all peaks of the published graphs match the budgets the Moccasin paper derives from
 //! them (B = ceil(M x store-all peak)).
 
-mod common;
-
 use remat_solver::{io::read_node_link, simulate, store_all, store_all_peak};
 use std::path::PathBuf;
 
 fn graphs_dir() -> PathBuf {
-    common::manifest_dir().join("../../shared/bench/graphs")
+    crate::common::manifest_dir().join("../../shared/bench/graphs")
 }
 
 #[test]

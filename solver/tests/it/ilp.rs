@@ -2,9 +2,7 @@
 //! baselines, with `simulate`; infeasible budgets; the schedule interchange format.
 #![cfg(feature = "highs")]
 
-mod common;
-
-use common::{arb_chain, arb_plain_dag, arb_training_dag, brute_force, chain};
+use crate::common::{arb_chain, arb_plain_dag, arb_training_dag, brute_force, chain};
 use proptest::prelude::*;
 use remat_solver::baselines::baselines;
 use remat_solver::ilp::{self, IlpOptions, IlpStatus};
@@ -226,7 +224,7 @@ fn auto_on_a_training_dag_is_at_least_as_good_as_the_baselines() {
         })
         .collect();
     let bwd: Vec<(f64, u64)> = (0..10).map(|i| (2.0, 15 + (i % 2) * 10)).collect();
-    let p = common::training_dag(&fwd, &deps, &bwd);
+    let p = crate::common::training_dag(&fwd, &deps, &bwd);
     for f in [0.3, 0.6, 0.9] {
         let budget = budget_at(&p, f);
         let opts = PlanOptions {
@@ -277,7 +275,7 @@ fn sweep_is_monotone_and_names_every_baseline() {
 }
 
 fn graph(prefix: &str) -> Problem {
-    let dir = common::manifest_dir().join("../../shared/bench/graphs");
+    let dir = crate::common::manifest_dir().join("../../shared/bench/graphs");
     let path = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("shared graphs at {}: {e}", dir.display()))
         .map(|e| e.unwrap().path())

@@ -1,4 +1,4 @@
-//! Random problems for property tests, shared by the solver's test binaries.
+//! Random problems for property tests, shared by the solver's integration tests.
 //!
 //! - [`chain`] / [`arb_chain`]: training chains in the exact shape of
 //!   `remat_solver::dp::as_training_chain` (forward path, then stage backward nodes reading the

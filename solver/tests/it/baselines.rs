@@ -4,8 +4,6 @@
 //! skip graphs of more than 200 nodes and the DP on chains of more than 24 forward nodes;
 //! release builds (what CI runs) cover every graph.
 
-mod common;
-
 use remat_solver::baselines::{baselines, BASELINE_NAMES};
 use remat_solver::budget::{descend_to_budget, min_feasible_budget};
 use remat_solver::dp::{chain_structure, solve_chain};
@@ -14,7 +12,7 @@ use remat_solver::{simulate, store_all_peak, Problem};
 use std::time::Instant;
 
 fn graphs() -> Vec<(String, Problem)> {
-    let dir = common::manifest_dir().join("../../shared/bench/graphs");
+    let dir = crate::common::manifest_dir().join("../../shared/bench/graphs");
     let mut out: Vec<(String, Problem)> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("shared graphs not found at {}: {e}", dir.display()))
         .map(|e| e.expect("directory entry").path())

@@ -1,8 +1,6 @@
 //! Property tests: every schedule every algorithm returns is valid; the chain DP is exact.
 
-mod common;
-
-use common::{arb_chain, arb_plain_dag, arb_training_dag, brute_force, chain};
+use crate::common::{arb_chain, arb_plain_dag, arb_training_dag, brute_force, chain};
 use proptest::prelude::*;
 use remat_solver::baselines::{
     baselines, schedule_with_checkpoints, schedule_with_checkpoints_eager,
@@ -370,7 +368,7 @@ fn dp_handles_a_hand_checked_chain() {
 
 #[test]
 fn solve_chain_rejects_non_chains_naming_why() {
-    let p = common::training_dag(
+    let p = crate::common::training_dag(
         &[(1.0, 1), (1.0, 1), (1.0, 1)],
         &[vec![], vec![0], vec![0, 1]],
         &[],

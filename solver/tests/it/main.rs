@@ -1,0 +1,9 @@
+//! The one integration-test binary of `remat-solver` (one link of HiGHS for every test).
+//!
+//! Proptest keeps its regression seeds in `tests/proptest-regressions/<module>.txt`.
+
+mod baselines;
+mod common;
+mod ilp;
+mod props;
+mod store_all;
