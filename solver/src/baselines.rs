@@ -12,8 +12,8 @@
 //!
 //! On plain DAGs these checkpoint baselines fit little: recomputing a dropped value on demand
 //! pulls in its dropped ancestors too, so their peaks stay near or above store-all (on the
-//! random layered graphs none fits 0.9× store-all). [`crate::budget::descend_to_budget`], which
-//! recomputes single values held across the peak, does much better there.
+//! random layered graphs: `docs/bench/solver-tuning.md`). The budget module's peak descent,
+//! which recomputes single values held across the peak, does much better there.
 
 use crate::error::{Result, SolverError};
 use crate::problem::{NodeId, NodeKind, Problem};
@@ -327,8 +327,9 @@ pub(crate) struct Best {
 }
 
 /// Schedule steps a baseline's candidate search may generate before it stops trying further
-/// candidates (keeps every baseline well under a second on 1,000-node graphs, where the
-/// recompute-on-demand schedules of plain DAGs run to hundreds of thousands of steps).
+/// candidates: the recompute-on-demand schedules of plain DAGs run to hundreds of thousands of
+/// steps on 1,000-node graphs (what this bound keeps the baselines' time at:
+/// `docs/bench/solver-tuning.md`).
 pub(crate) const WORK_LIMIT: usize = 1_000_000;
 
 impl Best {

@@ -144,7 +144,7 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
     }
     // The local search's greedy peak descent over retention horizons (what `auto` searches
     // with): on random layered graphs it reaches peaks the checkpoint-set moves above miss
-    // (n1000: 486,896 B fits while they stop at 498,419 B).
+    // (n1000 in docs/bench/solver-tuning.md).
     if low.peak() > lower_bound {
         let limits = crate::search::SearchLimits {
             work: DESCENT_WORK as u64,

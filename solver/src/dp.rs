@@ -64,7 +64,7 @@
 //! optimality is not proven.
 //!
 //! Cost: `O(N^5)` frontier merges for `N` forward nodes ([`DpMode::Exact`], the default up to 30
-//! nodes, 0.3 s for VGG19); [`DpMode::Restricted`] (`e = max(c, lo)`, no delayed stages,
+//! nodes; its time on VGG19 in `docs/bench/solver-tuning.md`); [`DpMode::Restricted`] (`e = max(c, lo)`, no delayed stages,
 //! `O(N^3)`) for longer chains. Frontiers longer than 48 points are thinned (see `thin`).
 
 use crate::error::{Result, SolverError};

@@ -3,8 +3,9 @@
 //! HiGHS checks its `time_limit` at fixed points: in simplex iterations and between the MIP
 //! solver's phases. A MIP's root node waits, without checking the clock, for an
 //! analytic-centre computation (an interior-point solve with no time limit of its own, always
-//! on in HiGHS 1.16), and long separation rounds run between two checks; so a MILP given 6 s can
-//! answer after 10. A service that promised an answer in `time_limit` seconds must not.
+//! on in HiGHS 1.16), and long separation rounds run between two checks; so a MILP can answer
+//! well after its time limit (by how much: `docs/bench/solver-tuning.md`). A service that
+//! promised an answer in `time_limit` seconds must not.
 //!
 //! [`solve`] runs HiGHS on a thread of its own and waits for it until the deadline (the time
 //! limit plus a small grace). Through HiGHS's C callbacks it keeps, as the solve goes, the

@@ -25,14 +25,13 @@
 //! in `t`), `Σ_{i ∉ deps(t)} S[t+1,i]·M_i + Σ_{d ∈ deps(t)} M_d + M_t <= budget`. Every
 //! schedule of the stage model satisfies both, so they cut no schedule off; they cut off
 //! fractional solutions that the `U` recurrence allows (it frees fractions of values), and
-//! raise the LP relaxation's bound a lot (random n100 at 0.8: from 0.79% to 1.21% over
-//! store-all at the MILP's root). [`lp_bound`] and
+//! raise the LP relaxation's bound a lot (by how much: `docs/bench/solver-tuning.md`). [`lp_bound`] and
 //! [`boundary_bound`] solve the *boundary model* (`R`, `S`, their rows and the boundary rows;
 //! no `FREE`, no `U`) as an LP and as a MILP: a relaxation too (it drops rows), a quarter of the
 //! size, whose LP is on the benchmark graphs as tight as or tighter than the full model's and
-//! whose MILP HiGHS often closes in seconds. Where even that is too large (random n1000: 3.1 M
-//! rows), the *loose model* keeps only the dependency rows of each stage's own node (506 k rows;
-//! its LP solves in 10–19 s there, a weaker bound).
+//! whose MILP HiGHS often closes in seconds. Where even that is too large (random n1000), the
+//! *loose model* keeps only the dependency rows of each stage's own node (a weaker bound; the
+//! sizes and times of both: `docs/bench/solver-tuning.md`).
 //!
 //! Model reductions: only needed nodes; `R[t,i]` only when `i` leads within stage `t` to node
 //! `t` or to a value some later node reads (this excludes recomputing a value only to keep it
@@ -124,8 +123,8 @@ pub enum Model {
     /// `R`, `S`, their rows and the boundary rows: a relaxation, for bounds.
     Boundary,
     /// The boundary model with the dependency rows of each stage's own node only (a
-    /// recomputation inside a stage does not need its inputs): a looser relaxation, a quarter
-    /// to a sixth of the boundary model's rows on the random graphs (n250 to n1000).
+    /// recomputation inside a stage does not need its inputs): a looser relaxation with far
+    /// fewer rows (how many fewer: `docs/bench/solver-tuning.md`).
     Loose,
 }
 
@@ -437,8 +436,8 @@ pub fn solve(p: &Problem, opts: &IlpOptions) -> Result<IlpOutcome> {
 /// `opts.time_limit`, warm-started from `opts.warm_start`, for its bound: the boundary model is
 /// a relaxation of the stage model, so HiGHS's dual bound on it is a lower bound on the compute
 /// cost of any schedule that fits (in the stage model), and from the root on at least the LP
-/// relaxation's ([`lp_bound`]). Random n100 at 0.8×: 1.55% over store-all, optimal, in 3 s,
-/// where the full MILP's bound is 1.21% after its root and 1.50% after a cut round.
+/// relaxation's ([`lp_bound`]); often tighter, sooner, than the full MILP's (measured:
+/// `docs/bench/solver-tuning.md`).
 /// `Optimal` when HiGHS closed its gap (the bound is then the boundary model's optimum),
 /// `NoSolution` when the time limit stopped it (with the bound reached, if the root was
 /// solved), `Infeasible` when no schedule fits.

@@ -96,9 +96,8 @@ pub struct PlanOptions {
     /// Extra time, after the schedule is found, to prove a lower bound on its cost where
     /// nothing has proven one yet: the boundary model's LP relaxation
     /// ([`crate::ilp::lp_bound`]), which solves for graphs far too large for the MILP itself
-    /// (MobileNet, 185 nodes: 1 s here; ResNet50: 5 s; random n500: 18–78 s), then the same
-    /// model as a MILP ([`crate::ilp::boundary_bound`]) for the rest of the time. Zero (the
-    /// default) skips it.
+    /// (times in `docs/bench/solver-tuning.md`), then the same model as a MILP
+    /// ([`crate::ilp::boundary_bound`]) for the rest of the time. Zero (the default) skips it.
     pub bound_time: Duration,
 }
 
@@ -230,16 +229,12 @@ pub struct ParetoPoint {
 
 /// Relative gap under which a bound proves a schedule optimal (HiGHS's default MIP gap).
 const OPTIMAL_GAP: f64 = 1e-4;
-/// Largest reduced MILP (binaries) `auto` hands to HiGHS as an exact solve. Measured on the
-/// Checkmate graphs: up to ~10k binaries (100 nodes) HiGHS improves and bounds the search's
-/// schedule within seconds; at 34k (MobileNet) not even the LP relaxation finishes in 30 s on
-/// 2 cores, so larger graphs get the search for the whole time limit.
+/// Largest reduced MILP (binaries) `auto` hands to HiGHS as an exact solve; larger graphs get
+/// the search for the whole time limit (why this size: `docs/bench/solver-tuning.md`).
 const EXACT_BINARIES: usize = 15_000;
 /// Largest model (rows) whose LP relaxation [`PlanOptions::bound_time`] tries: the boundary
-/// model where it is this small, otherwise the loose one. Measured here with HiGHS on 2
-/// threads, boundary model: MobileNet (42,690 rows) 1 s, ResNet50 (162,468) 5 s, random n250
-/// (129,720) 3 s, n500 (680,481) 18–78 s; n1000 (3,102,224) not in 400 s (3.8 GB), but its loose
-/// model (506,376 rows) in 10–19 s.
+/// model where it is this small, otherwise the loose one (the LP times by model size:
+/// `docs/bench/solver-tuning.md`).
 #[cfg(feature = "highs")]
 const LP_BOUND_MAX_ROWS: usize = 1_000_000;
 /// Share of the time limit the search gets before an exact MILP.
@@ -250,10 +245,8 @@ const BOUNDARY_SHARE: f64 = 0.35;
 const ILP_MARGIN: f64 = 0.08;
 /// Runs of the search portfolio (each from its own seed and starting temperature) on graphs
 /// of at most [`PORTFOLIO_MAX_NODES`] needed nodes; larger graphs get one run with all the
-/// work. Measured on the benchmark graphs: four runs beat one on vgg_unet (1.98% against
-/// 2.55% at 0.8×), MobileNet, ResNet50 at 0.9× (0.14% against 0.28%) and random n250 (a
-/// schedule at 0.8× where one run found none), while on random n1000 a quarter of the work is
-/// too little (0.9×: 5.40% against 2.59%).
+/// work, a quarter of it being too little there (four runs against one on the benchmark
+/// graphs: `docs/bench/solver-tuning.md`).
 const SEARCH_RUNS: usize = 4;
 const PORTFOLIO_MAX_NODES: usize = 400;
 /// Simulated steps [`crate::budget::prune_recomputations`] may spend on one schedule.
@@ -373,8 +366,8 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
         Algorithm::Ilp => {
             offer_baselines(&mut pool, &base);
             // Where no baseline fits (random graphs), the peak descent to the budget gives
-            // HiGHS a start and the plan a fallback: without it, `--solver ilp` on random n100
-            // at 0.8× returned a 724% schedule after 150 s.
+            // HiGHS a start and the plan a fallback (what `--solver ilp` returned without it:
+            // docs/bench/solver-tuning.md).
             if pool.best.is_none() && opts.budget >= p.footprint_lower_bound() {
                 let descended = crate::budget::descend_to_budget(p, opts.budget);
                 pool.offer_schedule(p, "descent", descended)?;
@@ -480,8 +473,8 @@ fn auto(
 ) -> Result<()> {
     offer_baselines(pool, base);
     // A chain's DP schedule: proven optimal when the exact program ran (then nothing can do
-    // better), otherwise a strong start that the search and the MILP try to improve (the
-    // search lowers MobileNet's restricted-DP overhead at 0.9× from 0.33% to 0.19%).
+    // better), otherwise a strong start that the search and the MILP try to improve (by how
+    // much on MobileNet: docs/bench/solver-tuning.md).
     if crate::dp::as_training_chain(p).is_some() {
         let sol = crate::dp::solve_chain_with(p, opts.budget, crate::dp::DpMode::Auto)?;
         if let Some(s) = sol.schedule {
@@ -534,10 +527,8 @@ fn auto(
     }
     // Peak descent to a ladder of targets at and below the budget, each result pruned back to
     // the budget: descending further and then dropping the recomputations the budget does not
-    // need finds cheaper schedules than stopping at the budget (random n100 at 0.9×: 0.79%
-    // from the 0.9 rung against 1.76% from the first; ResNet50 at 0.9×: 0.11% against
-    // 0.28%), and it fits budgets close to the least peak that the search misses. Under 1.5 s
-    // for 1,000 nodes.
+    // need finds cheaper schedules than stopping at the budget, and it fits budgets close to
+    // the least peak that the search misses (figures and its time: docs/bench/solver-tuning.md).
     for f in DESCENT_LADDER {
         let target = (opts.budget as f64 * f) as u64;
         if target < floor_bytes {
@@ -575,12 +566,11 @@ fn auto(
         // get a share of the limit, so that `auto` ends within it.
         let margin = total.mul_f64(ILP_MARGIN);
         // The boundary model's MILP first, for the bound: it is a quarter of the full model
-        // and HiGHS closes it in seconds where the full MILP's bound is still at its root
-        // (random n100 at 0.8×: 1.55% over store-all in 3 s, against 1.21% at the full root);
-        // when that closes the gap to the MILP's own tolerance the full MILP is skipped,
-        // otherwise it gets the rest of the time to improve the schedule (and bound it too):
-        // a bound within OPTIMAL_GAP is not enough, the full MILP still finds schedules that
-        // much cheaper (segnet at 0.9×: 0.10% against the chain DP's 0.108%, 0.008% apart).
+        // and HiGHS often closes it where the full MILP's bound is still at its root; when
+        // that closes the gap to the MILP's own tolerance the full MILP is skipped, otherwise
+        // it gets the rest of the time to improve the schedule (and bound it too): a bound
+        // within OPTIMAL_GAP is not enough, the full MILP still finds schedules that much
+        // cheaper (both measured: docs/bench/solver-tuning.md).
         let t = left(start).saturating_sub(margin).mul_f64(BOUNDARY_SHARE);
         boundary_milp(p, opts, pool, t)?;
         if !settled_pool(pool, OPTIMAL_GAP / 10.0) {
@@ -610,7 +600,8 @@ fn milp_options(opts: &PlanOptions, pool: &Pool, time: Duration) -> crate::ilp::
     let mut o = crate::ilp::IlpOptions::new(opts.budget, time);
     o.threads = opts.threads.max(1);
     // HiGHS keeps improving the schedule below the gap that counts as optimal while it has
-    // time (segnet at 0.9×: schedules 0.004% apart are both "optimal" at OPTIMAL_GAP).
+    // time (schedules that far apart are both "optimal" at OPTIMAL_GAP: segnet in
+    // docs/bench/solver-tuning.md).
     o.mip_gap = OPTIMAL_GAP / 10.0;
     o.warm_start = pool.warm();
     o

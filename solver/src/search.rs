@@ -231,9 +231,9 @@ pub struct SearchLimits {
 }
 
 impl SearchLimits {
-    /// Work this crate's search simulates per second on the 2-core machine the benchmark runs
-    /// on, measured with other builds running (about half of what it does unloaded), so a
-    /// budget derived from a time slice usually ends before the slice does.
+    /// Work this crate's search simulates per second on a loaded 2-core machine (as measured
+    /// on the benchmark machine: `docs/bench/solver-tuning.md`), so a budget derived from a
+    /// time slice usually ends before the slice does.
     pub const WORK_PER_SECOND: u64 = 4_000_000;
 
     /// The work that fits `time` at [`Self::WORK_PER_SECOND`], capped at `time`.
