@@ -8,6 +8,53 @@
 //!
 //! The modules are layered, each using only those above it:
 //! `problem`, `schedule` (and `io`) → `baselines`, `dp`, `search`, `ilp` → `budget` → `plan`.
+//!
+//! # Example
+//!
+//! A training step of a three-layer chain: forward `a → b → c`, the loss, and one backward node
+//! per layer that reads the layer's input and the incoming gradient. [`plan::plan`] finds a
+//! schedule within 90% of the store-all peak, and [`simulate`] checks it and gives its figures.
+//!
+//! ```
+//! use remat_solver::plan::{plan, PlanOptions, Status};
+//! use remat_solver::{simulate, store_all_peak, Node, NodeKind, Problem};
+//!
+//! let node = |id: &str, bytes: u64, deps: Vec<usize>, kind: NodeKind| Node {
+//!     id: id.to_string(),
+//!     name: id.to_string(),
+//!     cost: 1.0,
+//!     bytes,
+//!     deps,
+//!     kind,
+//!     required: true,
+//! };
+//! let problem = Problem::new(
+//!     "tiny",
+//!     vec![
+//!         node("a", 100, vec![], NodeKind::Forward),
+//!         node("b", 100, vec![0], NodeKind::Forward),
+//!         node("c", 100, vec![1], NodeKind::Forward),
+//!         node("loss", 4, vec![2], NodeKind::Loss),
+//!         node("grad_c", 4, vec![1, 2, 3], NodeKind::Backward),
+//!         node("grad_b", 4, vec![0, 1, 4], NodeKind::Backward),
+//!         node("grad_a", 4, vec![0, 5], NodeKind::Backward),
+//!     ],
+//!     0,
+//! )?;
+//! let store_all = store_all_peak(&problem);
+//! let budget = store_all * 9 / 10;
+//! let (schedule, report) = plan(&problem, &PlanOptions::new(budget))?;
+//! assert_ne!(report.status, Status::Infeasible);
+//!
+//! // The report's figures are the simulator's.
+//! let stats = simulate(&problem, &schedule)?;
+//! assert!(stats.peak_bytes <= budget);
+//! assert_eq!(stats.peak_bytes, report.predicted.peak_bytes);
+//! // Fitting the budget costs recomputation.
+//! assert!(stats.recomputations > 0);
+//! assert!(stats.overhead(&problem) > 0.0);
+//! # Ok::<(), remat_solver::SolverError>(())
+//! ```
 
 pub mod error;
 pub mod io;
