@@ -97,35 +97,6 @@ pub enum PlannerError {
     NoLoss,
     #[error("lowering the training graph: {0}")]
     Lowering(String),
-    #[error("executor{}: {message}", exec_where(node, op))]
-    Exec {
-        node: String,
-        op: String,
-        message: String,
-        fault: ExecFault,
-    },
-}
-
-/// What kind of executor failure a [`PlannerError::Exec`] is, so that callers can tell the
-/// user's input from a fault of remat's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExecFault {
-    /// The request asks for what this build cannot run: an op without a kernel, a device not
-    /// compiled in or not present.
-    Unsupported,
-    /// The schedule does not belong to the model or is invalid for it.
-    InvalidSchedule,
-    /// A kernel or the runner failed on input it accepted.
-    Failed,
 }
 
 pub type Result<T, E = PlannerError> = std::result::Result<T, E>;
-
-fn exec_where(node: &str, op: &str) -> String {
-    match (node.is_empty(), op.is_empty()) {
-        (true, true) => String::new(),
-        (false, true) => format!(", node {node:?}"),
-        (true, false) => format!(", {op}"),
-        (false, false) => format!(", node {node:?} ({op})"),
-    }
-}

@@ -23,13 +23,10 @@
 //!   (+ `Mul` γ, `Add` β) → `LayerNormalization` (saves x and the statistics).
 
 use crate::model::{Model, ValueId, ValueKind};
+use crate::ops::attention::KEY_TRANSPOSED;
 use onnx_protobuf::AttributeProto;
 use petgraph::graph::NodeIndex;
 use std::collections::{HashMap, HashSet};
-
-/// Attribute the attention fusion sets on the `Attention` it writes: its K input is kᵀ
-/// (`[batch, heads, head size, kv seq]`), as the exporters' decomposition has it.
-pub const KEY_TRANSPOSED: &str = "remat.key_transposed";
 
 fn scalar(model: &Model, v: ValueId) -> Option<f64> {
     let f = model.values[v].fact.as_ref()?;

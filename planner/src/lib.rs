@@ -3,7 +3,27 @@
 //! (shape rule, FLOPs, gradient rule per op), training-graph derivation and lowering to a
 //! [`remat_solver::Problem`].
 //!
-//! Architecture invariant: this crate knows nothing of HTTP or the plan store.
+//! Architecture invariant: this crate knows nothing of HTTP or the plan store, and nothing of
+//! tensors at run time (the executor is `remat-exec`, which depends on this crate).
+//!
+//! # Example
+//! Import a model at a bound dim, derive its training step and lower it to a solver problem:
+//! ```
+//! use remat_planner::{load, ImportOptions};
+//!
+//! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/grad/tiny_cnn.onnx");
+//! let bytes = std::fs::read(path)?;
+//! let mut opts = ImportOptions::default();
+//! opts.dims.insert("batch".into(), 2);
+//! let model = load(&bytes, &opts)?;
+//! let training = model.training_graph()?;
+//! let problem = training.to_problem();
+//! // Forward, loss and backward nodes; parameters, their gradients and buffers are fixed.
+//! assert!(problem.len() > 3 && problem.fixed_bytes > 0);
+//! let store_all = remat_solver::store_all_peak(&problem);
+//! assert!(store_all > problem.fixed_bytes);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! # Which graph inputs are parameters
 //! Decided per graph input, first rule that applies:
@@ -57,7 +77,6 @@
 //!   or when it has more than one output (opsets 9-13).
 
 pub mod error;
-pub mod exec;
 pub mod fuse;
 pub mod inspect;
 pub mod model;
@@ -66,28 +85,23 @@ pub mod ops;
 pub mod tensor;
 pub mod training;
 
-use std::collections::BTreeMap;
-
-pub use error::{ExecFault, PlannerError, Result, UnsupportedNode};
+pub use error::{PlannerError, Result, UnsupportedNode};
 pub use inspect::{InspectReport, TensorInfo, TrainingNodeInfo};
-pub use model::{Model, ValueKind};
+pub use model::{ImportOptions, Model, ValueKind};
 pub use training::{ExecInfo, SavedTensor, Source, TrainingGraph, TrainingNode};
 
-/// How to import a model.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ImportOptions {
-    /// Values of the model's symbolic dims (`dim_param` names), e.g. `batch=8`. A dynamic
-    /// dim without a name is called `<input>.<axis>` (e.g. `pixel_values.0`).
-    pub dims: BTreeMap<String, u64>,
-    /// Graph inputs to treat as parameters (`--param NAME`).
-    pub params: Vec<String>,
-    /// Graph inputs to treat as data (`--input NAME`).
-    pub inputs: Vec<String>,
+/// Imports a model: [`model::read`], then the fusions of exporter decompositions
+/// ([`fuse::fuse`]), then the parameter rule ([`model::classify_constants`]).
+fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
+    let (mut model, is_const) = model::read(bytes, opts)?;
+    fuse::fuse(&mut model);
+    model::classify_constants(&mut model, &is_const, opts);
+    Ok(model)
 }
 
 /// Imports a model and checks that every node is supported.
 pub fn load(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
-    let model = model::import(bytes, opts)?;
+    let model = import(bytes, opts)?;
     if !model.unsupported.is_empty() {
         return Err(PlannerError::Unsupported {
             nodes: model.unsupported.clone(),
@@ -96,22 +110,10 @@ pub fn load(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
     Ok(model)
 }
 
-impl Model {
-    /// The training step at the bound dims (forward, loss, backward).
-    pub fn training_graph(&self) -> Result<TrainingGraph> {
-        let name = if self.producer.is_empty() {
-            "onnx"
-        } else {
-            &self.producer
-        };
-        training::derive(self, name)
-    }
-}
-
 /// Imports a model and reports what the planner sees. Unsupported nodes are listed (all of
 /// them) rather than returned as an error; the training fields are then `None`.
 pub fn inspect(bytes: &[u8], opts: &ImportOptions) -> Result<InspectReport> {
-    let model = model::import(bytes, opts)?;
+    let model = import(bytes, opts)?;
     if !model.unsupported.is_empty() {
         return Ok(InspectReport::new(&model, None));
     }

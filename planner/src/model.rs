@@ -5,7 +5,6 @@ use crate::error::{PlannerError, Result, UnsupportedNode};
 use crate::onnx::{decode_tensor, parse_model, Attrs};
 use crate::ops::{registry, Ctx, OpSpec};
 use crate::tensor::{numel, DType, Fact};
-use crate::ImportOptions;
 use onnx_protobuf::tensor_shape_proto::dimension::Value as DimValue;
 use onnx_protobuf::type_proto::Value as TypeValue;
 use onnx_protobuf::{AttributeProto, FunctionProto, GraphProto, NodeProto, ValueInfoProto};
@@ -689,9 +688,23 @@ pub fn with_ctx<R>(model: &Model, ix: NodeIndex, f: impl FnOnce(&OpSpec, &Ctx) -
     Some(f(spec, &cx))
 }
 
-/// Imports a model: parse, bind dims, infer shapes, fold constants, classify values.
-/// Unsupported nodes do not stop the import; they are listed in [`Model::unsupported`].
-pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
+/// How to import a model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Values of the model's symbolic dims (`dim_param` names), e.g. `batch=8`. A dynamic
+    /// dim without a name is called `<input>.<axis>` (e.g. `pixel_values.0`).
+    pub dims: BTreeMap<String, u64>,
+    /// Graph inputs to treat as parameters (`--param NAME`).
+    pub params: Vec<String>,
+    /// Graph inputs to treat as data (`--input NAME`).
+    pub inputs: Vec<String>,
+}
+
+/// Reads a model: parse, bind dims, infer shapes, fold constants. Unsupported nodes do not
+/// stop the import; they are listed in [`Model::unsupported`]. The values are classified by
+/// [`classify_constants`] once the exporter's decompositions are fused (`crate::import`);
+/// the second result says which values are constants.
+pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<bool>)> {
     let proto = parse_model(bytes)?;
     let Some(g) = proto.graph.as_ref() else {
         return Err(malformed("the protobuf has no graph"));
@@ -844,7 +857,7 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
     for n in &g.node {
         *op_counts.entry(n.op_type.clone()).or_insert(0) += 1;
     }
-    let mut model = Model {
+    let model = Model {
         opset,
         producer: format!("{} {}", proto.producer_name, proto.producer_version)
             .trim()
@@ -858,9 +871,7 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
         onnx_nodes: g.node.len(),
         op_counts,
     };
-    crate::fuse::fuse(&mut model);
-    classify_constants(&mut model, &b.is_const, opts);
-    Ok(model)
+    Ok((model, b.is_const))
 }
 
 /// Constants read by live nodes become parameters when they are floating point, are read in
@@ -871,7 +882,7 @@ pub fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
 /// A constant computed at import from other floating-point constants (a transposed weight,
 /// a tied embedding, an embedding lookup at constant indices) is attributed to its roots:
 /// the parameter is the weight it was computed from, counted once.
-fn classify_constants(model: &mut Model, is_const: &[bool], opts: &ImportOptions) {
+pub(crate) fn classify_constants(model: &mut Model, is_const: &[bool], opts: &ImportOptions) {
     let n = model.values.len();
     // Roots of each constant: itself, or the float constants its folded producer read.
     let mut roots: Vec<Vec<ValueId>> = vec![vec![]; n];

@@ -237,7 +237,7 @@ fn bf16_to_f64(bits: u16) -> f64 {
     f64::from(f32::from_bits(u32::from(bits) << 16))
 }
 
-pub(crate) fn decode_values(t: &TensorProto, dtype: DType, n: usize) -> Option<Data> {
+pub fn decode_values(t: &TensorProto, dtype: DType, n: usize) -> Option<Data> {
     use DType::*;
     let raw = &t.raw_data;
     if !raw.is_empty() {

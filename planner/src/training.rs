@@ -681,3 +681,15 @@ fn saved_tensors(
     roots.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
     roots
 }
+
+impl Model {
+    /// The training step at the bound dims (forward, loss, backward).
+    pub fn training_graph(&self) -> Result<TrainingGraph> {
+        let name = if self.producer.is_empty() {
+            "onnx"
+        } else {
+            &self.producer
+        };
+        derive(self, name)
+    }
+}

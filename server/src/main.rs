@@ -18,7 +18,7 @@ mod validate_cmd;
 /// The counting allocator: `remat validate` reports the process's real heap peak beside the
 /// executor's live-tensor accounting.
 #[global_allocator]
-static ALLOC: remat_planner::exec::alloc::Counting = remat_planner::exec::alloc::Counting;
+static ALLOC: remat_exec::Counting = remat_exec::Counting;
 
 #[derive(Parser)]
 #[command(name = "remat", version, about = "Plans activation checkpointing (rematerialization) for neural-network training", long_about = None)]

@@ -2,9 +2,8 @@
 //! the CLI calls the same functions, so the command line and the API give the same figures.
 
 use crate::engine::{Engine, EngineError, ErrorKind, ModelFormat, Phase, PlanRequest};
-use remat_planner::exec::run::ExecDevice;
-use remat_planner::exec::validate::{self as exec_validate, ValidateOptions, Validation};
-use remat_planner::{ExecFault, ImportOptions, InspectReport, Model, PlannerError, TrainingGraph};
+use remat_exec::{ExecDevice, ExecError, ExecFault, ValidateOptions, Validation};
+use remat_planner::{ImportOptions, InspectReport, Model, PlannerError, TrainingGraph};
 use remat_solver::plan::{self, Algorithm, PlanOptions, PlanReport, Status};
 use remat_solver::{NodeKind, Problem, Schedule, SolverError, Step};
 use serde_json::{json, Value};
@@ -310,18 +309,17 @@ pub fn validate_schedule(
             "only ONNX models can be validated: a node-link graph has no tensors to run",
         ));
     };
-    exec_validate::validate(&em.model, &em.training, em.bytes, schedule, opts, progress)
+    remat_exec::validate(&em.model, &em.training, em.bytes, schedule, opts, progress)
         .map_err(exec_error)
 }
 
 /// Maps an executor error: a missing kernel or a schedule that does not fit the model is the
 /// caller's input; anything else is internal.
-pub fn exec_error(e: PlannerError) -> EngineError {
-    let (kind, code) = match &e {
-        PlannerError::Exec {
-            fault: ExecFault::Unsupported | ExecFault::InvalidSchedule,
-            ..
-        } => (ErrorKind::BadInput, "not_runnable"),
+pub fn exec_error(e: ExecError) -> EngineError {
+    let (kind, code) = match e.fault() {
+        Some(ExecFault::Unsupported | ExecFault::InvalidSchedule) => {
+            (ErrorKind::BadInput, "not_runnable")
+        }
         _ => (ErrorKind::Internal, "executor_failed"),
     };
     EngineError::new(kind, code, e.to_string())

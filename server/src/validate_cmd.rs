@@ -4,8 +4,7 @@
 use super::{print_json, read_model, request, Failure, ModelArgs};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use remat_planner::exec::run::ExecDevice;
-use remat_planner::exec::validate::{measured_costs, with_costs, Validation};
+use remat_exec::{measured_costs, with_costs, ExecDevice, Validation};
 use remat_server::engine::{EngineError, ErrorKind, PlanRequest};
 use remat_server::human_bytes;
 use remat_server::pipeline::{self, Loaded, Pipeline};
@@ -340,7 +339,7 @@ pub fn run(args: ValidateArgs) -> Result<(), Failure> {
         ),
         None => None,
     };
-    let vopts = remat_planner::exec::validate::ValidateOptions {
+    let vopts = remat_exec::ValidateOptions {
         device: args.device.into(),
         seed: args.seed,
         budget_bytes: budget,

@@ -6,9 +6,13 @@
 //! probability matrix. `rms_norm` keeps its input and the per-row inverse RMS.
 //! `RotaryEmbedding` is linear in x; its backward keeps only the cos/sin caches.
 
-use super::{first, Ctx, GradRule, OpSpec, Registry, Saved};
+use super::rule::{first, Ctx, GradRule, OpSpec, Registry, Saved};
 use crate::error::Result;
 use crate::tensor::{bytes_of, prod_sat, DType, Fact};
+
+/// Attribute the attention fusion (`crate::fuse`) sets on the `Attention` it writes: its K
+/// input is kᵀ (`[batch, heads, head size, kv seq]`), as the exporters' decomposition has it.
+pub const KEY_TRANSPOSED: &str = "remat.key_transposed";
 
 struct Attn {
     batch: u64,
@@ -56,7 +60,7 @@ fn attn_dims(cx: &Ctx) -> Result<Attn> {
     };
     let (batch, q_heads, kv_heads, q_seq, kv_seq, head, k_head, v_head) = if four_d {
         // The attention fusion passes kᵀ ([batch, heads, head size, kv seq]).
-        let kt = cx.attrs.int_or(crate::fuse::KEY_TRANSPOSED, 0)? != 0;
+        let kt = cx.attrs.int_or(KEY_TRANSPOSED, 0)? != 0;
         let (k_seq, k_head) = if kt {
             (k.shape[3], k.shape[2])
         } else {

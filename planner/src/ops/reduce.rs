@@ -1,6 +1,6 @@
 //! Reductions and arg-reductions. Small known inputs are folded (`ReduceProd` of a shape).
 
-use super::{none, save_x, Ctx, GradRule, OpSpec, Registry, Saved};
+use super::rule::{none, save_x, Ctx, GradRule, OpSpec, Registry, Saved};
 use crate::error::Result;
 use crate::tensor::{strides, DType, Data, Fact, Tensor};
 
@@ -104,12 +104,12 @@ pub fn register(r: &mut Registry) {
     let red = |grad: fn(&Ctx, &[Fact], &[bool]) -> GradRule| OpSpec {
         infer: reduce_infer,
         flops: |cx, _| cx.in_numel(0),
-        diff_in: super::first,
+        diff_in: super::rule::first,
         grad,
         ..OpSpec::DEFAULT
     };
-    r.insert("ReduceMean", red(super::nothing_saved));
-    r.insert("ReduceSum", red(super::nothing_saved));
+    r.insert("ReduceMean", red(super::rule::nothing_saved));
+    r.insert("ReduceSum", red(super::rule::nothing_saved));
     r.insert("ReduceSumSquare", red(save_x));
     r.insert("ReduceL1", red(save_x));
     r.insert("ReduceL2", red(save_xy));

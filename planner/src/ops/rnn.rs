@@ -1,6 +1,6 @@
 //! Recurrent ops: LSTM, GRU and RNN (ONNX layouts 0 and 1, all directions).
 
-use super::{Ctx, GradRule, OpSpec, Registry, Saved};
+use super::rule::{Ctx, GradRule, OpSpec, Registry, Saved};
 use crate::error::Result;
 use crate::tensor::{bytes_of, Fact};
 

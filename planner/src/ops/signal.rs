@@ -7,7 +7,7 @@
 //! that the parameter rule would otherwise count as trainable. The generators take no
 //! gradient.
 
-use super::{none, Ctx, GradRule, OpSpec, Registry, Saved};
+use super::rule::{none, Ctx, GradRule, OpSpec, Registry, Saved};
 use crate::error::Result;
 use crate::tensor::{DType, Fact};
 

@@ -2,17 +2,12 @@
 
 mod build;
 mod errors;
-mod exec;
 mod fixtures;
 mod fuzz;
 mod hostile;
 mod ops;
 mod shapes;
 mod training;
-
-/// The executor's tests read the real heap peak.
-#[global_allocator]
-static ALLOC: remat_planner::exec::alloc::Counting = remat_planner::exec::alloc::Counting;
 
 /// The package's directory: cargo's at run time, else the build's. A test binary built in
 /// another clone that shares the cargo target folder (as CI's does) is reused here unchanged,

@@ -1,0 +1,617 @@
+//! Validation of a plan by running it: the plan's schedule and the store-all schedule on the
+//! same weights and inputs, gradients compared, memory and time measured.
+
+use super::run::{ExecDevice, Executor, RunResult};
+use crate::error::{ExecError, ExecFault};
+use candle_core::Tensor;
+use remat_planner::model::Model;
+use remat_planner::training::TrainingGraph;
+use remat_solver::{simulate, store_all, Problem, Schedule, Step};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What to check.
+#[derive(Debug, Clone)]
+pub struct ValidateOptions {
+    pub device: ExecDevice,
+    /// Seed of the generated inputs and of parameters the file does not store.
+    pub seed: u64,
+    /// The plan's budget: a measured peak above it fails the validation.
+    pub budget_bytes: Option<u64>,
+    /// Max relative gradient error against the store-all run.
+    pub grad_tolerance: f64,
+    /// Max relative difference between the measured and the predicted peak.
+    pub peak_tolerance: f64,
+    /// Time the schedules in rounds after the measured run: each round runs store-all and
+    /// every plan (store-all first in one round of each pair, last in the other), at least
+    /// two rounds and two more while they have taken less than `timing_seconds` (at most
+    /// [`MAX_TIMING_ROUNDS`]); a plan's overhead is the median of its rounds' ratios to the
+    /// store-all run beside it. Off when only gradients and memory
+    /// matter: times then come from the measured run alone.
+    pub repeat_reference: bool,
+    /// Seconds of timing rounds to aim for (see `repeat_reference`).
+    pub timing_seconds: f64,
+}
+
+/// Timing rounds at most (see [`ValidateOptions::repeat_reference`]; they go in pairs).
+pub const MAX_TIMING_ROUNDS: usize = 8;
+
+impl Default for ValidateOptions {
+    fn default() -> Self {
+        ValidateOptions {
+            device: ExecDevice::Cpu,
+            seed: 0,
+            budget_bytes: None,
+            grad_tolerance: 1e-6,
+            peak_tolerance: 0.02,
+            repeat_reference: true,
+            timing_seconds: 2.0,
+        }
+    }
+}
+
+/// One step of the timeline: predicted (the simulator's) and measured bytes after it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimelinePoint {
+    pub step: usize,
+    pub op: &'static str,
+    pub node: String,
+    pub predicted_bytes: u64,
+    pub measured_bytes: u64,
+    /// The heap in use after the step above the run's start, plus what the executor held
+    /// before the run (parameters, buffers; gradients are allocated in the run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heap_bytes: Option<u64>,
+    /// The heap's peak during the step (its kernel's output and temporaries), counted as
+    /// `heap_bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heap_peak_bytes: Option<u64>,
+    /// On CUDA: device memory in use (cuMemGetInfo) above the run's start, plus what the
+    /// executor held before the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_bytes: Option<u64>,
+    pub seconds: f64,
+}
+
+/// A node whose computed value does not hold the bytes the training graph predicts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BytesMismatch {
+    pub node: String,
+    pub op: String,
+    pub predicted_bytes: u64,
+    pub measured_bytes: u64,
+}
+
+/// Time spent per op type in the plan's run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpTime {
+    pub op: String,
+    pub seconds: f64,
+    pub computations: u32,
+}
+
+/// The result of running a plan (the JSON `validation` object).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Validation {
+    pub ran: bool,
+    pub device: &'static str,
+    /// Gradients match, the measured peak agrees with the prediction and fits the budget.
+    pub ok: bool,
+    /// Why `ok` is false.
+    pub problems: Vec<String>,
+    pub predicted_peak_bytes: u64,
+    /// Peak of the live tensors the executor holds (each storage once), parameters, their
+    /// gradients and buffers included.
+    pub measured_peak_bytes: u64,
+    /// `measured / predicted − 1`.
+    pub peak_rel_diff: f64,
+    pub measured_peak_step: usize,
+    /// The heap's peak during the run above the heap in use when it started, plus what the
+    /// executor held before the run (parameters, buffers; comparable with
+    /// `measured_peak_bytes`); `None` when the counting allocator is not installed.
+    pub heap_peak_bytes: Option<u64>,
+    /// The step during which the heap peaked.
+    pub heap_peak_step: Option<usize>,
+    /// What the difference between the heap peak and the live-tensor peak is, and where the
+    /// heap peaked.
+    pub heap_note: String,
+    /// On CUDA: the device's memory in use at its peak (cuMemGetInfo, so including what the
+    /// CUDA allocator caches) above the run's start, plus what the executor held before the
+    /// run; `None` on the CPU.
+    pub device_peak_bytes: Option<u64>,
+    pub budget_bytes: Option<u64>,
+    /// Max over parameters of max|plan − store-all| / max|store-all|.
+    pub grad_max_rel_err: f64,
+    pub grad_tolerance: f64,
+    pub params_checked: usize,
+    pub loss: f64,
+    pub store_all_loss: f64,
+    pub step_seconds: f64,
+    pub store_all_step_seconds: f64,
+    /// The median over the timing rounds of `plan / store-all − 1`, each round's plan run
+    /// against the store-all run of the same round; `step_seconds` and `store_all_step_seconds`
+    /// are the medians of their runs.
+    pub measured_overhead: f64,
+    /// The lowest and highest of the rounds' overheads: how far the machine's noise moves it.
+    pub measured_overhead_range: [f64; 2],
+    pub timing_rounds: usize,
+    /// The simulator's overhead of the same schedule (FLOPs or the problem's cost unit).
+    pub predicted_overhead: f64,
+    pub recomputations: usize,
+    pub running_stat_updates: usize,
+    /// Max relative difference of the updated BatchNormalization running statistics against
+    /// the store-all run's (recomputation must not update them twice).
+    pub running_stats_max_rel_err: f64,
+    pub params_from_file: usize,
+    pub params_seeded: usize,
+    pub op_seconds: Vec<OpTime>,
+    /// Nodes whose values hold other bytes than predicted (the first 20): where a difference
+    /// between the measured and the predicted peak comes from.
+    pub bytes_mismatches: Vec<BytesMismatch>,
+    /// Bytes of parameters, their gradients and buffers (and constants derived from
+    /// parameters) as the executor holds them, against the problem's `fixed_bytes`.
+    pub measured_fixed_bytes: u64,
+    pub predicted_fixed_bytes: u64,
+    /// Op types run on the host, inputs and outputs copied, because the GPU's kernel library
+    /// lacks one of their kernels (candle's CUDA kernels cover fewer dtypes than its CPU
+    /// ones); empty on the CPU.
+    pub host_ops: Vec<String>,
+    pub timeline: Vec<TimelinePoint>,
+}
+
+fn err(message: impl Into<String>) -> ExecError {
+    ExecError::new(ExecFault::Failed, message)
+}
+
+/// Max over parameters of max|a − b| / max|b|, and how many were compared.
+pub fn grad_rel_err(
+    a: &std::collections::HashMap<usize, Tensor>,
+    b: &std::collections::HashMap<usize, Tensor>,
+) -> crate::error::Result<(f64, usize)> {
+    let mut worst: f64 = 0.0;
+    let mut n = 0;
+    for (v, tb) in b {
+        let ta = a
+            .get(v)
+            .ok_or_else(|| err(format!("the plan's run has no gradient for value {v}")))?;
+        let fa = flat(ta)?;
+        let fb = flat(tb)?;
+        if fa.len() != fb.len() {
+            return Err(err(format!("gradient shapes differ for value {v}")));
+        }
+        let scale = fb.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let diff = fa.iter().zip(&fb).fold(0.0f64, |m, (x, y)| {
+            if (x - y).is_nan() {
+                f64::INFINITY
+            } else {
+                m.max((x - y).abs())
+            }
+        });
+        let rel = if scale > 0.0 { diff / scale } else { diff };
+        worst = worst.max(rel);
+        n += 1;
+    }
+    Ok((worst, n))
+}
+
+/// A tensor's values as f64 on the host.
+pub fn flat(t: &Tensor) -> crate::error::Result<Vec<f64>> {
+    // On the host: candle's CUDA kernels cannot convert every integer dtype.
+    t.to_device(&candle_core::Device::Cpu)
+        .and_then(|t| t.to_dtype(candle_core::DType::F64))
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f64>())
+        .map_err(|e| err(e.to_string()))
+}
+
+/// Checks that `schedule` belongs to `problem` and is valid; the simulator's error names the
+/// step.
+fn check_schedule(
+    problem: &Problem,
+    schedule: &Schedule,
+) -> crate::error::Result<remat_solver::Stats> {
+    simulate(problem, schedule).map_err(|e| {
+        ExecError::new(
+            ExecFault::InvalidSchedule,
+            format!("the schedule is not valid for this model: {e}"),
+        )
+    })
+}
+
+/// Runs `schedule` and the store-all schedule of `tg` and compares them.
+pub fn validate(
+    model: &Model,
+    tg: &TrainingGraph,
+    model_bytes: &[u8],
+    schedule: &Schedule,
+    opts: &ValidateOptions,
+    progress: &mut (dyn FnMut(&str, usize, usize) + Send),
+) -> crate::error::Result<Validation> {
+    let mut ex = Executor::new(model, tg, model_bytes, opts.device, opts.seed)?;
+    let mut v = validate_with(
+        &mut ex,
+        tg,
+        &[(schedule.clone(), opts.budget_bytes)],
+        opts,
+        progress,
+    )?;
+    v.pop().ok_or_else(|| err("no validation"))
+}
+
+/// Runs several schedules (each with its budget) on one executor: the store-all run first
+/// (the reference gradients), then each schedule, then store-all again (the reference time
+/// is the faster of the two store-all runs).
+pub fn validate_with(
+    ex: &mut Executor,
+    tg: &TrainingGraph,
+    schedules: &[(Schedule, Option<u64>)],
+    opts: &ValidateOptions,
+    progress: &mut (dyn FnMut(&str, usize, usize) + Send),
+) -> crate::error::Result<Vec<Validation>> {
+    let problem = tg.to_problem();
+    let mut checked = Vec::with_capacity(schedules.len());
+    for (s, _) in schedules {
+        checked.push(check_schedule(&problem, s)?);
+    }
+    let reference = store_all(&problem);
+    let sa1 = ex.run(&reference, &mut |d, t| progress("store-all", d, t))?;
+    let mut runs = Vec::with_capacity(schedules.len());
+    for (s, _) in schedules {
+        runs.push(ex.run(s, &mut |d, t| progress("plan", d, t))?);
+    }
+    // Timing rounds: store-all and the plans back to back, so that each plan's run is
+    // compared with a store-all run taken moments from it: a machine's speed drifts within
+    // minutes (docs/executor.md, "What a run checks", the time row).
+    let mut sa_secs = vec![sa1.seconds];
+    let mut plan_secs: Vec<Vec<f64>> = runs.iter().map(|r| vec![r.seconds]).collect();
+    if opts.repeat_reference {
+        sa_secs.clear();
+        plan_secs.iter_mut().for_each(Vec::clear);
+        // Rounds go in pairs, store-all first in one and last in the other: the second run
+        // of a round runs a few percent faster than the first (docs/bench/executor.md,
+        // "Figures behind the code").
+        let t0 = std::time::Instant::now();
+        while sa_secs.len() < 2
+            || (sa_secs.len() < MAX_TIMING_ROUNDS
+                && t0.elapsed().as_secs_f64() < opts.timing_seconds)
+        {
+            for store_all_first in [true, false] {
+                if store_all_first {
+                    sa_secs.push(timed(ex, &reference, "timing store-all", progress)?);
+                }
+                for ((s, _), secs) in schedules.iter().zip(plan_secs.iter_mut()) {
+                    secs.push(timed(ex, s, "timing plan", progress)?);
+                }
+                if !store_all_first {
+                    sa_secs.push(timed(ex, &reference, "timing store-all", progress)?);
+                }
+            }
+        }
+    }
+    Ok(schedules
+        .iter()
+        .zip(&checked)
+        .zip(runs.iter().zip(&plan_secs))
+        .map(|(((s, budget), stats), (run, secs))| {
+            let o = ValidateOptions {
+                budget_bytes: *budget,
+                ..opts.clone()
+            };
+            report(
+                ex,
+                tg,
+                &problem,
+                s,
+                stats,
+                run,
+                &sa1,
+                Times::of(secs, &sa_secs),
+                &o,
+            )
+        })
+        .collect())
+}
+
+/// Seconds of one run of `s`.
+fn timed(
+    ex: &mut Executor,
+    s: &Schedule,
+    what: &str,
+    progress: &mut (dyn FnMut(&str, usize, usize) + Send),
+) -> crate::error::Result<f64> {
+    Ok(ex.run(s, &mut |d, t| progress(what, d, t))?.seconds)
+}
+
+/// A plan's timing rounds against store-all's.
+struct Times {
+    /// Median seconds of the plan's runs and of store-all's.
+    plan: f64,
+    store_all: f64,
+    /// The rounds' ratios `plan / store-all − 1`: their median, lowest and highest.
+    overhead: f64,
+    range: [f64; 2],
+    rounds: usize,
+}
+
+impl Times {
+    fn of(plan: &[f64], store_all: &[f64]) -> Times {
+        let mut ratios: Vec<f64> = plan
+            .iter()
+            .zip(store_all)
+            .filter(|(_, &s)| s > 0.0)
+            .map(|(p, s)| p / s - 1.0)
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        Times {
+            plan: median(plan),
+            store_all: median(store_all),
+            overhead: median(&ratios),
+            range: [
+                ratios.first().copied().unwrap_or(0.0),
+                ratios.last().copied().unwrap_or(0.0),
+            ],
+            rounds: ratios.len(),
+        }
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    ex: &Executor,
+    tg: &TrainingGraph,
+    problem: &Problem,
+    schedule: &Schedule,
+    stats: &remat_solver::Stats,
+    plan: &RunResult,
+    reference: &RunResult,
+    times: Times,
+    opts: &ValidateOptions,
+) -> Validation {
+    let mut problems = vec![];
+    let (grad_err, params_checked) = match grad_rel_err(&plan.grads, &reference.grads) {
+        Ok(x) => x,
+        Err(e) => {
+            problems.push(e.to_string());
+            (f64::INFINITY, 0)
+        }
+    };
+    if grad_err.is_nan() || grad_err > opts.grad_tolerance {
+        problems.push(format!(
+            "gradients differ from the store-all run's: max relative error {grad_err:.3e} > {:.0e}",
+            opts.grad_tolerance
+        ));
+    }
+    let running_err = match grad_rel_err(&plan.running_stats, &reference.running_stats) {
+        Ok((e, _)) => e,
+        Err(e) => {
+            problems.push(format!("running statistics: {e}"));
+            f64::INFINITY
+        }
+    };
+    if running_err.is_nan() || running_err > opts.grad_tolerance {
+        problems.push(format!(
+            "BatchNormalization running statistics differ from the store-all run's: max relative error {running_err:.3e}"
+        ));
+    }
+    let predicted = stats.peak_bytes;
+    let measured = plan.live_peak_bytes;
+    let rel = if predicted > 0 {
+        measured as f64 / predicted as f64 - 1.0
+    } else {
+        0.0
+    };
+    if rel.abs() > opts.peak_tolerance {
+        problems.push(format!(
+            "measured live-tensor peak {measured} B differs from the predicted {predicted} B by {:+.2}% (tolerance ±{:.0}%)",
+            rel * 100.0,
+            opts.peak_tolerance * 100.0
+        ));
+    }
+    if let Some(b) = opts.budget_bytes {
+        if measured > b {
+            let node = match schedule.steps.get(plan.live_peak_step) {
+                Some(Step::Compute(i)) | Some(Step::Free(i)) => {
+                    tg.nodes.get(*i).map(|n| n.id.clone()).unwrap_or_default()
+                }
+                None => String::new(),
+            };
+            problems.push(format!(
+                "the run's measured peak {measured} B exceeds the budget {b} B at step {} ({node})",
+                plan.live_peak_step
+            ));
+        }
+    }
+    let fixed = ex.fixed_live_bytes();
+    // The heap and the device are measured from the run's start: add what was held before it.
+    let before = ex.held_before_run_bytes();
+    let heap_peak = plan.heap_peak_bytes.map(|h| h + before);
+    let heap_note = match heap_peak {
+        None => {
+            "heap not measured: the counting allocator is not installed in this process".to_string()
+        }
+        Some(h) => {
+            let extra = h as i64 - measured as i64;
+            let at = plan
+                .heap_peak_step
+                .and_then(|s| Some((s, schedule.steps.get(s)?, plan.steps.get(s)?)))
+                .map(|(s, step, m)| {
+                    let i = match *step {
+                        Step::Compute(i) | Step::Free(i) => i,
+                    };
+                    let (id, op) = tg
+                        .nodes
+                        .get(i)
+                        .map(|n| (n.id.as_str(), n.op.as_str()))
+                        .unwrap_or_default();
+                    let live = m.live_bytes as i64;
+                    format!(
+                        "; it peaked during step {s} ({} {id}, {op}), {} B above the {} B of live tensors after that step",
+                        if matches!(step, Step::Compute(_)) { "compute" } else { "free" },
+                        h as i64 - live,
+                        live
+                    )
+                })
+                .unwrap_or_default();
+            format!(
+                "the heap peaked {} B ({:+.1}%) {} the live-tensor peak: kernel workspaces and temporaries \
+                 (im2col buffers, packed matmul operands, gradient contributions being summed, views made \
+                 contiguous) that the memory model does not count, less what it counts before it is allocated: \
+                 parameter gradients (fixed memory in the model) are allocated when first computed, and inputs \
+                 are generated before the run and held outside it{at}",
+                extra.unsigned_abs(),
+                if measured > 0 { extra as f64 / measured as f64 * 100.0 } else { 0.0 },
+                if extra >= 0 { "above" } else { "below" }
+            )
+        }
+    };
+    let mut by_op: BTreeMap<String, (f64, u32)> = BTreeMap::new();
+    for (i, n) in tg.nodes.iter().enumerate() {
+        let e = by_op.entry(n.op.clone()).or_default();
+        e.0 += plan.node_seconds.get(i).copied().unwrap_or(0.0);
+        e.1 += plan.node_runs.get(i).copied().unwrap_or(0);
+    }
+    let mut op_seconds: Vec<OpTime> = by_op
+        .into_iter()
+        .map(|(op, (seconds, computations))| OpTime {
+            op,
+            seconds,
+            computations,
+        })
+        .collect();
+    op_seconds.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    op_seconds.truncate(15);
+    let timeline = schedule
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(s, step)| {
+            let (op, i) = match *step {
+                Step::Compute(i) => ("compute", i),
+                Step::Free(i) => ("free", i),
+            };
+            let m = plan.steps.get(s);
+            TimelinePoint {
+                step: s,
+                op,
+                node: tg.nodes.get(i).map(|n| n.id.clone()).unwrap_or_default(),
+                predicted_bytes: stats.memory.get(s).copied().unwrap_or(0),
+                measured_bytes: m.map(|m| m.live_bytes).unwrap_or(0),
+                heap_bytes: m.and_then(|m| m.heap_bytes).map(|h| h + before),
+                heap_peak_bytes: m.and_then(|m| m.heap_peak_bytes).map(|h| h + before),
+                device_bytes: m
+                    .and_then(|m| m.device_bytes)
+                    .map(|d| (d + before as i64).max(0) as u64),
+                seconds: m.map(|m| m.seconds).unwrap_or(0.0),
+            }
+        })
+        .collect();
+    let bytes_mismatches: Vec<BytesMismatch> = tg
+        .nodes
+        .iter()
+        .zip(&plan.node_bytes)
+        .filter_map(|(n, m)| {
+            let m = (*m)?;
+            (m != n.bytes).then(|| BytesMismatch {
+                node: n.id.clone(),
+                op: n.op.clone(),
+                predicted_bytes: n.bytes,
+                measured_bytes: m,
+            })
+        })
+        .take(20)
+        .collect();
+    Validation {
+        bytes_mismatches,
+        measured_fixed_bytes: fixed,
+        predicted_fixed_bytes: problem.fixed_bytes,
+        ran: true,
+        device: opts.device.name(),
+        ok: problems.is_empty(),
+        problems,
+        predicted_peak_bytes: predicted,
+        measured_peak_bytes: measured,
+        peak_rel_diff: rel,
+        measured_peak_step: plan.live_peak_step,
+        heap_peak_bytes: heap_peak,
+        heap_peak_step: plan.heap_peak_step,
+        heap_note,
+        device_peak_bytes: plan.device_peak_bytes.map(|d| d + before),
+        budget_bytes: opts.budget_bytes,
+        grad_max_rel_err: grad_err,
+        grad_tolerance: opts.grad_tolerance,
+        params_checked,
+        loss: plan.loss,
+        store_all_loss: reference.loss,
+        step_seconds: times.plan,
+        store_all_step_seconds: times.store_all,
+        measured_overhead: times.overhead,
+        measured_overhead_range: times.range,
+        timing_rounds: times.rounds,
+        predicted_overhead: stats.overhead(problem),
+        recomputations: stats.recomputations,
+        running_stat_updates: plan.running_stat_updates,
+        running_stats_max_rel_err: running_err,
+        params_from_file: ex.sources.params_from_file,
+        params_seeded: ex.sources.params_seeded,
+        op_seconds,
+        host_ops: super::kernel::host_ops_union([&plan.host_ops[..], &reference.host_ops]),
+        timeline,
+    }
+}
+
+/// Measured seconds per training node: the fastest of `runs` store-all runs (at least one),
+/// for the solver's cost model (`--cost measured`).
+pub fn measured_costs(
+    model: &Model,
+    tg: &TrainingGraph,
+    model_bytes: &[u8],
+    device: ExecDevice,
+    seed: u64,
+    runs: usize,
+) -> crate::error::Result<Vec<f64>> {
+    let problem = tg.to_problem();
+    let sched = store_all(&problem);
+    let mut ex = Executor::new(model, tg, model_bytes, device, seed)?;
+    let mut best: Option<Vec<f64>> = None;
+    for _ in 0..runs.max(1) {
+        let r = ex.run(&sched, &mut |_, _| {})?;
+        best = Some(match best {
+            None => r.node_seconds,
+            Some(b) => b
+                .iter()
+                .zip(&r.node_seconds)
+                .map(|(a, c)| a.min(*c))
+                .collect(),
+        });
+    }
+    best.ok_or_else(|| err("no profiling run"))
+}
+
+/// The problem with its costs replaced by `costs` (seconds per node).
+pub fn with_costs(problem: &Problem, costs: &[f64]) -> crate::error::Result<Problem> {
+    if costs.len() != problem.nodes.len() {
+        return Err(err("one measured cost per node is needed"));
+    }
+    let nodes = problem
+        .nodes
+        .iter()
+        .zip(costs)
+        .map(|(n, &c)| {
+            let mut n = n.clone();
+            n.cost = if c.is_finite() && c >= 0.0 { c } else { 0.0 };
+            n
+        })
+        .collect();
+    Problem::new(problem.name.clone(), nodes, problem.fixed_bytes).map_err(|e| err(e.to_string()))
+}

@@ -1,0 +1,656 @@
+//! The executor, end to end: every fixture model runs its training step at several budgets
+//! (gradients equal to the store-all run's, measured live-tensor peak within ±2% of the
+//! prediction, within the budget); the PyTorch-gradient fixtures match PyTorch's gradients;
+//! bad schedules and budgets are clear errors.
+
+use candle_core::{Device, Tensor};
+use remat_exec::validate::flat;
+use remat_exec::{validate, validate_with, ValidateOptions, Validation};
+use remat_exec::{ExecDevice, Executor};
+use remat_planner::{load, ImportOptions, Model, TrainingGraph};
+use remat_solver::budget::min_feasible_budget;
+use remat_solver::plan::{plan, Algorithm, PlanOptions, Status};
+use remat_solver::{store_all, store_all_peak, Schedule, Step};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn fixtures_dir() -> PathBuf {
+    crate::manifest_dir().join("../../fixtures")
+}
+
+fn json(path: &str) -> Value {
+    let text = std::fs::read_to_string(fixtures_dir().join(path)).expect("fixture manifest exists");
+    serde_json::from_str(&text).expect("fixture manifest is JSON")
+}
+
+fn import(bytes: &[u8], dims: &[(&str, u64)]) -> (Model, TrainingGraph) {
+    let mut opts = ImportOptions::default();
+    for (k, v) in dims {
+        opts.dims.insert(k.to_string(), *v);
+    }
+    let model = load(bytes, &opts).expect("model imports");
+    let tg = model.training_graph().expect("training graph");
+    (model, tg)
+}
+
+/// Plans at `fraction` × store-all peak with the solver's `auto` (no MILP in this crate's
+/// tests): the schedule, or `None` when the budget is infeasible.
+fn plan_at(tg: &TrainingGraph, budget: u64) -> Option<Schedule> {
+    let p = tg.to_problem();
+    let opts = PlanOptions {
+        budget,
+        algorithm: Algorithm::Auto,
+        time_limit: Duration::from_millis(500),
+        threads: 1,
+        bound_time: Duration::ZERO,
+    };
+    let (s, r) = plan(&p, &opts).expect("planning runs");
+    (r.status != Status::Infeasible).then_some(s)
+}
+
+fn check(v: &Validation, what: &str) -> Result<(), String> {
+    heap_figures_agree(v).map_err(|e| format!("{what}: {e}"))?;
+    if v.ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what}: {}; fixed bytes measured {} predicted {}; mismatches {:?}",
+            v.problems.join("; "),
+            v.measured_fixed_bytes,
+            v.predicted_fixed_bytes,
+            v.bytes_mismatches
+        ))
+    }
+}
+
+/// What the heap may hold after a step above the live tensors the executor counts: the run's
+/// own small state (gradient maps, kernels' reused buffers). Measured on the fixtures at most
+/// 0.3 MB (resnet50); a kernel's temporary that outlived its step, or another thread's
+/// allocation counted as the run's, shows as megabytes.
+const HEAP_AFTER_STEP_ABOVE_LIVE: u64 = 1 << 20;
+
+/// The heap's figures hang together (where the counting allocator is installed, as in this
+/// test binary): each step's peak is at least the heap after it, the heap after a step holds
+/// no more than the live tensors (plus [`HEAP_AFTER_STEP_ABOVE_LIVE`]), and the run's peak
+/// is that of the step the validation names.
+fn heap_figures_agree(v: &Validation) -> Result<(), String> {
+    let Some(peak) = v.heap_peak_bytes else {
+        return Ok(());
+    };
+    for t in &v.timeline {
+        let (Some(after), Some(during)) = (t.heap_bytes, t.heap_peak_bytes) else {
+            return Err(format!("step {} has no heap figures", t.step));
+        };
+        if during < after {
+            return Err(format!(
+                "step {}: heap peak {during} below the heap after it {after}",
+                t.step
+            ));
+        }
+        if after > t.measured_bytes + HEAP_AFTER_STEP_ABOVE_LIVE {
+            return Err(format!(
+                "step {} ({}): the heap after it, {after} B, is {} B above the live tensors \
+                 ({} B): something outlived the step uncounted",
+                t.step,
+                t.node,
+                after - t.measured_bytes,
+                t.measured_bytes
+            ));
+        }
+    }
+    let step = v.heap_peak_step.ok_or("no heap peak step")?;
+    let at = v
+        .timeline
+        .get(step)
+        .and_then(|t| t.heap_peak_bytes)
+        .ok_or("heap peak step out of range")?;
+    let most = v
+        .timeline
+        .iter()
+        .filter_map(|t| t.heap_peak_bytes)
+        .max()
+        .unwrap_or(0);
+    if at != most || peak < most {
+        return Err(format!(
+            "heap peak {peak} B, step {step}'s {at} B, the steps' highest {most} B"
+        ));
+    }
+    Ok(())
+}
+
+/// One model at 1.0×, 0.6× and 0.4× store-all peak (where feasible); when neither smaller
+/// budget is feasible, at the least feasible budget instead, so that every model runs a plan
+/// that recomputes. Returns a line for the report.
+fn run_model(
+    name: &str,
+    bytes: &[u8],
+    dims: &[(&str, u64)],
+    device: ExecDevice,
+) -> Result<String, String> {
+    let (model, tg) = import(bytes, dims);
+    let problem = tg.to_problem();
+    let peak = store_all_peak(&problem);
+    let mut schedules = vec![];
+    let mut labels = vec![];
+    for f in [1.0, 0.6, 0.4] {
+        let budget = (peak as f64 * f).ceil() as u64;
+        if let Some(s) = plan_at(&tg, budget) {
+            schedules.push((s, Some(budget)));
+            labels.push(format!("{f}x"));
+        }
+    }
+    if schedules.len() == 1 {
+        let min = min_feasible_budget(&problem).bytes;
+        let budget = min + (peak - min.min(peak)) / 4;
+        if let Some(s) = plan_at(&tg, budget) {
+            schedules.push((s, Some(budget)));
+            labels.push(format!("{:.2}x", budget as f64 / peak as f64));
+        }
+    }
+    let mut ex = Executor::new(&model, &tg, bytes, device, 0).map_err(|e| e.to_string())?;
+    let vs = validate_with(
+        &mut ex,
+        &tg,
+        &schedules,
+        // One store-all run: the test checks gradients and memory, not time.
+        &ValidateOptions {
+            device,
+            repeat_reference: false,
+            ..ValidateOptions::default()
+        },
+        &mut |_, _, _| {},
+    )
+    .map_err(|e| e.to_string())?;
+    let mut line = format!("{name} ({}):", device.name());
+    for (v, l) in vs.iter().zip(&labels) {
+        check(v, &format!("{name} at {l}"))?;
+        let (above, at) = v
+            .timeline
+            .iter()
+            .filter_map(|t| Some((t.heap_bytes? as i64 - t.measured_bytes as i64, t)))
+            .max_by_key(|(a, _)| *a)
+            .map_or((0, String::new()), |(a, t)| {
+                (a, format!(" step {} {}", t.step, t.node))
+            });
+        line.push_str(&format!(
+            " {l} peak {} / {} ({:+.2}%) heap {} (after a step, at most {above} B above live{at}) device {} grad {:.1e} recomp {} time {:+.0}%;",
+            v.measured_peak_bytes,
+            v.predicted_peak_bytes,
+            100.0 * v.peak_rel_diff,
+            v.heap_peak_bytes
+                .map(|h| h.to_string())
+                .unwrap_or("-".into()),
+            v.device_peak_bytes
+                .map(|h| h.to_string())
+                .unwrap_or("-".into()),
+            v.grad_max_rel_err,
+            v.recomputations,
+            100.0 * v.measured_overhead
+        ));
+    }
+    Ok(line)
+}
+
+/// Whether this build has CUDA and this machine a GPU it can open.
+fn cuda_at_hand() -> bool {
+    match ExecDevice::Cuda.open() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("no CUDA device in this build or on this machine ({e}): skipped");
+            false
+        }
+    }
+}
+
+/// The manifest's models that run on the executor (`executor` field absent or not `false`).
+#[test]
+fn fixture_models_run_their_plans() {
+    fixture_models_run_their_plans_on(ExecDevice::Cpu);
+}
+
+/// The same validation on a GPU, where one is at hand (the `cuda` feature and a device):
+/// gradients against the GPU's own store-all run, the executor's accounting against the
+/// prediction, the device's memory in use reported beside it.
+#[test]
+fn fixture_models_run_their_plans_on_cuda() {
+    if cuda_at_hand() {
+        fixture_models_run_their_plans_on(ExecDevice::Cuda);
+    }
+}
+
+fn fixture_models_run_their_plans_on(device: ExecDevice) {
+    let manifest = json("manifest.json");
+    let mut failures = vec![];
+    let mut ran = 0;
+    for entry in manifest["models"].as_array().expect("models") {
+        let name = entry["name"].as_str().unwrap_or("?");
+        // `REMAT_EXEC_FIXTURES=a,b` runs only those models (while working on them).
+        if let Ok(only) = std::env::var("REMAT_EXEC_FIXTURES") {
+            if !only.split(',').any(|n| n == name) {
+                continue;
+            }
+        }
+        let exec = &entry["executor"];
+        let file = fixtures_dir().join(entry["file"].as_str().expect("file"));
+        let bytes = std::fs::read(&file).expect("fixture file");
+        // The manifest's dims at batch 1 (or the executor's own), so the suite stays fast.
+        let mut dims: Vec<(&str, u64)> = entry["dims"]
+            .as_object()
+            .map(|d| {
+                d.iter()
+                    .map(|(k, v)| (k.as_str(), v.as_u64().unwrap_or(1)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for d in dims.iter_mut().filter(|d| d.0 == "batch") {
+            d.1 = exec["batch"].as_u64().unwrap_or(1);
+        }
+        match run_model(name, &bytes, &dims, device) {
+            Ok(line) => {
+                ran += 1;
+                eprintln!("{line}");
+                if let Some(reason) = exec["unsupported"].as_str() {
+                    failures.push(format!(
+                        "{name} now runs: remove its `unsupported` note ({reason})"
+                    ));
+                }
+            }
+            Err(e) => match exec["unsupported"].as_str() {
+                // A model the executor cannot run yet must fail with the error the manifest
+                // records (a missing kernel), nothing else.
+                Some(expected) if e.contains(expected) => {}
+                _ => failures.push(e),
+            },
+        }
+    }
+    eprintln!("{ran} fixture model(s) ran");
+    assert!(ran > 0, "no fixture model ran");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn read_f32(data: &[u8], t: &Value) -> Vec<f32> {
+    let off = t["offset"].as_u64().expect("offset") as usize;
+    let n = t["nbytes"].as_u64().expect("nbytes") as usize;
+    data[off..off + n]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn read_i64(data: &[u8], t: &Value) -> Vec<i64> {
+    let off = t["offset"].as_u64().expect("offset") as usize;
+    let n = t["nbytes"].as_u64().expect("nbytes") as usize;
+    data[off..off + n]
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect()
+}
+
+/// Store-all gradients equal PyTorch's on the same weights and inputs (≤ 1e-4 relative).
+#[test]
+fn store_all_gradients_match_pytorch() {
+    store_all_gradients_match_pytorch_on(ExecDevice::Cpu);
+}
+
+/// The same on a GPU, where one is at hand (PyTorch's gradients were computed on the CPU).
+#[test]
+fn store_all_gradients_match_pytorch_on_cuda() {
+    if cuda_at_hand() {
+        store_all_gradients_match_pytorch_on(ExecDevice::Cuda);
+    }
+}
+
+fn store_all_gradients_match_pytorch_on(device: ExecDevice) {
+    let manifest = json("grad/manifest.json");
+    let mut failures = vec![];
+    for entry in manifest["models"].as_array().expect("models") {
+        let name = entry["name"].as_str().expect("name");
+        let bytes = std::fs::read(fixtures_dir().join(entry["file"].as_str().expect("file")))
+            .expect("onnx");
+        let data =
+            std::fs::read(fixtures_dir().join(entry["data"].as_str().expect("data"))).expect("bin");
+        let dims: Vec<(String, u64)> = entry["dims"]
+            .as_object()
+            .expect("dims")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().expect("dim")))
+            .collect();
+        let dims_ref: Vec<(&str, u64)> = dims.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let (model, tg) = import(&bytes, &dims_ref);
+        let mut ex = Executor::new(&model, &tg, &bytes, device, 0).expect("executor");
+        assert_eq!(
+            ex.sources.params_seeded, 0,
+            "{name}: every parameter is stored in the file"
+        );
+        let tensors = entry["tensors"].as_array().expect("tensors");
+        for t in tensors.iter().filter(|t| t["role"] == "input") {
+            let shape: Vec<usize> = t["shape"]
+                .as_array()
+                .expect("shape")
+                .iter()
+                .map(|d| d.as_u64().expect("dim") as usize)
+                .collect();
+            let v = match t["dtype"].as_str() {
+                Some("f32") => Tensor::from_vec(read_f32(&data, t), shape, &Device::Cpu),
+                _ => Tensor::from_vec(read_i64(&data, t), shape, &Device::Cpu),
+            }
+            .expect("tensor");
+            ex.set_input(t["name"].as_str().expect("name"), v)
+                .expect("input");
+        }
+        let r = ex
+            .run(&store_all(&tg.to_problem()), &mut |_, _| {})
+            .expect("store-all run");
+        let want_loss = entry["loss_value"].as_f64().expect("loss");
+        if (r.loss - want_loss).abs() > 1e-4 * want_loss.abs().max(1.0) {
+            failures.push(format!("{name}: loss {} vs PyTorch {want_loss}", r.loss));
+        }
+        let mut worst: f64 = 0.0;
+        // A gradient that is zero in exact arithmetic (a convolution's bias before a
+        // training-mode BatchNorm) is compared on the model's scale: the relative error's
+        // denominator is floored at 1% of the model's largest gradient.
+        let model_scale = tensors
+            .iter()
+            .filter(|t| t["role"] == "grad")
+            .flat_map(|t| read_f32(&data, t))
+            .fold(0f64, |m, x| m.max(f64::from(x.abs())));
+        for t in tensors.iter().filter(|t| t["role"] == "grad") {
+            let pname = t["name"].as_str().expect("name");
+            let want = read_f32(&data, t);
+            let Some((_, g)) = r
+                .grads
+                .iter()
+                .find(|(v, _)| model.values[**v].name == pname)
+            else {
+                failures.push(format!("{name}: no gradient for {pname}"));
+                continue;
+            };
+            let got = flat(g).expect("grad");
+            let scale = want
+                .iter()
+                .fold(1e-2 * model_scale, |m, x| m.max(f64::from(x.abs())));
+            let diff = got
+                .iter()
+                .zip(&want)
+                .fold(0f64, |m, (a, b)| m.max((a - f64::from(*b)).abs()));
+            let rel = if scale > 0.0 { diff / scale } else { diff };
+            eprintln!("  {name} {pname}: max |remat - PyTorch| {diff:.2e}, relative {rel:.2e}");
+            worst = worst.max(rel);
+            if rel > 1e-4 {
+                failures.push(format!(
+                    "{name}: d loss / d {pname}: relative error {rel:.2e} > 1e-4"
+                ));
+            }
+        }
+        eprintln!(
+            "{name} ({}): loss {:.7} (PyTorch {want_loss:.7}), worst gradient relative error {worst:.2e}",
+            device.name(),
+            r.loss
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn tiny_cnn() -> (Vec<u8>, Model, TrainingGraph) {
+    let bytes = std::fs::read(fixtures_dir().join("grad/tiny_cnn.onnx")).expect("onnx");
+    let (m, tg) = import(&bytes, &[("batch", 2)]);
+    (bytes, m, tg)
+}
+
+#[test]
+fn a_schedule_that_frees_a_needed_value_is_an_error_naming_the_step() {
+    let (bytes, model, tg) = tiny_cnn();
+    let p = tg.to_problem();
+    let mut s = store_all(&p);
+    // Free the first value right after computing it, before its users run.
+    let first = s
+        .steps
+        .iter()
+        .position(|st| matches!(st, Step::Compute(_)))
+        .expect("a compute");
+    let Step::Compute(v) = s.steps[first] else {
+        unreachable!()
+    };
+    s.steps.retain(|st| *st != Step::Free(v));
+    s.steps.insert(first + 1, Step::Free(v));
+    let e = validate(
+        &model,
+        &tg,
+        &bytes,
+        &s,
+        &ValidateOptions::default(),
+        &mut |_, _, _| {},
+    )
+    .expect_err("invalid schedule");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("not valid for this model") && msg.contains("step"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_plan_for_another_model_is_rejected() {
+    let (bytes, model, tg) = tiny_cnn();
+    let other = std::fs::read(fixtures_dir().join("grad/mlp_ln_gelu.onnx")).expect("onnx");
+    let (_, tg2) = import(&other, &[("batch", 2)]);
+    let s = store_all(&tg2.to_problem());
+    let e = validate(
+        &model,
+        &tg,
+        &bytes,
+        &s,
+        &ValidateOptions::default(),
+        &mut |_, _, _| {},
+    )
+    .expect_err("another model's schedule");
+    assert!(e.to_string().contains("not valid for this model"), "{e}");
+}
+
+#[test]
+fn a_budget_the_run_exceeds_fails_the_validation() {
+    let (bytes, model, tg) = tiny_cnn();
+    let s = store_all(&tg.to_problem());
+    let opts = ValidateOptions {
+        budget_bytes: Some(1000),
+        ..ValidateOptions::default()
+    };
+    let v = validate(&model, &tg, &bytes, &s, &opts, &mut |_, _, _| {}).expect("runs");
+    assert!(!v.ok);
+    assert!(
+        v.problems
+            .iter()
+            .any(|p| p.contains("exceeds the budget 1000 B")),
+        "{:?}",
+        v.problems
+    );
+    // The gradients themselves are right: only the budget check failed.
+    assert!(v.grad_max_rel_err <= 1e-6);
+}
+
+#[test]
+fn cuda_without_the_feature_says_so() {
+    match ExecDevice::Cuda.open() {
+        Ok(d) => assert!(cfg!(feature = "cuda") && d.is_cuda()),
+        Err(e) if cfg!(feature = "cuda") => {
+            // Built with CUDA on a machine without a usable GPU: an error naming the device.
+            assert!(e.to_string().contains("device cuda:"), "{e}");
+        }
+        Err(e) => assert!(e.to_string().contains("not compiled with CUDA"), "{e}"),
+    }
+}
+
+/// Where a GPU is at hand (the `cuda` feature and a device): the validation of a plan that
+/// recomputes runs there too, with gradients checked against the same device's store-all run
+/// and the device's memory sampled per step. Without one it checks nothing and says so.
+#[test]
+fn plans_validate_on_cuda_when_a_gpu_is_present() {
+    if !cuda_at_hand() {
+        return;
+    }
+    let bytes = std::fs::read(fixtures_dir().join("grad/tiny_cnn.onnx")).expect("onnx");
+    let (model, tg) = import(&bytes, &[("batch", 2)]);
+    let p = tg.to_problem();
+    let peak = store_all_peak(&p);
+    let budget = (peak as f64 * 0.8) as u64;
+    let (s, budget_bytes) = match plan_at(&tg, budget) {
+        Some(s) => (s, Some(budget)),
+        None => (store_all(&p), None),
+    };
+    let opts = ValidateOptions {
+        device: ExecDevice::Cuda,
+        budget_bytes,
+        ..ValidateOptions::default()
+    };
+    let v = validate(&model, &tg, &bytes, &s, &opts, &mut |_, _, _| {}).expect("validates on CUDA");
+    assert_eq!(v.device, "cuda");
+    assert!(v.grad_max_rel_err <= 1e-6, "{}", v.grad_max_rel_err);
+    assert!(v.peak_rel_diff.abs() <= 0.02, "{}", v.peak_rel_diff);
+    assert!(v.device_peak_bytes.is_some());
+}
+
+#[test]
+fn a_tight_plan_recomputes_and_keeps_gradients_identical() {
+    // Dropout replay is covered by the fixture models with active dropout (GPT-2, BERT).
+    let bytes = std::fs::read(fixtures_dir().join("grad/gpt2_tiny.onnx")).expect("onnx");
+    let (model, tg) = import(&bytes, &[("batch", 2), ("seq", 8)]);
+    let p = tg.to_problem();
+    let peak = store_all_peak(&p);
+    let (_, r) = plan(&p, &PlanOptions::new(1)).expect("plans");
+    let min = r
+        .min_feasible_budget_bytes
+        .unwrap_or_else(|| min_feasible_budget(&p).bytes);
+    let s = plan_at(&tg, min + (peak - min) / 5).expect("feasible");
+    let v = validate(
+        &model,
+        &tg,
+        &bytes,
+        &s,
+        &ValidateOptions::default(),
+        &mut |_, _, _| {},
+    )
+    .expect("runs");
+    assert!(v.recomputations > 0, "the plan recomputes");
+    check(&v, "gpt2_tiny").unwrap();
+    // Timed in pairs of rounds; the overhead is their median, inside their range.
+    assert!(
+        v.timing_rounds >= 2 && v.timing_rounds.is_multiple_of(2),
+        "{} timing rounds",
+        v.timing_rounds
+    );
+    assert!(v.timing_rounds <= remat_exec::validate::MAX_TIMING_ROUNDS);
+    let [lo, hi] = v.measured_overhead_range;
+    assert!(
+        lo <= v.measured_overhead && v.measured_overhead <= hi,
+        "{lo} <= {} <= {hi}",
+        v.measured_overhead
+    );
+}
+
+/// Without timing rounds, the times come from the measured run alone.
+#[test]
+fn without_timing_rounds_one_run_times_each_schedule() {
+    let (bytes, model, tg) = tiny_cnn();
+    let s = store_all(&tg.to_problem());
+    let opts = ValidateOptions {
+        repeat_reference: false,
+        ..ValidateOptions::default()
+    };
+    let v = validate(&model, &tg, &bytes, &s, &opts, &mut |_, _, _| {}).expect("runs");
+    assert_eq!(v.timing_rounds, 1);
+    assert_eq!(v.measured_overhead_range, [v.measured_overhead; 2]);
+    assert!(v.step_seconds > 0.0 && v.store_all_step_seconds > 0.0);
+}
+
+#[test]
+fn batchnorm_running_statistics_are_written_once_even_when_recomputed() {
+    let (bytes, model, tg) = tiny_cnn();
+    let p = tg.to_problem();
+    let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0).expect("executor");
+    let reference = ex.run(&store_all(&p), &mut |_, _| {}).expect("store-all");
+    assert_eq!(reference.running_stat_updates, 1);
+    assert_eq!(
+        reference.running_stats.len(),
+        2,
+        "running mean and variance"
+    );
+    // Compute the BatchNormalization node twice: its second computation must not write again.
+    let bn = tg
+        .nodes
+        .iter()
+        .position(|n| n.op == "BatchNormalization" && n.id.starts_with("f:"))
+        .expect("a BatchNormalization node");
+    let mut s = store_all(&p);
+    let at = s
+        .steps
+        .iter()
+        .position(|st| *st == Step::Compute(bn))
+        .unwrap();
+    s.steps.insert(at + 1, Step::Free(bn));
+    s.steps.insert(at + 2, Step::Compute(bn));
+    let again = ex.run(&s, &mut |_, _| {}).expect("recomputing run");
+    assert_eq!(again.node_runs[bn], 2);
+    assert_eq!(again.running_stat_updates, 1);
+    for (v, t) in &reference.running_stats {
+        assert_eq!(flat(t).unwrap(), flat(&again.running_stats[v]).unwrap());
+    }
+}
+
+/// Another thread's allocations during a run are not the run's: a thread that holds 64 MiB
+/// from the run's first step to its end leaves the heap figures as they are without it (the
+/// service runs other jobs, and this binary other tests, beside a measured run).
+#[test]
+fn another_threads_allocations_are_not_the_runs() {
+    use std::sync::mpsc;
+    let (bytes, model, tg) = tiny_cnn();
+    let s = store_all(&tg.to_problem());
+    let run = |progress: &mut (dyn FnMut(usize, usize) + Send)| {
+        let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0).expect("executor");
+        ex.run(&s, progress).expect("runs")
+    };
+    let alone = run(&mut |_, _| {});
+    let (ask, asked) = mpsc::channel::<()>();
+    let (done, held) = mpsc::channel::<()>();
+    let (release, released) = mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        asked.recv().expect("asked");
+        let big = vec![1u8; 64 << 20];
+        done.send(()).expect("reply");
+        released.recv().expect("released");
+        drop(std::hint::black_box(big));
+    });
+    let mut first = true;
+    let beside = run(&mut move |_, _| {
+        if std::mem::take(&mut first) {
+            ask.send(()).expect("ask");
+            held.recv().expect("allocated");
+        }
+    });
+    release.send(()).expect("release");
+    other.join().expect("the other thread");
+    let (a, b) = (
+        alone.heap_peak_bytes.expect("counted"),
+        beside.heap_peak_bytes.expect("counted"),
+    );
+    assert!(
+        b < a + (1 << 20),
+        "a run beside a thread holding 64 MiB peaked at {b} B, alone at {a} B"
+    );
+    let (la, lb) = (
+        alone
+            .steps
+            .last()
+            .and_then(|t| t.heap_bytes)
+            .expect("counted"),
+        beside
+            .steps
+            .last()
+            .and_then(|t| t.heap_bytes)
+            .expect("counted"),
+    );
+    assert!(
+        lb < la + (1 << 20),
+        "heap after the run: {lb} B beside, {la} B alone"
+    );
+}
