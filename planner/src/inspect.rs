@@ -10,16 +10,19 @@ use std::fmt;
 
 /// A graph input or output.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TensorInfo {
     pub name: String,
     /// `None` when the value is downstream of an unsupported node.
     pub dtype: Option<String>,
     pub shape: Option<Vec<u64>>,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub kind: ValueKind,
 }
 
 /// One training node as the report lists it; `deps` are node ids.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TrainingNodeInfo {
     pub id: String,
     pub name: String,
@@ -34,6 +37,7 @@ pub struct TrainingNodeInfo {
 
 /// The inspect report. Training fields are `None` when `unsupported` is not empty.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InspectReport {
     pub producer: String,
     pub opset: i64,
@@ -45,6 +49,7 @@ pub struct InspectReport {
     pub outputs: Vec<TensorInfo>,
     /// Symbolic dims with their bound values.
     pub symbolic_dims: BTreeMap<String, u64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub unsupported: Vec<UnsupportedNode>,
     pub training_nodes: Option<usize>,
     pub params_bytes: Option<u64>,
@@ -55,6 +60,7 @@ pub struct InspectReport {
     /// Peak of the natural order with free-after-last-use (`remat_solver::store_all_peak`).
     pub store_all_peak_bytes: Option<u64>,
     /// The storages behind `saved_activation_bytes`, largest first.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Object>>))]
     pub saved: Option<Vec<SavedTensor>>,
     pub training: Option<Vec<TrainingNodeInfo>>,
 }

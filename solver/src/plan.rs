@@ -116,6 +116,7 @@ impl PlanOptions {
 
 /// How good the returned schedule is known to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = PlanStatus))]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// Proven optimal (the chain DP, or a lower bound within 0.01% of the cost).
@@ -129,6 +130,7 @@ pub enum Status {
 /// What the returned schedule does, as [`simulate`] measures it. All zero, with no per-step
 /// memory, when the plan is infeasible.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Predicted {
     pub peak_bytes: u64,
     pub compute_cost: f64,
@@ -141,6 +143,7 @@ pub struct Predicted {
 /// A proven lower bound on the compute cost of any schedule within the budget (in Checkmate's
 /// stage model for MILP/LP bounds).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LowerBound {
     pub compute_cost: f64,
     /// What proved it.
@@ -149,6 +152,7 @@ pub struct LowerBound {
 
 /// Where a lower bound comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BoundSource {
     /// Every needed node is computed at least once: the store-all cost.
@@ -179,6 +183,7 @@ impl BoundSource {
 
 /// One baseline beside the plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BaselineReport {
     pub name: String,
     pub peak_bytes: u64,
@@ -190,6 +195,7 @@ pub struct BaselineReport {
 
 /// The answer to a plan request.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PlanReport {
     pub status: Status,
     /// The algorithm that produced the returned schedule.
@@ -214,6 +220,7 @@ pub struct PlanReport {
 
 /// One point of a budget sweep.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ParetoPoint {
     pub budget_bytes: u64,
     /// Budget as a fraction of the store-all peak.

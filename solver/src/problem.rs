@@ -9,6 +9,7 @@ pub type NodeId = usize;
 
 /// What a node is in the training step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NodeKind {
     Forward,

@@ -23,12 +23,14 @@ pub struct Schedule {
 /// A schedule step in the interchange format: `{"op": "compute" | "free", "node": ID}` where ID
 /// is the node's id in the input.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepJson {
     pub op: StepOp,
     pub node: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StepOp {
     Compute,

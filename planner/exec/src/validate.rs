@@ -52,6 +52,7 @@ impl Default for ValidateOptions {
 
 /// One step of the timeline: predicted (the simulator's) and measured bytes after it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TimelinePoint {
     pub step: usize,
     pub op: &'static str,
@@ -75,6 +76,7 @@ pub struct TimelinePoint {
 
 /// A node whose computed value does not hold the bytes the training graph predicts.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BytesMismatch {
     pub node: String,
     pub op: String,
@@ -84,6 +86,7 @@ pub struct BytesMismatch {
 
 /// Time spent per op type in the plan's run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OpTime {
     pub op: String,
     pub seconds: f64,
@@ -92,6 +95,7 @@ pub struct OpTime {
 
 /// The result of running a plan (the JSON `validation` object).
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Validation {
     pub ran: bool,
     pub device: &'static str,
