@@ -1,13 +1,14 @@
 //! `remat validate`, `remat plan --validate` and `remat plan --bound-time` as a user runs them:
 //! exit codes and what they say.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn root() -> PathBuf {
-    common::manifest_dir().parent().unwrap().to_path_buf()
+    crate::common::manifest_dir()
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn remat(args: &[&str]) -> Output {

@@ -5,13 +5,11 @@
 //! and saves screenshots under `web/tests/out/`. The script installs chromium (apt) and the npm
 //! test dependencies when they are missing. The viewer's unit tests run first (`node --test`).
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
 fn web_tests() -> PathBuf {
-    common::manifest_dir().join("../web/tests")
+    crate::common::manifest_dir().join("../web/tests")
 }
 
 #[test]

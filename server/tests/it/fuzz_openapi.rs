@@ -4,11 +4,9 @@
 //! content types, and sometimes the wrong method. No request may get a 5xx or crash the
 //! server, and every 4xx must carry the one error shape.
 
-mod common;
-
+use crate::common::{test_app_with, test_config, TestApp};
 use axum::body::Body;
 use axum::http::Request;
-use common::{test_app_with, test_config, TestApp};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
 use serde_json::{json, Value};

@@ -2,11 +2,9 @@
 //! `../shared/bench/graphs` and an ONNX fixture from `fixtures/models`, and the errors a client
 //! can act on as the pipeline reports them.
 
-mod common;
-
+use crate::common::{Reply, TestApp};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::{Reply, TestApp};
 use remat_server::http::{app, AppState, Config, Store};
 use remat_server::pipeline::Pipeline;
 use serde_json::Value;
@@ -45,7 +43,7 @@ impl Real {
 }
 
 fn root() -> PathBuf {
-    common::manifest_dir().join("..")
+    crate::common::manifest_dir().join("..")
 }
 
 fn vgg16_train() -> Vec<u8> {

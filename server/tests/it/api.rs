@@ -1,12 +1,10 @@
 //! API v1 through `app(...).oneshot(...)` with test engines, and on a real loopback port
 //! across a restart.
 
-mod common;
-
+use crate::common::*;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use base64::Engine as _;
-use common::*;
 use remat_server::http::{serve_on, AppState, Config, Store};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;

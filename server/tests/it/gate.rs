@@ -1,12 +1,10 @@
 //! `remat gate` end to end: the binary on two versions of a fixture model.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn fixtures() -> PathBuf {
-    common::manifest_dir().join("../fixtures/gate")
+    crate::common::manifest_dir().join("../fixtures/gate")
 }
 
 fn remat(dir: &Path, args: &[&str]) -> Output {
