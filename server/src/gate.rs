@@ -13,7 +13,7 @@
 //!   optimal, the comparison widens the tolerance by the solver's reported gap (the largest amount
 //!   by which a better schedule could lower the figure), so a gated change is never timing noise.
 
-use crate::engine::PlanRequest;
+use crate::engine::{ModelFormat, PlanRequest};
 use crate::pipeline;
 use remat_solver::plan::{self, Status};
 use remat_solver::{baselines, budget, dp, simulate, Problem};
@@ -49,7 +49,9 @@ pub struct GateConfig {
     pub models: Vec<ModelConfig>,
 }
 
-/// One `[[model]]` table.
+/// One `[[model]]` table: a file format of its own (a required budget, the gate's
+/// `max_overhead` and `tolerance`), whose planning options become a [`PlanRequest`]
+/// ([`ModelConfig::request`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
@@ -73,6 +75,23 @@ pub struct ModelConfig {
     pub params: Vec<String>,
     #[serde(default)]
     pub inputs: Vec<String>,
+}
+
+impl ModelConfig {
+    /// The options the gate plans this model with (the solver's time limit defaults to
+    /// [`DEFAULT_TIME_LIMIT`]).
+    pub fn request(&self) -> PlanRequest {
+        PlanRequest {
+            budget: Some(self.budget.clone()),
+            dims: self.dims.clone(),
+            solver: self.solver.clone(),
+            time_limit: Some(self.time_limit.unwrap_or(DEFAULT_TIME_LIMIT)),
+            name: Some(self.name.clone()),
+            params: self.params.clone(),
+            inputs: self.inputs.clone(),
+            ..PlanRequest::default()
+        }
+    }
 }
 
 /// The figures of one model.
@@ -311,18 +330,9 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
     let path = base_dir.join(&model.path);
     let bytes =
         std::fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
-    let req = PlanRequest {
-        budget: Some(model.budget.clone()),
-        dims: model.dims.clone(),
-        solver: model.solver.clone(),
-        time_limit: Some(model.time_limit.unwrap_or(DEFAULT_TIME_LIMIT)),
-        name: Some(model.name.clone()),
-        params: model.params.clone(),
-        inputs: model.inputs.clone(),
-        ..PlanRequest::default()
-    };
+    let req = model.request();
     let loaded =
-        pipeline::load(&bytes, pipeline::detect(&bytes), &req).map_err(|e| err(e.message))?;
+        pipeline::load(&bytes, ModelFormat::detect(&bytes), &req).map_err(|e| err(e.message))?;
     let p = &loaded.problem;
     let store_all = remat_solver::store_all_peak(p);
     let min_budget = budget::min_feasible_budget(p).bytes;

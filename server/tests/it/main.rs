@@ -7,6 +7,7 @@
 mod api;
 mod api_pipeline;
 mod common;
+mod documents;
 mod fuzz_openapi;
 mod gate;
 mod validate_cli;

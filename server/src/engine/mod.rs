@@ -1,39 +1,57 @@
 //! The seam between the HTTP service and the planning pipeline.
 //!
-//! The service (`api`, `jobs`, `store`) only knows this trait: it hands over model bytes and
-//! options and gets a JSON plan document or an [`EngineError`] that says which HTTP status fits.
-//! [`crate::pipeline::Pipeline`] is the real engine (planner + solver); tests of the job
-//! machinery may use their own engines (slow, failing, panicking) to exercise queueing, timeouts
-//! and failure handling.
+//! The service (`http`: routes, jobs, store) only knows this module: it hands over model bytes
+//! and a [`PlanRequest`] and gets a JSON plan document or an [`EngineError`] that says which
+//! HTTP status fits. [`document`] holds the documents' types, whose schemas the OpenAPI
+//! document shows. `crate::pipeline::Pipeline` is the real engine (planner + solver); tests of
+//! the job machinery may use their own engines (slow, failing, panicking) to exercise queueing,
+//! timeouts and failure handling.
+//!
+//! Architecture invariant: this module knows neither the pipeline nor HTTP; both depend on it.
+
+pub mod document;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use utoipa::ToSchema;
 
-/// Options of one plan or sweep request, as the API and the CLI accept them.
+/// Options of one plan or sweep request: the one declaration of them. The API reads it from
+/// the query string (the repeatable `dim`, `param`, `input` and `fraction`) and from an
+/// envelope's `options`; the CLI's subcommands and the gate's
+/// `[[model]]` tables build it from their own arguments. Its JSON (this field order) is what
+/// the service stores with a plan and keys its plan cache on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PlanRequest {
-    /// Budget: bytes ("123"), a size ("2GiB", "800MB") or a fraction of store-all peak ("0.6x").
+    /// Budget: bytes ("123"; in an envelope also a whole number), a size ("2GiB", "800MB") or
+    /// a fraction of the store-all peak ("0.6x").
     pub budget: Option<String>,
-    /// Symbolic dimensions to bind, NAME -> VALUE.
+    /// Symbolic dimensions to bind, NAME -> VALUE; in a query `dim=NAME=VALUE`, repeatable
+    /// (`dim=batch=2&dim=seq=128`).
     #[serde(default)]
     pub dims: BTreeMap<String, u64>,
-    /// Algorithm name: auto (default), ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
+    /// Algorithm: auto (default), ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
     pub solver: Option<String>,
-    /// Seconds the solver may spend.
+    /// Seconds the solver may spend (the service clamps it to its cap).
     pub time_limit: Option<f64>,
-    /// Extra seconds, after the schedule is found, for a lower bound from the boundary model
-    /// (`remat_solver::plan::PlanOptions::bound_time`; none by default).
+    /// Extra seconds, after the schedule is found, to prove a lower bound on its cost where
+    /// nothing proved one (graphs too large for the exact MILP: the boundary model's LP, then
+    /// its MILP; `remat_solver::plan::PlanOptions::bound_time`); clamped like `time_limit`;
+    /// 0 or absent: none.
     pub bound_time: Option<f64>,
     /// Run the executor on the plan (ONNX models only).
     pub validate: Option<bool>,
     /// A display name for the model.
     pub name: Option<String>,
-    /// Graph inputs to treat as parameters / as data (override the importer's rule).
+    /// Graph inputs to treat as parameters (override the importer's rule); in a query
+    /// `param`, repeatable.
     #[serde(default)]
     pub params: Vec<String>,
+    /// Graph inputs to treat as data (override the importer's rule); in a query `input`,
+    /// repeatable.
     #[serde(default)]
     pub inputs: Vec<String>,
-    /// Budget fractions for a sweep (default: a grid from the minimum feasible budget to 1.0x).
+    /// Budget fractions of the store-all peak for a sweep (default: 1.0 down to 0.2); in a
+    /// query `fraction`, repeatable.
     #[serde(default)]
     pub fractions: Vec<f64>,
 }
@@ -87,20 +105,31 @@ impl EngineError {
     }
 }
 
-/// A model as posted: the raw bytes and what they are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What a posted model is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelFormat {
     Onnx,
     GraphJson,
 }
 
+impl ModelFormat {
+    /// Which format the bytes are in: graph JSON when the first non-blank byte is `{`, else
+    /// ONNX.
+    pub fn detect(model: &[u8]) -> ModelFormat {
+        match model.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'{') => ModelFormat::GraphJson,
+            _ => ModelFormat::Onnx,
+        }
+    }
+}
+
 /// The planning pipeline as the service sees it. Implementations are blocking (CPU bound) and
 /// are called from worker threads, never from the async runtime.
 pub trait Engine: Send + Sync + 'static {
     /// Plans one model. `progress` is called when the job enters a new phase. The returned
-    /// document is the plan as the API returns it under `plan` (summary, decisions, baselines,
-    /// schedule, validation).
+    /// document is the plan as the API returns it under `plan` (the real engine's is a
+    /// [`document::PlanDocument`]).
     fn plan(
         &self,
         model: &[u8],
@@ -109,7 +138,8 @@ pub trait Engine: Send + Sync + 'static {
         progress: &dyn Fn(Phase),
     ) -> Result<serde_json::Value, EngineError>;
 
-    /// The Pareto frontier (budget -> overhead) of one model, with the baselines.
+    /// The Pareto frontier (budget -> overhead) of one model, with the baselines (the real
+    /// engine's is a [`document::SweepDocument`]).
     fn sweep(
         &self,
         model: &[u8],
@@ -117,8 +147,8 @@ pub trait Engine: Send + Sync + 'static {
         request: &PlanRequest,
     ) -> Result<serde_json::Value, EngineError>;
 
-    /// Which format the bytes are in: graph JSON when the first non-blank byte is `{`, else ONNX.
+    /// Which format the bytes are in ([`ModelFormat::detect`]).
     fn detect(&self, model: &[u8]) -> ModelFormat {
-        crate::pipeline::detect(model)
+        ModelFormat::detect(model)
     }
 }

@@ -1,0 +1,56 @@
+//! The command line: one module per subcommand, each with its arguments and an `exec` that
+//! calls the library and decides the exit code ([`common::Failure`]).
+
+pub mod common;
+mod gate;
+mod inspect;
+mod plan;
+mod serve;
+mod sweep;
+mod validate;
+
+use clap::{Parser, Subcommand};
+use common::Failure;
+
+#[derive(Parser)]
+#[command(name = "remat", version, about = "Plans activation checkpointing (rematerialization) for neural-network training", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the planning service (HTTP API and plan store)
+    Serve(serve::ServeArgs),
+    /// Import an ONNX model and summarize its training graph
+    Inspect(inspect::InspectArgs),
+    /// Plan a model or node-link graph under a memory budget
+    Plan(plan::PlanArgs),
+    /// The Pareto frontier: overhead at a range of budgets, with the baselines
+    Sweep(sweep::SweepArgs),
+    /// Fail CI when training memory regresses against a baseline (exit 1), 2 on bad input
+    Gate(gate::GateArgs),
+    /// Plan a model and run the plan on the executor: measured memory, time and gradient check
+    /// (exit 1 when the check fails)
+    Validate(validate::ValidateArgs),
+}
+
+impl Command {
+    /// Whether the command serves clients (which may hang up) rather than writing to a pipe.
+    pub fn serves(&self) -> bool {
+        matches!(self, Command::Serve(_))
+    }
+
+    /// Runs the subcommand.
+    pub fn exec(self) -> Result<(), Failure> {
+        match self {
+            Command::Serve(args) => serve::exec(args),
+            Command::Inspect(args) => inspect::exec(args),
+            Command::Plan(args) => plan::exec(args),
+            Command::Sweep(args) => sweep::exec(args),
+            Command::Gate(args) => gate::exec(args),
+            Command::Validate(args) => validate::exec(args),
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! `remat sweep`: the plan's overhead across budgets, with the baselines.
+
+use super::common::{print_document, Failure, ModelArgs};
+use clap::Args;
+use remat_server::engine::{ModelFormat, PlanRequest};
+use remat_server::pipeline::{default_threads, load, sweep_document};
+
+/// The Pareto frontier: overhead at a range of budgets, with the baselines
+#[derive(Args)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Budget fractions of the store-all peak, comma separated
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1.0,0.9,0.8,0.7,0.6,0.5,0.4,0.3"
+    )]
+    fractions: Vec<f64>,
+    /// auto, ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
+    #[arg(long, default_value = "auto")]
+    solver: String,
+    /// Seconds the solver may spend per budget
+    #[arg(long, default_value_t = 10.0)]
+    time_limit: f64,
+    #[arg(long)]
+    json: bool,
+}
+
+impl SweepArgs {
+    /// The request these arguments make.
+    fn request(&self) -> PlanRequest {
+        PlanRequest {
+            solver: Some(self.solver.clone()),
+            time_limit: Some(self.time_limit),
+            fractions: self.fractions.clone(),
+            ..self.model.request()
+        }
+    }
+}
+
+/// Prints the frontier (`--json`: the whole sweep document).
+pub fn exec(args: SweepArgs) -> Result<(), Failure> {
+    let bytes = args.model.read()?;
+    let req = args.request();
+    let loaded = load(&bytes, ModelFormat::detect(&bytes), &req)?;
+    let doc = sweep_document(&loaded, &req, default_threads())?;
+    if args.json {
+        print_document(&doc)
+    } else {
+        print_document(&doc.points)
+    }
+}

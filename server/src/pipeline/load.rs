@@ -1,0 +1,101 @@
+//! Loading a model: ONNX bytes through the planner (import, training graph, inspect report),
+//! node-link JSON through the solver's reader; either way a solver [`Problem`].
+
+use crate::engine::{EngineError, ErrorKind, ModelFormat, PlanRequest};
+use remat_planner::{ImportOptions, InspectReport, Model, PlannerError, TrainingGraph};
+use remat_solver::Problem;
+use serde_json::json;
+
+/// A model ready to plan: the solver problem and, for ONNX models, the importer's report and
+/// what the executor needs to run it.
+pub struct Loaded<'a> {
+    pub problem: Problem,
+    pub format: ModelFormat,
+    pub inspect: Option<InspectReport>,
+    pub exec: Option<ExecModel<'a>>,
+}
+
+/// An imported ONNX model, kept for the executor.
+pub struct ExecModel<'a> {
+    pub model: Model,
+    pub training: TrainingGraph,
+    /// The file's bytes, borrowed from the caller (not copied: only a validation reads them,
+    /// for the stored weights).
+    pub bytes: &'a [u8],
+}
+
+/// The importer's options of a request: dims, parameters, inputs.
+pub fn import_options(req: &PlanRequest) -> ImportOptions {
+    ImportOptions {
+        dims: req.dims.clone(),
+        params: req.params.clone(),
+        inputs: req.inputs.clone(),
+    }
+}
+
+/// Loads a model in either format into a solver problem.
+pub fn load<'a>(
+    model: &'a [u8],
+    format: ModelFormat,
+    req: &PlanRequest,
+) -> Result<Loaded<'a>, EngineError> {
+    let model_bytes = model;
+    match format {
+        ModelFormat::GraphJson => {
+            let text = std::str::from_utf8(model).map_err(|e| {
+                EngineError::new(
+                    ErrorKind::BadInput,
+                    "malformed_graph",
+                    format!("graph JSON is not UTF-8: {e}"),
+                )
+            })?;
+            let name = req.name.clone().unwrap_or_else(|| "graph".to_string());
+            let problem = remat_solver::io::parse_node_link(text, &name).map_err(|e| {
+                EngineError::new(ErrorKind::BadInput, "malformed_graph", e.to_string())
+            })?;
+            Ok(Loaded {
+                problem,
+                format,
+                inspect: None,
+                exec: None,
+            })
+        }
+        ModelFormat::Onnx => {
+            let opts = import_options(req);
+            // `load` reports every unsupported node at once (a 422 listing them).
+            let model = remat_planner::load(model, &opts).map_err(planner_error)?;
+            let training = model.training_graph().map_err(planner_error)?;
+            let report = InspectReport::new(&model, Some(&training));
+            let mut problem = training.to_problem();
+            if let Some(name) = &req.name {
+                problem.name = name.clone();
+            }
+            Ok(Loaded {
+                problem,
+                format,
+                inspect: Some(report),
+                exec: Some(ExecModel {
+                    model,
+                    training,
+                    bytes: model_bytes,
+                }),
+            })
+        }
+    }
+}
+
+/// Maps an importer error to the error a client can act on.
+pub fn planner_error(e: PlannerError) -> EngineError {
+    let message = e.to_string();
+    match &e {
+        PlannerError::Unsupported { nodes } => {
+            EngineError::new(ErrorKind::Unprocessable, "unsupported_ops", message)
+                .with_details(json!({ "unsupported": nodes }))
+        }
+        PlannerError::UnboundDims { names } => {
+            EngineError::new(ErrorKind::Unprocessable, "unbound_dims", message)
+                .with_details(json!({ "names": names }))
+        }
+        _ => EngineError::new(ErrorKind::BadInput, "malformed_model", message),
+    }
+}

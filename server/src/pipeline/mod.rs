@@ -1,0 +1,86 @@
+//! The planning pipeline: model bytes → `Problem` → plan → plan document. [`Pipeline`] is the
+//! real [`Engine`]; the CLI runs the same [`PlanJob`], so the command line and the API give the
+//! same figures.
+//!
+//! The stages, each a module using only those before it: `load` (ONNX or node-link bytes to a
+//! solver problem), `solve` (options, plan, decisions, documents), `execute` (the executor's
+//! run), `costs` (measured costs), `job` (the builder that runs them in order).
+
+mod costs;
+mod execute;
+mod job;
+mod load;
+mod solve;
+
+pub use execute::{exec_error, not_runnable, validate_schedule, validation_report};
+pub use job::{default_threads, Costs, PlanJob, PlanOutcome, Progress, Quiet, Stop};
+pub use load::{import_options, load, planner_error, ExecModel, Loaded};
+pub use solve::{
+    decisions, plan_document, plan_loaded, plan_options, solver_error, sweep_document, Planned,
+    DEFAULT_FRACTIONS, DEFAULT_TIME_LIMIT,
+};
+
+use crate::engine::{Engine, EngineError, ModelFormat, Phase, PlanRequest};
+use serde_json::Value;
+
+/// The real engine: planner + solver.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    /// Threads the exact solver may use.
+    pub threads: usize,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pipeline {
+    /// The engine with [`default_threads`].
+    pub fn new() -> Self {
+        Pipeline {
+            threads: default_threads(),
+        }
+    }
+}
+
+/// A document as the service stores it.
+fn to_value(document: &impl serde::Serialize) -> Result<Value, EngineError> {
+    serde_json::to_value(document).map_err(|e| {
+        EngineError::new(
+            crate::engine::ErrorKind::Internal,
+            "internal",
+            format!("cannot serialize the document: {e}"),
+        )
+    })
+}
+
+impl Engine for Pipeline {
+    fn plan(
+        &self,
+        model: &[u8],
+        format: ModelFormat,
+        request: &PlanRequest,
+        progress: &dyn Fn(Phase),
+    ) -> Result<Value, EngineError> {
+        let job = PlanJob::new(model, request)
+            .threads(self.threads)
+            .on_phase(progress);
+        let outcome = job.run_loaded(load(model, format, request)?)?;
+        if let Some(e) = outcome.stop.infeasible_error() {
+            return Err(e);
+        }
+        to_value(&outcome.document)
+    }
+
+    fn sweep(
+        &self,
+        model: &[u8],
+        format: ModelFormat,
+        request: &PlanRequest,
+    ) -> Result<Value, EngineError> {
+        let loaded = load(model, format, request)?;
+        to_value(&sweep_document(&loaded, request, self.threads)?)
+    }
+}

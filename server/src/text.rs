@@ -1,0 +1,170 @@
+//! The documents as text: what `remat plan` and `remat validate` print without `--json`.
+
+use crate::engine::document::{CostModel, PlanDocument, ValidationReport};
+use crate::human_bytes;
+use remat_exec::Validation;
+use remat_solver::plan::Status;
+use std::fmt::Write as _;
+
+/// A plan: the model, status, budget, figures, gap, baselines, and the cost model and the run
+/// when the document has them.
+pub fn plan_summary(doc: &PlanDocument) -> String {
+    let r = &doc.report;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "model      {} ({} nodes)",
+        doc.graph.info.name, doc.graph.info.nodes
+    );
+    let _ = writeln!(s, "status     {:?} ({})", r.status, r.solver);
+    let _ = writeln!(
+        s,
+        "budget     {} (store-all peak {})",
+        human_bytes(r.budget_bytes),
+        human_bytes(r.store_all_peak_bytes)
+    );
+    if r.status != Status::Infeasible {
+        let _ = writeln!(
+            s,
+            "peak       {}  overhead {:+.2}%  solved in {:.2}s",
+            human_bytes(r.predicted.peak_bytes),
+            100.0 * r.predicted.overhead,
+            r.solve_seconds
+        );
+        if let (Some(gap), Some(lb)) = (r.gap, &r.lower_bound) {
+            let _ = writeln!(
+                s,
+                "gap        {:.2}% to the lower bound ({})",
+                100.0 * gap,
+                lb.source.as_str()
+            );
+        }
+    }
+    let _ = writeln!(s, "baselines");
+    for b in &r.baselines {
+        let _ = writeln!(
+            s,
+            "  {:<12} peak {:>12}  overhead {:>+8.2}%  {}",
+            b.name,
+            human_bytes(b.peak_bytes),
+            100.0 * b.overhead,
+            if b.feasible { "fits" } else { "over budget" }
+        );
+    }
+    costs_and_run(doc, &mut s);
+    s
+}
+
+/// A planned run (`remat validate`): the plan in one line, then the cost model and the run
+/// when the document has them.
+pub fn run_summary(doc: &PlanDocument) -> String {
+    let r = &doc.report;
+    let mut s = format!(
+        "plan       {} at budget {}: predicted peak {}, overhead {:+.2}%\n",
+        r.solver,
+        human_bytes(r.budget_bytes),
+        human_bytes(r.predicted.peak_bytes),
+        100.0 * r.predicted.overhead
+    );
+    costs_and_run(doc, &mut s);
+    s
+}
+
+/// The cost model and the run, when the document has them.
+fn costs_and_run(doc: &PlanDocument, s: &mut String) {
+    if let Some(cm) = &doc.cost_model {
+        let _ = writeln!(s, "{}", cost_summary(cm));
+    }
+    if let ValidationReport::Ran(v) = &doc.validation {
+        s.push_str(&validation_summary(v));
+    }
+}
+
+/// One line on what measured costs changed.
+pub fn cost_summary(cm: &CostModel) -> String {
+    let pct = |v: Option<f64>| {
+        v.map(|x| format!("{:+.2}%", 100.0 * x))
+            .unwrap_or("-".into())
+    };
+    let c = cm.comparison.as_ref();
+    format!(
+        "cost model measured seconds on {} (store-all step {:.3}s): plan by FLOPs {} vs by time {} in measured time; {} node(s) computed differently",
+        cm.device,
+        cm.store_all_seconds,
+        pct(c.and_then(|c| c.flops_plan_measured_overhead)),
+        pct(c.and_then(|c| c.measured_plan_measured_overhead)),
+        c.map(|c| c.nodes_computed_differently.to_string()).unwrap_or("-".into()),
+    )
+}
+
+/// A run of a plan on the executor: checks, peaks, heap, gradients, time, ops, weights.
+pub fn validation_summary(v: &Validation) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "validation {} on {}\n",
+        if v.ok { "passed" } else { "FAILED" },
+        v.device
+    ));
+    s.push_str(&format!(
+        "  peak     predicted {}  measured {} ({:+.2}%)  at step {}\n",
+        human_bytes(v.predicted_peak_bytes),
+        human_bytes(v.measured_peak_bytes),
+        100.0 * v.peak_rel_diff,
+        v.measured_peak_step
+    ));
+    match v.heap_peak_bytes {
+        Some(h) => s.push_str(&format!(
+            "  heap     {} — {}\n",
+            human_bytes(h),
+            v.heap_note
+        )),
+        None => s.push_str(&format!("  heap     {}\n", v.heap_note)),
+    }
+    if let Some(d) = v.device_peak_bytes {
+        s.push_str(&format!(
+            "  device   {} in use at the peak (cuMemGetInfo, the CUDA allocator's cache included)\n",
+            human_bytes(d)
+        ));
+    }
+    s.push_str(&format!(
+        "  grads    max relative error {:.2e} over {} parameters (store-all loss {:.6}, plan loss {:.6})\n",
+        v.grad_max_rel_err, v.params_checked, v.store_all_loss, v.loss
+    ));
+    s.push_str(&format!(
+        "  time     step {:.3}s vs store-all {:.3}s: measured overhead {:+.2}% ({}; predicted {:+.2}%), {} recomputation(s)\n",
+        v.step_seconds,
+        v.store_all_step_seconds,
+        100.0 * v.measured_overhead,
+        match v.timing_rounds {
+            0 | 1 => "one run each".to_string(),
+            n => format!(
+                "median of {n} rounds, {:+.2}% to {:+.2}%",
+                100.0 * v.measured_overhead_range[0],
+                100.0 * v.measured_overhead_range[1]
+            ),
+        },
+        100.0 * v.predicted_overhead,
+        v.recomputations
+    ));
+    let ops: Vec<String> = v
+        .op_seconds
+        .iter()
+        .take(6)
+        .map(|o| format!("{} {:.3}s", o.op, o.seconds))
+        .collect();
+    s.push_str(&format!("  ops      {}\n", ops.join(", ")));
+    if !v.host_ops.is_empty() {
+        s.push_str(&format!(
+            "  host     {} ran on the host: the GPU's kernel library lacks one of their kernels\n",
+            v.host_ops.join(", ")
+        ));
+    }
+    s.push_str(&format!(
+        "  weights  {} parameter(s) from the file, {} seeded\n",
+        v.params_from_file, v.params_seeded
+    ));
+    for p in &v.problems {
+        s.push_str(&format!("  problem  {p}\n"));
+    }
+    s
+}

@@ -1,0 +1,139 @@
+//! The typed documents: they serialize to the JSON the plan and sweep documents had when they
+//! were assembled from `serde_json::Value` inserts (golden files written by that builder, through
+//! `remat plan --json` and `remat sweep --json` before the types replaced it).
+//!
+//! The golden files are in `tests/it/golden/`; their `solve_seconds` (the one figure a clock
+//! decides) is set to 0, here as there.
+
+use remat_server::engine::document::ValidationReport;
+use remat_server::engine::{ModelFormat, PlanRequest};
+use remat_server::pipeline::{default_threads, load, sweep_document, PlanJob, Stop};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    crate::common::manifest_dir().join("..")
+}
+
+fn golden(name: &str) -> Value {
+    let path = crate::common::manifest_dir()
+        .join("tests/it/golden")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The request `remat plan FILE --dim ... --budget B --solver S` makes.
+fn cli_request(
+    file: &str,
+    dims: &[(&str, u64)],
+    budget: Option<&str>,
+    solver: &str,
+) -> PlanRequest {
+    let stem = std::path::Path::new(file).file_stem().unwrap();
+    PlanRequest {
+        budget: budget.map(str::to_string),
+        dims: dims
+            .iter()
+            .map(|&(k, v)| (k.to_string(), v))
+            .collect::<BTreeMap<_, _>>(),
+        solver: Some(solver.to_string()),
+        time_limit: Some(30.0),
+        bound_time: Some(0.0),
+        name: Some(stem.to_string_lossy().into_owned()),
+        ..PlanRequest::default()
+    }
+}
+
+/// The plan document of `remat plan` for `request` on `file`, as JSON, its clock figure zeroed.
+fn plan_json(file: &str, request: &PlanRequest) -> (Value, Stop) {
+    let bytes = std::fs::read(root().join(file)).unwrap();
+    let outcome = PlanJob::new(&bytes, request).run().unwrap();
+    let mut doc = serde_json::to_value(&outcome.document).unwrap();
+    doc["solve_seconds"] = Value::from(0.0);
+    (doc, outcome.stop)
+}
+
+#[test]
+fn an_onnx_plan_document_is_the_json_it_was() {
+    let request = cli_request(
+        "fixtures/grad/tiny_cnn.onnx",
+        &[("batch", 2)],
+        Some("0.9x"),
+        "chen-sqrt",
+    );
+    let (doc, stop) = plan_json("fixtures/grad/tiny_cnn.onnx", &request);
+    assert_eq!(stop, Stop::Planned);
+    assert_eq!(doc, golden("tiny_cnn.plan.json"));
+}
+
+#[test]
+fn an_infeasible_plan_document_is_the_json_it_was() {
+    let request = cli_request(
+        "fixtures/grad/tiny_cnn.onnx",
+        &[("batch", 2)],
+        Some("1"),
+        "auto",
+    );
+    let (doc, stop) = plan_json("fixtures/grad/tiny_cnn.onnx", &request);
+    assert!(
+        matches!(
+            stop,
+            Stop::Infeasible {
+                budget_bytes: 1,
+                ..
+            }
+        ),
+        "{stop:?}"
+    );
+    assert_eq!(doc, golden("tiny_cnn.infeasible.json"));
+}
+
+#[test]
+fn a_node_link_plan_document_is_the_json_it_was() {
+    let file = "server/tests/it/golden/chain.json";
+    let request = cli_request(file, &[], Some("0.7x"), "dp");
+    let (doc, _) = plan_json(file, &request);
+    assert_eq!(doc, golden("chain.plan.json"));
+}
+
+#[test]
+fn a_sweep_document_is_the_json_it_was() {
+    let file = "server/tests/it/golden/chain.json";
+    let bytes = std::fs::read(root().join(file)).unwrap();
+    let request = PlanRequest {
+        time_limit: Some(10.0),
+        fractions: vec![1.0, 0.8, 0.6, 0.4],
+        ..cli_request(file, &[], None, "dp")
+    };
+    let loaded = load(&bytes, ModelFormat::detect(&bytes), &request).unwrap();
+    let doc = sweep_document(&loaded, &request, default_threads()).unwrap();
+    assert_eq!(
+        serde_json::to_value(&doc).unwrap(),
+        golden("chain.sweep.json")
+    );
+}
+
+#[test]
+fn a_run_plan_documents_the_executors_report_as_it_is() {
+    let request = PlanRequest {
+        validate: Some(true),
+        ..cli_request(
+            "fixtures/grad/tiny_cnn.onnx",
+            &[("batch", 2)],
+            Some("0.95x"),
+            "auto",
+        )
+    };
+    let bytes = std::fs::read(root().join("fixtures/grad/tiny_cnn.onnx")).unwrap();
+    let outcome = PlanJob::new(&bytes, &request).run().unwrap();
+    assert_eq!(outcome.stop, Stop::Validated { ok: true });
+    let ValidationReport::Ran(v) = &outcome.document.validation else {
+        panic!("not run: {:?}", outcome.document.validation);
+    };
+    let doc = serde_json::to_value(&outcome.document).unwrap();
+    // What the builder inserted: the executor's report, serialized as it is.
+    assert_eq!(doc["validation"], serde_json::to_value(&**v).unwrap());
+    assert_eq!(doc["validation"]["ran"], true);
+}
