@@ -2,10 +2,97 @@
 
 use super::common::Failure;
 use anyhow::Context;
-use remat_server::http;
-pub use remat_server::http::ServeArgs;
+use clap::Args;
+use remat_server::http::{self, Config, Serve};
 use remat_server::pipeline::Pipeline;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// `remat serve`: the planning service.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (loopback by default; give a token before exposing it).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub addr: String,
+    /// The plan store (SQLite file, created if missing).
+    #[arg(long, default_value = "remat.db")]
+    pub db: PathBuf,
+    /// Worker threads that run solves (default: the number of cores).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Jobs that may wait for a worker; past it a POST answers 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Largest request body: bytes or a size such as 512MiB, 2GiB, 100MB.
+    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    pub body_limit: u64,
+    /// Bearer token required on writes (POST, DELETE).
+    #[arg(long, env = "REMAT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Allow cross-origin requests from this origin (repeatable); CORS is off without it.
+    #[arg(long = "cors", value_name = "ORIGIN")]
+    pub cors: Vec<String>,
+    /// Largest solver time limit (and LP bound time) a request may ask for, in seconds each;
+    /// larger ones are clamped.
+    #[arg(long, default_value_t = 300.0)]
+    pub max_time_limit: f64,
+    /// Seconds a request may take before it is answered 408.
+    #[arg(long, default_value_t = 600)]
+    pub request_timeout: u64,
+}
+
+/// Parses a size: bytes ("1048576") or a number with a unit (B, KB, MB, GB, KiB, MiB, GiB).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 512MiB, 2GiB, 1000000)"))?;
+    let factor: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use B, KB, MB, GB, KiB, MiB, GiB)"
+            ))
+        }
+    };
+    let bytes = number * factor;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{text:?} is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+impl ServeArgs {
+    /// The service's settings from the flags (checked when it starts).
+    fn settings(&self) -> Serve {
+        let defaults = Config::default();
+        Serve {
+            addr: self.addr.clone(),
+            db: self.db.clone(),
+            config: Config {
+                workers: self.workers.unwrap_or(defaults.workers),
+                queue: self.queue,
+                body_limit: usize::try_from(self.body_limit).unwrap_or(usize::MAX),
+                token: self.token.clone().filter(|t| !t.is_empty()),
+                cors: self.cors.clone(),
+                request_timeout: Duration::from_secs(self.request_timeout),
+                max_time_limit: self.max_time_limit,
+                default_wait: defaults.default_wait,
+            },
+        }
+    }
+}
 
 /// Serves until Ctrl-C or SIGTERM on an async runtime of its own.
 pub fn exec(args: ServeArgs) -> Result<(), Failure> {
@@ -14,9 +101,32 @@ pub fn exec(args: ServeArgs) -> Result<(), Failure> {
         .build()
         .context("starting the async runtime")?;
     runtime
-        .block_on(http::serve(args, Arc::new(Pipeline::new())))
+        .block_on(http::serve(args.settings(), Arc::new(Pipeline::new())))
         .map_err(|e| Failure {
             code: 1,
             error: anyhow::Error::new(e),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        let cases = [
+            ("512MiB", Some(512 * 1024 * 1024)),
+            ("1000", Some(1000)),
+            ("2GiB", Some(2 * 1024 * 1024 * 1024)),
+            ("100MB", Some(100_000_000)),
+            ("1.5KiB", Some(1536)),
+            ("12 parsecs", None),
+            ("", None),
+            ("0", None),
+            ("MiB", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_size(text).ok(), want, "{text}");
+        }
+    }
 }

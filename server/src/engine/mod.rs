@@ -13,21 +13,25 @@ pub mod document;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 /// Options of one plan or sweep request: the one declaration of them. The API reads it from
-/// the query string (the repeatable `dim`, `param`, `input` and `fraction`) and from an
-/// envelope's `options`; the CLI's subcommands and the gate's
+/// the query string (the repeatable `dim`, `param`, `input` and `fraction`, see
+/// `http::options`) and from an envelope's `options`; the CLI's subcommands and the gate's
 /// `[[model]]` tables build it from their own arguments. Its JSON (this field order) is what
 /// the service stores with a plan and keys its plan cache on.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PlanRequest {
     /// Budget: bytes ("123"; in an envelope also a whole number), a size ("2GiB", "800MB") or
     /// a fraction of the store-all peak ("0.6x").
+    #[schema(example = "0.6x")]
+    #[param(example = "0.6x")]
     pub budget: Option<String>,
     /// Symbolic dimensions to bind, NAME -> VALUE; in a query `dim=NAME=VALUE`, repeatable
     /// (`dim=batch=2&dim=seq=128`).
     #[serde(default)]
+    #[param(rename = "dim", value_type = Vec<String>)]
     pub dims: BTreeMap<String, u64>,
     /// Algorithm: auto (default), ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
     pub solver: Option<String>,
@@ -45,14 +49,17 @@ pub struct PlanRequest {
     /// Graph inputs to treat as parameters (override the importer's rule); in a query
     /// `param`, repeatable.
     #[serde(default)]
+    #[param(rename = "param")]
     pub params: Vec<String>,
     /// Graph inputs to treat as data (override the importer's rule); in a query `input`,
     /// repeatable.
     #[serde(default)]
+    #[param(rename = "input")]
     pub inputs: Vec<String>,
     /// Budget fractions of the store-all peak for a sweep (default: 1.0 down to 0.2); in a
     /// query `fraction`, repeatable.
     #[serde(default)]
+    #[param(rename = "fraction")]
     pub fractions: Vec<f64>,
 }
 

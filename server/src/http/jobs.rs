@@ -6,7 +6,7 @@
 
 use super::error::{public_error, ErrorObject, INTERNAL_MESSAGE};
 use super::metrics::Metrics;
-use super::store::{Kind, Status, Store};
+use super::store::{JobStatus, Kind, Store};
 use crate::engine::{Engine, ModelFormat, Phase, PlanRequest};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -38,7 +38,7 @@ struct Shared {
     engine: Arc<dyn Engine>,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
-    watchers: Mutex<HashMap<String, watch::Sender<Status>>>,
+    watchers: Mutex<HashMap<String, watch::Sender<JobStatus>>>,
 }
 
 /// The queue and its workers.
@@ -90,7 +90,7 @@ impl Jobs {
     /// [`Jobs::submit`], or [`Jobs::forget`] when it did not create the job.
     pub fn announce(&self, id: &str) {
         self.watchers()
-            .insert(id.to_string(), watch::channel(Status::Queued).0);
+            .insert(id.to_string(), watch::channel(JobStatus::Queued).0);
     }
 
     /// Drops the watcher of a job that was announced but not submitted.
@@ -100,12 +100,12 @@ impl Jobs {
 
     /// Queues a job whose record is already in the store. The returned receiver follows its
     /// status until it is done or failed.
-    pub fn submit(&self, job: Job) -> Result<watch::Receiver<Status>, Rejected> {
+    pub fn submit(&self, job: Job) -> Result<watch::Receiver<JobStatus>, Rejected> {
         let id = job.id.clone();
         let rx = self
             .watchers()
             .entry(id.clone())
-            .or_insert_with(|| watch::channel(Status::Queued).0)
+            .or_insert_with(|| watch::channel(JobStatus::Queued).0)
             .subscribe();
         self.shared.metrics.queue_depth.inc();
         match self.sender.try_send(job) {
@@ -122,11 +122,11 @@ impl Jobs {
     }
 
     /// Follows a job in flight; `None` when it is not (any more) in flight.
-    pub fn follow(&self, id: &str) -> Option<watch::Receiver<Status>> {
+    pub fn follow(&self, id: &str) -> Option<watch::Receiver<JobStatus>> {
         self.watchers().get(id).map(watch::Sender::subscribe)
     }
 
-    fn watchers(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<Status>>> {
+    fn watchers(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<JobStatus>>> {
         self.shared
             .watchers
             .lock()
@@ -168,7 +168,7 @@ fn worker(receiver: &Mutex<Receiver<Job>>, shared: &Shared) {
     }
 }
 
-fn notify(shared: &Shared, id: &str, status: Status) {
+fn notify(shared: &Shared, id: &str, status: JobStatus) {
     let mut watchers = shared.watchers.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(tx) = watchers.get(id) {
         tx.send_replace(status);
@@ -196,28 +196,28 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Runs one job and records its outcome; returns the final status (the caller notifies).
-fn run(job: &Job, shared: &Shared) -> Status {
+fn run(job: &Job, shared: &Shared) -> JobStatus {
     let id = job.id.as_str();
     if shared.store.is_closed() {
         // The server has shut down: the next run marks this job interrupted.
-        return Status::Failed;
+        return JobStatus::Failed;
     }
     let span = tracing::info_span!("job", id, kind = job.kind.as_str());
     let _enter = span.enter();
-    log_store_error(id, shared.store.set_status(id, Status::Solving));
-    notify(shared, id, Status::Solving);
+    log_store_error(id, shared.store.set_status(id, JobStatus::Solving));
+    notify(shared, id, JobStatus::Solving);
 
     let started = Instant::now();
     let validating_since: Mutex<Option<Instant>> = Mutex::new(None);
     let progress = |phase: Phase| {
         let status = match phase {
-            Phase::Solving => Status::Solving,
+            Phase::Solving => JobStatus::Solving,
             Phase::Validating => {
                 let mut since = validating_since.lock().unwrap_or_else(|p| p.into_inner());
                 if since.is_none() {
                     *since = Some(Instant::now());
                 }
-                Status::Validating
+                JobStatus::Validating
             }
         };
         log_store_error(id, shared.store.set_status(id, status));
@@ -254,12 +254,12 @@ fn run(job: &Job, shared: &Shared) -> Status {
                         seconds = ended.duration_since(started).as_secs_f64(),
                         "job done"
                     );
-                    Status::Done
+                    JobStatus::Done
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot serialize the engine's document");
                     log_store_error(id, shared.store.fail(id, 500, &internal_error()));
-                    Status::Failed
+                    JobStatus::Failed
                 }
             }
         }
@@ -267,15 +267,15 @@ fn run(job: &Job, shared: &Shared) -> Status {
             let (status, error) = public_error(&err);
             tracing::info!(code = %err.code, status = status.as_u16(), "job failed");
             log_store_error(id, shared.store.fail(id, status.as_u16(), &error));
-            Status::Failed
+            JobStatus::Failed
         }
         Err(payload) => {
             tracing::error!(panic = %panic_message(payload.as_ref()), "the engine panicked");
             log_store_error(id, shared.store.fail(id, 500, &internal_error()));
-            Status::Failed
+            JobStatus::Failed
         }
     };
-    let outcome_label = if final_status == Status::Done {
+    let outcome_label = if final_status == JobStatus::Done {
         "done"
     } else {
         "failed"

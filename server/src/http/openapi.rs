@@ -1,11 +1,23 @@
-//! The OpenAPI document, generated from the handlers' annotations.
+//! The OpenAPI document, generated from the handlers' annotations and the documents' types,
+//! and its route `/v1/openapi.json`.
 
 use super::error::{ErrorBody, ErrorObject};
-use super::options::PlanOptions;
-use super::routes::{
-    self, Accepted, Envelope, Health, History, HistoryEntry, ModelInfo, PlanList, PlanRecord,
-};
-use super::store::Status;
+use super::models::{self, History, HistoryEntry};
+use super::options::{EnvelopeOptions, SubmitOptions};
+use super::plans::{self, PlanList};
+use super::records::{Accepted, ModelInfo, PlanRecord};
+use super::service::{self, Health};
+use super::state::AppState;
+use super::store::JobStatus;
+use super::submit::Envelope;
+use super::sweeps;
+use crate::engine::document::{PlanDocument, SweepDocument};
+use crate::engine::PlanRequest;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use std::sync::OnceLock;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -17,21 +29,22 @@ use utoipa::{Modify, OpenApi};
                        post a model, get back which activations to keep and which to recompute."
     ),
     paths(
-        routes::post_plan,
-        routes::list_plans,
-        routes::get_plan,
-        routes::delete_plan,
-        routes::post_sweep,
-        routes::get_sweep,
-        routes::delete_sweep,
-        routes::history,
-        routes::healthz,
-        routes::metrics,
-        routes::openapi,
+        plans::post_plan,
+        plans::list_plans,
+        plans::get_plan,
+        plans::delete_plan,
+        sweeps::post_sweep,
+        sweeps::get_sweep,
+        sweeps::delete_sweep,
+        models::history,
+        service::healthz,
+        service::metrics,
+        openapi,
     ),
     components(schemas(
-        Accepted, Envelope, ErrorBody, ErrorObject, Health, History, HistoryEntry, ModelInfo, PlanList,
-        PlanOptions, PlanRecord, Status
+        Accepted, Envelope, EnvelopeOptions, ErrorBody, ErrorObject, Health, History, HistoryEntry,
+        JobStatus, ModelInfo, PlanDocument, PlanList, PlanRecord, PlanRequest, SubmitOptions,
+        SweepDocument
     )),
     modifiers(&BearerScheme),
     tags(
@@ -56,10 +69,36 @@ impl Modify for BearerScheme {
     }
 }
 
-/// The document as JSON text.
-pub fn document() -> String {
-    ApiDoc::openapi().to_pretty_json().unwrap_or_else(|e| {
-        tracing::error!(error = %e, "cannot render the OpenAPI document");
-        "{}".to_string()
+/// The document as JSON text, rendered once per process.
+pub fn document() -> &'static str {
+    static DOCUMENT: OnceLock<String> = OnceLock::new();
+    DOCUMENT.get_or_init(|| {
+        ApiDoc::openapi().to_pretty_json().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot render the OpenAPI document");
+            "{}".to_string()
+        })
     })
+}
+
+/// The route of this document.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/openapi.json", get(openapi))
+}
+
+/// This document.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "service",
+    responses((status = 200, description = "The OpenAPI document", body = Object))
+)]
+pub async fn openapi() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        document(),
+    )
+        .into_response()
 }

@@ -1,82 +1,59 @@
-//! Plan options: parsed from the query string and the JSON envelope, merged, checked, clamped
-//! to the server's caps, and put in canonical form for the plan cache key.
+//! Plan options: read from the query string and the JSON envelope into the one options type
+//! ([`PlanRequest`]) and the submission's own options ([`SubmitOptions`]), merged, checked,
+//! clamped to the server's caps, and put in canonical form for the plan cache key.
 
 use super::error::ApiError;
 use super::store::Kind;
 use crate::engine::PlanRequest;
 use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::time::Duration;
 use utoipa::{IntoParams, ToSchema};
 
-/// Options in a JSON envelope (`{"model": ..., "options": {...}}`): the fields of a plan
-/// request plus `wait` and `refresh`.
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PlanOptions {
-    /// Budget: bytes (a number or "123"), a size ("2GiB", "800MB") or a fraction of the
-    /// store-all peak ("0.6x").
-    #[schema(value_type = Option<String>, example = "0.6x")]
-    pub budget: Option<serde_json::Value>,
-    /// Symbolic dimensions to bind, NAME -> VALUE.
-    #[serde(default)]
-    pub dims: BTreeMap<String, u64>,
-    /// auto (default), ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
-    pub solver: Option<String>,
-    /// Seconds the solver may spend (clamped to the server's cap).
-    pub time_limit: Option<f64>,
-    /// Extra seconds, after the schedule, to prove a lower bound on its cost where nothing
-    /// proved one (graphs too large for the exact MILP); clamped to the server's cap; 0 or
-    /// absent: none.
-    pub bound_time: Option<f64>,
-    /// Run the executor on the plan (ONNX models only).
-    pub validate: Option<bool>,
-    /// A display name for the model.
-    pub name: Option<String>,
-    /// Graph inputs to treat as parameters.
-    #[serde(default)]
-    pub params: Vec<String>,
-    /// Graph inputs to treat as data.
-    #[serde(default)]
-    pub inputs: Vec<String>,
-    /// Budget fractions of a sweep.
-    #[serde(default)]
-    pub fractions: Vec<f64>,
+/// How the service handles one submission (beside what is planned).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SubmitOptions {
     /// Seconds to wait for the job before answering 202 (default 30).
     pub wait: Option<f64>,
     /// Plan again even when the same model and options were planned before.
     pub refresh: Option<bool>,
 }
 
-/// Options as query parameters (they override the envelope's).
-#[derive(Debug, Default, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct PlanQuery {
-    /// Budget: bytes, a size ("2GiB") or a fraction of the store-all peak ("0.6x").
-    pub budget: Option<String>,
-    /// A symbolic dimension binding NAME=VALUE; repeatable (`dim=batch=2&dim=seq=128`).
-    pub dim: Vec<String>,
-    /// auto (default), ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
-    pub solver: Option<String>,
-    /// Seconds the solver may spend (clamped to the server's cap).
-    pub time_limit: Option<f64>,
-    /// Extra seconds to prove a lower bound where the exact MILP does not run (clamped to the
-    /// server's cap; 0: none).
-    pub bound_time: Option<f64>,
-    /// Run the executor on the plan (ONNX models only).
-    pub validate: Option<bool>,
-    /// A display name for the model.
-    pub name: Option<String>,
-    /// Seconds to wait for the job before answering 202 (default 30).
-    pub wait: Option<f64>,
-    /// Plan again even when the same model and options were planned before.
-    pub refresh: Option<bool>,
-    /// A graph input to treat as a parameter; repeatable.
-    pub param: Vec<String>,
-    /// A graph input to treat as data; repeatable.
-    pub input: Vec<String>,
-    /// A budget fraction of a sweep; repeatable.
-    pub fraction: Vec<f64>,
+/// The `options` of a JSON envelope (`{"model": ..., "options": {...}}`): the request's
+/// fields and the submission's, nothing else. Its `budget` may also be a whole number of
+/// bytes.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvelopeOptions {
+    #[serde(flatten)]
+    pub request: PlanRequest,
+    #[serde(flatten)]
+    pub submit: SubmitOptions,
+}
+
+impl EnvelopeOptions {
+    /// Reads an envelope's `options` (`null` or absent: none). The budget comes back apart,
+    /// as it was sent, for [`resolve`] to read: a number there is bytes, and its check
+    /// names `options.budget`.
+    pub fn read(
+        options: Option<serde_json::Value>,
+    ) -> Result<(EnvelopeOptions, Option<serde_json::Value>), serde_json::Error> {
+        let mut options = match options {
+            None | Some(serde_json::Value::Null) => return Ok((EnvelopeOptions::default(), None)),
+            Some(v) => v,
+        };
+        let budget = options.as_object_mut().and_then(|map| map.remove("budget"));
+        Ok((serde_json::from_value(options)?, budget))
+    }
+}
+
+/// The options of a query string: the request's fields under their query names (`dim`,
+/// `param`, `input` and `fraction` repeatable), each `dim` still as its `NAME=VALUE` text.
+#[derive(Debug, Default)]
+pub struct Query {
+    pub request: PlanRequest,
+    pub dims: Vec<String>,
+    pub submit: SubmitOptions,
 }
 
 /// Splits a query string into pairs, with a 400 naming the fault.
@@ -114,24 +91,25 @@ fn parse_f64(key: &str, value: &str) -> Result<f64, ApiError> {
     })
 }
 
-impl PlanQuery {
+impl Query {
     /// Reads the plan options of a query string; unknown parameters are an error.
-    pub fn parse(pairs: &[(String, String)]) -> Result<PlanQuery, ApiError> {
-        let mut q = PlanQuery::default();
+    pub fn parse(pairs: &[(String, String)]) -> Result<Query, ApiError> {
+        let mut q = Query::default();
+        let r = &mut q.request;
         for (key, value) in pairs {
             match key.as_str() {
-                "budget" => q.budget = Some(value.clone()),
-                "dim" => q.dim.push(value.clone()),
-                "solver" => q.solver = Some(value.clone()),
-                "time_limit" => q.time_limit = Some(parse_f64(key, value)?),
-                "bound_time" => q.bound_time = Some(parse_f64(key, value)?),
-                "validate" => q.validate = Some(parse_bool(key, value)?),
-                "name" => q.name = Some(value.clone()),
-                "wait" => q.wait = Some(parse_f64(key, value)?),
-                "refresh" => q.refresh = Some(parse_bool(key, value)?),
-                "param" => q.param.push(value.clone()),
-                "input" => q.input.push(value.clone()),
-                "fraction" => q.fraction.push(parse_f64(key, value)?),
+                "budget" => r.budget = Some(value.clone()),
+                "dim" => q.dims.push(value.clone()),
+                "solver" => r.solver = Some(value.clone()),
+                "time_limit" => r.time_limit = Some(parse_f64(key, value)?),
+                "bound_time" => r.bound_time = Some(parse_f64(key, value)?),
+                "validate" => r.validate = Some(parse_bool(key, value)?),
+                "name" => r.name = Some(value.clone()),
+                "wait" => q.submit.wait = Some(parse_f64(key, value)?),
+                "refresh" => q.submit.refresh = Some(parse_bool(key, value)?),
+                "param" => r.params.push(value.clone()),
+                "input" => r.inputs.push(value.clone()),
+                "fraction" => r.fractions.push(parse_f64(key, value)?),
                 other => {
                     return Err(invalid(format!(
                         "unknown query parameter `{other}`; known: budget, dim, solver, time_limit, bound_time, \
@@ -162,14 +140,15 @@ pub struct Resolved {
     pub refresh: bool,
 }
 
-/// Merges envelope and query options (the query wins), checks and clamps them.
+/// Merges envelope and query options (a query value wins over the envelope's; lists add up),
+/// checks and clamps them. `body` is what [`EnvelopeOptions::read`] returned.
 pub fn resolve(
-    body: Option<PlanOptions>,
-    query: PlanQuery,
+    body: Option<(EnvelopeOptions, Option<serde_json::Value>)>,
+    query: Query,
     caps: Caps,
 ) -> Result<Resolved, ApiError> {
-    let body = body.unwrap_or_default();
-    let budget = match body.budget {
+    let (body, body_budget) = body.unwrap_or_default();
+    let budget = match body_budget {
         None | Some(serde_json::Value::Null) => None,
         Some(serde_json::Value::String(s)) => Some(s),
         Some(serde_json::Value::Number(n)) if n.is_u64() => Some(n.to_string()),
@@ -179,19 +158,20 @@ pub fn resolve(
             )))
         }
     };
+    let (b, q) = (body.request, query.request);
     let mut request = PlanRequest {
-        budget: query.budget.or(budget),
-        dims: body.dims,
-        solver: query.solver.or(body.solver),
-        time_limit: query.time_limit.or(body.time_limit),
-        bound_time: query.bound_time.or(body.bound_time),
-        validate: query.validate.or(body.validate),
-        name: query.name.or(body.name),
-        params: body.params,
-        inputs: body.inputs,
-        fractions: body.fractions,
+        budget: q.budget.or(budget),
+        dims: b.dims,
+        solver: q.solver.or(b.solver),
+        time_limit: q.time_limit.or(b.time_limit),
+        bound_time: q.bound_time.or(b.bound_time),
+        validate: q.validate.or(b.validate),
+        name: q.name.or(b.name),
+        params: b.params,
+        inputs: b.inputs,
+        fractions: b.fractions,
     };
-    for binding in &query.dim {
+    for binding in &query.dims {
         let (name, value) = binding.split_once('=').ok_or_else(|| {
             invalid(format!(
                 "dim {binding:?}: expected NAME=VALUE, e.g. dim=batch=8"
@@ -213,9 +193,9 @@ pub fn resolve(
     if request.dims.keys().any(|k| k.trim().is_empty()) {
         return Err(invalid("options.dims: a dimension name is empty"));
     }
-    request.params.extend(query.param);
-    request.inputs.extend(query.input);
-    request.fractions.extend(query.fraction);
+    request.params.extend(q.params);
+    request.inputs.extend(q.inputs);
+    request.fractions.extend(q.fractions);
     if let Some(f) = request
         .fractions
         .iter()
@@ -249,7 +229,7 @@ pub fn resolve(
             );
         }
     }
-    let wait = match query.wait.or(body.wait) {
+    let wait = match query.submit.wait.or(body.submit.wait) {
         None => caps.default_wait,
         Some(w) if w.is_finite() && w >= 0.0 => {
             Duration::from_secs_f64(w.min(caps.max_wait.as_secs_f64()))
@@ -260,7 +240,11 @@ pub fn resolve(
             )))
         }
     };
-    let refresh = query.refresh.or(body.refresh).unwrap_or(false);
+    let refresh = query
+        .submit
+        .refresh
+        .or(body.submit.refresh)
+        .unwrap_or(false);
 
     let mut applied = serde_json::to_value(&request)
         .map_err(ApiError::internal)?
@@ -311,11 +295,11 @@ mod tests {
 
     #[test]
     fn query_overrides_envelope_and_dims_merge() {
-        let body: PlanOptions = serde_json::from_str(
-            r#"{"budget": 1000, "dims": {"batch": 1, "seq": 4}, "solver": "dp"}"#,
-        )
+        let body = EnvelopeOptions::read(Some(serde_json::json!(
+            {"budget": 1000, "dims": {"batch": 1, "seq": 4}, "solver": "dp"}
+        )))
         .unwrap();
-        let q = PlanQuery::parse(&pairs("budget=0.6x&dim=batch=2&wait=0")).unwrap();
+        let q = Query::parse(&pairs("budget=0.6x&dim=batch=2&wait=0")).unwrap();
         let r = resolve(Some(body), q, caps()).unwrap();
         assert_eq!(r.request.budget.as_deref(), Some("0.6x"));
         assert_eq!(r.request.dims.get("batch"), Some(&2));
@@ -338,7 +322,7 @@ mod tests {
             ("fraction=0", "fraction 0"),
         ];
         for (q, needle) in cases {
-            let err = PlanQuery::parse(&pairs(q))
+            let err = Query::parse(&pairs(q))
                 .and_then(|q| resolve(None, q, caps()))
                 .unwrap_err();
             assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST, "{q}");
@@ -354,7 +338,7 @@ mod tests {
     fn time_limit_is_clamped_and_says_so() {
         let r = resolve(
             None,
-            PlanQuery::parse(&pairs("time_limit=1000&wait=999")).unwrap(),
+            Query::parse(&pairs("time_limit=1000&wait=999")).unwrap(),
             caps(),
         )
         .unwrap();

@@ -11,10 +11,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-/// Where a job is.
+/// Where a job is (the `status` of a plan or sweep record).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum Status {
+pub enum JobStatus {
     Queued,
     Solving,
     Validating,
@@ -22,30 +22,30 @@ pub enum Status {
     Failed,
 }
 
-impl Status {
+impl JobStatus {
     pub fn as_str(self) -> &'static str {
         match self {
-            Status::Queued => "queued",
-            Status::Solving => "solving",
-            Status::Validating => "validating",
-            Status::Done => "done",
-            Status::Failed => "failed",
+            JobStatus::Queued => "queued",
+            JobStatus::Solving => "solving",
+            JobStatus::Validating => "validating",
+            JobStatus::Done => "done",
+            JobStatus::Failed => "failed",
         }
     }
 
-    pub fn parse(text: &str) -> Option<Status> {
+    pub fn parse(text: &str) -> Option<JobStatus> {
         Some(match text {
-            "queued" => Status::Queued,
-            "solving" => Status::Solving,
-            "validating" => Status::Validating,
-            "done" => Status::Done,
-            "failed" => Status::Failed,
+            "queued" => JobStatus::Queued,
+            "solving" => JobStatus::Solving,
+            "validating" => JobStatus::Validating,
+            "done" => JobStatus::Done,
+            "failed" => JobStatus::Failed,
             _ => return None,
         })
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, Status::Done | Status::Failed)
+        matches!(self, JobStatus::Done | JobStatus::Failed)
     }
 }
 
@@ -93,7 +93,7 @@ pub enum Claim {
 #[derive(Debug, Clone)]
 pub struct Row {
     pub id: String,
-    pub status: Status,
+    pub status: JobStatus,
     pub model_hash: String,
     pub model_name: Option<String>,
     pub model_format: String,
@@ -305,7 +305,7 @@ impl Store {
         })
     }
 
-    pub fn set_status(&self, id: &str, status: Status) -> Result<(), rusqlite::Error> {
+    pub fn set_status(&self, id: &str, status: JobStatus) -> Result<(), rusqlite::Error> {
         self.write(|c| {
             c.execute(
                 "UPDATE jobs SET status = ?2, updated_at = ?3 WHERE id = ?1 AND status NOT IN ('done', 'failed')",
@@ -357,7 +357,7 @@ impl Store {
         let status: String = r.get(1)?;
         Ok(Row {
             id: r.get(0)?,
-            status: Status::parse(&status).ok_or_else(|| {
+            status: JobStatus::parse(&status).ok_or_else(|| {
                 rusqlite::Error::FromSqlConversionFailure(
                     1,
                     rusqlite::types::Type::Text,

@@ -4,8 +4,10 @@
 //! can reach outside the embedded set.
 
 use super::error::ApiError;
+use super::state::AppState;
 use axum::http::{header, HeaderValue, Method, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::Router;
 
 mod assets {
     include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
@@ -75,6 +77,11 @@ fn is_app_page(path: &str) -> bool {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     })
+}
+
+/// Everything no other resource routes: [`fallback`].
+pub fn router() -> Router<AppState> {
+    Router::new().fallback(fallback)
 }
 
 /// The router's fallback: static files for GET/HEAD outside `/v1/`, the error shape otherwise.

@@ -1,6 +1,7 @@
 //! The typed documents: they serialize to the JSON the plan and sweep documents had when they
 //! were assembled from `serde_json::Value` inserts (golden files written by that builder, through
-//! `remat plan --json` and `remat sweep --json` before the types replaced it).
+//! `remat plan --json` and `remat sweep --json` before the types replaced it), and the OpenAPI
+//! document describes their fields.
 //!
 //! The golden files are in `tests/it/golden/`; their `solve_seconds` (the one figure a clock
 //! decides) is set to 0, here as there.
@@ -136,4 +137,114 @@ fn a_run_plan_documents_the_executors_report_as_it_is() {
     // What the builder inserted: the executor's report, serialized as it is.
     assert_eq!(doc["validation"], serde_json::to_value(&**v).unwrap());
     assert_eq!(doc["validation"]["ran"], true);
+}
+
+/// The properties of a schema: its own, those of its `allOf` parts and of what it refers to.
+fn properties(doc: &Value, schema: &Value, out: &mut Vec<String>) {
+    if let Some(r) = schema["$ref"].as_str() {
+        let name = r.trim_start_matches("#/components/schemas/");
+        properties(doc, &doc["components"]["schemas"][name], out);
+    }
+    if let Some(props) = schema["properties"].as_object() {
+        out.extend(props.keys().cloned());
+    }
+    for key in ["allOf", "oneOf", "anyOf"] {
+        for part in schema[key].as_array().into_iter().flatten() {
+            properties(doc, part, out);
+        }
+    }
+}
+
+fn schema_fields(doc: &Value, schema: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    properties(doc, schema, &mut out);
+    out
+}
+
+fn assert_names(fields: &[String], want: &[&str], what: &str) {
+    for name in want {
+        assert!(
+            fields.iter().any(|f| f == name),
+            "{what} lacks `{name}`: {fields:?}"
+        );
+    }
+}
+
+#[test]
+fn the_openapi_document_describes_the_plan_and_sweep_documents() {
+    let doc: Value = serde_json::from_str(remat_server::http::openapi::document()).unwrap();
+    let record = &doc["components"]["schemas"]["PlanRecord"]["properties"];
+    let plan = schema_fields(&doc, &record["plan"]);
+    assert_names(
+        &plan,
+        &[
+            "status",
+            "solver",
+            "budget_bytes",
+            "store_all_peak_bytes",
+            "store_all_cost",
+            "min_feasible_budget_bytes",
+            "predicted",
+            "lower_bound",
+            "gap",
+            "solve_seconds",
+            "bound_seconds",
+            "baselines",
+            "schedule",
+            "decisions",
+            "graph",
+            "validation",
+            "model",
+            "cost_model",
+        ],
+        "the plan document",
+    );
+    let schemas = &doc["components"]["schemas"];
+    let field = |schema: &str, name: &str| {
+        let s = &schemas[schema];
+        let mut parts = vec![s.clone()];
+        parts.extend(s["allOf"].as_array().cloned().unwrap_or_default());
+        parts
+            .iter()
+            .find_map(|p| p["properties"].get(name).cloned())
+            .unwrap_or_else(|| panic!("{schema}.{name} missing: {s}"))
+    };
+    assert_names(
+        &schema_fields(&doc, &field("PlanReport", "predicted")),
+        &["peak_bytes", "compute_cost", "overhead", "memory"],
+        "predicted",
+    );
+    assert_names(
+        &schema_fields(&doc, &field("PlanDocument", "decisions")["items"]),
+        &["node", "kind", "bytes", "computes", "decision", "reason"],
+        "a decision",
+    );
+    assert_names(
+        &schema_fields(&doc, &field("PlanDocument", "validation")),
+        &[
+            "ran",
+            "ok",
+            "reason",
+            "measured_peak_bytes",
+            "heap_peak_bytes",
+            "timeline",
+        ],
+        "validation",
+    );
+    assert_names(
+        &schema_fields(&doc, &field("PlanDocument", "model")),
+        &[
+            "producer",
+            "ops",
+            "training_nodes",
+            "saved_activation_bytes",
+        ],
+        "the inspect report",
+    );
+    let sweep = schema_fields(&doc, &record["sweep"]);
+    assert_names(
+        &sweep,
+        &["graph", "store_all_peak_bytes", "points"],
+        "the sweep document",
+    );
 }

@@ -1,0 +1,329 @@
+//! A submission (`POST /v1/plans`, `POST /v1/sweeps`): the body read (ONNX bytes, a
+//! node-link graph or an envelope), the options resolved, the model hashed, the job claimed
+//! in the store (or the stored one found) and queued, and the answer once the wait is over.
+
+use super::error::{code_for_status, ApiError, ErrorObject};
+use super::jobs::{Job, Rejected};
+use super::options::{canonical, query_pairs, resolve, Caps, EnvelopeOptions, Query, Resolved};
+use super::records::{
+    json_response, record_out, store_error, stored_error, with_location, Accepted,
+};
+use super::state::AppState;
+use super::store::{Claim, JobStatus, Kind, NewJob, Record};
+use crate::engine::{Engine, ModelFormat};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+use utoipa::ToSchema;
+
+/// A JSON envelope: the model (a node-link graph object, or ONNX bytes in base64) and options.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    /// A node-link graph JSON object, or a base64 string of ONNX bytes.
+    #[schema(value_type = Object)]
+    pub model: serde_json::Value,
+    /// Read by [`EnvelopeOptions::read`].
+    #[schema(value_type = Option<EnvelopeOptions>)]
+    pub options: Option<serde_json::Value>,
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// A submission, parsed and identified.
+struct Prepared {
+    model: Bytes,
+    format: ModelFormat,
+    model_hash: String,
+    resolved: Resolved,
+}
+
+fn format_name(format: ModelFormat) -> &'static str {
+    match format {
+        ModelFormat::Onnx => "onnx",
+        ModelFormat::GraphJson => "graph_json",
+    }
+}
+
+fn is_json_content(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json" || essence.ends_with("+json")
+}
+
+/// Reads the body (ONNX bytes, a bare graph JSON or an envelope) and the options.
+fn prepare(
+    engine: &dyn Engine,
+    json_content: bool,
+    query: Option<&str>,
+    body: Bytes,
+    caps: Caps,
+) -> Result<Prepared, ApiError> {
+    let query = Query::parse(&query_pairs(query)?)?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "empty_body",
+            "the request has no model: send ONNX bytes (application/octet-stream), a node-link graph \
+             (application/json) or an envelope {\"model\": ..., \"options\": ...}",
+        ));
+    }
+    let (model, format, options) = if json_content || engine.detect(&body) == ModelFormat::GraphJson
+    {
+        let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
+        })?;
+        match value {
+            serde_json::Value::Object(ref map) if map.contains_key("model") => {
+                let invalid_envelope =
+                    |e: serde_json::Error| ApiError::bad_request("invalid_envelope", format!("the envelope: {e}"));
+                let envelope: Envelope = serde_json::from_value(value).map_err(invalid_envelope)?;
+                let options = EnvelopeOptions::read(envelope.options).map_err(invalid_envelope)?;
+                let (model, format) = match envelope.model {
+                    serde_json::Value::String(b64) => {
+                        let bytes = base64::engine::general_purpose::STANDARD.decode(b64.trim()).map_err(|e| {
+                            ApiError::bad_request("invalid_model", format!("envelope `model` is not valid base64: {e}"))
+                        })?;
+                        if bytes.is_empty() {
+                            return Err(ApiError::bad_request("empty_body", "envelope `model` is empty"));
+                        }
+                        let format = engine.detect(&bytes);
+                        (Bytes::from(bytes), format)
+                    }
+                    graph @ serde_json::Value::Object(_) => (canonical_json(&graph)?, ModelFormat::GraphJson),
+                    other => {
+                        return Err(ApiError::bad_request(
+                            "invalid_model",
+                            format!(
+                                "envelope `model` must be a node-link graph object or a base64 ONNX string, got {}",
+                                json_type(&other)
+                            ),
+                        ))
+                    }
+                };
+                (model, format, Some(options))
+            }
+            graph @ serde_json::Value::Object(_) => (canonical_json(&graph)?, ModelFormat::GraphJson, None),
+            other => {
+                return Err(ApiError::bad_request(
+                    "invalid_model",
+                    format!(
+                        "a JSON body must be a node-link graph object or an envelope with `model`, got {}",
+                        json_type(&other)
+                    ),
+                ))
+            }
+        }
+    } else {
+        (body, ModelFormat::Onnx, None)
+    };
+    let resolved = resolve(options, query, caps)?;
+    Ok(Prepared {
+        model_hash: sha256_hex(&model),
+        model,
+        format,
+        resolved,
+    })
+}
+
+fn canonical_json(value: &serde_json::Value) -> Result<Bytes, ApiError> {
+    serde_json::to_vec(value)
+        .map(Bytes::from)
+        .map_err(ApiError::internal)
+}
+
+fn json_type(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        let status = r.status();
+        ApiError::new(status, code_for_status(status), r.body_text())
+    })
+}
+
+/// Waits until the job is done or failed, `wait` passes, or the server shuts down.
+async fn wait_for(
+    state: &AppState,
+    mut rx: tokio::sync::watch::Receiver<JobStatus>,
+    wait: Duration,
+) {
+    if wait.is_zero() {
+        return;
+    }
+    let mut shutdown = state.inner.shutting_down.subscribe();
+    tokio::select! {
+        _ = tokio::time::timeout(wait, rx.wait_for(|s| s.is_terminal())) => {}
+        _ = shutdown.wait_for(|down| *down) => {}
+    }
+}
+
+/// The answer to a submission once the wait is over: the plan (`done_status`), the job's
+/// error, or 202 with its id.
+fn answer(
+    state: &AppState,
+    kind: Kind,
+    id: &str,
+    done_status: StatusCode,
+) -> Result<Response, ApiError> {
+    let Some(Record { row, result }) = state.inner.store.get(kind, id).map_err(store_error)? else {
+        return Err(ApiError::not_found(format!(
+            "{} {id} was deleted while it ran",
+            kind.as_str()
+        )));
+    };
+    let response = match row.status {
+        JobStatus::Done => json_response(done_status, &record_out(kind, row, result)?),
+        JobStatus::Failed => {
+            let error = stored_error(&row)?.unwrap_or_else(|| ErrorObject {
+                code: "internal".to_string(),
+                message: super::error::INTERNAL_MESSAGE.to_string(),
+                details: serde_json::Value::Null,
+            });
+            ApiError::from_stored(row.error_status.unwrap_or(500), error, id).into_response()
+        }
+        status => json_response(
+            StatusCode::ACCEPTED,
+            &Accepted {
+                id: id.to_string(),
+                status,
+            },
+        ),
+    };
+    Ok(with_location(response, kind, id))
+}
+
+/// Runs one submission of `kind`: reads and identifies it, answers the stored job when the same
+/// model and options were submitted before (unless `refresh`), else queues a new job, then
+/// answers once the wait is over.
+pub async fn submit(
+    state: AppState,
+    kind: Kind,
+    headers: HeaderMap,
+    query: Option<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_bytes(body)?;
+    let engine = std::sync::Arc::clone(&state.inner.engine);
+    let json_content = is_json_content(&headers);
+    let caps = state.inner.caps;
+    // Parsing and hashing a large model is CPU work: keep it off the async workers.
+    let prepared = tokio::task::spawn_blocking(move || {
+        prepare(&*engine, json_content, query.as_deref(), body, caps)
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    let Prepared {
+        model,
+        format,
+        model_hash,
+        resolved,
+    } = prepared;
+    let store = &state.inner.store;
+    let cache_key = sha256_hex(
+        format!(
+            "{}\n{model_hash}\n{}",
+            kind.as_str(),
+            canonical(kind, &resolved.request)
+        )
+        .as_bytes(),
+    );
+
+    let shutting_down = || {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        )
+        .with_header(header::RETRY_AFTER, HeaderValue::from_static("5"))
+    };
+    if *state.inner.shutting_down.borrow() {
+        return Err(shutting_down());
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let options = serde_json::to_string(&resolved.applied).map_err(ApiError::internal)?;
+    let created_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let job = NewJob {
+        id: &id,
+        kind,
+        model_hash: &model_hash,
+        model_name: resolved.request.name.as_deref(),
+        model_format: format_name(format),
+        options: &options,
+        cache_key: &cache_key,
+        created_at: &created_at,
+    };
+    // Followable before it is claimed: an identical request that finds the claimed record
+    // can wait for it even before it reaches the queue.
+    state.inner.jobs.announce(&id);
+    let claim = store.claim(&job, !resolved.refresh).map_err(store_error);
+    if !matches!(claim, Ok(Some(Claim::Created))) {
+        state.inner.jobs.forget(&id);
+    }
+    match claim? {
+        None => return Err(shutting_down()),
+        Some(Claim::Existing(existing)) => {
+            if let Some(rx) = state.inner.jobs.follow(&existing) {
+                wait_for(&state, rx, resolved.wait).await;
+            }
+            return answer(&state, kind, &existing, StatusCode::OK);
+        }
+        Some(Claim::Created) => {}
+    }
+    let rx = match state.inner.jobs.submit(Job {
+        id: id.clone(),
+        kind,
+        model,
+        format,
+        request: resolved.request,
+    }) {
+        Ok(rx) => rx,
+        Err(rejected) => {
+            if let Err(e) = store.delete(kind, &id) {
+                tracing::error!(error = %e, id, "cannot remove a rejected job");
+            }
+            let message = match rejected {
+                Rejected::QueueFull => format!(
+                    "the job queue is full ({} waiting, {} workers busy); retry later",
+                    state.inner.config.queue, state.inner.config.workers
+                ),
+                Rejected::Stopped => "the server is shutting down".to_string(),
+            };
+            return Err(
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", message)
+                    .with_header(header::RETRY_AFTER, HeaderValue::from_static("5")),
+            );
+        }
+    };
+    wait_for(&state, rx, resolved.wait).await;
+    answer(&state, kind, &id, StatusCode::CREATED)
+}
