@@ -5,6 +5,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use remat_exec::ExecDevice;
 use remat_server::engine::{EngineError, ErrorKind, PlanRequest};
+use remat_server::human_bytes;
 use remat_server::pipeline::{Costs, Progress};
 use std::path::{Path, PathBuf};
 
@@ -42,6 +43,18 @@ impl Failure {
             code,
             error: anyhow::anyhow!("{message}"),
         }
+    }
+
+    /// Exit 3: no schedule fits `budget_bytes`; the message gives the least budget that does.
+    pub fn infeasible(budget_bytes: u64, min_feasible_budget_bytes: u64) -> Failure {
+        let min = min_feasible_budget_bytes;
+        Failure::new(
+            3,
+            format!(
+                "budget {budget_bytes} bytes is infeasible: the minimum feasible budget is {min} bytes ({})",
+                human_bytes(min)
+            ),
+        )
     }
 }
 

@@ -4,7 +4,6 @@ use super::common::{document_text, print_document, Bar, ExecArgs, Failure, Model
 use anyhow::Context;
 use clap::Args;
 use remat_server::engine::PlanRequest;
-use remat_server::human_bytes;
 use remat_server::pipeline::{PlanJob, Stop, DEFAULT_TIME_LIMIT};
 use remat_server::text::plan_summary;
 use std::path::PathBuf;
@@ -82,14 +81,8 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
         )),
         Stop::Infeasible {
             budget_bytes,
-            min_feasible_budget_bytes: min,
-        } => Err(Failure::new(
-            3,
-            format!(
-                "budget {budget_bytes} bytes is infeasible: the minimum feasible budget is {min} bytes ({})",
-                human_bytes(min)
-            ),
-        )),
+            min_feasible_budget_bytes,
+        } => Err(Failure::infeasible(budget_bytes, min_feasible_budget_bytes)),
         Stop::Planned | Stop::Validated { ok: true } => Ok(()),
     }
 }

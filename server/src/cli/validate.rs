@@ -5,7 +5,6 @@ use anyhow::Context;
 use clap::Args;
 use remat_server::engine::document::RunDocument;
 use remat_server::engine::PlanRequest;
-use remat_server::human_bytes;
 use remat_server::pipeline::{
     not_runnable, validate_schedule, Loaded, PlanJob, Progress, Stop, DEFAULT_TIME_LIMIT,
 };
@@ -147,16 +146,8 @@ fn planned_run(job: &PlanJob<'_, Bar>, loaded: Loaded, json: bool) -> Result<(),
     let ok = match outcome.stop {
         Stop::Infeasible {
             budget_bytes,
-            min_feasible_budget_bytes: min,
-        } => {
-            return Err(Failure::new(
-                3,
-                format!(
-                    "budget {budget_bytes} bytes is infeasible: the minimum feasible budget is {min} bytes ({})",
-                    human_bytes(min)
-                ),
-            ))
-        }
+            min_feasible_budget_bytes,
+        } => return Err(Failure::infeasible(budget_bytes, min_feasible_budget_bytes)),
         Stop::NotRun(e) => return Err(e.into()),
         Stop::Validated { ok } => ok,
         // `validate(true)` runs every feasible plan: a job that did not is a bug.
