@@ -1,7 +1,10 @@
 //! Load test of the planning service on loopback.
 //!
-//! Starts the service in-process on 127.0.0.1 (a temporary SQLite store, its own runtime),
-//! seeds it with plans of the training graphs in `../shared/bench/graphs`, then runs `--readers`
+//! Starts the service as `remat serve` processes on 127.0.0.1: one on a temporary SQLite store
+//! (`--store sqlite`, `--workers` threads), or `--replicas` replicas that only serve plus
+//! `--pg-workers` `remat worker` processes on one throwaway PostgreSQL cluster
+//! (`--store postgres`; the tests' cluster code, `tests/it/pg.rs`). Clients spread their
+//! requests over the replicas as a load balancer would. It seeds it with plans of the training graphs in `../shared/bench/graphs`, then runs `--readers`
 //! clients that read stored plans (`GET /v1/plans/{id}`, each one request every `--interval-ms`)
 //! and `--writers` clients that post models (`POST /v1/plans` with a random graph and budget,
 //! one every `--write-interval-ms`) for `--seconds`. Every response other than 2xx (and a
@@ -12,14 +15,17 @@
 //! 0.9x and 1.0x of the store-all peak, where every graph has a plan, so a 4xx is a bug; each
 //! solve is limited to 2 s (`time_limit=2`).
 //!
-//!     cargo bench -p remat-server --no-default-features --bench load -- --seconds 10
+//! Solves completed: the jobs the writers created (201/202) that are done when the run ends.
+//!
+//!     cargo bench -p remat-server --bench load -- --seconds 10
+//!     cargo bench -p remat-server --bench load -- --seconds 10 --store postgres --replicas 3 --pg-workers 2
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use remat_server::http::{serve_on, AppState, Config, Store};
-use remat_server::pipeline::Pipeline;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,6 +40,10 @@ struct Options {
     queue: usize,
     max_requests: u64,
     graphs: std::path::PathBuf,
+    postgres: bool,
+    replicas: usize,
+    pg_workers: usize,
+    solver_threads: usize,
 }
 
 fn parse_options() -> Result<Options, String> {
@@ -51,6 +61,10 @@ fn parse_options() -> Result<Options, String> {
                 .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into()),
         )
         .join("../../shared/bench/graphs"),
+        postgres: false,
+        replicas: 3,
+        pg_workers: 2,
+        solver_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -74,6 +88,16 @@ fn parse_options() -> Result<Options, String> {
             "--queue" => o.queue = value.parse().map_err(|e| bad(&e))?,
             "--max-requests" => o.max_requests = value.parse().map_err(|e| bad(&e))?,
             "--graphs" => o.graphs = value.into(),
+            "--store" => {
+                o.postgres = match value.as_str() {
+                    "sqlite" => false,
+                    "postgres" => true,
+                    other => return Err(format!("--store {other}: sqlite or postgres")),
+                }
+            }
+            "--replicas" => o.replicas = value.parse().map_err(|e| bad(&e))?,
+            "--pg-workers" => o.pg_workers = value.parse().map_err(|e| bad(&e))?,
+            "--solver-threads" => o.solver_threads = value.parse().map_err(|e| bad(&e))?,
             other => return Err(format!("unknown flag {other}")),
         }
         i += 2;
@@ -213,28 +237,43 @@ fn main() {
         o.graphs.display()
     );
 
-    // The server: its own runtime with two threads, as `remat serve` would have on this machine.
-    let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    // The service: `remat serve` processes (and `remat worker`s on PostgreSQL).
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Store::open(&dir.path().join("load.db")).unwrap());
-    let config = Config {
-        workers: o.workers,
-        queue: o.queue,
-        ..Config::default()
-    };
-    let state = AppState::new(Arc::new(Pipeline::new()), store, config).unwrap();
-    let listener = server_rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = server_rt.spawn(serve_on(listener, state, async move {
-        let _ = stop_rx.await;
-    }));
+    let _cluster;
+    let mut procs: Vec<Proc> = Vec::new();
+    let queue = o.queue.to_string();
+    if o.postgres {
+        let cluster = pg::Cluster::start().unwrap_or_else(|e| panic!("PostgreSQL: {e}"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let db = rt.block_on(cluster.database());
+        for _ in 0..o.replicas.max(1) {
+            procs.push(Proc::serve(&db, "0", &queue));
+        }
+        let solver_threads = o.solver_threads.to_string();
+        for _ in 0..o.pg_workers {
+            procs.push(Proc::start(&[
+                "worker",
+                "--db",
+                &db,
+                "--threads",
+                "1",
+                "--solver-threads",
+                &solver_threads,
+            ]));
+        }
+        _cluster = Some(cluster);
+    } else {
+        let db = dir.path().join("load.db").display().to_string();
+        let workers = o.workers.to_string();
+        procs.push(Proc::serve(&db, &workers, &queue));
+        _cluster = None;
+    }
+    let bases: Vec<String> = procs.iter().filter_map(|p| p.url.clone()).collect();
+    let base = bases[0].clone();
+    let bases = Arc::new(bases);
 
     let client_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -257,7 +296,7 @@ fn main() {
             }
         }
         println!(
-            "seeded {} plans of {} graphs (plan documents {}..{} bytes); {} readers every {} ms, {} writers every {} ms, {} s, {} worker(s), queue {}",
+            "seeded {} plans of {} graphs (plan documents {}..{} bytes); {} readers every {} ms, {} writers every {} ms, {} s, {}, queue {}",
             ids.len(),
             graphs.len(),
             plan_bytes.iter().min().unwrap_or(&0),
@@ -267,7 +306,11 @@ fn main() {
             o.writers,
             o.write_interval_ms,
             o.seconds,
-            o.workers,
+            if o.postgres {
+                format!("PostgreSQL: {} replica(s) without workers, {} `remat worker --threads 1`", o.replicas.max(1), o.pg_workers)
+            } else {
+                format!("SQLite: one replica with {} worker(s)", o.workers)
+            },
             o.queue
         );
         let ids = Arc::new(ids);
@@ -276,11 +319,12 @@ fn main() {
         let writes = Arc::new(Tally::default());
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
+        let created = Arc::new(Mutex::new(Vec::<String>::new()));
         let started = Instant::now();
         let deadline = started + Duration::from_secs_f64(o.seconds);
         let mut tasks = Vec::new();
         for r in 0..o.readers {
-            let (client, ids, tally, stop, sent, base) = (client.clone(), ids.clone(), reads.clone(), stop.clone(), sent.clone(), base.clone());
+            let (client, ids, tally, stop, sent, base) = (client.clone(), ids.clone(), reads.clone(), stop.clone(), sent.clone(), bases[r % bases.len()].clone());
             let interval = Duration::from_millis(o.interval_ms);
             let max = o.max_requests;
             tasks.push(tokio::spawn(async move {
@@ -312,7 +356,7 @@ fn main() {
             }));
         }
         for w in 0..o.writers {
-            let (client, graphs, tally, stop, sent, base) = (client.clone(), graphs.clone(), writes.clone(), stop.clone(), sent.clone(), base.clone());
+            let (client, graphs, tally, stop, sent, base, created) = (client.clone(), graphs.clone(), writes.clone(), stop.clone(), sent.clone(), bases[w % bases.len()].clone(), created.clone());
             let interval = Duration::from_millis(o.write_interval_ms);
             let max = o.max_requests;
             tasks.push(tokio::spawn(async move {
@@ -329,7 +373,14 @@ fn main() {
                         Ok((status, bytes)) => {
                             tally.record(status, t0.elapsed().as_micros() as u64);
                             match status {
-                                200..=202 => {}
+                                201 | 202 => {
+                                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                                        if let Some(id) = v["id"].as_str() {
+                                            created.lock().unwrap().push(id.to_string());
+                                        }
+                                    }
+                                }
+                                200 => {}
                                 503 => {
                                     tally.rejected.fetch_add(1, Ordering::Relaxed);
                                 }
@@ -359,24 +410,89 @@ fn main() {
         let w_ok = report("POST /v1/plans (graph JSON)", &writes, seconds);
         println!();
         println!("deliberate 503s (queue full): {}", writes.rejected.load(Ordering::SeqCst));
+        // Solves completed: the jobs the writers created that are done now.
+        let created = created.lock().unwrap().clone();
+        let mut done = 0;
+        for id in &created {
+            if let Ok((200, bytes)) = request(&client, "GET", &format!("{base}/v1/plans/{id}"), None).await {
+                let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                if v["status"] == "done" {
+                    done += 1;
+                }
+            }
+        }
+        println!(
+            "solves: {} jobs created by the writers, {done} done at the end of the run: {:.1} per minute",
+            created.len(),
+            done as f64 * 60.0 / seconds
+        );
         let (_, metrics) = request(&client, "GET", &format!("{base}/metrics"), None).await.expect("metrics");
         let text = String::from_utf8_lossy(&metrics);
-        for line in text.lines().filter(|l| l.starts_with("remat_solve_seconds_sum") || l.starts_with("remat_solve_seconds_count") || l.starts_with("remat_jobs_total")) {
-            println!("{line}");
-        }
         for route in ["/v1/plans/{id}", "/v1/plans"] {
             let (p50, p99) = server_quantiles(&text, route);
             println!("server-side latency of {route} (histogram bucket bounds): p50 <= {p50} ms, p99 <= {p99} ms");
         }
         r_ok && w_ok
     });
-    let _ = stop_tx.send(());
-    server_rt
-        .block_on(server)
-        .expect("server task")
-        .expect("server");
+    drop(procs);
     if !ok {
         eprintln!("load: errors other than deliberate 503s");
         std::process::exit(1);
+    }
+}
+
+#[path = "../tests/it/pg.rs"]
+mod pg;
+
+/// A `remat` process; killed when dropped.
+struct Proc {
+    child: Child,
+    /// A replica's base URL.
+    url: Option<String>,
+}
+
+impl Proc {
+    /// `remat serve` on a free loopback port.
+    fn serve(db: &str, workers: &str, queue: &str) -> Proc {
+        Proc::start(&[
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--db",
+            db,
+            "--workers",
+            workers,
+            "--queue",
+            queue,
+        ])
+    }
+
+    fn start(args: &[&str]) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_remat"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting remat");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines
+            .next()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| panic!("remat {args:?} did not start"));
+        // The rest of its stdout, drained so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        let url = line
+            .strip_prefix("remat serve: ")
+            .map(|rest| rest.split('/').take(3).collect::<Vec<_>>().join("/"));
+        Proc { child, url }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

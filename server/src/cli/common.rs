@@ -121,7 +121,7 @@ fn read_model(path: &Path) -> Result<Vec<u8>, Failure> {
 }
 
 /// The executor's device.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeviceArg {
     Cpu,
     Cuda,

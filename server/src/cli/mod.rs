@@ -8,6 +8,7 @@ mod plan;
 mod serve;
 mod sweep;
 mod validate;
+mod worker;
 
 use clap::{Parser, Subcommand};
 use common::Failure;
@@ -34,12 +35,15 @@ pub enum Command {
     /// Plan a model and run the plan on the executor: measured memory, time and gradient check
     /// (exit 1 when the check fails)
     Validate(validate::ValidateArgs),
+    /// Take solve and validation jobs from the shared PostgreSQL queue of `remat serve
+    /// --db postgres://...` replicas (no HTTP)
+    Worker(worker::WorkerArgs),
 }
 
 impl Command {
     /// Whether the command serves clients (which may hang up) rather than writing to a pipe.
     pub fn serves(&self) -> bool {
-        matches!(self, Command::Serve(_))
+        matches!(self, Command::Serve(_) | Command::Worker(_))
     }
 
     /// Runs the subcommand.
@@ -51,6 +55,7 @@ impl Command {
             Command::Sweep(args) => sweep::exec(args),
             Command::Gate(args) => gate::exec(args),
             Command::Validate(args) => validate::exec(args),
+            Command::Worker(args) => worker::exec(args),
         }
     }
 }

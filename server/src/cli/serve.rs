@@ -3,9 +3,9 @@
 use super::common::Failure;
 use anyhow::Context;
 use clap::Args;
-use remat_server::http::{self, Config, Serve};
+use remat_server::http::store::Takes;
+use remat_server::http::{self, Config, Serve, WorkerConfig};
 use remat_server::pipeline::Pipeline;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,12 +15,21 @@ pub struct ServeArgs {
     /// Address to listen on (loopback by default; give a token before exposing it).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub addr: String,
-    /// The plan store (SQLite file, created if missing).
-    #[arg(long, default_value = "remat.db")]
-    pub db: PathBuf,
-    /// Worker threads that run solves (default: the number of cores).
+    /// The plan store: a SQLite file (created if missing), or a PostgreSQL URL
+    /// (postgres://user:password@host:port/db) shared by replicas and `remat worker`s.
+    #[arg(
+        long,
+        env = "REMAT_DB",
+        hide_env_values = true,
+        default_value = "remat.db"
+    )]
+    pub db: String,
+    /// Worker threads that run solves (default: the number of cores). On PostgreSQL, 0 makes a
+    /// replica that only serves and leaves the jobs to other replicas and `remat worker`s.
     #[arg(long)]
     pub workers: Option<usize>,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
     /// Jobs that may wait for a worker; past it a POST answers 503 with Retry-After.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
@@ -40,6 +49,32 @@ pub struct ServeArgs {
     /// Seconds a request may take before it is answered 408.
     #[arg(long, default_value_t = 600)]
     pub request_timeout: u64,
+}
+
+/// How workers of a shared (PostgreSQL) queue hold their jobs; `remat serve` and `remat worker`.
+#[derive(Debug, Clone, Args)]
+pub struct LeaseArgs {
+    /// Seconds a worker's claim on a job holds without renewal (renewed every third of it);
+    /// when a worker dies, another takes its job this long after (PostgreSQL only).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    pub lease: u64,
+    /// Claims after which a job whose worker died each time is failed, not retried
+    /// (PostgreSQL only).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=100))]
+    pub max_attempts: i32,
+}
+
+impl LeaseArgs {
+    /// The workers' settings with these leases and `threads` threads taking `takes`.
+    pub fn worker_config(&self, threads: usize, takes: Takes) -> WorkerConfig {
+        WorkerConfig {
+            threads,
+            takes,
+            lease: Duration::from_secs(self.lease),
+            max_attempts: self.max_attempts,
+            ..WorkerConfig::default()
+        }
+    }
 }
 
 /// Parses a size: bytes ("1048576") or a number with a unit (B, KB, MB, GB, KiB, MiB, GiB).
@@ -77,11 +112,12 @@ impl ServeArgs {
     /// The service's settings from the flags (checked when it starts).
     fn settings(&self) -> Serve {
         let defaults = Config::default();
+        let workers = self.workers.unwrap_or(defaults.workers);
         Serve {
             addr: self.addr.clone(),
             db: self.db.clone(),
             config: Config {
-                workers: self.workers.unwrap_or(defaults.workers),
+                workers,
                 queue: self.queue,
                 body_limit: usize::try_from(self.body_limit).unwrap_or(usize::MAX),
                 token: self.token.clone().filter(|t| !t.is_empty()),
@@ -89,6 +125,7 @@ impl ServeArgs {
                 request_timeout: Duration::from_secs(self.request_timeout),
                 max_time_limit: self.max_time_limit,
                 default_wait: defaults.default_wait,
+                shared_workers: self.lease.worker_config(workers, Takes::ALL),
             },
         }
     }

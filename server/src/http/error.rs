@@ -1,43 +1,11 @@
-//! The one error shape of the API, `{"error": {"code", "message", "details"}}`, and the
-//! service's own failure enum.
+//! The one error shape of the API, `{"error": {"code", "message", "details"}}`. The service's
+//! own failures (`ServerError`) are in `failure.rs`.
 
 use crate::engine::{EngineError, ErrorKind};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-
-/// Failures of the service itself: opening the store, binding the port, bad server flags.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    #[error("cannot open the plan store {path}: {source}")]
-    OpenStore {
-        path: String,
-        #[source]
-        source: rusqlite::Error,
-    },
-    #[error("cannot bind {addr}: {source}")]
-    Bind {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot start worker thread {index}: {source}")]
-    Worker {
-        index: usize,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("server I/O: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("metrics registry: {0}")]
-    Metrics(#[from] prometheus::Error),
-    #[error("invalid --{option}: {message}")]
-    Config {
-        option: &'static str,
-        message: String,
-    },
-}
 
 /// The error object inside the error shape; also what a failed plan stores.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -1,9 +1,11 @@
 //! Prometheus metrics: requests by route and status, request latency, job queue depth, jobs
-//! running, and histograms of solve and validation seconds.
+//! running, and histograms of solve and validation seconds; on PostgreSQL also the shared
+//! queue, per kind, as the database has it at the scrape (waiting, running, the oldest lease's
+//! age) and whether the database answers.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -15,6 +17,14 @@ pub struct Metrics {
     pub jobs: IntCounterVec,
     pub solve_seconds: HistogramVec,
     pub validation_seconds: Histogram,
+    /// Shared queue (PostgreSQL): jobs waiting, by kind.
+    pub shared_queued: IntGaugeVec,
+    /// Shared queue: jobs a worker (of any process) holds, by kind.
+    pub shared_running: IntGaugeVec,
+    /// Shared queue: seconds since the oldest running job of a kind was claimed.
+    pub shared_oldest_lease: GaugeVec,
+    /// Shared queue: 1 when the database answered the scrape's query, else 0.
+    pub database_up: IntGauge,
 }
 
 const SOLVE_BUCKETS: &[f64] = &[
@@ -67,6 +77,35 @@ impl Metrics {
         registry.register(Box::new(jobs.clone()))?;
         registry.register(Box::new(solve_seconds.clone()))?;
         registry.register(Box::new(validation_seconds.clone()))?;
+        let shared_queued = IntGaugeVec::new(
+            Opts::new(
+                "shared_queue_depth",
+                "Jobs waiting in the shared (PostgreSQL) queue",
+            ),
+            &["kind"],
+        )?;
+        let shared_running = IntGaugeVec::new(
+            Opts::new(
+                "shared_jobs_running",
+                "Jobs held by a worker of the shared queue",
+            ),
+            &["kind"],
+        )?;
+        let shared_oldest_lease = GaugeVec::new(
+            Opts::new(
+                "shared_oldest_lease_seconds",
+                "Seconds since the oldest running job of the shared queue was claimed",
+            ),
+            &["kind"],
+        )?;
+        let database_up = IntGauge::new(
+            "database_up",
+            "Whether the shared queue's database answered the last scrape",
+        )?;
+        registry.register(Box::new(shared_queued.clone()))?;
+        registry.register(Box::new(shared_running.clone()))?;
+        registry.register(Box::new(shared_oldest_lease.clone()))?;
+        registry.register(Box::new(database_up.clone()))?;
         Ok(Metrics {
             registry,
             requests,
@@ -76,7 +115,35 @@ impl Metrics {
             jobs,
             solve_seconds,
             validation_seconds,
+            shared_queued,
+            shared_running,
+            shared_oldest_lease,
+            database_up,
         })
+    }
+
+    /// Sets the shared-queue gauges from the database's figures (every kind that has none is
+    /// 0), or marks the database down.
+    pub fn set_shared(&self, stats: Option<&[crate::http::store::QueueStats]>) {
+        let Some(stats) = stats else {
+            self.database_up.set(0);
+            return;
+        };
+        self.database_up.set(1);
+        // This process has no queue of its own: its depth is the shared one's.
+        self.queue_depth.set(stats.iter().map(|s| s.queued).sum());
+        for kind in ["plan", "sweep"] {
+            let s = stats.iter().find(|s| s.kind == kind);
+            self.shared_queued
+                .with_label_values(&[kind])
+                .set(s.map_or(0, |s| s.queued));
+            self.shared_running
+                .with_label_values(&[kind])
+                .set(s.map_or(0, |s| s.running));
+            self.shared_oldest_lease
+                .with_label_values(&[kind])
+                .set(s.map_or(0.0, |s| s.oldest_lease_seconds));
+        }
     }
 
     /// The text exposition format.

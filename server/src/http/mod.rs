@@ -1,5 +1,6 @@
-//! The planning service: HTTP API v1, the job queue and its workers, the SQLite plan store,
-//! metrics, the OpenAPI document and `remat serve`.
+//! The planning service: HTTP API v1, the job queue and its workers, the plan store (SQLite
+//! embedded, or PostgreSQL for replicas and workers), metrics, the OpenAPI document and
+//! `remat serve`.
 //!
 //! The service talks to the planning pipeline only through [`crate::engine::Engine`].
 //! One module per resource (`plans`, `sweeps`, `models`, `service`, `openapi`, `web`), each
@@ -7,7 +8,9 @@
 //! share.
 
 pub mod cache;
+mod deletions;
 pub mod error;
+pub mod failure;
 pub mod jobs;
 pub mod metrics;
 mod middleware;
@@ -16,23 +19,26 @@ pub mod openapi;
 pub mod options;
 pub mod plans;
 pub mod records;
+pub mod run;
 pub mod service;
 pub mod state;
 pub mod store;
 pub mod submit;
 pub mod sweeps;
 pub mod web;
+pub mod workers;
 
-pub use error::{ApiError, ErrorBody, ErrorObject, ServerError};
+pub use error::{ApiError, ErrorBody, ErrorObject};
+pub use failure::ServerError;
 pub use state::{AppState, Config};
 pub use store::{JobStatus, Store};
+pub use workers::{WorkerConfig, Workers};
 
 use crate::engine::Engine;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, Method, StatusCode};
 use axum::Router;
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::timeout::TimeoutLayer;
@@ -100,31 +106,56 @@ pub async fn serve_on(
 pub struct Serve {
     /// Address to listen on.
     pub addr: String,
-    /// The plan store (SQLite file, created if missing).
-    pub db: PathBuf,
+    /// The plan store: a SQLite file (created if missing) or a PostgreSQL URL
+    /// (`postgres://user:password@host/db`).
+    pub db: String,
     pub config: Config,
+}
+
+/// Opens the store `db` names: a PostgreSQL database (its schema migrated) or a SQLite file.
+pub async fn open_store(db: &str, connections: usize) -> Result<Store, ServerError> {
+    let opening = |source| ServerError::OpenStore {
+        path: store::redact(db),
+        source,
+    };
+    if store::is_postgres_url(db) {
+        let pg = store::PgStore::new(db, connections).map_err(opening)?;
+        let applied = pg.migrate().await.map_err(opening)?;
+        if !applied.is_empty() {
+            tracing::info!(versions = ?applied, "applied schema migrations");
+        }
+        Ok(Store::Postgres(pg))
+    } else {
+        let sqlite =
+            store::SqliteStore::open(std::path::Path::new(db)).map_err(|e| opening(e.into()))?;
+        Ok(Store::Sqlite(Arc::new(sqlite)))
+    }
+}
+
+/// Logs to stderr (`RUST_LOG` filters; `default` otherwise), unless the binary installed its
+/// own subscriber already.
+pub fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }
 
 /// `remat serve`: checks the settings, opens the store, starts the workers, binds, prints the
 /// URL and serves until Ctrl-C or SIGTERM.
 pub async fn serve(settings: Serve, engine: Arc<dyn Engine>) -> Result<(), ServerError> {
     let Serve { addr, db, config } = settings;
-    // Logs to stderr (`RUST_LOG` filters; default: requests and the service at info/debug),
-    // unless the binary installed its own subscriber already.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=debug"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-    config.check()?;
-    let store = Store::open(&db).map_err(|source| ServerError::OpenStore {
-        path: db.display().to_string(),
-        source,
-    })?;
-    let interrupted = store.interrupted_on_open();
-    let state = AppState::new(engine, Arc::new(store), config)?;
+    init_logging("info,tower_http=debug");
+    config.check(store::is_postgres_url(&db))?;
+    let store = open_store(&db, 16).await?;
+    let interrupted = match &store {
+        Store::Sqlite(s) => s.interrupted_on_open(),
+        Store::Postgres(_) => 0,
+    };
+    let state = AppState::new(engine, store, config)?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|source| ServerError::Bind {
@@ -137,18 +168,25 @@ pub async fn serve(settings: Serve, engine: Arc<dyn Engine>) -> Result<(), Serve
     }
     println!(
         "remat serve: http://{addr}/ (store {}, {} workers, queue {})",
-        db.display(),
-        state.inner.jobs.workers(),
+        store::redact(&db),
+        state.workers(),
         state.inner.config.queue
     );
     if interrupted > 0 {
         println!("remat serve: {interrupted} job(s) left in flight by the last run are marked failed (interrupted)");
     }
-    serve_on(listener, state, shutdown_signal()).await
+    serve_on(listener, state.clone(), shutdown_signal()).await?;
+    // On PostgreSQL the jobs this replica runs finish and are stored (their leases stay
+    // renewed meanwhile); a second signal is not waited for: SIGKILL leaves them to the lease.
+    if state.workers() > 0 && state.store().is_postgres() {
+        println!("remat serve: stopping; the jobs this replica runs finish first");
+        tokio::task::block_in_place(|| state.finish_shared_jobs());
+    }
+    Ok(())
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::error!(error = %e, "cannot listen for Ctrl-C");

@@ -56,7 +56,12 @@ pub async fn history(
     State(state): State<AppState>,
     Path(hash): Path<String>,
 ) -> Result<Response, ApiError> {
-    let rows = state.inner.store.history(&hash).map_err(store_error)?;
+    let rows = state
+        .inner
+        .store
+        .history(&hash)
+        .await
+        .map_err(store_error)?;
     if rows.is_empty() {
         return Err(ApiError::not_found(format!(
             "no plan of a model with hash {hash:?}"

@@ -83,7 +83,7 @@ pub async fn get_plan(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    get_record(&state, Kind::Plan, &id)
+    get_record(&state, Kind::Plan, &id).await
 }
 
 /// Deletes a plan.
@@ -103,7 +103,7 @@ pub async fn delete_plan(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    delete_record(&state, Kind::Plan, &id)
+    delete_record(&state, Kind::Plan, &id).await
 }
 
 /// Query of `GET /v1/plans`.
@@ -156,6 +156,7 @@ pub async fn list_plans(
         .inner
         .store
         .list(Kind::Plan, q.model.as_deref(), limit)
+        .await
         .map_err(store_error)?;
     let plans = rows
         .into_iter()

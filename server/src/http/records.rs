@@ -3,7 +3,7 @@
 
 use super::error::{ApiError, ErrorObject};
 use super::state::AppState;
-use super::store::{JobStatus, Kind, Record, Row};
+use super::store::{JobStatus, Kind, Record, Row, Store, StoreError};
 use crate::engine::document::{PlanDocument, SweepDocument};
 use axum::body::Bytes;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -132,23 +132,47 @@ pub fn with_location(mut response: Response, kind: Kind, id: &str) -> Response {
     response
 }
 
-/// A store failure, as a 500 (logged).
-pub fn store_error(e: rusqlite::Error) -> ApiError {
+/// A store failure: 503 with `Retry-After` while the database cannot be reached (PostgreSQL
+/// down or restarting), else a 500 (logged).
+pub fn store_error(e: StoreError) -> ApiError {
+    if e.is_unavailable() {
+        tracing::warn!(error = %e, "the plan store is unreachable");
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_unavailable",
+            "the plan store's database cannot be reached; retry later",
+        )
+        .with_header(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    }
     ApiError::internal(format!("plan store: {e}"))
 }
 
 /// `GET` of one job: from the rendered-response cache when it finished before, else from the
-/// store (a finished job's response is cached).
-pub fn get_record(state: &AppState, kind: Kind, id: &str) -> Result<Response, ApiError> {
+/// store (a finished job's response is cached). On PostgreSQL, where another replica may
+/// delete it, the cache answers by itself only while this replica hears of every deletion
+/// (`deletions.rs`), and after the database says the job is still there otherwise.
+pub async fn get_record(state: &AppState, kind: Kind, id: &str) -> Result<Response, ApiError> {
     let key = format!("{}/{id}", kind.as_str());
     let json = [(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     )];
-    if let Some(body) = state.inner.rendered.get(&key) {
-        return Ok((json, body).into_response());
+    let rendered = &state.inner.rendered;
+    if let Some(body) = rendered.get(&key) {
+        let still_there = match &state.inner.store {
+            Store::Sqlite(_) => true,
+            Store::Postgres(_) if rendered.trusted() => true,
+            Store::Postgres(pg) => pg.status(kind, id).await.map_err(store_error)?.is_some(),
+        };
+        if still_there {
+            return Ok((json, body).into_response());
+        }
+        rendered.invalidate(&key);
     }
-    let Some(Record { row, result }) = state.inner.store.get(kind, id).map_err(store_error)? else {
+    let generation = rendered.generation();
+    let Some(Record { row, result }) =
+        state.inner.store.get(kind, id).await.map_err(store_error)?
+    else {
         return Err(ApiError::not_found(format!(
             "no {} with id {id:?}",
             kind.as_str()
@@ -159,18 +183,24 @@ pub fn get_record(state: &AppState, kind: Kind, id: &str) -> Result<Response, Ap
         serde_json::to_vec(&record_out(kind, row, result)?).map_err(ApiError::internal)?,
     );
     if finished {
-        state.inner.rendered.put(key, body.clone());
+        rendered.put_if(generation, key, body.clone());
     }
     Ok((json, body).into_response())
 }
 
 /// `DELETE` of one job.
-pub fn delete_record(state: &AppState, kind: Kind, id: &str) -> Result<StatusCode, ApiError> {
+pub async fn delete_record(state: &AppState, kind: Kind, id: &str) -> Result<StatusCode, ApiError> {
     state
         .inner
         .rendered
-        .remove(&format!("{}/{id}", kind.as_str()));
-    if state.inner.store.delete(kind, id).map_err(store_error)? {
+        .invalidate(&format!("{}/{id}", kind.as_str()));
+    if state
+        .inner
+        .store
+        .delete(kind, id)
+        .await
+        .map_err(store_error)?
+    {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!(

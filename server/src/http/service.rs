@@ -3,6 +3,7 @@
 use super::error::{ApiError, ErrorBody};
 use super::records::{json_response, store_error};
 use super::state::AppState;
+use super::store::Store;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -22,31 +23,71 @@ pub fn router() -> Router<AppState> {
 pub struct Health {
     pub status: String,
     pub version: String,
+    /// `sqlite` (embedded) or `postgres` (shared by replicas and workers).
+    pub store: String,
+    /// Whether the store answered (false only on PostgreSQL, with status 503).
+    pub database: bool,
+    /// Worker threads of this process (0: a PostgreSQL replica that only serves).
     pub workers: usize,
+    /// Jobs waiting: this process's queue on SQLite, the shared queue's (all kinds) on
+    /// PostgreSQL.
     pub queue_depth: i64,
+    /// Jobs running: this process's on SQLite, every worker's on PostgreSQL.
     pub jobs_running: i64,
 }
 
-/// Liveness: the store answers and the workers exist.
+/// Liveness: the store answers and the workers exist. On PostgreSQL a database that cannot be
+/// reached answers 503 with `Retry-After` and `database: false`.
 #[utoipa::path(
     get,
     path = "/healthz",
     tag = "service",
-    responses((status = 200, description = "Healthy", body = Health), (status = 500, description = "The store does not answer", body = ErrorBody))
+    responses(
+        (status = 200, description = "Healthy", body = Health),
+        (status = 503, description = "The database cannot be reached (PostgreSQL)", body = Health),
+        (status = 500, description = "The store does not answer", body = ErrorBody)
+    )
 )]
 pub async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError> {
-    state.inner.store.ping().map_err(store_error)?;
     let m = &state.inner.metrics;
-    Ok(json_response(
-        StatusCode::OK,
-        &Health {
-            status: "ok".to_string(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            workers: state.inner.jobs.workers(),
-            queue_depth: m.queue_depth.get(),
-            jobs_running: m.jobs_running.get(),
+    let store = &state.inner.store;
+    let mut health = Health {
+        status: "ok".to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        store: if store.is_postgres() {
+            "postgres"
+        } else {
+            "sqlite"
+        }
+        .to_string(),
+        database: true,
+        workers: state.workers(),
+        queue_depth: m.queue_depth.get(),
+        jobs_running: m.jobs_running.get(),
+    };
+    match store {
+        Store::Sqlite(_) => store.ping().await.map_err(store_error)?,
+        Store::Postgres(pg) => match pg.queue_stats().await {
+            Ok(stats) => {
+                health.queue_depth = stats.iter().map(|s| s.queued).sum();
+                health.jobs_running = stats.iter().map(|s| s.running).sum();
+                m.set_shared(Some(&stats));
+            }
+            Err(e) if e.is_unavailable() => {
+                m.set_shared(None);
+                tracing::warn!(error = %e, "healthz: the database is unreachable");
+                health.status = "database_unavailable".to_string();
+                health.database = false;
+                let mut response = json_response(StatusCode::SERVICE_UNAVAILABLE, &health);
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                return Ok(response);
+            }
+            Err(e) => return Err(store_error(e)),
         },
-    ))
+    }
+    Ok(json_response(StatusCode::OK, &health))
 }
 
 /// Prometheus metrics (text format).
@@ -57,6 +98,17 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"))
 )]
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    if let Store::Postgres(pg) = &state.inner.store {
+        // The shared queue as the database has it now; a database that does not answer is
+        // `remat_database_up 0`, not a failed scrape.
+        match pg.queue_stats().await {
+            Ok(stats) => state.inner.metrics.set_shared(Some(&stats)),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: cannot read the shared queue");
+                state.inner.metrics.set_shared(None);
+            }
+        }
+    }
     let (content_type, text) = state.inner.metrics.render().map_err(ApiError::internal)?;
     let content_type = HeaderValue::from_str(&content_type).map_err(ApiError::internal)?;
     Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())

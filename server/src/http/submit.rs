@@ -8,8 +8,8 @@ use super::options::{canonical, query_pairs, resolve, Caps, EnvelopeOptions, Que
 use super::records::{
     json_response, record_out, store_error, stored_error, with_location, Accepted,
 };
-use super::state::AppState;
-use super::store::{Claim, JobStatus, Kind, NewJob, Record};
+use super::state::{AppState, Queue};
+use super::store::{Claim, JobStatus, Kind, NewJob, Record, Store};
 use crate::engine::{Engine, ModelFormat};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -187,15 +187,40 @@ async fn wait_for(
     }
 }
 
+/// Waits, on the shared queue, until job `id` is done or failed (or gone), `wait` passes, or
+/// the server shuts down: the database is polled, every 20 ms at first, then less often.
+async fn poll_for(state: &AppState, kind: Kind, id: &str, wait: Duration) -> Result<(), ApiError> {
+    let Store::Postgres(pg) = &state.inner.store else {
+        return Ok(());
+    };
+    let end = tokio::time::Instant::now() + wait;
+    let mut pause = Duration::from_millis(20);
+    let shutdown = state.inner.shutting_down.subscribe();
+    loop {
+        match pg.status(kind, id).await.map_err(store_error)? {
+            Some(status) if !status.is_terminal() => {}
+            _ => return Ok(()),
+        }
+        let now = tokio::time::Instant::now();
+        if now >= end || *shutdown.borrow() {
+            return Ok(());
+        }
+        tokio::time::sleep(pause.min(end - now)).await;
+        pause = (pause * 2).min(Duration::from_millis(250));
+    }
+}
+
 /// The answer to a submission once the wait is over: the plan (`done_status`), the job's
 /// error, or 202 with its id.
-fn answer(
+async fn answer(
     state: &AppState,
     kind: Kind,
     id: &str,
     done_status: StatusCode,
 ) -> Result<Response, ApiError> {
-    let Some(Record { row, result }) = state.inner.store.get(kind, id).map_err(store_error)? else {
+    let Some(Record { row, result }) =
+        state.inner.store.get(kind, id).await.map_err(store_error)?
+    else {
         return Err(ApiError::not_found(format!(
             "{} {id} was deleted while it ran",
             kind.as_str()
@@ -282,48 +307,98 @@ pub async fn submit(
         cache_key: &cache_key,
         created_at: &created_at,
     };
-    // Followable before it is claimed: an identical request that finds the claimed record
-    // can wait for it even before it reaches the queue.
-    state.inner.jobs.announce(&id);
-    let claim = store.claim(&job, !resolved.refresh).map_err(store_error);
-    if !matches!(claim, Ok(Some(Claim::Created))) {
-        state.inner.jobs.forget(&id);
-    }
-    match claim? {
-        None => return Err(shutting_down()),
-        Some(Claim::Existing(existing)) => {
-            if let Some(rx) = state.inner.jobs.follow(&existing) {
-                wait_for(&state, rx, resolved.wait).await;
-            }
-            return answer(&state, kind, &existing, StatusCode::OK);
-        }
-        Some(Claim::Created) => {}
-    }
-    let rx = match state.inner.jobs.submit(Job {
-        id: id.clone(),
-        kind,
-        model,
-        format,
-        request: resolved.request,
-    }) {
-        Ok(rx) => rx,
-        Err(rejected) => {
-            if let Err(e) = store.delete(kind, &id) {
-                tracing::error!(error = %e, id, "cannot remove a rejected job");
-            }
-            let message = match rejected {
-                Rejected::QueueFull => format!(
-                    "the job queue is full ({} waiting, {} workers busy); retry later",
-                    state.inner.config.queue, state.inner.config.workers
-                ),
-                Rejected::Stopped => "the server is shutting down".to_string(),
+    match &state.inner.queue {
+        Queue::Local(jobs) => {
+            let Store::Sqlite(sqlite) = store else {
+                return Err(ApiError::internal(
+                    "the embedded queue runs on a SQLite store",
+                ));
             };
-            return Err(
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", message)
-                    .with_header(header::RETRY_AFTER, HeaderValue::from_static("5")),
-            );
+            // Followable before it is claimed: an identical request that finds the claimed
+            // record can wait for it even before it reaches the queue.
+            jobs.announce(&id);
+            let claim = sqlite
+                .claim(&job, !resolved.refresh)
+                .map_err(|e| store_error(e.into()));
+            if !matches!(claim, Ok(Some(Claim::Created))) {
+                jobs.forget(&id);
+            }
+            match claim? {
+                None => return Err(shutting_down()),
+                Some(Claim::Existing(existing)) => {
+                    if let Some(rx) = jobs.follow(&existing) {
+                        wait_for(&state, rx, resolved.wait).await;
+                    }
+                    return answer(&state, kind, &existing, StatusCode::OK).await;
+                }
+                Some(Claim::QueueFull) => return Err(queue_full(&state)),
+                Some(Claim::Created) => {}
+            }
+            let rx = match jobs.submit(Job {
+                id: id.clone(),
+                kind,
+                model,
+                format,
+                request: resolved.request,
+            }) {
+                Ok(rx) => rx,
+                Err(rejected) => {
+                    if let Err(e) = sqlite.delete(kind, &id) {
+                        tracing::error!(error = %e, id, "cannot remove a rejected job");
+                    }
+                    return Err(match rejected {
+                        Rejected::QueueFull => queue_full(&state),
+                        Rejected::Stopped => shutting_down(),
+                    });
+                }
+            };
+            wait_for(&state, rx, resolved.wait).await;
+            answer(&state, kind, &id, StatusCode::CREATED).await
         }
+        Queue::Shared { .. } => {
+            let Store::Postgres(pg) = store else {
+                return Err(ApiError::internal(
+                    "the shared queue runs on a PostgreSQL store",
+                ));
+            };
+            let request = serde_json::to_string(&resolved.request).map_err(ApiError::internal)?;
+            let validate = kind == Kind::Plan && resolved.request.validate == Some(true);
+            let claim = pg
+                .claim(
+                    &job,
+                    !resolved.refresh,
+                    &model,
+                    &request,
+                    validate,
+                    state.inner.config.queue,
+                )
+                .await
+                .map_err(store_error)?;
+            let (id, status) = match claim {
+                None => return Err(shutting_down()),
+                Some(Claim::QueueFull) => return Err(queue_full(&state)),
+                Some(Claim::Existing(existing)) => (existing, StatusCode::OK),
+                Some(Claim::Created) => (id, StatusCode::CREATED),
+            };
+            poll_for(&state, kind, &id, resolved.wait).await?;
+            answer(&state, kind, &id, status).await
+        }
+    }
+}
+
+/// 503 for a full queue, with `Retry-After`.
+fn queue_full(state: &AppState) -> ApiError {
+    let config = &state.inner.config;
+    let message = match &state.inner.queue {
+        Queue::Local(_) => format!(
+            "the job queue is full ({} waiting, {} workers busy); retry later",
+            config.queue, config.workers
+        ),
+        Queue::Shared { .. } => format!(
+            "the job queue is full ({} jobs waiting for a worker); retry later",
+            config.queue
+        ),
     };
-    wait_for(&state, rx, resolved.wait).await;
-    answer(&state, kind, &id, StatusCode::CREATED)
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", message)
+        .with_header(header::RETRY_AFTER, HeaderValue::from_static("5"))
 }

@@ -71,7 +71,7 @@ pub async fn get_sweep(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    get_record(&state, Kind::Sweep, &id)
+    get_record(&state, Kind::Sweep, &id).await
 }
 
 /// Deletes a sweep.
@@ -91,5 +91,5 @@ pub async fn delete_sweep(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    delete_record(&state, Kind::Sweep, &id)
+    delete_record(&state, Kind::Sweep, &id).await
 }

@@ -21,6 +21,7 @@ pub use solve::{
 };
 
 use crate::engine::{Engine, EngineError, ModelFormat, Phase, PlanRequest};
+use remat_exec::ExecDevice;
 use serde_json::Value;
 
 /// The real engine: planner + solver.
@@ -28,6 +29,8 @@ use serde_json::Value;
 pub struct Pipeline {
     /// Threads the exact solver may use.
     pub threads: usize,
+    /// Where validations (and measured costs) run. Default: the CPU.
+    pub device: ExecDevice,
 }
 
 impl Default for Pipeline {
@@ -41,6 +44,7 @@ impl Pipeline {
     pub fn new() -> Self {
         Pipeline {
             threads: default_threads(),
+            device: ExecDevice::Cpu,
         }
     }
 }
@@ -66,6 +70,7 @@ impl Engine for Pipeline {
     ) -> Result<Value, EngineError> {
         let job = PlanJob::new(model, request)
             .threads(self.threads)
+            .device(self.device)
             .on_phase(progress);
         let outcome = job.run_loaded(load(model, format, request)?)?;
         if let Some(e) = outcome.stop.infeasible_error() {

@@ -5,11 +5,24 @@ use crate::common::*;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use base64::Engine as _;
-use remat_server::http::{serve_on, AppState, Config, Store};
+use remat_server::http::Config;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The store this copy of the suite runs on (`main.rs` includes it once per store).
+fn store() -> StoreKind {
+    store_of(module_path!())
+}
+
+async fn test_app() -> TestApp {
+    test_app_on(store(), test_config()).await
+}
+
+async fn test_app_with(config: Config) -> TestApp {
+    test_app_on(store(), config).await
+}
 
 fn graph(behave: &str) -> Value {
     json!({"directed": true, "nodes": [{"id": 0}], "links": [], "behave": behave})
@@ -17,7 +30,7 @@ fn graph(behave: &str) -> Value {
 
 #[tokio::test]
 async fn post_graph_json_plans_and_get_returns_it() {
-    let t = test_app();
+    let t = test_app().await;
     let r = t
         .post_json("/v1/plans?budget=0.6x&dim=batch=2&name=tiny", &graph("ok"))
         .await;
@@ -46,7 +59,7 @@ async fn post_graph_json_plans_and_get_returns_it() {
 
 #[tokio::test]
 async fn same_model_and_options_answer_the_stored_plan() {
-    let t = test_app();
+    let t = test_app().await;
     let first = t
         .post_json("/v1/plans?budget=1GiB&name=a", &graph("ok"))
         .await;
@@ -72,7 +85,7 @@ async fn same_model_and_options_answer_the_stored_plan() {
 
 #[tokio::test]
 async fn envelopes_carry_graphs_or_base64_onnx_and_the_query_wins() {
-    let t = test_app();
+    let t = test_app().await;
     let envelope = json!({
         "model": graph("ok"),
         "options": {"budget": 4096, "dims": {"batch": 8, "seq": 16}, "solver": "dp", "params": ["w"]}
@@ -109,7 +122,7 @@ async fn envelopes_carry_graphs_or_base64_onnx_and_the_query_wins() {
 
 #[tokio::test]
 async fn wait_zero_answers_202_and_the_job_finishes() {
-    let t = test_app();
+    let t = test_app().await;
     let r = t.post_json("/v1/plans?wait=0", &graph("sleep:100")).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
     let v = r.json();
@@ -126,7 +139,7 @@ async fn wait_zero_answers_202_and_the_job_finishes() {
 
 #[tokio::test]
 async fn a_validating_job_reports_the_phase_and_records_histograms() {
-    let t = test_app();
+    let t = test_app().await;
     let r = t.post_json("/v1/plans", &graph("validate")).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     let m = t.get("/metrics").await.text;
@@ -143,7 +156,8 @@ async fn a_full_queue_answers_503_with_retry_after() {
         workers: 1,
         queue: 1,
         ..Config::default()
-    });
+    })
+    .await;
     let running = t
         .post_json("/v1/plans?wait=0&budget=1", &graph("gate"))
         .await;
@@ -193,7 +207,7 @@ async fn a_full_queue_answers_503_with_retry_after() {
 
 #[tokio::test]
 async fn engine_errors_map_to_statuses_and_are_stored() {
-    let t = test_app();
+    let t = test_app().await;
     // (behaviour, status, code, a JSON pointer into the error, what it must hold)
     let cases = [
         (
@@ -263,7 +277,7 @@ async fn engine_errors_map_to_statuses_and_are_stored() {
 
 #[tokio::test]
 async fn internal_errors_and_panics_are_500_without_internals_and_the_server_stays_up() {
-    let t = test_app();
+    let t = test_app().await;
     for behave in ["internal", "panic"] {
         let r = t.post_json("/v1/plans", &graph(behave)).await;
         assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{behave}");
@@ -293,7 +307,7 @@ async fn internal_errors_and_panics_are_500_without_internals_and_the_server_sta
 
 #[tokio::test]
 async fn unknown_ids_are_404_and_delete_removes() {
-    let t = test_app();
+    let t = test_app().await;
     for uri in ["/v1/plans/nope", "/v1/sweeps/nope"] {
         let r = t.get(uri).await;
         assert_eq!(r.status, StatusCode::NOT_FOUND);
@@ -317,7 +331,7 @@ async fn unknown_ids_are_404_and_delete_removes() {
 
 #[tokio::test]
 async fn list_and_history_of_a_model() {
-    let t = test_app();
+    let t = test_app().await;
     let a1 = t
         .post_json("/v1/plans?budget=1000", &graph("ok"))
         .await
@@ -391,7 +405,7 @@ async fn list_and_history_of_a_model() {
 
 #[tokio::test]
 async fn sweeps_are_jobs_of_their_own() {
-    let t = test_app();
+    let t = test_app().await;
     let r = t
         .post_json("/v1/sweeps?fraction=0.5&fraction=1", &graph("ok"))
         .await;
@@ -431,7 +445,8 @@ async fn every_error_has_the_one_shape() {
     let t = test_app_with(Config {
         body_limit: 1024,
         ..test_config()
-    });
+    })
+    .await;
     let cases: Vec<(Request<Body>, StatusCode, &str, &str)> = vec![
         (
             Request::post("/v1/plans")
@@ -566,7 +581,8 @@ async fn a_request_over_the_timeout_is_408() {
     let t = test_app_with(Config {
         request_timeout: Duration::from_millis(200),
         ..test_config()
-    });
+    })
+    .await;
     let r = t
         .send(Request::post("/v1/plans").body(Body::new(Stalled)).unwrap())
         .await;
@@ -594,7 +610,8 @@ async fn writes_need_the_token_when_one_is_set() {
     let t = test_app_with(Config {
         token: Some("s3cret".to_string()),
         ..test_config()
-    });
+    })
+    .await;
     let post = |auth: Option<&str>| {
         let mut b = Request::post("/v1/plans").header("content-type", "application/json");
         if let Some(a) = auth {
@@ -640,7 +657,7 @@ async fn cors_is_off_by_default_and_on_for_the_given_origin() {
             .body(Body::empty())
             .unwrap()
     };
-    let off = test_app();
+    let off = test_app().await;
     let r = off.send(preflight()).await;
     assert!(r.header("access-control-allow-origin").is_none());
     let r = off
@@ -656,7 +673,8 @@ async fn cors_is_off_by_default_and_on_for_the_given_origin() {
     let on = test_app_with(Config {
         cors: vec!["https://viewer.example".to_string()],
         ..test_config()
-    });
+    })
+    .await;
     let r = on.send(preflight()).await;
     assert_eq!(
         r.header("access-control-allow-origin").as_deref(),
@@ -678,7 +696,8 @@ async fn a_large_time_limit_is_clamped_and_says_so() {
     let t = test_app_with(Config {
         max_time_limit: 300.0,
         ..test_config()
-    });
+    })
+    .await;
     let r = t.post_json("/v1/plans?time_limit=1000", &graph("ok")).await;
     assert_eq!(r.status, StatusCode::CREATED);
     let v = r.json();
@@ -698,7 +717,8 @@ async fn bound_time_reaches_the_engine_clamped_and_checked() {
     let t = test_app_with(Config {
         max_time_limit: 300.0,
         ..test_config()
-    });
+    })
+    .await;
     let v = t
         .post_json("/v1/plans?bound_time=20", &graph("ok"))
         .await
@@ -722,7 +742,7 @@ async fn bound_time_reaches_the_engine_clamped_and_checked() {
 
 #[tokio::test]
 async fn static_files_do_not_escape_the_embedded_set() {
-    let t = test_app();
+    let t = test_app().await;
     let index = t.get("/").await;
     assert_eq!(index.status, StatusCode::OK);
     assert!(index
@@ -753,7 +773,7 @@ async fn static_files_do_not_escape_the_embedded_set() {
 
 #[tokio::test]
 async fn health_metrics_and_openapi() {
-    let t = test_app();
+    let t = test_app().await;
     let h = t.get("/healthz").await;
     assert_eq!(h.status, StatusCode::OK);
     assert_eq!(h.json()["status"], "ok");
@@ -817,153 +837,9 @@ async fn health_metrics_and_openapi() {
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
 }
 
-// ---- a real loopback port, across restarts ----
-
-struct Running {
-    url: String,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-    state: AppState,
-}
-
-async fn start(db: &std::path::Path, engine: Arc<TestEngine>) -> Running {
-    let store = Arc::new(Store::open(db).unwrap());
-    let state = AppState::new(engine, store, test_config()).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = state.clone();
-    let task = tokio::spawn(async move {
-        serve_on(listener, serving, async move {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-    });
-    Running {
-        url,
-        stop,
-        task,
-        state,
-    }
-}
-
-impl Running {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.unwrap();
-        assert!(self.state.store().is_closed());
-    }
-}
-
-async fn call(method: &str, url: &str, body: Option<Value>) -> (StatusCode, Value) {
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    let client: Client<_, Full<axum::body::Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
-    let mut builder = hyper::Request::builder().method(method).uri(url);
-    let body = match body {
-        Some(v) => {
-            builder = builder.header("content-type", "application/json");
-            Full::from(v.to_string())
-        }
-        None => Full::default(),
-    };
-    let response = client.request(builder.body(body).unwrap()).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let value = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).unwrap()
-    };
-    (status, value)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plans_survive_a_restart_on_a_real_port() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("remat.db");
-    let engine = Arc::new(TestEngine::default());
-
-    let server = start(&db, engine.clone()).await;
-    let (status, plan) = call(
-        "POST",
-        &format!("{}/v1/plans?budget=0.5x", server.url),
-        Some(graph("ok")),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{plan}");
-    let id = plan["id"].as_str().unwrap().to_string();
-    server.stop().await;
-
-    let server = start(&db, engine.clone()).await;
-    assert_eq!(server.state.store().interrupted_on_open(), 0);
-    let (status, again) = call("GET", &format!("{}/v1/plans/{id}", server.url), None).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(again, plan);
-    // And the cache key survived too.
-    let (status, cached) = call(
-        "POST",
-        &format!("{}/v1/plans?budget=0.5x", server.url),
-        Some(graph("ok")),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(cached["id"], plan["id"]);
-    assert_eq!(engine.calls.load(Ordering::SeqCst), 1);
-    server.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_in_flight_at_shutdown_is_failed_after_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("remat.db");
-    let engine = Arc::new(TestEngine::default());
-
-    let server = start(&db, engine.clone()).await;
-    // A waiting request is answered (202) when the server stops, not held until the job ends.
-    let url = format!("{}/v1/plans?wait=60", server.url);
-    let waiting = tokio::spawn(async move { call("POST", &url, Some(graph("gate"))).await });
-    for _ in 0..500 {
-        if engine.calls.load(Ordering::SeqCst) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(
-        engine.calls.load(Ordering::SeqCst),
-        1,
-        "the job did not start"
-    );
-    server.stop().await;
-    let (status, accepted) = waiting.await.unwrap();
-    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
-    let id = accepted["id"].as_str().unwrap().to_string();
-
-    let server = start(&db, engine.clone()).await;
-    assert_eq!(server.state.store().interrupted_on_open(), 1);
-    let (status, plan) = call("GET", &format!("{}/v1/plans/{id}", server.url), None).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(plan["status"], "failed");
-    assert_eq!(plan["error"]["code"], "interrupted");
-    assert!(plan["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("interrupted by a restart"));
-
-    // The old worker finishing late must not overwrite what the new run decided.
-    engine.gate.open();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let (_, plan) = call("GET", &format!("{}/v1/plans/{id}", server.url), None).await;
-    assert_eq!(plan["status"], "failed");
-    server.stop().await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identical_posts_arriving_together_make_one_job() {
-    let t = Arc::new(test_app());
+    let t = Arc::new(test_app().await);
     let posts: Vec<_> = (0..8)
         .map(|_| {
             let t = Arc::clone(&t);

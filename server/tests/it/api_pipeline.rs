@@ -16,7 +16,7 @@ struct Real {
 }
 
 fn real_app() -> Real {
-    let store = Arc::new(Store::open_in_memory().unwrap());
+    let store = Store::in_memory().unwrap();
     let config = Config {
         workers: 2,
         ..Config::default()

@@ -173,16 +173,51 @@ pub struct TestApp {
 }
 
 pub fn test_config() -> Config {
-    Config {
+    let mut config = Config {
         workers: 2,
         queue: 8,
         ..Config::default()
+    };
+    // Workers of a shared queue look at an empty queue often, so tests wait little.
+    config.shared_workers.idle_poll = Duration::from_millis(20);
+    config
+}
+
+/// Which store a test app runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// The embedded store, in memory.
+    Sqlite,
+    /// A fresh database on the shared test cluster ([`crate::pg`]), with this process's
+    /// workers on it.
+    Postgres,
+}
+
+/// The store of a suite included once per store (`main.rs`): the module's path names it.
+pub fn store_of(module_path: &str) -> StoreKind {
+    if module_path.contains("postgres") {
+        StoreKind::Postgres
+    } else {
+        StoreKind::Sqlite
     }
 }
 
-pub fn test_app_with(config: Config) -> TestApp {
+/// A store of `kind`, empty.
+pub async fn test_store(kind: StoreKind) -> Store {
+    match kind {
+        StoreKind::Sqlite => Store::in_memory().unwrap(),
+        StoreKind::Postgres => {
+            let url = crate::pg::database().await;
+            remat_server::http::open_store(&url, 8)
+                .await
+                .unwrap_or_else(|e| panic!("opening the test database: {e}"))
+        }
+    }
+}
+
+pub async fn test_app_on(kind: StoreKind, config: Config) -> TestApp {
     let engine = Arc::new(TestEngine::default());
-    let store = Arc::new(Store::open_in_memory().unwrap());
+    let store = test_store(kind).await;
     let state = AppState::new(engine.clone(), store, config).unwrap();
     TestApp {
         engine,
@@ -191,8 +226,13 @@ pub fn test_app_with(config: Config) -> TestApp {
     }
 }
 
-pub fn test_app() -> TestApp {
-    test_app_with(test_config())
+/// A test app on the embedded store.
+pub async fn test_app_with(config: Config) -> TestApp {
+    test_app_on(StoreKind::Sqlite, config).await
+}
+
+pub async fn test_app() -> TestApp {
+    test_app_with(test_config()).await
 }
 
 pub struct Reply {

@@ -273,10 +273,10 @@ fn no_request_built_from_the_openapi_document_gets_a_5xx() {
         .build()
         .unwrap();
     // A queue deep enough that the fuzzer's own posts never fill it (503 is for load).
-    let t = test_app_with(remat_server::http::Config {
+    let t = rt.block_on(test_app_with(remat_server::http::Config {
         queue: 4096,
         ..test_config()
-    });
+    }));
     let (doc, known_id) = rt.block_on(async {
         let doc = t.get("/v1/openapi.json").await.json();
         let plan = t

@@ -3,12 +3,21 @@
 //!
 //! The CLI tests (`gate`, `validate_cli`, `web_e2e`) run the `remat` binary, which installs
 //! the counting allocator itself; no test here measures the heap in this process.
+// The API suite (`api.rs`) runs on both stores: the same file twice, as `api_sqlite` and
+// `api_postgres` (`common::store_of` reads the module's name).
+#![allow(clippy::duplicate_mod)]
 
-mod api;
 mod api_pipeline;
+#[path = "api.rs"]
+mod api_postgres;
+#[path = "api.rs"]
+mod api_sqlite;
 mod common;
 mod documents;
 mod fuzz_openapi;
 mod gate;
+mod pg;
+mod replicas;
+mod store_sqlite;
 mod validate_cli;
 mod web_e2e;

@@ -1,116 +1,15 @@
-//! The plan store: one SQLite file (WAL) holding every plan and sweep job, its options, its
+//! The embedded plan store: one SQLite file (WAL) holding every plan and sweep job, its options, its
 //! status and its result.
 //!
 //! Writes go through one connection; reads use a small pool of connections so that many
 //! readers do not wait on each other (WAL lets them read while a job writes).
 
-use super::error::ErrorObject;
+use super::types::{interrupted_error, Claim, JobStatus, Kind, NewJob, Record, Row};
+use crate::http::error::ErrorObject;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
-
-/// Where a job is (the `status` of a plan or sweep record).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum JobStatus {
-    Queued,
-    Solving,
-    Validating,
-    Done,
-    Failed,
-}
-
-impl JobStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobStatus::Queued => "queued",
-            JobStatus::Solving => "solving",
-            JobStatus::Validating => "validating",
-            JobStatus::Done => "done",
-            JobStatus::Failed => "failed",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<JobStatus> {
-        Some(match text {
-            "queued" => JobStatus::Queued,
-            "solving" => JobStatus::Solving,
-            "validating" => JobStatus::Validating,
-            "done" => JobStatus::Done,
-            "failed" => JobStatus::Failed,
-            _ => return None,
-        })
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(self, JobStatus::Done | JobStatus::Failed)
-    }
-}
-
-/// What a job computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    Plan,
-    Sweep,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Plan => "plan",
-            Kind::Sweep => "sweep",
-        }
-    }
-}
-
-/// A job as it is created.
-#[derive(Debug, Clone)]
-pub struct NewJob<'a> {
-    pub id: &'a str,
-    pub kind: Kind,
-    pub model_hash: &'a str,
-    pub model_name: Option<&'a str>,
-    pub model_format: &'a str,
-    /// The options as applied, a JSON object.
-    pub options: &'a str,
-    pub cache_key: &'a str,
-    pub created_at: &'a str,
-}
-
-/// What [`Store::claim`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// The job was created.
-    Created,
-    /// A job with the same model and options exists (done or in flight): its id.
-    Existing(String),
-}
-
-/// A summary row: everything but the engine's full document.
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub id: String,
-    pub status: JobStatus,
-    pub model_hash: String,
-    pub model_name: Option<String>,
-    pub model_format: String,
-    pub options: String,
-    pub created_at: String,
-    pub updated_at: String,
-    pub summary: Option<String>,
-    pub error: Option<String>,
-    pub error_status: Option<u16>,
-}
-
-/// A full record: the row and the engine's document, as JSON text.
-#[derive(Debug, Clone)]
-pub struct Record {
-    pub row: Row,
-    pub result: Option<String>,
-}
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS jobs (
@@ -137,19 +36,8 @@ CREATE INDEX IF NOT EXISTS jobs_cache ON jobs(cache_key, seq);
 const ROW_COLUMNS: &str = "id, status, model_hash, model_name, model_format, options, created_at, \
                            updated_at, summary, error, error_status";
 
-/// The error a job in flight gets when the server restarts under it.
-pub fn interrupted_error() -> ErrorObject {
-    ErrorObject {
-        code: "interrupted".to_string(),
-        message: "interrupted by a restart: the server stopped while this job was in flight; \
-                  post the model again"
-            .to_string(),
-        details: serde_json::Value::Null,
-    }
-}
-
 /// The SQLite plan store.
-pub struct Store {
+pub struct SqliteStore {
     writer: Mutex<Connection>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
@@ -166,10 +54,10 @@ fn now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
-impl Store {
+impl SqliteStore {
     /// Opens (creating if needed) the store at `path`, in WAL mode, and marks the jobs a
     /// previous run left in flight as failed ("interrupted by a restart").
-    pub fn open(path: &Path) -> Result<Store, rusqlite::Error> {
+    pub fn open(path: &Path) -> Result<SqliteStore, rusqlite::Error> {
         let writer = Connection::open(path)?;
         writer.pragma_update(None, "journal_mode", "WAL")?;
         Self::configure(&writer)?;
@@ -189,7 +77,7 @@ impl Store {
     }
 
     /// A store in memory (for tests): one connection for reads and writes.
-    pub fn open_in_memory() -> Result<Store, rusqlite::Error> {
+    pub fn open_in_memory() -> Result<SqliteStore, rusqlite::Error> {
         let writer = Connection::open_in_memory()?;
         Self::configure(&writer)?;
         writer.execute_batch(SCHEMA)?;
@@ -205,7 +93,7 @@ impl Store {
     fn finish_open(
         writer: Connection,
         readers: Vec<Mutex<Connection>>,
-    ) -> Result<Store, rusqlite::Error> {
+    ) -> Result<SqliteStore, rusqlite::Error> {
         let error = serde_json::to_string(&interrupted_error()).unwrap_or_default();
         let interrupted = writer.execute(
             "UPDATE jobs SET status = 'failed', error = ?1, error_status = 500, updated_at = ?2
@@ -218,7 +106,7 @@ impl Store {
                 "marked jobs left in flight by the last run as failed"
             );
         }
-        Ok(Store {
+        Ok(SqliteStore {
             writer: Mutex::new(writer),
             readers,
             next_reader: AtomicUsize::new(0),

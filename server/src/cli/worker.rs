@@ -1,0 +1,116 @@
+//! `remat worker`: a process without HTTP that takes jobs from the shared (PostgreSQL) queue
+//! of `remat serve --db postgres://...` replicas, so solves spread over machines and
+//! validations run where the GPUs are.
+
+use super::common::{DeviceArg, Failure};
+use super::serve::LeaseArgs;
+use anyhow::Context;
+use clap::Args;
+use remat_exec::ExecDevice;
+use remat_server::http::store::{is_postgres_url, redact, Takes};
+use remat_server::http::{self, metrics::Metrics, Workers};
+use remat_server::pipeline::Pipeline;
+use std::sync::Arc;
+
+/// `remat worker`: solves and validates jobs of the shared queue.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// The shared plan store (postgres://user:password@host:port/db), as the replicas have it.
+    #[arg(long, env = "REMAT_DB", hide_env_values = true)]
+    pub db: String,
+    /// Take the jobs that only plan (no validation). With neither --solve nor --validate, the
+    /// worker takes both kinds.
+    #[arg(long)]
+    pub solve: bool,
+    /// Take the jobs that also run the plan on the executor (`validate: true`).
+    #[arg(long)]
+    pub validate: bool,
+    /// The executor's device for validations and measured costs; a worker given cuda checks
+    /// at start that it can open the GPU.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
+    /// Jobs this worker runs at once (default: the number of cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Threads each exact solve may use (default: the number of cores).
+    #[arg(long)]
+    pub solver_threads: Option<usize>,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+}
+
+impl WorkerArgs {
+    fn takes(&self) -> Takes {
+        if !self.solve && !self.validate {
+            Takes::ALL
+        } else {
+            Takes {
+                solve: self.solve,
+                validate: self.validate,
+            }
+        }
+    }
+}
+
+/// Works until Ctrl-C or SIGTERM, then finishes the jobs it runs and stores their outcome.
+pub fn exec(args: WorkerArgs) -> Result<(), Failure> {
+    http::init_logging("info");
+    if !is_postgres_url(&args.db) {
+        return Err(Failure::new(
+            2,
+            format!(
+                "--db {}: remat worker needs a PostgreSQL URL (postgres://...); a SQLite store's \
+                 jobs run inside its one `remat serve`",
+                redact(&args.db)
+            ),
+        ));
+    }
+    let device: ExecDevice = args.device.into();
+    if device == ExecDevice::Cuda {
+        device
+            .open()
+            .map_err(|e| Failure::new(2, format!("--device cuda: {e}")))?;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let failed = |e: http::ServerError| Failure {
+        code: 1,
+        error: anyhow::Error::new(e),
+    };
+    // Migrates the schema, as a replica does, so workers may start first.
+    runtime
+        .block_on(http::open_store(&args.db, 1))
+        .map_err(failed)?;
+    let mut pipeline = Pipeline::new();
+    if let Some(threads) = args.solver_threads {
+        pipeline.threads = threads.max(1);
+    }
+    pipeline.device = device;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .max(1);
+    let config = args.lease.worker_config(threads, args.takes());
+    let metrics = Arc::new(Metrics::new().context("metrics registry")?);
+    let workers = Workers::start(&args.db, Arc::new(pipeline), metrics, config)
+        .map_err(|e| failed(http::ServerError::Store(e)))?;
+    let takes = args.takes();
+    println!(
+        "remat worker: {} thread(s) on {} taking {} jobs, device {}",
+        workers.count(),
+        redact(&args.db),
+        match (takes.solve, takes.validate) {
+            (true, true) => "plan and validation",
+            (true, false) => "plan-only",
+            _ => "validation",
+        },
+        device.name()
+    );
+    runtime.block_on(http::shutdown_signal());
+    println!("remat worker: stopping; the jobs running finish first");
+    workers.stop();
+    Ok(())
+}

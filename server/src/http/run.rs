@@ -1,0 +1,214 @@
+//! One job run on the engine, wherever it is queued: its phases reported, its document or
+//! error recorded, a panic caught (the worker carries on), its timings observed. The embedded
+//! queue ([`super::jobs`]) and the shared one ([`super::workers`]) record through a
+//! [`Recorder`] of their own.
+
+use super::error::{public_error, ErrorObject, INTERNAL_MESSAGE};
+use super::metrics::Metrics;
+use super::store::{JobStatus, Kind};
+use crate::engine::{Engine, ModelFormat, Phase, PlanRequest};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Where a job's progress and outcome go.
+pub trait Recorder {
+    /// The job entered a phase (`solving`, `validating`).
+    fn phase(&self, status: JobStatus);
+    /// The engine's document (JSON) and its summary.
+    fn done(&self, document: &str, summary: Option<&str>);
+    /// The job failed with `error` (HTTP `status`).
+    fn failed(&self, status: u16, error: &ErrorObject);
+}
+
+/// What a job runs.
+pub struct Work<'a> {
+    pub id: &'a str,
+    pub kind: Kind,
+    pub model: &'a [u8],
+    pub format: ModelFormat,
+    pub request: &'a PlanRequest,
+}
+
+/// A panic's message, for the log.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// The error a job gets when the engine panics or its document cannot be serialized.
+pub fn internal_error() -> ErrorObject {
+    ErrorObject {
+        code: "internal".to_string(),
+        message: INTERNAL_MESSAGE.to_string(),
+        details: serde_json::Value::Null,
+    }
+}
+
+/// Runs `work` on `engine`, reporting to `recorder`; returns the final status.
+pub fn run_job(
+    engine: &dyn Engine,
+    metrics: &Metrics,
+    work: &Work<'_>,
+    recorder: &dyn Recorder,
+) -> JobStatus {
+    let span = tracing::info_span!("job", id = work.id, kind = work.kind.as_str());
+    let _enter = span.enter();
+    recorder.phase(JobStatus::Solving);
+
+    let started = Instant::now();
+    let validating_since: Mutex<Option<Instant>> = Mutex::new(None);
+    let progress = |phase: Phase| {
+        let status = match phase {
+            Phase::Solving => JobStatus::Solving,
+            Phase::Validating => {
+                let mut since = validating_since.lock().unwrap_or_else(|p| p.into_inner());
+                if since.is_none() {
+                    *since = Some(Instant::now());
+                }
+                JobStatus::Validating
+            }
+        };
+        recorder.phase(status);
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(|| match work.kind {
+        Kind::Plan => engine.plan(work.model, work.format, work.request, &progress),
+        Kind::Sweep => engine.sweep(work.model, work.format, work.request),
+    }));
+    let ended = Instant::now();
+    let validating = *validating_since.lock().unwrap_or_else(|p| p.into_inner());
+    let solve_end = validating.unwrap_or(ended);
+    metrics
+        .solve_seconds
+        .with_label_values(&[work.kind.as_str()])
+        .observe(solve_end.duration_since(started).as_secs_f64());
+    if let Some(since) = validating {
+        metrics
+            .validation_seconds
+            .observe(ended.duration_since(since).as_secs_f64());
+    }
+
+    let final_status = match outcome {
+        Ok(Ok(document)) => {
+            let summary = summarize(&document).map(|s| s.to_string());
+            match serde_json::to_string(&document) {
+                Ok(text) => {
+                    recorder.done(&text, summary.as_deref());
+                    tracing::info!(
+                        seconds = ended.duration_since(started).as_secs_f64(),
+                        "job done"
+                    );
+                    JobStatus::Done
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot serialize the engine's document");
+                    recorder.failed(500, &internal_error());
+                    JobStatus::Failed
+                }
+            }
+        }
+        Ok(Err(err)) => {
+            let (status, error) = public_error(&err);
+            tracing::info!(code = %err.code, status = status.as_u16(), "job failed");
+            recorder.failed(status.as_u16(), &error);
+            JobStatus::Failed
+        }
+        Err(payload) => {
+            tracing::error!(panic = %panic_message(payload.as_ref()), "the engine panicked");
+            recorder.failed(500, &internal_error());
+            JobStatus::Failed
+        }
+    };
+    let outcome_label = if final_status == JobStatus::Done {
+        "done"
+    } else {
+        "failed"
+    };
+    metrics
+        .jobs
+        .with_label_values(&[work.kind.as_str(), outcome_label])
+        .inc();
+    final_status
+}
+
+/// Nice value of the worker threads: solves are CPU bound and may take minutes, requests must
+/// stay fast on a machine with few cores, so the scheduler favours the async runtime's threads.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+const WORKER_NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority (Linux: `setpriority` with `who = 0` applies
+/// to the calling thread only; threads it spawns, such as the MILP solver's, inherit it).
+pub fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: setpriority only reads its integer arguments; failure is reported through the
+        // return value, which we may ignore (the worker then runs at the default priority).
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, WORKER_NICE) };
+        if rc != 0 {
+            tracing::warn!("could not lower the worker thread's priority");
+        }
+    }
+}
+
+/// The summary figures of an engine document: its own `summary` object when it has one, else
+/// the headline fields of a plan report (budget, store-all peak, predicted peak and overhead,
+/// solver and its status, gap, minimum feasible budget).
+pub fn summarize(document: &serde_json::Value) -> Option<serde_json::Value> {
+    if let Some(summary) = document.get("summary") {
+        return Some(summary.clone());
+    }
+    let doc = document.as_object()?;
+    let mut out = serde_json::Map::new();
+    let top = [
+        "budget_bytes",
+        "store_all_peak_bytes",
+        "solver",
+        "status",
+        "gap",
+        "min_feasible_budget_bytes",
+    ];
+    for key in top {
+        if let Some(v) = doc.get(key) {
+            out.insert(key.to_string(), v.clone());
+        }
+    }
+    if let Some(predicted) = doc.get("predicted") {
+        for key in ["peak_bytes", "overhead", "compute_cost"] {
+            if let Some(v) = predicted.get(key) {
+                out.insert(key.to_string(), v.clone());
+            }
+        }
+    }
+    (!out.is_empty()).then_some(serde_json::Value::Object(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summarize;
+    use serde_json::json;
+
+    #[test]
+    fn summaries_prefer_the_engines_own_and_else_pick_the_report_headlines() {
+        let own = json!({"summary": {"peak": 1}, "budget_bytes": 5});
+        assert_eq!(summarize(&own), Some(json!({"peak": 1})));
+        let report = json!({
+            "status": "optimal", "solver": "dp", "budget_bytes": 100, "store_all_peak_bytes": 160,
+            "gap": null, "predicted": {"peak_bytes": 96, "overhead": 0.2, "compute_cost": 12.0, "memory": [1, 2]},
+            "schedule": [], "decisions": []
+        });
+        assert_eq!(
+            summarize(&report),
+            Some(json!({
+                "status": "optimal", "solver": "dp", "budget_bytes": 100, "store_all_peak_bytes": 160,
+                "gap": null, "peak_bytes": 96, "overhead": 0.2, "compute_cost": 12.0
+            }))
+        );
+        assert_eq!(summarize(&json!([1, 2])), None);
+        assert_eq!(summarize(&json!({"points": []})), None);
+    }
+}

@@ -1,0 +1,638 @@
+//! The shared plan store and job queue on PostgreSQL: every replica of `remat serve` and every
+//! `remat worker` on one database.
+//!
+//! - Jobs are rows; a post creates one unless the same model and options are done or in
+//!   flight. An identical post arriving at another replica at the same moment finds the first
+//!   one through a unique key (`active_key`), not by luck of timing.
+//! - Workers claim queued jobs (or jobs whose lease ran out) with `FOR UPDATE SKIP LOCKED`,
+//!   hold a lease they renew while they work, and write the result once: every write of a
+//!   worker names it as the lease's owner, so a worker that lost its lease writes nothing.
+//! - A job whose workers keep dying (its lease ran out `max_attempts` times) is failed with
+//!   the reason instead of being handed out again.
+//! - The schema is versioned (`migrations/`); each process applies what is missing at start,
+//!   under an advisory lock.
+
+use super::types::{Claim, JobStatus, Kind, NewJob, Record, Row, StoreError};
+use crate::http::error::ErrorObject;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::NoTls;
+
+/// The schema's versions, in order: each is applied once.
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("migrations/0001_jobs.sql"))];
+
+/// Where a deletion is notified (the payload: `<kind>/<id>`, the responses cache's key).
+pub const DELETED_CHANNEL: &str = "remat_deleted";
+
+/// The advisory lock the migrations take (any constant; the same in every process).
+const MIGRATION_LOCK: i64 = 0x7265_6d61_7431;
+
+const ROW_COLUMNS: &str = "id, status, model_hash, model_name, model_format, options, created_at, \
+                           updated_at, summary, error, error_status";
+
+/// A job a worker holds: what it runs and the lease it renews.
+#[derive(Debug, Clone)]
+pub struct Leased {
+    pub id: String,
+    pub kind: Kind,
+    pub model: Vec<u8>,
+    pub model_format: String,
+    /// The request as posted (`PlanRequest` JSON).
+    pub request: String,
+    /// How many workers have claimed it, this one included.
+    pub attempts: i32,
+}
+
+/// The queue of one kind as `/metrics` reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueStats {
+    pub kind: String,
+    pub queued: i64,
+    pub running: i64,
+    /// Seconds since the oldest running job of this kind was claimed (0 when none runs).
+    pub oldest_lease_seconds: f64,
+}
+
+/// Which jobs a worker takes: those that only solve, those that also run the plan, or both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Takes {
+    pub solve: bool,
+    pub validate: bool,
+}
+
+impl Takes {
+    pub const ALL: Takes = Takes {
+        solve: true,
+        validate: true,
+    };
+
+    fn flags(self) -> Vec<bool> {
+        let mut v = vec![];
+        if self.solve {
+            v.push(false);
+        }
+        if self.validate {
+            v.push(true);
+        }
+        v
+    }
+}
+
+/// The PostgreSQL store (a connection pool; cheap to clone).
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool,
+    url: Arc<str>,
+    closed: Arc<AtomicBool>,
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+fn pool_error(e: PoolError) -> StoreError {
+    match e {
+        PoolError::Backend(e) => StoreError::Postgres(e),
+        PoolError::Timeout(_) => StoreError::Unavailable(
+            "no connection to the database within the pool's timeout".to_string(),
+        ),
+        other => StoreError::Unavailable(other.to_string()),
+    }
+}
+
+/// `url` with its password (if any) replaced by `***`, for messages and logs.
+pub fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &url[scheme_end + 3 + at..]
+                ),
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
+/// Whether `db` names a PostgreSQL database (`postgres://` or `postgresql://`) rather than a
+/// SQLite file.
+pub fn is_postgres_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+impl PgStore {
+    /// A pool of at most `connections` connections to `url`; nothing is connected yet.
+    pub fn new(url: &str, connections: usize) -> Result<PgStore, StoreError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+            StoreError::Unavailable(format!(
+                "{} is not a PostgreSQL connection URL: {e}",
+                redact(url)
+            ))
+        })?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(connections.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(5)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .recycle_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        Ok(PgStore {
+            pool,
+            url: Arc::from(url),
+            closed: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// The database's URL (with its password: never log it; [`redact`] it).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(pool_error)
+    }
+
+    /// Applies the schema versions the database lacks (each process at start; concurrent
+    /// starts wait on one advisory lock). Returns the versions applied.
+    pub async fn migrate(&self) -> Result<Vec<i32>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS remat_migrations (
+                 version    INTEGER PRIMARY KEY,
+                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .await?;
+        let done: Vec<i32> = tx
+            .query("SELECT version FROM remat_migrations", &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut applied = vec![];
+        for &(version, sql) in MIGRATIONS {
+            if done.contains(&version) {
+                continue;
+            }
+            tx.batch_execute(sql).await?;
+            tx.execute(
+                "INSERT INTO remat_migrations (version) VALUES ($1)",
+                &[&version],
+            )
+            .await?;
+            applied.push(version);
+        }
+        if let Some(newest) = done.iter().max() {
+            if *newest > MIGRATIONS.last().map_or(0, |m| m.0) {
+                return Err(StoreError::Corrupt(format!(
+                    "the database's schema is at version {newest}, newer than this remat knows ({}); upgrade remat",
+                    MIGRATIONS.last().map_or(0, |m| m.0)
+                )));
+            }
+        }
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// Refuses every later write of this process (a replica shutting down).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Creates the job (and stores the model, once per hash), unless `reuse` is set and a job
+    /// of the same kind and cache key is done or in flight: then that job's id. `QueueFull`
+    /// when `queue` jobs are waiting already. `None` when this process is shutting down.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim(
+        &self,
+        job: &NewJob<'_>,
+        reuse: bool,
+        model: &[u8],
+        request: &str,
+        validate: bool,
+        queue: usize,
+    ) -> Result<Option<Claim>, StoreError> {
+        if self.is_closed() {
+            return Ok(None);
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let kind = job.kind.as_str();
+        if reuse {
+            let existing = tx
+                .query_opt(
+                    "SELECT id FROM jobs WHERE cache_key = $1 AND kind = $2 AND status <> 'failed'
+                     ORDER BY seq DESC LIMIT 1",
+                    &[&job.cache_key, &kind],
+                )
+                .await?;
+            if let Some(row) = existing {
+                return Ok(Some(Claim::Existing(row.get(0))));
+            }
+        }
+        let waiting: i64 = tx
+            .query_one("SELECT count(*) FROM jobs WHERE status = 'queued'", &[])
+            .await?
+            .get(0);
+        if waiting >= i64::try_from(queue).unwrap_or(i64::MAX) {
+            return Ok(Some(Claim::QueueFull));
+        }
+        tx.execute(
+            "INSERT INTO models (hash, format, bytes) VALUES ($1, $2, $3) ON CONFLICT (hash) DO NOTHING",
+            &[&job.model_hash, &job.model_format, &model],
+        )
+        .await?;
+        let active_key = reuse.then_some(job.cache_key);
+        let inserted = tx
+            .query_opt(
+                "INSERT INTO jobs (id, kind, model_hash, model_name, model_format, options, request,
+                                   validate, cache_key, active_key, status, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'queued', $11, $11)
+                 ON CONFLICT (active_key) DO NOTHING
+                 RETURNING id",
+                &[
+                    &job.id,
+                    &kind,
+                    &job.model_hash,
+                    &job.model_name,
+                    &job.model_format,
+                    &job.options,
+                    &request,
+                    &validate,
+                    &job.cache_key,
+                    &active_key,
+                    &job.created_at,
+                ],
+            )
+            .await?;
+        let claim = match inserted {
+            Some(_) => Claim::Created,
+            None => {
+                // An identical post (another replica's) is in flight: follow it.
+                let row = tx
+                    .query_one(
+                        "SELECT id FROM jobs WHERE active_key = $1",
+                        &[&job.cache_key],
+                    )
+                    .await?;
+                Claim::Existing(row.get(0))
+            }
+        };
+        tx.commit().await?;
+        Ok(Some(claim))
+    }
+
+    fn row(r: &tokio_postgres::Row) -> Result<Row, StoreError> {
+        let status: String = r.get(1);
+        Ok(Row {
+            id: r.get(0),
+            status: JobStatus::parse(&status)
+                .ok_or_else(|| StoreError::Corrupt(format!("unknown job status {status:?}")))?,
+            model_hash: r.get(2),
+            model_name: r.get(3),
+            model_format: r.get(4),
+            options: r.get(5),
+            created_at: r.get(6),
+            updated_at: r.get(7),
+            summary: r.get(8),
+            error: r.get(9),
+            error_status: r
+                .get::<_, Option<i32>>(10)
+                .map(|s| u16::try_from(s).unwrap_or(500)),
+        })
+    }
+
+    /// One job of `kind`, with its engine document.
+    pub async fn get(&self, kind: Kind, id: &str) -> Result<Option<Record>, StoreError> {
+        let client = self.client().await?;
+        let sql = format!("SELECT {ROW_COLUMNS}, result FROM jobs WHERE id = $1 AND kind = $2");
+        let stmt = client.prepare_cached(&sql).await?;
+        match client.query_opt(&stmt, &[&id, &kind.as_str()]).await? {
+            Some(r) => Ok(Some(Record {
+                row: Self::row(&r)?,
+                result: r.get(11),
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// The status of one job of `kind` (`None` when there is none): what a waiting request
+    /// polls.
+    pub async fn status(&self, kind: Kind, id: &str) -> Result<Option<JobStatus>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached("SELECT status FROM jobs WHERE id = $1 AND kind = $2")
+            .await?;
+        match client.query_opt(&stmt, &[&id, &kind.as_str()]).await? {
+            Some(r) => {
+                let s: String = r.get(0);
+                Ok(Some(JobStatus::parse(&s).ok_or_else(|| {
+                    StoreError::Corrupt(format!("unknown job status {s:?}"))
+                })?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Jobs of `kind`, newest first, optionally of one model.
+    pub async fn list(
+        &self,
+        kind: Kind,
+        model: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Row>, StoreError> {
+        let client = self.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match model {
+            Some(hash) => {
+                let sql = format!(
+                    "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = $1 AND model_hash = $2 ORDER BY seq DESC LIMIT $3"
+                );
+                client.query(&sql, &[&kind.as_str(), &hash, &limit]).await?
+            }
+            None => {
+                let sql = format!(
+                    "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = $1 ORDER BY seq DESC LIMIT $2"
+                );
+                client.query(&sql, &[&kind.as_str(), &limit]).await?
+            }
+        };
+        rows.iter().map(Self::row).collect()
+    }
+
+    /// Every plan of one model, oldest first.
+    pub async fn history(&self, model_hash: &str) -> Result<Vec<Row>, StoreError> {
+        let client = self.client().await?;
+        let sql = format!(
+            "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = 'plan' AND model_hash = $1 ORDER BY seq ASC"
+        );
+        let rows = client.query(&sql, &[&model_hash]).await?;
+        rows.iter().map(Self::row).collect()
+    }
+
+    /// Deletes a job of `kind` (and its model, when no other job has it); false when there is
+    /// none. A worker running it finds nothing to write to.
+    pub async fn delete(&self, kind: Kind, id: &str) -> Result<bool, StoreError> {
+        if self.is_closed() {
+            return Ok(false);
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let deleted = tx
+            .query_opt(
+                "DELETE FROM jobs WHERE id = $1 AND kind = $2 RETURNING model_hash",
+                &[&id, &kind.as_str()],
+            )
+            .await?;
+        let Some(row) = deleted else {
+            return Ok(false);
+        };
+        let hash: String = row.get(0);
+        tx.execute(
+            "DELETE FROM models WHERE hash = $1 AND NOT EXISTS (SELECT 1 FROM jobs WHERE model_hash = $1)",
+            &[&hash],
+        )
+        .await?;
+        // Every replica drops its cached response when this commits (`http/deletions.rs`).
+        let key = format!("{}/{id}", kind.as_str());
+        tx.execute("SELECT pg_notify($1, $2)", &[&DELETED_CHANNEL, &key])
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// A cheap liveness query.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.client().await?.query_one("SELECT 1", &[]).await?;
+        Ok(())
+    }
+
+    /// Fails the jobs whose lease ran out after `max_attempts` claims (their workers died
+    /// under them each time), then claims the oldest job that is queued or whose lease ran
+    /// out, for `owner`, for `lease`.
+    pub async fn claim_next(
+        &self,
+        owner: &str,
+        takes: Takes,
+        lease: Duration,
+        max_attempts: i32,
+    ) -> Result<Option<Leased>, StoreError> {
+        let mut client = self.client().await?;
+        let stamp = now();
+        let exhausted = serde_json::to_string(&worker_lost_error(max_attempts))
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        client
+            .execute(
+                "UPDATE jobs SET status = 'failed', error = $1, error_status = 500, active_key = NULL,
+                                 lease_owner = NULL, lease_until = NULL, updated_at = $2
+                 WHERE status IN ('solving', 'validating') AND lease_until < now() AND attempts >= $3",
+                &[&exhausted, &stamp, &max_attempts],
+            )
+            .await?;
+        let tx = client.transaction().await?;
+        let seconds = lease.as_secs_f64();
+        let claimed = tx
+            .query_opt(
+                "WITH next AS (
+                     SELECT seq FROM jobs
+                     WHERE (status = 'queued' OR (status IN ('solving', 'validating') AND lease_until < now()))
+                       AND validate = ANY($1)
+                     ORDER BY seq
+                     LIMIT 1
+                     FOR UPDATE SKIP LOCKED)
+                 UPDATE jobs SET status = 'solving', lease_owner = $2, leased_at = now(),
+                                 lease_until = now() + make_interval(secs => $3),
+                                 attempts = attempts + 1, updated_at = $4
+                 FROM next WHERE jobs.seq = next.seq
+                 RETURNING jobs.id, jobs.kind, jobs.model_hash, jobs.model_format, jobs.request, jobs.attempts",
+                &[&takes.flags(), &owner, &seconds, &stamp],
+            )
+            .await?;
+        let Some(row) = claimed else {
+            tx.commit().await?;
+            return Ok(None);
+        };
+        let hash: String = row.get(2);
+        let model = tx
+            .query_one("SELECT bytes FROM models WHERE hash = $1", &[&hash])
+            .await?;
+        tx.commit().await?;
+        let kind: String = row.get(1);
+        Ok(Some(Leased {
+            id: row.get(0),
+            kind: match kind.as_str() {
+                "plan" => Kind::Plan,
+                "sweep" => Kind::Sweep,
+                other => return Err(StoreError::Corrupt(format!("unknown job kind {other:?}"))),
+            },
+            model: model.get(0),
+            model_format: row.get(3),
+            request: row.get(4),
+            attempts: row.get(5),
+        }))
+    }
+
+    /// Extends `owner`'s lease on job `id`; false when it is not `owner`'s any more (it ran
+    /// out and another worker took the job, or the job was deleted).
+    pub async fn renew(&self, id: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE jobs SET lease_until = now() + make_interval(secs => $3)
+                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
+                &[&id, &owner, &lease.as_secs_f64()],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// The phase of a job `owner` holds; false when it does not hold it.
+    pub async fn set_phase(
+        &self,
+        id: &str,
+        owner: &str,
+        status: JobStatus,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE jobs SET status = $3, updated_at = $4
+                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
+                &[&id, &owner, &status.as_str(), &now()],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// Stores the result of a job `owner` holds, once; false when it does not hold it (the
+    /// result is then not stored: another worker's is, or will be).
+    pub async fn finish(
+        &self,
+        id: &str,
+        owner: &str,
+        result: &str,
+        summary: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE jobs SET status = 'done', result = $3, summary = $4, updated_at = $5,
+                                 active_key = NULL, lease_owner = NULL, lease_until = NULL
+                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
+                &[&id, &owner, &result, &summary, &now()],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// Stores the error of a job `owner` holds, once; false when it does not hold it.
+    pub async fn fail(
+        &self,
+        id: &str,
+        owner: &str,
+        status: u16,
+        error: &ErrorObject,
+    ) -> Result<bool, StoreError> {
+        let text = serde_json::to_string(error).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "UPDATE jobs SET status = 'failed', error = $3, error_status = $4, updated_at = $5,
+                                 active_key = NULL, lease_owner = NULL, lease_until = NULL
+                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
+                &[&id, &owner, &text, &i32::from(status), &now()],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// Waiting and running jobs per kind, and the age of the oldest running job's claim.
+    pub async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT kind,
+                        count(*) FILTER (WHERE status = 'queued'),
+                        count(*) FILTER (WHERE status IN ('solving', 'validating')),
+                        COALESCE(EXTRACT(EPOCH FROM now() - min(leased_at)
+                                 FILTER (WHERE status IN ('solving', 'validating')))::float8, 0)
+                 FROM jobs WHERE status IN ('queued', 'solving', 'validating')
+                 GROUP BY kind",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| QueueStats {
+                kind: r.get(0),
+                queued: r.get(1),
+                running: r.get(2),
+                oldest_lease_seconds: r.get(3),
+            })
+            .collect())
+    }
+}
+
+/// The error of a job that stopped `attempts` workers in a row (each died while running it).
+pub fn worker_lost_error(attempts: i32) -> ErrorObject {
+    ErrorObject {
+        code: "worker_lost".to_string(),
+        message: format!(
+            "the job was claimed {attempts} times and its worker stopped (killed or crashed) each \
+             time before it finished; it is not retried again"
+        ),
+        details: serde_json::json!({ "attempts": attempts }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_postgres_url, redact};
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        assert_eq!(
+            redact("postgres://remat:s3cr3t@db.example:5432/plans?sslmode=disable"),
+            "postgres://remat:***@db.example:5432/plans?sslmode=disable"
+        );
+        assert_eq!(
+            redact("postgres://remat@db/plans"),
+            "postgres://remat@db/plans"
+        );
+        assert_eq!(redact("postgresql://db/plans"), "postgresql://db/plans");
+        assert_eq!(
+            redact("postgres://u:p@ss:w@host/db"),
+            "postgres://u:***@host/db"
+        );
+        assert_eq!(redact("remat.db"), "remat.db");
+        assert!(is_postgres_url("postgresql://x/y") && is_postgres_url("postgres://x"));
+        assert!(!is_postgres_url("remat.db") && !is_postgres_url("/var/lib/remat.db"));
+    }
+}

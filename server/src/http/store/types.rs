@@ -1,0 +1,169 @@
+//! What both stores hold and answer: a job's status and kind, the job as it is created, a
+//! claim's outcome, the rows and records read back, and the store's error.
+
+use crate::http::error::ErrorObject;
+use serde::{Deserialize, Serialize};
+
+/// Where a job is (the `status` of a plan or sweep record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    Queued,
+    Solving,
+    Validating,
+    Done,
+    Failed,
+}
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Solving => "solving",
+            JobStatus::Validating => "validating",
+            JobStatus::Done => "done",
+            JobStatus::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<JobStatus> {
+        Some(match text {
+            "queued" => JobStatus::Queued,
+            "solving" => JobStatus::Solving,
+            "validating" => JobStatus::Validating,
+            "done" => JobStatus::Done,
+            "failed" => JobStatus::Failed,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobStatus::Done | JobStatus::Failed)
+    }
+}
+
+/// What a job computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Plan,
+    Sweep,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Plan => "plan",
+            Kind::Sweep => "sweep",
+        }
+    }
+}
+
+/// A job as it is created.
+#[derive(Debug, Clone)]
+pub struct NewJob<'a> {
+    pub id: &'a str,
+    pub kind: Kind,
+    pub model_hash: &'a str,
+    pub model_name: Option<&'a str>,
+    pub model_format: &'a str,
+    /// The options as applied, a JSON object.
+    pub options: &'a str,
+    pub cache_key: &'a str,
+    pub created_at: &'a str,
+}
+
+/// What [`Store::claim`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The job was created.
+    Created,
+    /// A job with the same model and options exists (done or in flight): its id.
+    Existing(String),
+    /// The shared queue holds as many waiting jobs as it may (PostgreSQL; the embedded queue
+    /// says so when the job is queued).
+    QueueFull,
+}
+
+/// A summary row: everything but the engine's full document.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub id: String,
+    pub status: JobStatus,
+    pub model_hash: String,
+    pub model_name: Option<String>,
+    pub model_format: String,
+    pub options: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub summary: Option<String>,
+    pub error: Option<String>,
+    pub error_status: Option<u16>,
+}
+
+/// A full record: the row and the engine's document, as JSON text.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub row: Row,
+    pub result: Option<String>,
+}
+
+/// The error a job in flight gets when the server restarts under it.
+pub fn interrupted_error() -> ErrorObject {
+    ErrorObject {
+        code: "interrupted".to_string(),
+        message: "interrupted by a restart: the server stopped while this job was in flight; \
+                  post the model again"
+            .to_string(),
+        details: serde_json::Value::Null,
+    }
+}
+
+/// A store failure. [`StoreError::is_unavailable`] tells a database that cannot be reached
+/// (PostgreSQL down or restarting, no connection within the pool's timeout: the service answers
+/// 503 with `Retry-After`) from a query that failed (500).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// No connection to the database.
+    #[error("the database is unreachable: {0}")]
+    Unavailable(String),
+    /// The database holds what this version cannot read.
+    #[error("{0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// Whether the database could not be reached (as opposed to a query that failed).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_) => true,
+            StoreError::Postgres(e) => postgres_unreachable(e),
+            _ => false,
+        }
+    }
+}
+
+/// Whether a PostgreSQL error says the connection is gone rather than that a query failed: a
+/// closed connection, an I/O error, or SQLSTATE class 08 (connection exception) or 57
+/// (operator intervention: the server shutting down or restarting).
+pub fn postgres_unreachable(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        return code.starts_with("08") || code.starts_with("57");
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}

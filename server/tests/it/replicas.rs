@@ -1,0 +1,591 @@
+//! Replicas of `remat serve` and `remat worker` processes on one PostgreSQL database, with the
+//! real engine: the `remat` binary run as a user runs it, a throwaway cluster (`pg.rs`), and
+//! SIGKILL and a database restart where the issue says so.
+
+use crate::pg::{self, Cluster};
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A `remat` process (a replica or a worker); killed when dropped.
+struct Proc {
+    child: Child,
+    /// Its stdout and stderr so far.
+    output: Arc<Mutex<String>>,
+    /// The replica's base URL (`http://127.0.0.1:port`).
+    url: String,
+}
+
+impl Proc {
+    /// Starts `remat <args>` and waits for the line it prints when it is ready.
+    fn start(args: &[&str]) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_remat"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting remat");
+        let output = Arc::new(Mutex::new(String::new()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<String>();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        {
+            let output = Arc::clone(&output);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if line.starts_with("remat serve: http://") || line.starts_with("remat worker:")
+                    {
+                        let _ = ready_tx.send(line.clone());
+                    }
+                    output.lock().unwrap().push_str(&(line + "\n"));
+                }
+            });
+        }
+        {
+            let output = Arc::clone(&output);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    output.lock().unwrap().push_str(&(line + "\n"));
+                }
+            });
+        }
+        let line = match ready_rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("remat {args:?} did not start: {}", output.lock().unwrap());
+            }
+        };
+        let url = line
+            .strip_prefix("remat serve: ")
+            .and_then(|rest| rest.split('/').take(3).collect::<Vec<_>>().join("/").into())
+            .unwrap_or_default();
+        Proc { child, output, url }
+    }
+
+    fn serve(db: &str, workers: usize, extra: &[&str]) -> Proc {
+        let workers = workers.to_string();
+        let mut args = vec![
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--db",
+            db,
+            "--workers",
+            &workers,
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(&args)
+    }
+
+    fn worker(db: &str, extra: &[&str]) -> Proc {
+        let mut args = vec!["worker", "--db", db, "--threads", "1"];
+        args.extend_from_slice(extra);
+        Proc::start(&args)
+    }
+
+    fn output(&self) -> String {
+        self.output.lock().unwrap().clone()
+    }
+
+    /// SIGKILL: no shutdown, no last write.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Value,
+}
+
+/// One HTTP request; `None` when the connection failed.
+async fn call(method: &str, url: &str, body: Option<&[u8]>) -> Option<Reply> {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client: Client<_, Full<axum::body::Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let mut builder = hyper::Request::builder().method(method).uri(url);
+    let body = match body {
+        Some(b) => {
+            builder = builder.header("content-type", "application/json");
+            Full::from(b.to_vec())
+        }
+        None => Full::default(),
+    };
+    let response = client.request(builder.body(body).unwrap()).await.ok()?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.ok()?.to_bytes();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).to_string()))
+    };
+    Some(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
+async fn must(method: &str, url: &str, body: Option<&[u8]>) -> Reply {
+    call(method, url, body)
+        .await
+        .unwrap_or_else(|| panic!("{method} {url}: no answer"))
+}
+
+/// A Checkmate training graph (`../shared/bench/graphs`).
+fn graph(name: &str) -> Vec<u8> {
+    let path = crate::common::manifest_dir()
+        .join("../../shared/bench/graphs")
+        .join(format!("{name}_train_nx.json"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Solved in about a second (its minimum feasible budget is 0.83x).
+fn vgg16() -> Vec<u8> {
+    graph("VGG16 (MLSys)_256_(224, 224, 3)")
+}
+
+/// Polls a job until `done` says so (or panics after `limit`).
+async fn until(url: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(r) = call("GET", url, None).await {
+            if r.status == StatusCode::OK && done(&r.body) {
+                return r.body;
+            }
+        }
+        assert!(Instant::now() < end, "{url}: not there within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `(attempts, status)` of job `id`, read from the database itself.
+async fn job_row(db: &str, id: &str) -> (i32, String) {
+    let (client, connection) = tokio_postgres::connect(db, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let row = client
+        .query_one("SELECT attempts, status FROM jobs WHERE id = $1", &[&id])
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+async fn count_jobs(db: &str) -> i64 {
+    let (client, connection) = tokio_postgres::connect(db, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .query_one("SELECT count(*) FROM jobs", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_and_a_worker_serve_one_store() {
+    let db = pg::database().await;
+    let a = Proc::serve(&db, 0, &[]);
+    let b = Proc::serve(&db, 0, &[]);
+    let worker = Proc::worker(&db, &[]);
+    let model = vgg16();
+
+    // Posted to one, solved by the worker, read from the other.
+    let posted = must(
+        "POST",
+        &format!("{}/v1/plans?budget=0.9x&time_limit=5&wait=120", a.url),
+        Some(&model),
+    )
+    .await;
+    assert_eq!(posted.status, StatusCode::CREATED, "{}", posted.body);
+    let id = posted.body["id"].as_str().unwrap().to_string();
+    let read = must("GET", &format!("{}/v1/plans/{id}", b.url), None).await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert_eq!(read.body, posted.body);
+    // And the same model and options posted to the other replica answer the stored plan.
+    let again = must(
+        "POST",
+        &format!("{}/v1/plans?budget=0.9x&time_limit=5", b.url),
+        Some(&model),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body["id"], posted.body["id"]);
+
+    // Identical posts to both replicas at the same moment make one job.
+    let jobs_before = count_jobs(&db).await;
+    let mut posts = vec![];
+    for round in 0..6 {
+        let base = if round % 2 == 0 { &a.url } else { &b.url };
+        let url = format!("{base}/v1/plans?budget=0.88x&time_limit=5&wait=0");
+        let model = model.clone();
+        posts.push(tokio::spawn(async move {
+            must("POST", &url, Some(&model)).await
+        }));
+    }
+    let mut ids = vec![];
+    for p in posts {
+        let r = p.await.unwrap();
+        assert!(
+            r.status == StatusCode::ACCEPTED
+                || r.status == StatusCode::OK
+                || r.status == StatusCode::CREATED,
+            "{} {}",
+            r.status,
+            r.body
+        );
+        ids.push(r.body["id"].as_str().unwrap().to_string());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(count_jobs(&db).await, jobs_before + 1);
+    let done = until(
+        &format!("{}/v1/plans/{}", a.url, ids[0]),
+        Duration::from_secs(120),
+        |v| v["status"] == "done",
+    )
+    .await;
+    let plan = &done["plan"];
+    assert!(
+        plan["predicted"]["peak_bytes"].as_u64().unwrap() <= plan["budget_bytes"].as_u64().unwrap(),
+        "{done}"
+    );
+
+    // Health and metrics speak of the shared queue; no log line shows the password.
+    let health = must("GET", &format!("{}/healthz", b.url), None).await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert_eq!(health.body["store"], "postgres");
+    assert_eq!(health.body["workers"], 0);
+    let metrics = must("GET", &format!("{}/metrics", a.url), None).await;
+    let text = metrics.body.as_str().unwrap().to_string();
+    assert!(text.contains("remat_database_up 1"), "{text}");
+    assert!(
+        text.contains("remat_shared_queue_depth{kind=\"plan\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("remat_shared_oldest_lease_seconds{kind=\"plan\"}"),
+        "{text}"
+    );
+    // A plan deleted on one replica is gone from the other's cache too (which answers from its
+    // cache alone while it follows deletions).
+    assert!(b.output().contains("following deletions"), "{}", b.output());
+    let cached = format!("{}/v1/plans/{}", b.url, ids[0]);
+    assert_eq!(must("GET", &cached, None).await.status, StatusCode::OK);
+    assert_eq!(must("GET", &cached, None).await.status, StatusCode::OK);
+    let deleted = must("DELETE", &format!("{}/v1/plans/{}", a.url, ids[0]), None).await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    let end = Instant::now() + Duration::from_secs(5);
+    while must("GET", &cached, None).await.status != StatusCode::NOT_FOUND {
+        assert!(
+            Instant::now() < end,
+            "the other replica still answers the deleted plan"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    for p in [&a, &b, &worker] {
+        let out = p.output();
+        assert!(
+            !out.contains(pg::PASSWORD),
+            "the password shows in a log:\n{out}"
+        );
+        assert!(
+            out.contains(":***@"),
+            "the redacted URL is not printed:\n{out}"
+        );
+    }
+}
+
+/// A solve that takes a while: the exact MILP on ResNet50 at 0.7x runs to its time limit
+/// (`remat plan` of it takes 9.7 s on the 2-core CI machine).
+const SLOW: &str = "budget=0.7x&solver=ilp&time_limit=8";
+
+fn resnet50() -> Vec<u8> {
+    graph("ResNet50 (MLSys)_256_(224, 224, 3)")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_solve_loses_its_job_to_another() {
+    let db = pg::database().await;
+    let replica = Proc::serve(&db, 0, &[]);
+    let mut first = Proc::worker(&db, &["--lease", "3"]);
+    let model = resnet50();
+    let posted = must(
+        "POST",
+        &format!("{}/v1/plans?{SLOW}&wait=0", replica.url),
+        Some(&model),
+    )
+    .await;
+    assert_eq!(posted.status, StatusCode::ACCEPTED, "{}", posted.body);
+    let id = posted.body["id"].as_str().unwrap().to_string();
+    let url = format!("{}/v1/plans/{id}", replica.url);
+    until(&url, Duration::from_secs(30), |v| v["status"] == "solving").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    first.kill();
+    assert_eq!(job_row(&db, &id).await, (1, "solving".to_string()));
+
+    // Another worker takes it once the lease runs out, and stores it once.
+    let second = Proc::worker(&db, &["--lease", "3"]);
+    let done = until(&url, Duration::from_secs(120), |v| {
+        v["status"] == "done" || v["status"] == "failed"
+    })
+    .await;
+    assert_eq!(done["status"], "done", "{done}");
+    assert_eq!(job_row(&db, &id).await, (2, "done".to_string()));
+    assert_eq!(count_jobs(&db).await, 1);
+    let again = must("GET", &url, None).await;
+    assert_eq!(again.body, done);
+    assert!(second.output().contains("claimed"), "{}", second.output());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_keeps_killing_its_workers_fails_with_the_reason() {
+    let db = pg::database().await;
+    let replica = Proc::serve(&db, 0, &[]);
+    let model = resnet50();
+    let posted = must(
+        "POST",
+        &format!("{}/v1/plans?{SLOW}&wait=0", replica.url),
+        Some(&model),
+    )
+    .await;
+    let id = posted.body["id"].as_str().unwrap().to_string();
+    let url = format!("{}/v1/plans/{id}", replica.url);
+    for attempt in 1..=2 {
+        let mut w = Proc::worker(&db, &["--lease", "3", "--max-attempts", "2"]);
+        let end = Instant::now() + Duration::from_secs(30);
+        while job_row(&db, &id).await.0 < attempt {
+            assert!(Instant::now() < end, "attempt {attempt} was not claimed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        w.kill();
+    }
+    // The third worker does not run it: the job is failed, with the reason.
+    let _third = Proc::worker(&db, &["--lease", "3", "--max-attempts", "2"]);
+    let failed = until(&url, Duration::from_secs(30), |v| v["status"] == "failed").await;
+    assert_eq!(failed["error"]["code"], "worker_lost", "{failed}");
+    assert_eq!(failed["error"]["details"]["attempts"], 2);
+    assert_eq!(job_row(&db, &id).await.0, 2);
+    // A failed job is not reused: posting again makes a new job.
+    let again = must(
+        "POST",
+        &format!("{}/v1/plans?{SLOW}&wait=0", replica.url),
+        Some(&model),
+    )
+    .await;
+    assert_ne!(again.body["id"], posted.body["id"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_postgres_under_load_answers_503_and_loses_no_job() {
+    // A cluster of its own: stopping it must not disturb the other tests.
+    let cluster = Cluster::start().unwrap_or_else(|e| panic!("this test needs PostgreSQL: {e}"));
+    let db = cluster.database().await;
+    let replica = Proc::serve(&db, 1, &["--lease", "5"]);
+    let worker = Proc::worker(&db, &["--lease", "5"]);
+    let model = Arc::new(vgg16());
+    let base = replica.url.clone();
+
+    // Load: posts of new jobs (a budget each) and reads of the first plan, until told to stop.
+    let first = must(
+        "POST",
+        &format!("{base}/v1/plans?budget=0.9x&time_limit=2&wait=120"),
+        Some(&model),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    let first_id = first.body["id"].as_str().unwrap().to_string();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Vec::<(StatusCode, Option<String>, Value)>::new()));
+    let accepted = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut load = vec![];
+    for client in 0..3 {
+        let (stop, seen, accepted, model, base, first_id) = (
+            Arc::clone(&stop),
+            Arc::clone(&seen),
+            Arc::clone(&accepted),
+            Arc::clone(&model),
+            base.clone(),
+            first_id.clone(),
+        );
+        load.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                let reply = if client == 0 {
+                    let budget = 0.95 - 0.002 * f64::from(n);
+                    call(
+                        "POST",
+                        &format!("{base}/v1/plans?budget={budget:.3}x&time_limit=1&wait=0"),
+                        Some(&model),
+                    )
+                    .await
+                } else {
+                    call("GET", &format!("{base}/v1/plans/{first_id}"), None).await
+                };
+                if let Some(r) = reply {
+                    if client == 0 && r.status == StatusCode::ACCEPTED {
+                        accepted
+                            .lock()
+                            .unwrap()
+                            .push(r.body["id"].as_str().unwrap().to_string());
+                    }
+                    let retry = r
+                        .headers
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    seen.lock().unwrap().push((r.status, retry, r.body));
+                }
+                let pause = if client == 0 { 400 } else { 50 };
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.pause().unwrap();
+    let down_from = seen.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let health = must("GET", &format!("{base}/healthz"), None).await;
+    assert_eq!(
+        health.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        health.body
+    );
+    assert_eq!(health.body["database"], false);
+    assert!(health.headers.contains_key("retry-after"));
+    cluster.resume().unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for l in load {
+        l.await.unwrap();
+    }
+
+    let seen = seen.lock().unwrap().clone();
+    let unavailable: Vec<_> = seen[down_from..]
+        .iter()
+        .filter(|(s, _, _)| *s == StatusCode::SERVICE_UNAVAILABLE)
+        .collect();
+    assert!(
+        !unavailable.is_empty(),
+        "no 503 while the database was down"
+    );
+    for (status, retry, body) in seen.iter() {
+        assert!(
+            status.is_success() || *status == StatusCode::SERVICE_UNAVAILABLE,
+            "{status}: {body}"
+        );
+        if *status == StatusCode::SERVICE_UNAVAILABLE {
+            assert!(retry.is_some(), "503 without Retry-After: {body}");
+            let code = body["error"]["code"].as_str().unwrap_or("");
+            assert!(
+                code == "database_unavailable" || code == "queue_full",
+                "{body}"
+            );
+            assert!(!body.to_string().contains(pg::PASSWORD), "{body}");
+        }
+    }
+    // Every job accepted before (or during) the restart completes after it.
+    let accepted = accepted.lock().unwrap().clone();
+    assert!(!accepted.is_empty());
+    for id in &accepted {
+        let v = until(
+            &format!("{base}/v1/plans/{id}"),
+            Duration::from_secs(180),
+            |v| v["status"] == "done" || v["status"] == "failed",
+        )
+        .await;
+        assert_eq!(v["status"], "done", "{v}");
+    }
+    for p in [&replica, &worker] {
+        assert!(!p.output().contains(pg::PASSWORD), "{}", p.output());
+    }
+}
+
+#[test]
+fn bad_databases_and_devices_are_refused_with_the_reason_and_no_password() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_remat"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running remat");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    // A wrong password, on the shared cluster: the replica does not start, and says why.
+    let cluster = pg::shared();
+    let wrong = format!(
+        "postgres://{}:not-the-{}@127.0.0.1:{}/postgres",
+        pg::USER,
+        pg::PASSWORD,
+        cluster.port
+    );
+    for args in [
+        vec!["serve", "--addr", "127.0.0.1:0", "--db", &wrong],
+        vec!["worker", "--db", &wrong],
+    ] {
+        let command = args[0];
+        let (code, text) = run(&args);
+        assert_eq!(code, Some(1), "{command}: {text}");
+        assert!(
+            text.contains("password authentication failed"),
+            "{command}: {text}"
+        );
+        assert!(text.contains(":***@127.0.0.1"), "{command}: {text}");
+        assert!(
+            !text.contains("not-the-"),
+            "{command}: the password shows: {text}"
+        );
+    }
+    // A worker needs PostgreSQL, and a GPU only when built for it.
+    let (code, text) = run(&["worker", "--db", "remat.db"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("needs a PostgreSQL URL"), "{text}");
+    let (code, text) = run(&[
+        "worker",
+        "--db",
+        &cluster.url("postgres"),
+        "--device",
+        "cuda",
+    ]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("--device cuda"), "{text}");
+    // On SQLite a replica needs workers of its own.
+    let (code, text) = run(&[
+        "serve",
+        "--db",
+        "/nonexistent-dir/remat.db",
+        "--workers",
+        "0",
+    ]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("--workers"), "{text}");
+}

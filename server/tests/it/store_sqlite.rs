@@ -1,0 +1,165 @@
+//! The embedded store on a real loopback port, across restarts: what a restart does to the
+//! plans stored and to a job in flight (failed as interrupted: one process owns the file).
+//! On PostgreSQL a job in flight outlives its replica (`replicas.rs`).
+
+use crate::common::*;
+use axum::http::StatusCode;
+use remat_server::http::store::SqliteStore;
+use remat_server::http::{serve_on, AppState, Store};
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn graph(behave: &str) -> Value {
+    serde_json::json!({"directed": true, "nodes": [{"id": 0}], "links": [], "behave": behave})
+}
+
+fn interrupted(state: &AppState) -> usize {
+    match state.store() {
+        Store::Sqlite(s) => s.interrupted_on_open(),
+        Store::Postgres(_) => unreachable!("a SQLite test"),
+    }
+}
+
+struct Running {
+    url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    state: AppState,
+}
+
+async fn start(db: &std::path::Path, engine: Arc<TestEngine>) -> Running {
+    let store = Store::Sqlite(Arc::new(SqliteStore::open(db).unwrap()));
+    let state = AppState::new(engine, store, test_config()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = state.clone();
+    let task = tokio::spawn(async move {
+        serve_on(listener, serving, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    Running {
+        url,
+        stop,
+        task,
+        state,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap();
+        assert!(self.state.store().is_closed());
+    }
+}
+
+async fn call(method: &str, url: &str, body: Option<Value>) -> (StatusCode, Value) {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client: Client<_, Full<axum::body::Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let mut builder = hyper::Request::builder().method(method).uri(url);
+    let body = match body {
+        Some(v) => {
+            builder = builder.header("content-type", "application/json");
+            Full::from(v.to_string())
+        }
+        None => Full::default(),
+    };
+    let response = client.request(builder.body(body).unwrap()).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    (status, value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_survive_a_restart_on_a_real_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("remat.db");
+    let engine = Arc::new(TestEngine::default());
+
+    let server = start(&db, engine.clone()).await;
+    let (status, plan) = call(
+        "POST",
+        &format!("{}/v1/plans?budget=0.5x", server.url),
+        Some(graph("ok")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{plan}");
+    let id = plan["id"].as_str().unwrap().to_string();
+    server.stop().await;
+
+    let server = start(&db, engine.clone()).await;
+    assert_eq!(interrupted(&server.state), 0);
+    let (status, again) = call("GET", &format!("{}/v1/plans/{id}", server.url), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(again, plan);
+    // And the cache key survived too.
+    let (status, cached) = call(
+        "POST",
+        &format!("{}/v1/plans?budget=0.5x", server.url),
+        Some(graph("ok")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(cached["id"], plan["id"]);
+    assert_eq!(engine.calls.load(Ordering::SeqCst), 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_in_flight_at_shutdown_is_failed_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("remat.db");
+    let engine = Arc::new(TestEngine::default());
+
+    let server = start(&db, engine.clone()).await;
+    // A waiting request is answered (202) when the server stops, not held until the job ends.
+    let url = format!("{}/v1/plans?wait=60", server.url);
+    let waiting = tokio::spawn(async move { call("POST", &url, Some(graph("gate"))).await });
+    for _ in 0..500 {
+        if engine.calls.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        engine.calls.load(Ordering::SeqCst),
+        1,
+        "the job did not start"
+    );
+    server.stop().await;
+    let (status, accepted) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let id = accepted["id"].as_str().unwrap().to_string();
+
+    let server = start(&db, engine.clone()).await;
+    assert_eq!(interrupted(&server.state), 1);
+    let (status, plan) = call("GET", &format!("{}/v1/plans/{id}", server.url), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(plan["status"], "failed");
+    assert_eq!(plan["error"]["code"], "interrupted");
+    assert!(plan["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("interrupted by a restart"));
+
+    // The old worker finishing late must not overwrite what the new run decided.
+    engine.gate.open();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, plan) = call("GET", &format!("{}/v1/plans/{id}", server.url), None).await;
+    assert_eq!(plan["status"], "failed");
+    server.stop().await;
+}
