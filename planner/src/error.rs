@@ -56,7 +56,7 @@ pub enum PlannerError {
     DanglingInput { node: String, input: String },
     #[error("{} unsupported node(s): {}", nodes.len(), list_unsupported(nodes))]
     Unsupported { nodes: Vec<UnsupportedNode> },
-    #[error("symbolic dimension(s) not bound: {} (bind each with NAME=VALUE)", names.join(", "))]
+    #[error("symbolic dimension(s) not bound: {} (bind each with NAME=VALUE; a dim without a name is INPUT:AXIS, e.g. x:0=8)", names.join(", "))]
     UnboundDims { names: Vec<String> },
     #[error("dimension {name:?} is bound but the model has no such symbolic dimension; its symbolic dimensions are: {}", if known.is_empty() { "none".to_string() } else { known.join(", ") })]
     UnknownDim { name: String, known: Vec<String> },

@@ -114,6 +114,11 @@ fn malformed(what: impl Into<String>) -> PlannerError {
     PlannerError::Malformed { what: what.into() }
 }
 
+/// The name a dynamic dim without a name is bound by: `<input>:<axis>` (e.g. `x:0`).
+pub fn unnamed_dim(input: &str, axis: usize) -> String {
+    format!("{input}:{axis}")
+}
+
 /// The element type and dims of a graph input as declared.
 struct Declared {
     dtype: Option<DType>,
@@ -136,9 +141,13 @@ fn declared(v: &ValueInfoProto) -> Declared {
                     .iter()
                     .enumerate()
                     .map(|(axis, d)| match &d.value {
+                        // -1 (Paddle's way of saying dynamic) is a dynamic dim, like one
+                        // with neither a value nor a name: both are bound as
+                        // `<input>:<axis>`. Other negative values are rejected below.
+                        Some(DimValue::DimValue(-1)) => Err(unnamed_dim(&v.name, axis)),
                         Some(DimValue::DimValue(x)) => Ok(*x),
                         Some(DimValue::DimParam(p)) if !p.is_empty() => Err(p.clone()),
-                        _ => Err(format!("{}.{axis}", v.name)),
+                        _ => Err(unnamed_dim(&v.name, axis)),
                     })
                     .collect()
             }),
@@ -692,7 +701,8 @@ pub fn with_ctx<R>(model: &Model, ix: NodeIndex, f: impl FnOnce(&OpSpec, &Ctx) -
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImportOptions {
     /// Values of the model's symbolic dims (`dim_param` names), e.g. `batch=8`. A dynamic
-    /// dim without a name is called `<input>.<axis>` (e.g. `pixel_values.0`).
+    /// dim without a name (no value and no name, or the value -1, as Paddle writes it) is
+    /// called `<input>:<axis>` (e.g. `x:0=6`); the older `<input>.<axis>` is read too.
     pub dims: BTreeMap<String, u64>,
     /// Graph inputs to treat as parameters (`--param NAME`).
     pub params: Vec<String>,
@@ -741,17 +751,32 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
             }
         }
     }
-    for name in opts.dims.keys() {
-        if !symbolic.contains(name) {
-            return Err(PlannerError::UnknownDim {
-                name: name.clone(),
-                known: symbolic.clone(),
-            });
-        }
+    // `<input>.<axis>`, the name before `<input>:<axis>`, binds the same dim.
+    let mut bound: BTreeMap<String, u64> = BTreeMap::new();
+    for (name, &value) in &opts.dims {
+        let name = if symbolic.contains(name) {
+            name.clone()
+        } else {
+            match name.rsplit_once('.') {
+                Some((input, axis))
+                    if axis.parse::<usize>().is_ok()
+                        && symbolic.contains(&format!("{input}:{axis}")) =>
+                {
+                    format!("{input}:{axis}")
+                }
+                _ => {
+                    return Err(PlannerError::UnknownDim {
+                        name: name.clone(),
+                        known: symbolic.clone(),
+                    })
+                }
+            }
+        };
+        bound.insert(name, value);
     }
     let mut unbound: Vec<String> = symbolic
         .iter()
-        .filter(|s| !opts.dims.contains_key(*s))
+        .filter(|s| !bound.contains_key(*s))
         .cloned()
         .collect();
     if !unbound.is_empty() {
@@ -759,7 +784,7 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
         return Err(PlannerError::UnboundDims { names: unbound });
     }
     let mut dims = BTreeMap::new();
-    for (name, &value) in &opts.dims {
+    for (name, &value) in &bound {
         if value == 0 || value > i64::MAX as u64 {
             return Err(PlannerError::InvalidDim {
                 what: format!("symbolic dimension {name:?}"),

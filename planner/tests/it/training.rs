@@ -276,13 +276,53 @@ fn unnamed_dynamic_dims_are_bound_by_input_and_axis() {
         }
     }
     match load(&g.bytes(), &ImportOptions::default()) {
-        Err(remat_planner::PlannerError::UnboundDims { names }) => assert_eq!(names, vec!["x.0"]),
+        Err(remat_planner::PlannerError::UnboundDims { names }) => assert_eq!(names, vec!["x:0"]),
         other => panic!("expected UnboundDims, got {other:?}"),
     }
-    let t = load(&g.bytes(), &dims(&[("x.0", 3)]))
-        .and_then(|m| m.training_graph())
-        .expect("binds");
-    assert_eq!(t.saved_activation_bytes, 3 * 4 * 4);
+    // `x:0`, and the older `x.0`, bind it.
+    for name in ["x:0", "x.0"] {
+        let t = load(&g.bytes(), &dims(&[(name, 3)]))
+            .and_then(|m| m.training_graph())
+            .expect("binds");
+        assert_eq!(t.saved_activation_bytes, 3 * 4 * 4, "{name}");
+    }
+    match load(&g.bytes(), &dims(&[("x:1", 3)])) {
+        Err(remat_planner::PlannerError::UnknownDim { name, known }) => {
+            assert_eq!((name.as_str(), known), ("x:1", vec!["x:0".to_string()]))
+        }
+        other => panic!("expected UnknownDim, got {other:?}"),
+    }
+}
+
+#[test]
+fn negative_dims_are_dynamic_and_bound_by_input_and_axis() {
+    // Paddle writes a dynamic batch as `dim_value: -1`; a dotted input name stays unambiguous.
+    let g = G::new(17)
+        .input("input.1", F32, &[D::V(-1), D::V(4)])
+        .input("mask", F32, &[D::P("batch"), D::V(-1)])
+        .weight("w", &[4, 4])
+        .node("MatMul", "mm", &["input.1", "w"], &["h"], vec![])
+        .node("Mul", "mul", &["h", "mask"], &["y"], vec![])
+        .output("y");
+    match load(&g.bytes(), &ImportOptions::default()) {
+        Err(remat_planner::PlannerError::UnboundDims { names }) => {
+            assert_eq!(names, vec!["batch", "input.1:0", "mask:1"])
+        }
+        other => panic!("expected UnboundDims, got {other:?}"),
+    }
+    let t = load(
+        &g.bytes(),
+        &dims(&[("input.1:0", 2), ("batch", 2), ("mask:1", 4)]),
+    )
+    .and_then(|m| m.training_graph())
+    .expect("binds");
+    assert!(t.saved_activation_bytes > 0);
+    // Bound inconsistently, the shapes say which node disagrees instead of planning.
+    assert!(load(
+        &g.bytes(),
+        &dims(&[("input.1:0", 2), ("batch", 3), ("mask:1", 4)])
+    )
+    .is_err());
 }
 
 #[test]
