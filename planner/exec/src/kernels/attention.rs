@@ -9,49 +9,12 @@
 //! into its rows, so one batched matmul serves the whole group and its backward sums over
 //! the group by itself. Half-precision inputs compute in f32.
 
+use super::common::{compute_dtype, sum_to, want};
 use crate::kernel::kbail;
 use crate::kernel::{
     to_candle, BwdArgs, Extras, Inputs, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
 };
 use candle_core::{DType, Tensor, D};
-
-fn out_present(cx: &KernelCtx, k: usize) -> bool {
-    cx.outputs.get(k).is_some_and(|f| f.is_some())
-}
-
-/// The type a computation runs in: f32 for half types, the input's own otherwise.
-pub(crate) fn compute_dtype(d: DType) -> DType {
-    match d {
-        DType::F16 | DType::BF16 => DType::F32,
-        d => d,
-    }
-}
-
-/// Sums `t` down to `shape` (the inverse of multidirectional broadcasting).
-pub(crate) fn sum_to(t: &Tensor, shape: &[usize]) -> KResult<Tensor> {
-    let dims = t.dims().to_vec();
-    if dims.as_slice() == shape {
-        return Ok(t.clone());
-    }
-    if shape.len() > dims.len() {
-        kbail!("cannot sum a gradient of shape {dims:?} to {shape:?}");
-    }
-    let lead = dims.len() - shape.len();
-    let mut axes: Vec<usize> = (0..lead).collect();
-    for (i, &s) in shape.iter().enumerate() {
-        let d = dims.get(lead + i).copied().unwrap_or(1);
-        if s == 1 && d != 1 {
-            axes.push(lead + i);
-        } else if s != d {
-            kbail!("cannot sum a gradient of shape {dims:?} to {shape:?}");
-        }
-    }
-    let mut out = t.clone();
-    if !axes.is_empty() {
-        out = out.sum_keepdim(axes)?;
-    }
-    Ok(out.reshape(shape)?)
-}
 
 // ---------------------------------------------------------------------------------------
 // Attention
@@ -335,7 +298,7 @@ fn attention_forward(
     let y = if a.four_d { y } else { merge_heads(&y)? };
     let mut out = vec![Some(y.to_dtype(dt)?)];
     for kk in 1..cx.outputs.len() {
-        if !out_present(cx, kk) {
+        if !want(cx, kk) {
             out.push(None);
             continue;
         }
@@ -449,12 +412,12 @@ fn attention_backward(cx: &KernelCtx, g: &BwdArgs) -> KResult<Vec<Option<Tensor>
         .reshape((a.batch, a.q_heads, a.q_seq, a.head))?;
     let mut dk = ds.transpose(2, 3)?.contiguous()?.matmul(&qg)?;
     // Gradients reaching present_key / present_value.
-    if out_present(cx, 1) {
+    if want(cx, 1) {
         if let Some(t) = g.grads.get(1).and_then(|t| t.as_ref()) {
             dk = (dk + t.to_dtype(ct)?)?;
         }
     }
-    if out_present(cx, 2) {
+    if want(cx, 2) {
         if let Some(t) = g.grads.get(2).and_then(|t| t.as_ref()) {
             dv = (dv + t.to_dtype(ct)?)?;
         }

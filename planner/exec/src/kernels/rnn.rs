@@ -13,6 +13,7 @@
 //! GRU's `linear_before_reset`, and the activations Sigmoid, Tanh and Relu. `clip` and
 //! LSTM's `input_forget` are refused with an error naming the attribute.
 
+use super::common::want;
 use crate::kernel::kbail;
 use crate::kernel::{
     BwdArgs, Extras, Inputs, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
@@ -489,7 +490,7 @@ fn rnn_forward(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Ve
     let all = [Some(y), Some(yh), yc];
     Ok((0..cx.outputs.len())
         .map(|k| {
-            if cx.outputs.get(k).is_some_and(|f| f.is_some()) {
+            if want(cx, k) {
                 all.get(k).cloned().flatten()
             } else {
                 None
@@ -764,7 +765,7 @@ fn rnn_backward(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         None
     };
     // Output gradients in layout 0.
-    let present = |k: usize| cx.outputs.get(k).is_some_and(|f| f.is_some());
+    let present = |k: usize| super::common::want(cx, k);
     let mut dy = if present(0) {
         a.grad(cx, 0)?
     } else {

@@ -6,7 +6,7 @@ use crate::kernel::{
     BwdArgs, Extras, Inputs, KResult, Kernel, KernelCtx, KernelError, KernelRegistry, Outs,
 };
 use crate::kernels::common::{
-    grad0, host_f64, host_i64, ids, ints_in, norm_indices, select, strides, unselect,
+    grad0, host_f64, host_i64, ids, ints_in, norm_indices, select, strides, unselect, want,
 };
 use candle_core::{DType as CD, Device, Tensor};
 
@@ -494,8 +494,10 @@ fn topk_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
     out_shape[axis] = k;
     let it = Tensor::from_vec(idx, out_shape, x.device())?;
     let values = x.contiguous()?.gather(&it, axis)?;
-    let present = |k: usize| cx.outputs.get(k).is_some_and(|f| f.is_some());
-    Ok(vec![present(0).then_some(values), present(1).then_some(it)])
+    Ok(vec![
+        want(cx, 0).then_some(values),
+        want(cx, 1).then_some(it),
+    ])
 }
 
 fn topk_bwd(cx: &KernelCtx, a: &BwdArgs) -> Outs {

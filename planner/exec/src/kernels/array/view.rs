@@ -8,7 +8,7 @@ use crate::kernel::{
     Outs,
 };
 use crate::kernels::common::{
-    grad0, host_i64, in_dtype, ints_in, select, strides, sum_to, unselect,
+    grad0, host_i64, in_dtype, ints_in, select, strides, sum_to, unselect, want,
 };
 use candle_core::Tensor;
 use remat_planner::tensor::DType;
@@ -166,8 +166,7 @@ fn split_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
     let mut off = 0;
     let mut out = vec![];
     for (k, &n) in sizes.iter().enumerate() {
-        let present = cx.outputs.get(k).is_some_and(|f| f.is_some());
-        out.push(if present {
+        out.push(if want(cx, k) {
             Some(x.narrow(axis, off, n)?.contiguous()?)
         } else {
             None
