@@ -129,6 +129,21 @@ impl ModelFormat {
             _ => ModelFormat::Onnx,
         }
     }
+
+    /// The name the store keeps (`onnx`, `graph_json`: the serde names).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelFormat::Onnx => "onnx",
+            ModelFormat::GraphJson => "graph_json",
+        }
+    }
+
+    /// The format of a stored name ([`ModelFormat::as_str`]).
+    pub fn parse(name: &str) -> Option<ModelFormat> {
+        [ModelFormat::Onnx, ModelFormat::GraphJson]
+            .into_iter()
+            .find(|f| f.as_str() == name)
+    }
 }
 
 /// The planning pipeline as the service sees it. Implementations are blocking (CPU bound) and

@@ -66,7 +66,7 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError
         jobs_running: m.jobs_running.get(),
     };
     match store {
-        Store::Sqlite(_) => store.ping().await.map_err(store_error)?,
+        Store::Sqlite(s) => s.ping().map_err(|e| store_error(e.into()))?,
         Store::Postgres(pg) => match pg.queue_stats().await {
             Ok(stats) => {
                 health.queue_depth = stats.iter().map(|s| s.queued).sum();

@@ -50,13 +50,6 @@ struct Prepared {
     resolved: Resolved,
 }
 
-fn format_name(format: ModelFormat) -> &'static str {
-    match format {
-        ModelFormat::Onnx => "onnx",
-        ModelFormat::GraphJson => "graph_json",
-    }
-}
-
 fn is_json_content(headers: &HeaderMap) -> bool {
     let Some(value) = headers
         .get(header::CONTENT_TYPE)
@@ -296,13 +289,13 @@ pub async fn submit(
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
     let options = serde_json::to_string(&resolved.applied).map_err(ApiError::internal)?;
-    let created_at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let created_at = super::store::now();
     let job = NewJob {
         id: &id,
         kind,
         model_hash: &model_hash,
         model_name: resolved.request.name.as_deref(),
-        model_format: format_name(format),
+        model_format: format.as_str(),
         options: &options,
         cache_key: &cache_key,
         created_at: &created_at,

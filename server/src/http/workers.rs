@@ -212,10 +212,6 @@ fn worker(shared: &Arc<Shared>, owner: &str) {
 
 /// Runs a claimed job with its lease renewed beside it.
 fn run_leased(shared: &Arc<Shared>, db: &Db, owner: &str, job: Leased) {
-    let format = match job.model_format.as_str() {
-        "graph_json" => ModelFormat::GraphJson,
-        _ => ModelFormat::Onnx,
-    };
     let recorder = Lease {
         shared,
         db,
@@ -225,10 +221,17 @@ fn run_leased(shared: &Arc<Shared>, db: &Db, owner: &str, job: Leased) {
         running: AtomicBool::new(true),
     };
     shared.metrics.jobs_running.inc();
-    let request: PlanRequest = match serde_json::from_str(&job.request) {
-        Ok(r) => r,
+    let stored = serde_json::from_str::<PlanRequest>(&job.request)
+        .map_err(|e| format!("the stored request is unreadable: {e}"))
+        .and_then(|request| {
+            ModelFormat::parse(&job.model_format)
+                .map(|format| (request, format))
+                .ok_or_else(|| format!("unknown stored model format {:?}", job.model_format))
+        });
+    let (request, format) = match stored {
+        Ok(read) => read,
         Err(e) => {
-            tracing::error!(job = %job.id, error = %e, "the stored request is unreadable");
+            tracing::error!(job = %job.id, error = %e, "the job cannot run");
             recorder.failed(500, &super::run::internal_error());
             return;
         }

@@ -336,3 +336,43 @@ pub fn manifest_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }
+
+/// A reply read over a real connection.
+pub struct HttpReply {
+    pub status: StatusCode,
+    pub headers: axum::http::HeaderMap,
+    /// JSON, or the text as a JSON string when it is not JSON.
+    pub body: Value,
+}
+
+/// One HTTP request to a real port; `None` when the connection failed.
+pub async fn http(method: &str, url: &str, body: Option<&[u8]>) -> Option<HttpReply> {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client: Client<_, Full<axum::body::Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let mut builder = hyper::Request::builder().method(method).uri(url);
+    let body = match body {
+        Some(b) => {
+            builder = builder.header("content-type", "application/json");
+            Full::from(b.to_vec())
+        }
+        None => Full::default(),
+    };
+    let response = client.request(builder.body(body).unwrap()).await.ok()?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response.into_body().collect().await.ok()?.to_bytes();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).to_string()))
+    };
+    Some(HttpReply {
+        status,
+        headers,
+        body,
+    })
+}

@@ -2,8 +2,9 @@
 //! real engine: the `remat` binary run as a user runs it, a throwaway cluster (`pg.rs`), and
 //! SIGKILL and a database restart where the issue says so.
 
+use crate::common::{http as call, HttpReply};
 use crate::pg::{self, Cluster};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -106,45 +107,7 @@ impl Drop for Proc {
     }
 }
 
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Value,
-}
-
-/// One HTTP request; `None` when the connection failed.
-async fn call(method: &str, url: &str, body: Option<&[u8]>) -> Option<Reply> {
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    let client: Client<_, Full<axum::body::Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
-    let mut builder = hyper::Request::builder().method(method).uri(url);
-    let body = match body {
-        Some(b) => {
-            builder = builder.header("content-type", "application/json");
-            Full::from(b.to_vec())
-        }
-        None => Full::default(),
-    };
-    let response = client.request(builder.body(body).unwrap()).await.ok()?;
-    let status = response.status();
-    let headers = response.headers().clone();
-    let bytes = response.into_body().collect().await.ok()?.to_bytes();
-    let body = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).to_string()))
-    };
-    Some(Reply {
-        status,
-        headers,
-        body,
-    })
-}
-
-async fn must(method: &str, url: &str, body: Option<&[u8]>) -> Reply {
+async fn must(method: &str, url: &str, body: Option<&[u8]>) -> HttpReply {
     call(method, url, body)
         .await
         .unwrap_or_else(|| panic!("{method} {url}: no answer"))

@@ -60,28 +60,11 @@ impl Running {
 }
 
 async fn call(method: &str, url: &str, body: Option<Value>) -> (StatusCode, Value) {
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    let client: Client<_, Full<axum::body::Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
-    let mut builder = hyper::Request::builder().method(method).uri(url);
-    let body = match body {
-        Some(v) => {
-            builder = builder.header("content-type", "application/json");
-            Full::from(v.to_string())
-        }
-        None => Full::default(),
-    };
-    let response = client.request(builder.body(body).unwrap()).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let value = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).unwrap()
-    };
-    (status, value)
+    let body = body.map(|v| v.to_string().into_bytes());
+    let r = http(method, url, body.as_deref())
+        .await
+        .unwrap_or_else(|| panic!("{method} {url}: no answer"));
+    (r.status, r.body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

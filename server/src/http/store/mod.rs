@@ -12,7 +12,7 @@ pub use postgres::{
 };
 pub use sqlite::SqliteStore;
 pub use types::{
-    interrupted_error, postgres_unreachable, Claim, JobStatus, Kind, NewJob, Record, Row,
+    interrupted_error, now, postgres_unreachable, Claim, JobStatus, Kind, NewJob, Record, Row,
     StoreError,
 };
 
@@ -69,14 +69,6 @@ impl Store {
         match self {
             Store::Sqlite(s) => Ok(s.delete(kind, id)?),
             Store::Postgres(p) => p.delete(kind, id).await,
-        }
-    }
-
-    /// A cheap liveness query.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            Store::Sqlite(s) => Ok(s.ping()?),
-            Store::Postgres(p) => p.ping().await,
         }
     }
 

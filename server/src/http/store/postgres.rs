@@ -12,7 +12,7 @@
 //! - The schema is versioned (`migrations/`); each process applies what is missing at start,
 //!   under an advisory lock.
 
-use super::types::{Claim, JobStatus, Kind, NewJob, Record, Row, StoreError};
+use super::types::{now, Claim, JobStatus, Kind, NewJob, Record, Row, StoreError};
 use crate::http::error::ErrorObject;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,8 +88,10 @@ pub struct PgStore {
     closed: Arc<AtomicBool>,
 }
 
-fn now() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+/// A stored status, or the error saying the database holds one this version does not know.
+fn status_of(text: &str) -> Result<JobStatus, StoreError> {
+    JobStatus::parse(text)
+        .ok_or_else(|| StoreError::Corrupt(format!("unknown job status {text:?}")))
 }
 
 fn pool_error(e: PoolError) -> StoreError {
@@ -313,8 +315,7 @@ impl PgStore {
         let status: String = r.get(1);
         Ok(Row {
             id: r.get(0),
-            status: JobStatus::parse(&status)
-                .ok_or_else(|| StoreError::Corrupt(format!("unknown job status {status:?}")))?,
+            status: status_of(&status)?,
             model_hash: r.get(2),
             model_name: r.get(3),
             model_format: r.get(4),
@@ -351,12 +352,7 @@ impl PgStore {
             .prepare_cached("SELECT status FROM jobs WHERE id = $1 AND kind = $2")
             .await?;
         match client.query_opt(&stmt, &[&id, &kind.as_str()]).await? {
-            Some(r) => {
-                let s: String = r.get(0);
-                Ok(Some(JobStatus::parse(&s).ok_or_else(|| {
-                    StoreError::Corrupt(format!("unknown job status {s:?}"))
-                })?))
-            }
+            Some(r) => Ok(Some(status_of(r.get(0))?)),
             None => Ok(None),
         }
     }
@@ -428,12 +424,6 @@ impl PgStore {
         Ok(true)
     }
 
-    /// A cheap liveness query.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.client().await?.query_one("SELECT 1", &[]).await?;
-        Ok(())
-    }
-
     /// Fails the jobs whose lease ran out after `max_attempts` claims (their workers died
     /// under them each time), then claims the oldest job that is queued or whose lease ran
     /// out, for `owner`, for `lease`.
@@ -487,11 +477,8 @@ impl PgStore {
         let kind: String = row.get(1);
         Ok(Some(Leased {
             id: row.get(0),
-            kind: match kind.as_str() {
-                "plan" => Kind::Plan,
-                "sweep" => Kind::Sweep,
-                other => return Err(StoreError::Corrupt(format!("unknown job kind {other:?}"))),
-            },
+            kind: Kind::parse(&kind)
+                .ok_or_else(|| StoreError::Corrupt(format!("unknown job kind {kind:?}")))?,
             model: model.get(0),
             model_format: row.get(3),
             request: row.get(4),

@@ -4,7 +4,7 @@
 //! Writes go through one connection; reads use a small pool of connections so that many
 //! readers do not wait on each other (WAL lets them read while a job writes).
 
-use super::types::{interrupted_error, Claim, JobStatus, Kind, NewJob, Record, Row};
+use super::types::{interrupted_error, now, Claim, JobStatus, Kind, NewJob, Record, Row};
 use crate::http::error::ErrorObject;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::path::Path;
@@ -48,10 +48,6 @@ pub struct SqliteStore {
 fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     // A panic while holding the lock cannot leave SQLite inconsistent (statements are atomic).
     conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn now() -> String {
-    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 impl SqliteStore {

@@ -57,6 +57,18 @@ impl Kind {
             Kind::Sweep => "sweep",
         }
     }
+
+    /// The kind of a stored name ([`Kind::as_str`]).
+    pub fn parse(text: &str) -> Option<Kind> {
+        [Kind::Plan, Kind::Sweep]
+            .into_iter()
+            .find(|k| k.as_str() == text)
+    }
+}
+
+/// A timestamp as both stores keep them (RFC 3339, milliseconds, UTC).
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 /// A job as it is created.
