@@ -78,5 +78,7 @@ pub mod ilp;
 pub mod budget;
 // Algorithm choice, the plan report, the budget sweep.
 pub mod plan;
+// The `torch-sac` execution model: PyTorch's checkpoint with a selective policy per region.
+pub mod sac;
 #[cfg(test)]
 mod testutil;

@@ -1,0 +1,1 @@
+"""remat: activation-checkpointing plans."""

@@ -1,0 +1,234 @@
+"""Apply: wrap each planned region with non-reentrant `torch.utils.checkpoint` and a
+selective-checkpoint policy keyed by (region, aten op, occurrence)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
+
+from ._capture import _tensors, find_regions, fingerprint, signature
+from ._errors import OpMismatchError, PlanMismatchError
+
+Plan = dict[str, Any]
+
+
+def load_plan(plan: Plan | str) -> Plan:
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    if not isinstance(plan, dict) or plan.get("format") != "remat.torch-plan":
+        raise PlanMismatchError("not a remat.torch-plan document (its 'format' field differs)")
+    return plan
+
+
+def check_fingerprint(model: nn.Module, example_inputs: Sequence[Any] | None, plan: Plan) -> None:
+    """Refuses a plan made for another model, other shapes or other regions, naming what differs."""
+    want = plan.get("signature") or {}
+    regions = want.get("regions", [])
+    have_params = [
+        [n, list(p.shape), str(p.dtype).removeprefix("torch.")] for n, p in model.named_parameters()
+    ]
+    diffs = _diff("parameter", want.get("parameters", []), have_params)
+    modules = dict(model.named_modules())
+    diffs += [f"region {r!r} is not a module of this model" for r in regions if r not in modules]
+    if example_inputs is not None:
+        sig = signature(model, example_inputs, regions)
+        diffs += _diff(
+            "input",
+            [[str(i), *d] for i, d in enumerate(want.get("inputs", []))],
+            [[str(i), *d] for i, d in enumerate(sig["inputs"])],
+        )
+        if not diffs and fingerprint(sig) != plan.get("fingerprint"):
+            diffs.append("the buffers differ")
+    if diffs:
+        more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
+        raise PlanMismatchError(
+            f"the plan was made for another model or other shapes ({plan.get('model')!r}): "
+            + "; ".join(diffs[:5])
+            + more
+        )
+
+
+def _diff(what: str, want: list[list[Any]], have: list[list[Any]]) -> list[str]:
+    w = {str(x[0]): x[1:] for x in want}
+    h = {str(x[0]): x[1:] for x in have}
+    out = []
+    for name, desc in w.items():
+        if name not in h:
+            out.append(f"{what} {name} is missing")
+        elif h[name] != desc:
+            out.append(f"{what} {name} is {_fmt(h[name])}, the plan's is {_fmt(desc)}")
+    out += [f"{what} {name} is not in the plan" for name in h if name not in w]
+    return out
+
+
+def _fmt(desc: list[Any]) -> str:
+    return f"{desc[0]} {desc[1]}" if len(desc) == 2 else str(desc)
+
+
+class _Policy:
+    """The SAC policy of one region: MUST_SAVE for the kept (op, occurrence), PREFER_RECOMPUTE
+    otherwise; an op the capture did not see at that position is refused by name."""
+
+    def __init__(
+        self, module: nn.Module, fqn: str, ops: list[str], keep: set[tuple[str, int]]
+    ) -> None:
+        self.module = module
+        self.fqn = fqn
+        self.ops = ops
+        self.keep = keep
+        self.position = 0
+        self.counter: dict[str, int] = defaultdict(int)
+
+    def __call__(self, ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        name = str(func)
+        if getattr(ctx, "is_recompute", False):
+            # Older torch asks again while recomputing: answer as in the forward.
+            return self._decide(name, self.counter_re)
+        if self.position >= len(self.ops) or self.ops[self.position] != name:
+            expected = self.ops[self.position] if self.position < len(self.ops) else "(no more ops)"
+            raise OpMismatchError(
+                f"region {self.fqn!r} ran {name} as its op #{self.position}, where the captured "
+                f"step ran {expected}: the forward differs from the capture (data-dependent "
+                "control flow or other shapes); capture again"
+            )
+        self.position += 1
+        return self._decide(name, self.counter)
+
+    def _decide(self, name: str, counter: dict[str, int]) -> CheckpointPolicy:
+        occ = counter[name]
+        counter[name] += 1
+        if (name, occ) in self.keep:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def contexts(self) -> tuple[Any, Any]:
+        self.position = 0
+        self.counter = defaultdict(int)
+        self.counter_re: dict[str, int] = defaultdict(int)
+        forward, recompute = create_selective_checkpoint_contexts(self)
+        return forward, _Rerun(self.module, self.fqn, recompute)
+
+
+class Applied:
+    """What `apply` did; `remove()` restores the modules' own forward."""
+
+    def __init__(self, plan: Plan, wrapped: dict[str, nn.Module]) -> None:
+        self.plan = plan
+        self.wrapped = wrapped
+
+    def remove(self) -> None:
+        for m in self.wrapped.values():
+            if "forward" in m.__dict__:
+                del m.forward
+        self.wrapped = {}
+
+    def __enter__(self) -> Applied:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def apply(
+    model: nn.Module, plan: Plan | str, example_inputs: Sequence[Any] | None = None
+) -> Applied:
+    """Wraps every region the plan wraps with `torch.utils.checkpoint(use_reentrant=False)` and
+    its selective-checkpoint policy. Refuses a plan made for another model (or, given
+    `example_inputs`, other shapes). Returns a handle whose `remove()` undoes it."""
+    plan = load_plan(plan)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    check_fingerprint(model, example_inputs, plan)
+    modules = dict(model.named_modules())
+    wrapped: dict[str, nn.Module] = {}
+    for region in plan["regions"]:
+        if not region["wrapped"]:
+            continue
+        fqn = region["fqn"]
+        module = modules[fqn]
+        if "forward" in module.__dict__:
+            raise PlanMismatchError(
+                f"region {fqn!r} ({type(module).__name__}) is already wrapped "
+                "(or has its own forward attribute): remove the earlier plan"
+            )
+        policy = _Policy(
+            module, fqn, list(region["ops"]), {(op, occ) for op, occ in region["keep"]}
+        )
+        original = module.forward
+
+        def forward(
+            *args: Any, _orig: Any = original, _policy: _Policy = policy, **kwargs: Any
+        ) -> Any:
+            if (
+                not torch.is_grad_enabled()
+                or not any(t.requires_grad for t in _tensors((args, kwargs)))
+                and not any(p.requires_grad for p in _orig.__self__.parameters())
+            ):
+                return _orig(*args, **kwargs)
+            return checkpoint(
+                _orig,
+                *args,
+                use_reentrant=False,
+                preserve_rng_state=True,
+                context_fn=_policy.contexts,
+                **kwargs,
+            )
+
+        module.forward = functools.update_wrapper(forward, original)
+        wrapped[fqn] = module
+    return Applied(plan, wrapped)
+
+
+class _Rerun:
+    """The recompute context of a region. Checkpointing re-runs the region's forward during
+    backward, which would update BatchNorm's running statistics a second time: the region's
+    buffers are put back as the first run left them once the re-run ends (entered outside the
+    SAC recompute mode, so the copies are not ops of the region). A re-run whose ops differ from
+    the forward's (a cache mutated by the first run, data-dependent control flow) is reported
+    naming the region and the op."""
+
+    def __init__(self, module: nn.Module, fqn: str, inner: Any) -> None:
+        self.module = module
+        self.fqn = fqn
+        self.inner = inner
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self) -> Any:
+        with torch.no_grad():
+            self.saved = [(b, b.clone()) for b in self.module.buffers()]
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            self.inner.__exit__(*exc)
+            err = exc[1]
+            if isinstance(err, RuntimeError) and "encountered during backward" in str(err):
+                op = str(err).split(" encountered")[0]
+                raise OpMismatchError(
+                    f"region {self.fqn!r} ({type(self.module).__name__}) ran {op} when "
+                    "checkpointing re-ran it in backward, which its forward did not run there: "
+                    "the re-run differs from the forward (state the forward changed, such as a "
+                    "key/value cache: pass use_cache=False to Hugging Face models; or "
+                    "data-dependent control flow)"
+                ) from err
+            return False
+        finally:
+            with torch.no_grad():
+                for b, s in self.saved:
+                    b.copy_(s)
+            self.saved = []
+
+
+def regions_of(model: nn.Module, regions: Any = None) -> list[str]:
+    return find_regions(model, regions)

@@ -1,0 +1,543 @@
+"""Capture: one training step, recorded as PyTorch's autograd and its checkpoint policy see it.
+
+The step runs twice on the same weights, inputs and RNG seed:
+
+* pass A, forward only, with saved-tensor hooks that keep nothing: when every storage would die if
+  autograd held none of them (its *natural* death, set by the Python code's references alone);
+* pass B, the ordinary step (forward, loss, backward): every aten op with its module path, region
+  and occurrence, the storages it allocates (views and in-place results share their base: a
+  storage is counted once, by the op that allocated it), when each storage really dies, which
+  storages autograd saves and from which op, and when backward first unpacks a region's saved
+  values (the point where non-reentrant checkpointing re-runs that region).
+
+The result is the `remat.torch-graph` JSON document (docs/torch.md) that the solver's `torch-sac`
+execution model reads. Nothing here computes a plan figure: the trace is data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import weakref
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_leaves
+from torch.utils.checkpoint import SAC_IGNORED_OPS
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ._errors import CaptureError
+
+FORMAT = "remat.torch-graph"
+VERSION = 1
+
+RegionSpec = Sequence[str] | Callable[[str, nn.Module], bool] | None
+LossFn = Callable[[Any], torch.Tensor]
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The ONNX path's loss rule: the sum of the means of the floating-point outputs."""
+    leaves = [
+        t
+        for t in tree_leaves(output)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+    ]
+    if not leaves:
+        raise CaptureError(
+            "the model's output has no floating-point tensor that requires grad; pass loss_fn"
+        )
+    total = leaves[0].mean()
+    for t in leaves[1:]:
+        total = total + t.mean()
+    return total
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+
+
+def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
+    """The modules a user would checkpoint.
+
+    Default: the repeated blocks, i.e. the children of an `nn.ModuleList` / `nn.Sequential` that
+    share one class with at least one sibling (GPT2Block, LlamaDecoderLayer, BasicBlock), outermost
+    first and never nested. `regions` may name FQNs instead, or be a predicate on (fqn, module).
+    """
+    modules = dict(model.named_modules())
+    if regions is not None and not callable(regions):
+        names = list(regions)
+        for fqn in names:
+            if fqn not in modules:
+                raise CaptureError(f"region {fqn!r} is not a module of the model")
+            if fqn == "":
+                raise CaptureError("the whole model cannot be a region: name its blocks")
+        chosen = names
+    elif callable(regions):
+        chosen = [fqn for fqn, m in modules.items() if fqn and regions(fqn, m)]
+    else:
+        chosen = []
+        for fqn, m in modules.items():
+            if not isinstance(m, nn.ModuleList | nn.Sequential):
+                continue
+            kids = list(m.named_children())
+            by_class: dict[type, int] = defaultdict(int)
+            for _, c in kids:
+                by_class[type(c)] += 1
+            for name, c in kids:
+                if by_class[type(c)] >= 2 and not isinstance(c, nn.ModuleList | nn.Sequential):
+                    chosen.append(f"{fqn}.{name}" if fqn else name)
+    # Outermost only: a region inside another region is dropped.
+    chosen_set = set(chosen)
+    out = []
+    for fqn in chosen:
+        parts = fqn.split(".")
+        if any(".".join(parts[:i]) in chosen_set for i in range(1, len(parts))):
+            continue
+        out.append(fqn)
+    return out
+
+
+def signature(model: nn.Module, example_inputs: Sequence[Any], regions: Iterable[str]) -> dict:
+    """What a plan is made for: parameter and buffer shapes, the inputs' shapes, the regions."""
+
+    def desc(t: torch.Tensor) -> list[Any]:
+        return [list(t.shape), str(t.dtype).removeprefix("torch.")]
+
+    return {
+        "parameters": [[n, *desc(p)] for n, p in model.named_parameters()],
+        "buffers": [[n, *desc(b)] for n, b in model.named_buffers()],
+        "inputs": [desc(t) for t in _tensors(list(example_inputs))],
+        "regions": list(regions),
+    }
+
+
+def fingerprint(sig: dict) -> str:
+    return hashlib.sha256(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def model_device(model: nn.Module, example_inputs: Sequence[Any]) -> torch.device:
+    devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
+    devices |= {t.device for t in _tensors(list(example_inputs))}
+    if len(devices) > 1:
+        names = ", ".join(sorted(str(d) for d in devices))
+        raise CaptureError(
+            f"the model and its inputs are on more than one device ({names}); "
+            "remat plans one device at a time"
+        )
+    return devices.pop() if devices else torch.device("cpu")
+
+
+@dataclass
+class _Storage:
+    bytes: int
+    producer: int
+    free_after: int | None = None
+    natural_free_after: int | None = None
+    saves: list[dict[str, int | None]] = field(default_factory=list)
+    mutated: bool = False
+
+
+@dataclass
+class _Op:
+    op: str
+    phase: str
+    module: str
+    region: int | None
+    occurrence: int | None
+    cost: float
+    outputs: list[int]
+    seconds: float = 0.0
+
+
+class _Tracer(TorchDispatchMode):
+    """Records every aten op, the storages it allocates and when they die."""
+
+    def __init__(self, rec: _Recording, cost: str) -> None:
+        super().__init__()
+        self.rec = rec
+        self.cost = cost
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        timed = self.cost == "measured" and not self.rec.forward_only
+        if timed:
+            if self.rec.cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        seconds = 0.0
+        if timed:
+            if self.rec.cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+        self.rec.on_op(func, args, kwargs, out, seconds, self.cost)
+        return out
+
+
+class _Recording:
+    def __init__(
+        self, model: nn.Module, region_fqns: list[str], device: torch.device, forward_only: bool
+    ) -> None:
+        self.model = model
+        self.region_fqns = region_fqns
+        self.region_index = {f: i for i, f in enumerate(region_fqns)}
+        self.cuda = device.type == "cuda"
+        self.forward_only = forward_only
+        self.ops: list[_Op] = []
+        self.storages: list[_Storage] = []
+        # storage -> its index, or -1 for a storage that existed before the step
+        self.known: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.phase = "forward"
+        self.module_stack: list[str] = []
+        self.region_stack: list[int] = []
+        self.region_calls: dict[int, int] = defaultdict(int)
+        self.region_first: dict[int, int] = {}
+        self.region_last: dict[int, int] = {}
+        self.region_counter: dict[int, dict[str, int]] = {}
+        self.region_inputs: dict[int, set[int]] = defaultdict(set)
+        self.region_stop: dict[int, int] = {}
+        self.region_trigger: dict[int, int] = {}
+        self.finalizers: list[weakref.finalize] = []
+        self.fixed_bytes = 0
+        self.forward_end = 0
+        self.backward_end = 0
+
+    # -- storages -------------------------------------------------------------------------
+    def register_external(self, tensors: Iterable[torch.Tensor]) -> None:
+        for t in tensors:
+            st = _storage(t)
+            if st is not None and st not in self.known:
+                self.known[st] = -1
+                self.fixed_bytes += st.nbytes()
+
+    def _died(self, index: int) -> None:
+        s = self.storages[index]
+        last = len(self.ops) - 1
+        if self.phase == "forward" or self.forward_only:
+            s.natural_free_after = last
+        if s.free_after is None:
+            s.free_after = last
+
+    def index_of(self, t: torch.Tensor) -> int | None:
+        st = _storage(t)
+        if st is None:
+            return None
+        i = self.known.get(st)
+        return None if i is None or i < 0 else i
+
+    # -- ops ------------------------------------------------------------------------------
+    def on_op(
+        self, func: Any, args: Any, kwargs: Any, out: Any, seconds: float, cost_kind: str
+    ) -> None:
+        index = len(self.ops)
+        region = self.region_stack[-1] if self.region_stack and self.phase == "forward" else None
+        occurrence = None
+        name = str(func)
+        if region is not None and func not in SAC_IGNORED_OPS:
+            counter = self.region_counter[region]
+            occurrence = counter[name]
+            counter[name] += 1
+        outputs: list[int] = []
+        mutable = bool(getattr(func, "_schema", None) is not None and func._schema.is_mutable)
+        for t in _tensors(out):
+            st = _storage(t)
+            if st is None:
+                continue
+            known = self.known.get(st)
+            if known is not None:
+                if mutable and known >= 0:
+                    self.storages[known].mutated = True
+                continue
+            sid = len(self.storages)
+            self.storages.append(_Storage(bytes=st.nbytes(), producer=index))
+            self.known[st] = sid
+            self.finalizers.append(weakref.finalize(st, self._died, sid))
+            outputs.append(sid)
+        if mutable:
+            for a in _written(func, args, kwargs):
+                i = self.index_of(a)
+                if i is not None and i not in outputs:
+                    self.storages[i].mutated = True
+        cost = seconds
+        if cost_kind == "flops":
+            cost = float(_flops(func, args, kwargs, out))
+        self.ops.append(
+            _Op(
+                op=name,
+                phase=self.phase,
+                module=self.module_stack[-1] if self.module_stack else "",
+                region=region,
+                occurrence=occurrence,
+                cost=cost,
+                outputs=outputs,
+                seconds=seconds,
+            )
+        )
+        if region is not None:
+            self.region_first.setdefault(region, index)
+            self.region_last[region] = index
+
+    # -- saved tensors --------------------------------------------------------------------
+    def pack(self, t: torch.Tensor) -> Any:
+        index = self.index_of(t)
+        op = len(self.ops) - 1
+        if self.phase == "forward" and self.region_stack:
+            r = self.region_stack[-1]
+            self.region_stop[r] = op
+        if index is not None and self.phase == "forward":
+            region = self.region_stack[-1] if self.region_stack else None
+            self.storages[index].saves.append({"after_op": op, "region": region})
+        if self.forward_only:
+            return None  # keep nothing: pass A measures natural lifetimes
+        return (t, tuple(self.region_stack))
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        t, regions = packed
+        position = len(self.ops)
+        for r in regions:
+            self.region_trigger.setdefault(r, position)
+        return t
+
+    # -- modules --------------------------------------------------------------------------
+    def hooks(self) -> list[Any]:
+        handles = []
+        for fqn, m in self.model.named_modules():
+            handles.append(m.register_forward_pre_hook(self._pre(fqn), with_kwargs=True))
+            handles.append(m.register_forward_hook(self._post(fqn), always_call=True))
+        return handles
+
+    def _pre(self, fqn: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if self.phase != "forward":
+                return
+            self.module_stack.append(fqn)
+            r = self.region_index.get(fqn)
+            if r is not None:
+                self.region_calls[r] += 1
+                if self.region_calls[r] > 1:
+                    raise CaptureError(
+                        f"region {fqn!r} ({type(module).__name__}) runs more than once in one "
+                        "step; checkpointing wraps one call: name regions that run once"
+                    )
+                self.region_stack.append(r)
+                self.region_counter[r] = defaultdict(int)
+                for t in _tensors((args, kwargs)):
+                    i = self.index_of(t)
+                    if i is not None:
+                        self.region_inputs[r].add(i)
+
+        return hook
+
+    def _post(self, fqn: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self.phase != "forward":
+                return
+            if self.module_stack and self.module_stack[-1] == fqn:
+                self.module_stack.pop()
+            r = self.region_index.get(fqn)
+            if r is not None and self.region_stack and self.region_stack[-1] == r:
+                self.region_stack.pop()
+
+        return hook
+
+
+def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
+    """The tensor arguments an op writes in place (`add_`'s self, an `out=`)."""
+    written: list[torch.Tensor] = []
+    for i, arg in enumerate(func._schema.arguments):
+        info = arg.alias_info
+        if info is None or not info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        written.extend(_tensors(value))
+    return written
+
+
+def _flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(func._overloadpacket) if hasattr(func, "_overloadpacket") else None
+    if formula is None:
+        return 0
+    try:
+        return int(formula(*args, **kwargs, out_val=out))
+    except Exception:  # a formula that cannot read these arguments counts nothing
+        return 0
+
+
+def _run(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    loss_fn: LossFn,
+    rec: _Recording,
+    cost: str,
+    seed: int,
+) -> torch.Tensor | None:
+    torch.manual_seed(seed)
+    hooks = rec.hooks()
+    loss = None
+    try:
+        with (
+            torch.autograd.graph.saved_tensors_hooks(
+                rec.pack, rec.unpack if not rec.forward_only else (lambda x: x)
+            ),
+            _Tracer(rec, cost),
+        ):
+            out = model(*example_inputs)
+            loss = loss_fn(out)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise CaptureError("loss_fn must return a one-element tensor")
+            del out
+            if rec.forward_only:
+                rec.forward_end = len(rec.ops)
+                del loss
+                return None
+            rec.forward_end = len(rec.ops)
+            rec.phase = "backward"
+            loss.backward()
+            rec.backward_end = len(rec.ops)
+    finally:
+        for h in hooks:
+            h.remove()
+    return loss
+
+
+def capture(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | torch.Tensor,
+    loss_fn: LossFn | None = None,
+    *,
+    regions: RegionSpec = None,
+    cost: str = "flops",
+    name: str | None = None,
+    seed: int = 0,
+) -> dict:
+    """Record one training step of `model` on `example_inputs` as a `remat.torch-graph` document.
+
+    `cost`: "flops" (torch.utils.flop_counter's formulas; ops without one cost 0) or "measured"
+    (each op's time on the model's device in this step). The model's gradients are left as they
+    were before the call.
+    """
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    if cost not in ("flops", "measured"):
+        raise CaptureError(f"cost must be 'flops' or 'measured', got {cost!r}")
+    loss_fn = loss_fn or default_loss
+    device = model_device(model, example_inputs)
+    region_fqns = find_regions(model, regions)
+    sig = signature(model, example_inputs, region_fqns)
+    saved_grads = {n: p.grad for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = None
+    externals = [*model.parameters(), *model.buffers(), *_tensors(list(example_inputs))]
+    try:
+        # Pass A: natural lifetimes (autograd keeps nothing).
+        a = _Recording(model, region_fqns, device, forward_only=True)
+        a.register_external(externals)
+        _run(model, example_inputs, loss_fn, a, cost, seed)
+        # Pass B: the ordinary step.
+        b = _Recording(model, region_fqns, device, forward_only=False)
+        b.register_external(externals)
+        loss = _run(model, example_inputs, loss_fn, b, cost, seed)
+        del loss
+        b.phase = "done"
+        for p in model.parameters():
+            p.grad = None  # the step's gradients die here: after the last op
+    finally:
+        for n, p in model.named_parameters():
+            p.grad = saved_grads[n]
+    return _document(a, b, sig, device, cost, name or type(model).__name__)
+
+
+def _document(
+    a: _Recording, b: _Recording, sig: dict, device: torch.device, cost: str, name: str
+) -> dict:
+    fwd_a = [(o.op, o.module) for o in a.ops[: a.forward_end]]
+    fwd_b = [(o.op, o.module) for o in b.ops[: b.forward_end]]
+    if fwd_a != fwd_b:
+        k = next(
+            (i for i, (x, y) in enumerate(zip(fwd_a, fwd_b, strict=False)) if x != y),
+            min(len(fwd_a), len(fwd_b)),
+        )
+        where = fwd_b[k] if k < len(fwd_b) else ("(end)", "")
+        raise CaptureError(
+            f"the forward ran different ops in two runs with the same inputs and seed: op {k} "
+            f"{where[0]} in module {where[1]!r}; data-dependent control flow cannot be planned"
+        )
+    # Natural deaths from pass A, matched by (producer op, output slot).
+    natural: dict[tuple[int, int], int | None] = {}
+    for sid, s in enumerate(a.storages):
+        slot = a.ops[s.producer].outputs.index(sid)
+        nat = s.natural_free_after
+        natural[(s.producer, slot)] = nat if nat is not None and nat < a.forward_end else None
+    storages = []
+    for sid, s in enumerate(b.storages):
+        slot = b.ops[s.producer].outputs.index(sid)
+        nat = natural.get((s.producer, slot)) if s.producer < b.forward_end else s.free_after
+        storages.append(
+            {
+                "bytes": s.bytes,
+                "producer": s.producer,
+                "free_after": s.free_after,
+                "natural_free_after": nat,
+                "saves": s.saves,
+                "mutated": s.mutated,
+            }
+        )
+    regions = []
+    for r, fqn in enumerate(b.region_fqns):
+        if r not in b.region_first:
+            raise CaptureError(f"region {fqn!r} ran no op in the step")
+        module = dict(b.model.named_modules())[fqn]
+        regions.append(
+            {
+                "fqn": fqn,
+                "class": type(module).__name__,
+                "first_op": b.region_first[r],
+                "last_op": b.region_last[r],
+                "stop_op": b.region_stop.get(r),
+                "trigger_op": b.region_trigger.get(r),
+                "inputs": sorted(b.region_inputs[r]),
+            }
+        )
+    ops = [
+        {
+            "op": o.op,
+            "phase": o.phase,
+            "module": o.module,
+            "region": o.region,
+            "occurrence": o.occurrence,
+            "cost": o.cost,
+            "outputs": o.outputs,
+        }
+        for o in b.ops
+    ]
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": name,
+        "device": str(device),
+        "torch": torch.__version__,
+        "cost_unit": "flop" if cost == "flops" else "second",
+        "fingerprint": fingerprint(sig),
+        "signature": sig,
+        "fixed_bytes": b.fixed_bytes,
+        "forward_ops": b.forward_end,
+        "regions": regions,
+        "ops": ops,
+        "storages": storages,
+    }

@@ -1,0 +1,180 @@
+"""Prove a plan in PyTorch itself: peak memory by PyTorch's own accounting, step time, and every
+parameter gradient against the unplanned run on the same weights, inputs and seed."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._apply import Plan, apply, load_plan
+from ._capture import LossFn, _tensors, default_loss, model_device
+
+
+def _peak_step(
+    model: nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn, seed: int, device: torch.device
+) -> tuple[int, float, dict[str, torch.Tensor]]:
+    """One step with its peak: CPU, MemTracker (torch.distributed._tools); CUDA,
+    torch.cuda.max_memory_allocated reset before the step."""
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        loss = loss_fn(model(*inputs))
+        loss.backward()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+    else:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        mt = MemTracker()
+        mt.track_external(model, *_tensors(list(inputs)))
+        with mt:
+            loss = loss_fn(model(*inputs))
+            loss.backward()
+        snap = mt.get_tracker_snapshot("peak")
+        peak = max((d.get("Total", 0) for d in snap.values()), default=0)
+    value = float(loss.detach())
+    del loss
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    for p in model.parameters():
+        p.grad = None
+    return int(peak), value, grads
+
+
+def _timed_step(
+    model: nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn, seed: int, device: torch.device
+) -> float:
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    loss = loss_fn(model(*inputs))
+    loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dt = time.perf_counter() - t0
+    del loss
+    for p in model.parameters():
+        p.grad = None
+    return dt
+
+
+def measure(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | torch.Tensor,
+    plan: Plan | str,
+    loss_fn: LossFn | None = None,
+    *,
+    rounds: int = 5,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Runs training steps with and without `plan` and reports, under the field names of a plan's
+    `validation`: measured and predicted peak, step times (medians of alternating pairs), the
+    gradient check, the measured and predicted overhead. The model is left as it was."""
+    plan = load_plan(plan)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    inputs = tuple(example_inputs)
+    loss_fn = loss_fn or default_loss
+    device = model_device(model, inputs)
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+
+    def restore_buffers() -> None:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(buffers[n])
+
+    base_peak, base_loss, base_grads = _peak_step(model, inputs, loss_fn, seed, device)
+    base_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    restore_buffers()
+    with apply(model, plan, inputs):
+        peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device)
+        plan_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        restore_buffers()
+    # Alternating pairs: unplanned then planned, each pair one ratio.
+    ratios: list[float] = []
+    t_plan: list[float] = []
+    t_base: list[float] = []
+    handle = None
+    try:
+        for _ in range(rounds):
+            if handle is not None:
+                handle.remove()
+                handle = None
+            tb = _timed_step(model, inputs, loss_fn, seed, device)
+            handle = apply(model, plan, inputs)
+            tp = _timed_step(model, inputs, loss_fn, seed, device)
+            handle.remove()
+            handle = None
+            t_base.append(tb)
+            t_plan.append(tp)
+            ratios.append(tp / tb - 1.0)
+    finally:
+        if handle is not None:
+            handle.remove()
+        restore_buffers()
+
+    def rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, list[str]]:
+        worst, missing = 0.0, []
+        for n, ref in b.items():
+            if n not in a:
+                missing.append(n)
+                continue
+            scale = float(ref.abs().max()) if ref.numel() else 0.0
+            diff = float((a[n].double() - ref.double()).abs().max()) if ref.numel() else 0.0
+            worst = max(worst, diff / scale if scale > 0 else diff)
+        missing += [n for n in a if n not in b]
+        return worst, missing
+
+    grad_err, grad_missing = rel_err(grads, base_grads)
+    buf_err, _ = rel_err(
+        {k: v for k, v in plan_buffers.items() if v.is_floating_point()},
+        {k: v for k, v in base_buffers.items() if v.is_floating_point()},
+    )
+    predicted = plan["predicted"]
+    budget = plan.get("budget_bytes")
+    tolerance = 1e-6 if all(p.dtype == torch.float32 for p in model.parameters()) else 1e-3
+    problems = []
+    if grad_missing:
+        problems.append(f"gradients of {', '.join(grad_missing[:5])} differ in presence")
+    if grad_err > tolerance:
+        problems.append(f"gradients differ: max relative error {grad_err:.3g} > {tolerance:g}")
+    if budget is not None and plan.get("status") == "fits" and peak > budget:
+        problems.append(f"measured peak {peak} bytes is above the budget {budget}")
+    peak_rel = peak / predicted["peak_bytes"] - 1.0 if predicted["peak_bytes"] else 0.0
+    if abs(peak_rel) > 0.02:
+        problems.append(f"measured peak differs from the predicted one by {peak_rel:+.2%}")
+    return {
+        "ran": True,
+        "device": f"torch-{device.type}",
+        "ok": not problems,
+        "problems": problems,
+        "predicted_peak_bytes": predicted["peak_bytes"],
+        "measured_peak_bytes": peak,
+        "peak_rel_diff": peak_rel,
+        "unplanned_measured_peak_bytes": base_peak,
+        "unplanned_predicted_peak_bytes": plan.get("unplanned_peak_bytes"),
+        "budget_bytes": budget,
+        "grad_max_rel_err": grad_err,
+        "grad_tolerance": tolerance,
+        "params_checked": len(base_grads),
+        "buffers_max_rel_err": buf_err,
+        "loss": value,
+        "store_all_loss": base_loss,
+        "step_seconds": statistics.median(t_plan),
+        "store_all_step_seconds": statistics.median(t_base),
+        "measured_overhead": statistics.median(ratios),
+        "measured_overhead_range": [min(ratios), max(ratios)],
+        "timing_rounds": rounds,
+        "predicted_overhead": predicted["overhead"],
+        "torch": torch.__version__,
+    }

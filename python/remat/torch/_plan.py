@@ -1,0 +1,69 @@
+"""Plan a captured graph in the torch-sac model (through the Rust extension), and the one call that
+captures, plans and applies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import _remat
+from ._apply import Applied, Plan, apply
+from ._capture import LossFn, RegionSpec, capture
+
+
+def _budget(budget: int | str) -> str:
+    if isinstance(budget, bool) or not isinstance(budget, int | str):
+        raise TypeError(
+            f"budget must be bytes (int) or a string such as '8GiB', '0.5x' or 'min', "
+            f"got {type(budget).__name__}"
+        )
+    return str(budget)
+
+
+def plan(graph: dict[str, Any] | str, budget: int | str) -> Plan:
+    """Plans a captured graph under `budget`: bytes, a size ("8GiB", "800MB"), a fraction of the
+    unplanned peak ("0.5x") or "min". A budget below the least reachable peak answers with the
+    least-peak plan, `status` "infeasible" and `min_peak_bytes`."""
+    text = graph if isinstance(graph, str) else json.dumps(graph)
+    try:
+        return json.loads(_remat.plan(text, _budget(budget)))
+    except ValueError as e:
+        raise ValueError(f"remat plan: {e}") from None
+
+
+def baseline(graph: dict[str, Any] | str, name: str) -> Plan:
+    """A fixed policy as a plan, for comparison: "none" (nothing wrapped) or "full" (every region
+    checkpointed, nothing kept: what `checkpoint every block` does)."""
+    text = graph if isinstance(graph, str) else json.dumps(graph)
+    try:
+        return json.loads(_remat.baseline(text, name))
+    except ValueError as e:
+        raise ValueError(f"remat baseline: {e}") from None
+
+
+def simulate(graph: dict[str, Any] | str, plan: Plan | str | None = None) -> dict[str, Any]:
+    """The simulator's figures of `plan` on `graph` (of the unplanned step without a plan)."""
+    text = graph if isinstance(graph, str) else json.dumps(graph)
+    p = None if plan is None else (plan if isinstance(plan, str) else json.dumps(plan))
+    return json.loads(_remat.simulate(text, p))
+
+
+def checkpoint(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | torch.Tensor,
+    budget: int | str,
+    loss_fn: LossFn | None = None,
+    *,
+    regions: RegionSpec = None,
+    cost: str = "flops",
+) -> Applied:
+    """Captures one step, plans it under `budget` and applies the plan; returns the handle
+    (`.plan` is the plan it applied, `.remove()` undoes it)."""
+    graph = capture(model, example_inputs, loss_fn, regions=regions, cost=cost)
+    p = plan(graph, budget)
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
+    return apply(model, p, inputs)

@@ -1,0 +1,67 @@
+//! `remat._remat`: the bindings `remat.torch` calls. JSON strings in and out, so the Python
+//! side computes no plan figure itself and the Rust side knows nothing of torch.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use remat_solver::sac::{self, PlanDocument, SacPlan, TorchGraph};
+
+fn err(e: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+fn graph_of(graph: &str) -> PyResult<TorchGraph> {
+    TorchGraph::from_json(graph).map_err(err)
+}
+
+/// plan(graph, budget) -> str
+///
+/// Plans a captured graph (`remat.torch-graph` JSON) under `budget` ("8GiB", bytes, "0.5x" of
+/// the unplanned peak, or "min") in the torch-sac model; returns the plan document (JSON).
+#[pyfunction]
+fn plan(py: Python<'_>, graph: &str, budget: &str) -> PyResult<String> {
+    let g = graph_of(graph)?;
+    let budget = sac::parse_torch_budget(&g, budget).map_err(err)?;
+    let doc = py.detach(|| sac::plan_document(&g, budget)).map_err(err)?;
+    serde_json::to_string(&doc).map_err(err)
+}
+
+/// baseline(graph, name) -> str
+///
+/// The plan document of a fixed policy: "none" (nothing wrapped) or "full" (every region
+/// checkpointed, nothing kept), with its simulated figures.
+#[pyfunction]
+fn baseline(graph: &str, name: &str) -> PyResult<String> {
+    let g = graph_of(graph)?;
+    let doc = sac::baseline_document(&g, name).map_err(err)?;
+    serde_json::to_string(&doc).map_err(err)
+}
+
+/// simulate(graph, plan=None) -> str
+///
+/// The torch-sac simulator's figures (peak, cost, re-run cost per region) of a plan document on
+/// its graph; without a plan, of the unplanned step.
+#[pyfunction]
+#[pyo3(signature = (graph, plan=None))]
+fn simulate(graph: &str, plan: Option<&str>) -> PyResult<String> {
+    let g = graph_of(graph)?;
+    let p = match plan {
+        Some(text) => {
+            let doc: PlanDocument = serde_json::from_str(text).map_err(err)?;
+            sac::plan_from_document(&g, &doc).map_err(err)?
+        }
+        None => SacPlan::default(),
+    };
+    let stats = sac::simulate(&g, &p).map_err(err)?;
+    let mut v = serde_json::to_value(&stats).map_err(err)?;
+    v["overhead"] = stats.overhead().into();
+    serde_json::to_string(&v).map_err(err)
+}
+
+#[pymodule]
+fn _remat(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(baseline, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,247 @@
+"""remat.torch against PyTorch itself: capture, plan, apply, measure (CPU, float32).
+
+Every plan is run in PyTorch: its measured peak (MemTracker) must fit the budget and agree with
+the predicted peak within 2%, and every parameter gradient must equal the unplanned run's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import remat.torch as rt
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x)))))
+
+
+class Stack(nn.Module):
+    def __init__(self, d: int = 32, n: int = 4, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d, dropout) for _ in range(n)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+class Branchy(nn.Module):
+    """A block whose ops depend on the data."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x * 3.0)
+        return y * 2.0 if bool(x.sum() > 0) else y + 1.0
+
+
+class BranchyStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 16)
+        self.blocks = nn.Sequential(Branchy(), Branchy())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.inp(x))
+
+
+def budgets(graph: dict) -> list[int]:
+    """¼, ½ and ¾ of the way from the least reachable peak to the unplanned one."""
+    lo = rt.plan(graph, "min")["min_peak_bytes"]
+    hi = rt.simulate(graph)["peak_bytes"]
+    assert lo < hi, (lo, hi)
+    return [int(lo + f * (hi - lo)) for f in (0.25, 0.5, 0.75)]
+
+
+def check_plans(model: nn.Module, inputs: tuple, loss_fn=None) -> list[dict]:
+    graph = rt.capture(model, inputs, loss_fn)
+    unplanned = rt.simulate(graph)
+    results = []
+    for budget in budgets(graph):
+        plan = rt.plan(graph, budget)
+        assert plan["status"] == "fits"
+        assert plan["predicted"]["peak_bytes"] <= budget
+        v = rt.measure(model, inputs, plan, loss_fn, rounds=1)
+        assert v["unplanned_measured_peak_bytes"] == pytest.approx(
+            unplanned["peak_bytes"], rel=0.02
+        )
+        assert v["measured_peak_bytes"] <= budget * 1.02, v
+        assert abs(v["peak_rel_diff"]) <= 0.02, v
+        assert v["grad_max_rel_err"] <= 1e-6, v
+        assert v["params_checked"] == sum(1 for p in model.parameters() if p.requires_grad)
+        assert v["ok"], v["problems"]
+        results.append(v)
+    return results
+
+
+def test_capture_records_regions_ops_and_storages_once() -> None:
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.randn(8, 16, 32)
+    g = rt.capture(model, (x,))
+    assert g["format"] == "remat.torch-graph"
+    assert [r["fqn"] for r in g["regions"]] == [f"blocks.{i}" for i in range(4)]
+    assert {r["class"] for r in g["regions"]} == {"Block"}
+    fwd = g["ops"][: g["forward_ops"]]
+    # Views allocate nothing: each storage is counted once, by the op that made it.
+    views = [o for o in fwd if o["op"] in ("aten.view.default", "aten.t.default")]
+    assert views and all(o["outputs"] == [] for o in views)
+    producers = [s["producer"] for s in g["storages"]]
+    assert all(sid in g["ops"][p]["outputs"] for sid, p in enumerate(producers))
+    # Occurrences count each aten op within its region, as the SAC policy sees them.
+    r0 = [o for o in fwd if o["region"] == 0]
+    addmm = [o["occurrence"] for o in r0 if o["op"] == "aten.addmm.default"]
+    assert addmm == [0, 1]
+    assert any(o["cost"] > 0 for o in r0)
+    # Parameters and the input are fixed bytes.
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert g["fixed_bytes"] == params + x.numel() * 4
+    # The gradients the model had are left alone.
+    assert all(p.grad is None for p in model.parameters())
+    json.dumps(g)
+
+
+def test_plans_fit_and_keep_gradients_on_a_block_stack() -> None:
+    torch.manual_seed(0)
+    check_plans(Stack(d=48, n=4), (torch.randn(8, 32, 48),))
+
+
+def test_dropout_is_replayed_exactly() -> None:
+    torch.manual_seed(0)
+    model = Stack(d=32, n=3, dropout=0.3)
+    model.train()
+    check_plans(model, (torch.randn(4, 16, 32),))
+
+
+def test_resnet_with_batchnorm_and_inplace_relu() -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    model.train()
+    x = torch.randn(2, 3, 64, 64)
+    for v in check_plans(model, (x,)):
+        # The re-run must not update BatchNorm's running statistics a second time.
+        assert v["buffers_max_rel_err"] == 0.0
+
+
+def test_gpt2_from_transformers() -> None:
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        n_layer=3, n_embd=64, n_head=2, n_positions=64, vocab_size=500, use_cache=False
+    )
+    model = GPT2LMHeadModel(cfg)
+    model.train()
+    ids = torch.randint(0, cfg.vocab_size, (2, 32))
+    graph = rt.capture(model, (ids,), lambda out: out.logits.mean())
+    assert [r["class"] for r in graph["regions"]] == ["GPT2Block"] * 3
+    check_plans(model, (ids,), lambda out: out.logits.mean())
+
+
+def test_checkpoint_captures_plans_and_applies_in_one_call() -> None:
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.randn(8, 16, 32)
+    with rt.checkpoint(model, (x,), budget="0.6x") as handle:
+        assert handle.plan["execution_model"] == "torch-sac"
+        assert any(r["wrapped"] for r in handle.plan["regions"])
+        assert set(handle.wrapped) <= {f"blocks.{i}" for i in range(4)}
+        loss = model(x).mean()
+        loss.backward()
+    assert all("forward" not in b.__dict__ for b in model.blocks)
+
+
+def test_a_budget_below_the_least_peak_answers_with_the_least_peak_plan() -> None:
+    torch.manual_seed(0)
+    g = rt.capture(Stack(), (torch.randn(8, 16, 32),))
+    p = rt.plan(g, 1000)
+    assert p["status"] == "infeasible"
+    assert p["predicted"]["peak_bytes"] == p["min_peak_bytes"] > 1000
+    with pytest.raises(ValueError, match="unknown unit"):
+        rt.plan(g, "12 parsecs")
+    with pytest.raises(TypeError, match="budget must be"):
+        rt.plan(g, 1.5)  # type: ignore[arg-type]
+
+
+def test_a_plan_for_other_shapes_or_another_model_is_refused_naming_what_differs() -> None:
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.randn(8, 16, 32)
+    plan = rt.plan(rt.capture(model, (x,)), "0.6x")
+    with pytest.raises(
+        rt.PlanMismatchError,
+        match=r"input 0 is \[8, 8, 32\] float32, the plan's is "
+        r"\[8, 16, 32\] float32",
+    ):
+        rt.apply(model, plan, (torch.randn(8, 8, 32),))
+    with pytest.raises(rt.PlanMismatchError, match=r"parameter blocks\.0\.ln\.weight is \[16\]"):
+        rt.apply(Stack(d=16), plan)
+    with pytest.raises(rt.PlanMismatchError, match="not a remat.torch-plan"):
+        rt.apply(model, {"format": "x"})
+    with rt.apply(model, plan):
+        with pytest.raises(rt.PlanMismatchError, match="already wrapped"):
+            rt.apply(model, plan)
+
+
+def test_data_dependent_control_flow_is_reported_naming_region_and_op() -> None:
+    torch.manual_seed(0)
+    model = BranchyStack()
+    x = torch.ones(4, 16)
+    with torch.no_grad():
+        model.inp.weight.fill_(0.1)
+        model.inp.bias.zero_()
+    graph = rt.capture(model, (x,))
+    plan = rt.baseline(graph, "full")
+    assert all(r["wrapped"] for r in plan["regions"])
+    with rt.apply(model, plan, (x,)):
+        with pytest.raises(rt.OpMismatchError, match=r"region 'blocks\.0' ran aten\.add\.Tensor"):
+            model(-x).mean().backward()
+
+
+def test_bad_captures_name_what_is_wrong() -> None:
+    model = Stack()
+    with pytest.raises(rt.CaptureError, match="'blocks.9' is not a module"):
+        rt.capture(model, (torch.randn(2, 4, 32),), regions=["blocks.9"])
+    with pytest.raises(rt.CaptureError, match="more than one device"):
+        rt.capture(model, (torch.randn(2, 4, 32, device="meta"),))
+    twice = nn.Sequential(model.blocks[0], model.blocks[0])
+    with pytest.raises(rt.CaptureError, match="runs more than once"):
+        rt.capture(twice, (torch.randn(2, 4, 32),), regions=["0"])
+    with pytest.raises(rt.CaptureError, match="cost must be"):
+        rt.capture(model, (torch.randn(2, 4, 32),), cost="joules")
+    with pytest.raises(rt.CaptureError, match="one-element tensor"):
+        rt.capture(model, (torch.randn(2, 4, 32),), lambda out: out)
+
+
+def test_regions_by_name_or_predicate() -> None:
+    model = Stack()
+    x = torch.randn(2, 4, 32)
+    g = rt.capture(model, (x,), regions=["blocks.1", "blocks.2"])
+    assert [r["fqn"] for r in g["regions"]] == ["blocks.1", "blocks.2"]
+    g = rt.capture(model, (x,), regions=lambda fqn, m: isinstance(m, nn.Linear))
+    assert len(g["regions"]) == 9
+
+
+def test_a_bad_document_is_refused_naming_the_field() -> None:
+    g = rt.capture(Stack(), (torch.randn(2, 4, 32),))
+    g["ops"][3]["outputs"] = [10**6]
+    with pytest.raises(ValueError, match=r"ops\[3\] \(.*\): output storage 1000000 does not exist"):
+        rt.plan(g, "min")
+    with pytest.raises(ValueError, match="missing field `format`"):
+        rt.plan("{}", "min")
+    g = rt.capture(Stack(), (torch.randn(2, 4, 32),))
+    g["version"] = 7
+    with pytest.raises(ValueError, match="version 7 of remat.torch-graph"):
+        rt.plan(g, "min")

@@ -1,0 +1,1010 @@
+//! The `torch-sac` execution model: what PyTorch eager runs with non-reentrant
+//! `torch.utils.checkpoint` around regions and a selective-checkpoint policy inside each.
+//!
+//! The input is a [`TorchGraph`]: one training step as PyTorch ran it (`remat.torch.capture`
+//! records it; docs/torch.md documents the format). Every storage has the op that allocated it,
+//! when it died in the unplanned step (`free_after`), when it would die if autograd saved nothing
+//! (`natural_free_after`, set by the Python code's own references), and which region saved it.
+//!
+//! A [`SacPlan`] wraps some regions and keeps, in each, the outputs of some ops (`MUST_SAVE`);
+//! every other op of a wrapped region is `PREFER_RECOMPUTE`. [`simulate`] replays the step the
+//! way PyTorch runs it under that plan:
+//! - forward: a value saved only by its own wrapped region and not kept dies at its natural
+//!   death; everything else lives as in the unplanned step (kept values are held by the SAC
+//!   cache, region inputs by the checkpoint);
+//! - backward: at the region's trigger (the first unpack of a value it saved) the region's
+//!   forward re-runs from its first op through its stop op (the op after which its last value
+//!   was saved: early stop), skipping kept ops (their cached outputs are returned); a re-run
+//!   op's saved outputs live until their unplanned backward death, the others die at their
+//!   natural death within the re-run, or when it stops.
+//!
+//! [`plan`] chooses wrapped regions and keep sets under a byte budget: a greedy knapsack over
+//! "keep op j" (saves its cost) and "do not wrap region r" (saves its re-run), densest first,
+//! each move accepted when [`simulate`] says the peak still fits; first uniformly over regions
+//! that are copies of one another, then per region. It is a heuristic, not an exact solver.
+
+use crate::error::{Result, SolverError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The document format name `remat.torch.capture` writes.
+pub const FORMAT: &str = "remat.torch-graph";
+/// The format version this module reads.
+pub const VERSION: u32 = 1;
+
+/// One captured training step (docs/torch.md, "The captured graph").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchGraph {
+    pub format: String,
+    pub version: u32,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub device: String,
+    /// `"flop"` or `"second"`.
+    #[serde(default)]
+    pub cost_unit: String,
+    /// What the plan is for (parameters, inputs, regions), hashed.
+    #[serde(default)]
+    pub fingerprint: String,
+    /// The parameters', buffers' and inputs' shapes, passed through to the plan.
+    #[serde(default)]
+    pub signature: serde_json::Value,
+    /// Bytes of parameters, buffers and inputs: resident throughout.
+    pub fixed_bytes: u64,
+    /// Ops `0..forward_ops` are the forward (and the loss); the rest the backward.
+    pub forward_ops: usize,
+    pub regions: Vec<TorchRegion>,
+    pub ops: Vec<TorchOp>,
+    pub storages: Vec<TorchStorage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchRegion {
+    /// The module's fully qualified name (`transformer.h.3`).
+    pub fqn: String,
+    /// Its class (`GPT2Block`).
+    #[serde(default, rename = "class")]
+    pub class_name: String,
+    pub first_op: usize,
+    pub last_op: usize,
+    /// The op after which the region saved its last value; `None`: it saved nothing.
+    pub stop_op: Option<usize>,
+    /// The backward op before which a value the region saved was first unpacked.
+    pub trigger_op: Option<usize>,
+    /// Storages passed to the region's forward (the checkpoint holds them).
+    #[serde(default)]
+    pub inputs: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchOp {
+    /// The aten overload (`aten.mm.default`): what the SAC policy sees.
+    pub op: String,
+    #[serde(default)]
+    pub phase: String,
+    /// The module that ran it.
+    #[serde(default)]
+    pub module: String,
+    pub region: Option<usize>,
+    /// Its index among the region's calls of the same op (SAC's key); `None` outside regions
+    /// and for the ops SAC ignores.
+    pub occurrence: Option<usize>,
+    pub cost: f64,
+    /// Storages it allocated (views and in-place results allocate none).
+    pub outputs: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchStorage {
+    pub bytes: u64,
+    pub producer: usize,
+    /// Dies after this op in the unplanned step; `None`: outlives the step.
+    pub free_after: Option<usize>,
+    /// Dies after this forward op when autograd keeps nothing; `None`: alive at the forward's end.
+    pub natural_free_after: Option<usize>,
+    #[serde(default)]
+    pub saves: Vec<TorchSave>,
+    /// Written in place after it was made (SAC's cache refuses such values).
+    #[serde(default)]
+    pub mutated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchSave {
+    pub after_op: usize,
+    /// The region whose forward saved it (the innermost on the module stack), if any.
+    pub region: Option<usize>,
+}
+
+impl TorchGraph {
+    /// Reads and checks a captured graph: every index in range, regions' ranges in the forward,
+    /// costs finite. Errors name the field.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let g: TorchGraph =
+            serde_json::from_str(text).map_err(|e| SolverError::Json(e.to_string()))?;
+        g.check()?;
+        Ok(g)
+    }
+
+    pub fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(SolverError::GraphFormat { what });
+        if self.format != FORMAT {
+            return bad(format!("format is {:?}, expected {FORMAT:?}", self.format));
+        }
+        if self.version != VERSION {
+            return bad(format!(
+                "version {} of {FORMAT}; this build reads version {VERSION}",
+                self.version
+            ));
+        }
+        let n = self.ops.len();
+        if self.forward_ops > n {
+            return bad(format!("forward_ops {} > {} ops", self.forward_ops, n));
+        }
+        for (i, op) in self.ops.iter().enumerate() {
+            if !op.cost.is_finite() || op.cost < 0.0 {
+                return bad(format!(
+                    "ops[{i}] ({}): cost {} is not a finite number ≥ 0",
+                    op.op, op.cost
+                ));
+            }
+            if let Some(r) = op.region {
+                if r >= self.regions.len() {
+                    return bad(format!("ops[{i}] ({}): region {r} does not exist", op.op));
+                }
+            }
+            for &s in &op.outputs {
+                match self.storages.get(s) {
+                    Some(st) if st.producer == i => {}
+                    Some(st) => {
+                        return bad(format!(
+                            "ops[{i}] ({}): output storage {s} names producer {}",
+                            op.op, st.producer
+                        ))
+                    }
+                    None => {
+                        return bad(format!(
+                            "ops[{i}] ({}): output storage {s} does not exist",
+                            op.op
+                        ))
+                    }
+                }
+            }
+        }
+        for (s, st) in self.storages.iter().enumerate() {
+            if st.producer >= n || !self.ops[st.producer].outputs.contains(&s) {
+                return bad(format!(
+                    "storages[{s}]: producer {} does not list it",
+                    st.producer
+                ));
+            }
+            for (field, at) in [
+                ("free_after", st.free_after),
+                ("natural_free_after", st.natural_free_after),
+            ] {
+                if let Some(at) = at {
+                    if at < st.producer || at >= n {
+                        return bad(format!(
+                            "storages[{s}]: {field} {at} is not between its producer {} and the last op {}",
+                            st.producer,
+                            n.saturating_sub(1)
+                        ));
+                    }
+                }
+            }
+            for save in &st.saves {
+                if save.after_op >= n || save.region.is_some_and(|r| r >= self.regions.len()) {
+                    return bad(format!(
+                        "storages[{s}]: a save names op {} / region {:?}, out of range",
+                        save.after_op, save.region
+                    ));
+                }
+            }
+        }
+        for (r, reg) in self.regions.iter().enumerate() {
+            let in_forward = |x: usize| x < self.forward_ops;
+            if reg.first_op > reg.last_op || !in_forward(reg.last_op) {
+                return bad(format!(
+                    "regions[{r}] ({}): ops {}..={} are not a range in the forward (forward_ops {})",
+                    reg.fqn, reg.first_op, reg.last_op, self.forward_ops
+                ));
+            }
+            if let Some(stop) = reg.stop_op {
+                if stop + 1 < reg.first_op || stop > reg.last_op {
+                    return bad(format!(
+                        "regions[{r}] ({}): stop_op {stop} is outside its ops",
+                        reg.fqn
+                    ));
+                }
+            }
+            if reg
+                .trigger_op
+                .is_some_and(|t| t < self.forward_ops || t > n)
+            {
+                return bad(format!(
+                    "regions[{r}] ({}): trigger_op is not a backward position",
+                    reg.fqn
+                ));
+            }
+            if reg.stop_op.is_some() != reg.trigger_op.is_some() {
+                return bad(format!(
+                    "regions[{r}] ({}): stop_op and trigger_op must both be set or both null",
+                    reg.fqn
+                ));
+            }
+            for i in reg.first_op..=reg.last_op {
+                if self.ops[i].region != Some(r) {
+                    return bad(format!(
+                        "regions[{r}] ({}): op {i} ({}) inside its range belongs to region {:?}",
+                        reg.fqn, self.ops[i].op, self.ops[i].region
+                    ));
+                }
+            }
+            if let Some(&s) = reg.inputs.iter().find(|&&s| s >= self.storages.len()) {
+                return bad(format!(
+                    "regions[{r}] ({}): input storage {s} does not exist",
+                    reg.fqn
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The cost of the unplanned step: every op once.
+    pub fn base_cost(&self) -> f64 {
+        self.ops.iter().map(|o| o.cost).sum()
+    }
+
+    /// The last op a region's re-run executes (early stop), if it re-runs at all.
+    fn replay_end(&self, r: usize) -> Option<usize> {
+        let reg = &self.regions[r];
+        reg.stop_op.filter(|&s| s >= reg.first_op)
+    }
+
+    /// Regions that are copies of one another: same class, same op sequence, costs and bytes.
+    pub fn classes(&self) -> Vec<Vec<usize>> {
+        let mut by_sig: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (r, reg) in self.regions.iter().enumerate() {
+            let mut sig = format!(
+                "{}|{:?}|",
+                reg.class_name,
+                reg.stop_op.map(|s| s as i64 - reg.first_op as i64)
+            );
+            for op in &self.ops[reg.first_op..=reg.last_op] {
+                let bytes: u64 = op.outputs.iter().map(|&s| self.storages[s].bytes).sum();
+                sig.push_str(&format!("{}:{}:{};", op.op, op.cost, bytes));
+            }
+            by_sig.entry(sig).or_default().push(r);
+        }
+        let mut classes: Vec<Vec<usize>> = by_sig.into_values().collect();
+        classes.sort();
+        classes
+    }
+
+    fn regenerated(&self, s: usize, plan: &Resolved) -> bool {
+        let st = &self.storages[s];
+        if st.saves.is_empty() {
+            return false;
+        }
+        let Some(rp) = self.ops[st.producer].region else {
+            return false;
+        };
+        if !plan.wrapped[rp] || plan.keep[rp].contains(&st.producer) || plan.input_of_wrapped[s] {
+            return false;
+        }
+        st.saves.iter().all(|sv| sv.region == Some(rp))
+    }
+}
+
+/// A plan in the `torch-sac` model: for each region whether it is wrapped and which of its ops
+/// are kept (by op index in the graph).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SacPlan {
+    /// Wrapped regions and their kept ops; a region not listed runs unwrapped.
+    pub wrapped: BTreeMap<usize, BTreeSet<usize>>,
+}
+
+impl SacPlan {
+    /// Every region wrapped, nothing kept: full checkpointing of every region.
+    pub fn full(graph: &TorchGraph) -> Self {
+        SacPlan {
+            wrapped: (0..graph.regions.len())
+                .map(|r| (r, BTreeSet::new()))
+                .collect(),
+        }
+    }
+}
+
+struct Resolved {
+    wrapped: Vec<bool>,
+    keep: Vec<BTreeSet<usize>>,
+    input_of_wrapped: Vec<bool>,
+}
+
+impl Resolved {
+    fn new(graph: &TorchGraph, plan: &SacPlan) -> Result<Self> {
+        let mut wrapped = vec![false; graph.regions.len()];
+        let mut keep = vec![BTreeSet::new(); graph.regions.len()];
+        let mut input_of_wrapped = vec![false; graph.storages.len()];
+        for (&r, ops) in &plan.wrapped {
+            let reg = graph.regions.get(r).ok_or_else(|| {
+                SolverError::InvalidArgument(format!("plan wraps region {r}, which does not exist"))
+            })?;
+            if let Some(&j) = ops.iter().find(|&&j| j < reg.first_op || j > reg.last_op) {
+                return Err(SolverError::InvalidArgument(format!(
+                    "plan keeps op {j} in region {} ({}), which runs ops {}..={}",
+                    r, reg.fqn, reg.first_op, reg.last_op
+                )));
+            }
+            wrapped[r] = true;
+            keep[r] = ops.clone();
+            for &s in &reg.inputs {
+                input_of_wrapped[s] = true;
+            }
+        }
+        Ok(Resolved {
+            wrapped,
+            keep,
+            input_of_wrapped,
+        })
+    }
+}
+
+/// What [`simulate`] reports of a plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SacStats {
+    /// Largest resident bytes, fixed bytes included, after any op's allocations.
+    pub peak_bytes: u64,
+    /// The op at the peak, and the region re-running when it is inside a re-run.
+    pub peak_op: usize,
+    pub peak_in_rerun_of: Option<usize>,
+    /// Cost of the step: every op once plus the re-runs.
+    pub compute_cost: f64,
+    pub base_cost: f64,
+    /// Cost of each wrapped region's re-run.
+    pub rerun_cost: BTreeMap<usize, f64>,
+    /// Bytes resident when the forward ends (fixed bytes included).
+    pub forward_end_bytes: u64,
+}
+
+impl SacStats {
+    pub fn overhead(&self) -> f64 {
+        if self.base_cost > 0.0 {
+            self.compute_cost / self.base_cost - 1.0
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Replays the step as PyTorch runs it under `plan` and returns its peak and cost.
+pub fn simulate(graph: &TorchGraph, plan: &SacPlan) -> Result<SacStats> {
+    let res = Resolved::new(graph, plan)?;
+    Ok(run(graph, &res))
+}
+
+fn run(graph: &TorchGraph, res: &Resolved) -> SacStats {
+    let n = graph.ops.len();
+    // When each original storage dies in this plan.
+    let mut frees: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (s, st) in graph.storages.iter().enumerate() {
+        let at = if graph.regenerated(s, res) {
+            st.natural_free_after.or(st.free_after)
+        } else {
+            st.free_after
+        };
+        if let Some(at) = at {
+            frees[at].push(s);
+        }
+    }
+    let mut triggers: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (r, reg) in graph.regions.iter().enumerate() {
+        if res.wrapped[r] {
+            if let (Some(t), Some(_)) = (reg.trigger_op, graph.replay_end(r)) {
+                triggers.entry(t).or_default().push(r);
+            }
+        }
+    }
+    let mut live = graph.fixed_bytes;
+    let mut peak = live;
+    let mut peak_op = 0;
+    let mut peak_in = None;
+    let mut cost = graph.base_cost();
+    let mut rerun_cost = BTreeMap::new();
+    let mut forward_end_bytes = live;
+    // Re-run copies that die at a backward position.
+    let mut late_frees: Vec<Vec<u64>> = vec![Vec::new(); n + 1];
+    for i in 0..=n {
+        if let Some(rs) = triggers.get(&i) {
+            for &r in rs {
+                let reg = &graph.regions[r];
+                let end = graph.replay_end(r).expect("trigger only with a re-run");
+                let mut rc = 0.0;
+                let mut local: Vec<Vec<u64>> = vec![Vec::new(); end + 2 - reg.first_op];
+                for j in reg.first_op..=end {
+                    if res.keep[r].contains(&j) {
+                        continue;
+                    }
+                    let op = &graph.ops[j];
+                    rc += op.cost;
+                    for &s in &op.outputs {
+                        let st = &graph.storages[s];
+                        live += st.bytes;
+                        if !st.saves.is_empty() {
+                            // Saved again by the re-run: lives until its backward death.
+                            match st.free_after {
+                                Some(at) if at >= i => late_frees[at].push(st.bytes),
+                                Some(_) => local[end + 1 - reg.first_op].push(st.bytes),
+                                None => {}
+                            }
+                        } else {
+                            let at = st
+                                .natural_free_after
+                                .filter(|&a| a <= end)
+                                .unwrap_or(end + 1);
+                            local[at.max(j) - reg.first_op].push(st.bytes);
+                        }
+                    }
+                    if live > peak {
+                        peak = live;
+                        peak_op = j;
+                        peak_in = Some(r);
+                    }
+                    for b in local[j - reg.first_op].drain(..) {
+                        live -= b;
+                    }
+                }
+                for b in local[end + 1 - reg.first_op].drain(..) {
+                    live -= b;
+                }
+                cost += rc;
+                rerun_cost.insert(r, rc);
+            }
+        }
+        if i == n {
+            break;
+        }
+        for &s in &graph.ops[i].outputs {
+            live += graph.storages[s].bytes;
+        }
+        if live > peak {
+            peak = live;
+            peak_op = i;
+            peak_in = None;
+        }
+        for &s in &frees[i] {
+            live -= graph.storages[s].bytes;
+        }
+        for b in late_frees[i].drain(..) {
+            live -= b;
+        }
+        if i + 1 == graph.forward_ops {
+            forward_end_bytes = live;
+        }
+    }
+    for (r, reg) in graph.regions.iter().enumerate() {
+        if res.wrapped[r] && !rerun_cost.contains_key(&r) && reg.trigger_op.is_some() {
+            rerun_cost.insert(r, 0.0);
+        }
+    }
+    SacStats {
+        peak_bytes: peak,
+        peak_op,
+        peak_in_rerun_of: peak_in,
+        compute_cost: cost,
+        base_cost: graph.base_cost(),
+        rerun_cost,
+        forward_end_bytes,
+    }
+}
+
+/// Whether op `j` of region `r` may be kept: it allocates, its outputs are saved only by
+/// its region and never written in place, and the re-run reaches it.
+fn keepable(graph: &TorchGraph, r: usize, j: usize) -> bool {
+    let op = &graph.ops[j];
+    let Some(end) = graph.replay_end(r) else {
+        return false;
+    };
+    j <= end
+        && op.cost > 0.0
+        && op.occurrence.is_some()
+        && !op.outputs.is_empty()
+        && op.outputs.iter().all(|&s| !graph.storages[s].mutated)
+        && op
+            .outputs
+            .iter()
+            .any(|&s| !graph.storages[s].saves.is_empty())
+}
+
+/// How a plan came out.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SacReport {
+    pub budget_bytes: u64,
+    /// `fits`, or `infeasible` (the budget is below every plan's peak; the plan is the one with
+    /// the least peak found, `min_peak_bytes`).
+    pub status: &'static str,
+    pub min_peak_bytes: u64,
+    pub unplanned_peak_bytes: u64,
+    pub predicted: SacStats,
+    /// Accepted moves, in order.
+    pub moves: usize,
+}
+
+/// Chooses wrapped regions and keep sets whose simulated peak fits `budget` at the least
+/// re-run cost this greedy finds.
+pub fn plan(graph: &TorchGraph, budget: u64) -> Result<(SacPlan, SacReport)> {
+    let unplanned = simulate(graph, &SacPlan::default())?;
+    let full = SacPlan::full(graph);
+    let full_stats = simulate(graph, &full)?;
+    let (min_plan, min_stats) = if unplanned.peak_bytes <= full_stats.peak_bytes {
+        (SacPlan::default(), unplanned.clone())
+    } else {
+        (full.clone(), full_stats.clone())
+    };
+    let report = |status, predicted: SacStats, moves| SacReport {
+        budget_bytes: budget,
+        status,
+        min_peak_bytes: min_stats.peak_bytes,
+        unplanned_peak_bytes: unplanned.peak_bytes,
+        predicted,
+        moves,
+    };
+    if unplanned.peak_bytes <= budget {
+        return Ok((SacPlan::default(), report("fits", unplanned.clone(), 0)));
+    }
+    if min_stats.peak_bytes > budget {
+        return Ok((min_plan, report("infeasible", min_stats.clone(), 0)));
+    }
+    let mut current = full;
+    let mut stats = full_stats;
+    let mut moves = 0;
+    let held_bytes = |j: usize| -> u64 {
+        graph.ops[j]
+            .outputs
+            .iter()
+            .filter(|&&s| !graph.storages[s].saves.is_empty())
+            .map(|&s| graph.storages[s].bytes)
+            .sum()
+    };
+    let density = |saving: f64, bytes: u64| saving / (bytes.max(1) as f64);
+    // Phase 1: the same keep decision for every copy of a block.
+    let classes = graph.classes();
+    let mut uniform: Vec<(f64, Vec<(usize, usize)>)> = Vec::new();
+    for class in &classes {
+        let first = class[0];
+        let reg = &graph.regions[first];
+        for j in reg.first_op..=reg.last_op {
+            if !keepable(graph, first, j) {
+                continue;
+            }
+            let offset = j - reg.first_op;
+            let members: Vec<(usize, usize)> = class
+                .iter()
+                .map(|&r| (r, graph.regions[r].first_op + offset))
+                .collect();
+            uniform.push((density(graph.ops[j].cost, held_bytes(j)), members));
+        }
+    }
+    uniform.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (_, members) in &uniform {
+        let mut trial = current.clone();
+        for &(r, j) in members {
+            trial.wrapped.entry(r).or_default().insert(j);
+        }
+        let s = simulate(graph, &trial)?;
+        if s.peak_bytes <= budget && s.compute_cost < stats.compute_cost {
+            current = trial;
+            stats = s;
+            moves += 1;
+        }
+    }
+    // Phase 2: per region, keep more or stop wrapping, densest first, while it fits.
+    loop {
+        let mut candidates: Vec<(f64, Move)> = Vec::new();
+        for (&r, kept) in &current.wrapped {
+            let reg = &graph.regions[r];
+            for j in reg.first_op..=reg.last_op {
+                if !kept.contains(&j) && keepable(graph, r, j) {
+                    candidates.push((density(graph.ops[j].cost, held_bytes(j)), Move::Keep(r, j)));
+                }
+            }
+            let rerun = stats.rerun_cost.get(&r).copied().unwrap_or(0.0);
+            if rerun > 0.0 {
+                let extra: u64 = (reg.first_op..=reg.last_op)
+                    .filter(|j| !kept.contains(j))
+                    .map(held_bytes)
+                    .sum();
+                candidates.push((density(rerun, extra), Move::Unwrap(r)));
+            }
+        }
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut improved = false;
+        for (_, mv) in candidates {
+            let mut trial = current.clone();
+            match mv {
+                Move::Keep(r, j) => {
+                    if trial.wrapped.get(&r).is_none_or(|k| k.contains(&j)) {
+                        continue;
+                    }
+                    trial.wrapped.entry(r).or_default().insert(j);
+                }
+                Move::Unwrap(r) => {
+                    if trial.wrapped.remove(&r).is_none() {
+                        continue;
+                    }
+                }
+            }
+            let s = simulate(graph, &trial)?;
+            if s.peak_bytes <= budget && s.compute_cost < stats.compute_cost {
+                current = trial;
+                stats = s;
+                moves += 1;
+                improved = true;
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    Ok((current, report("fits", stats, moves)))
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Move {
+    Keep(usize, usize),
+    Unwrap(usize),
+}
+
+/// The plan document `remat.torch.apply` reads (docs/torch.md, "The plan").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanDocument {
+    pub format: String,
+    pub version: u32,
+    pub execution_model: String,
+    pub model: String,
+    pub device: String,
+    pub fingerprint: String,
+    pub signature: serde_json::Value,
+    pub cost_unit: String,
+    pub budget_bytes: u64,
+    /// `fits` or `infeasible` (then the plan is the least-peak one, at `min_peak_bytes`).
+    pub status: String,
+    pub min_peak_bytes: u64,
+    pub unplanned_peak_bytes: u64,
+    pub predicted: PredictedDoc,
+    pub regions: Vec<RegionDoc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PredictedDoc {
+    pub peak_bytes: u64,
+    pub compute_cost: f64,
+    pub base_cost: f64,
+    /// `compute_cost / base_cost - 1`.
+    pub overhead: f64,
+    pub forward_end_bytes: u64,
+    pub peak_op: usize,
+    pub peak_in_rerun_of: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegionDoc {
+    pub fqn: String,
+    #[serde(rename = "class")]
+    pub class_name: String,
+    pub wrapped: bool,
+    /// Kept ops as `[aten op, occurrence]`: the policy's `MUST_SAVE` keys.
+    pub keep: Vec<(String, usize)>,
+    /// The ops the policy sees, in order (a run that differs is refused).
+    pub ops: Vec<String>,
+    pub rerun_cost: f64,
+}
+
+/// Parses a budget for a captured graph: bytes or a size (`"8GiB"`), `"0.5x"` of the
+/// unplanned peak, or `"min"` (the least peak the model can reach).
+pub fn parse_torch_budget(graph: &TorchGraph, budget: &str) -> Result<u64> {
+    if budget.trim().eq_ignore_ascii_case("min") {
+        let full = simulate(graph, &SacPlan::full(graph))?.peak_bytes;
+        let none = simulate(graph, &SacPlan::default())?.peak_bytes;
+        return Ok(full.min(none));
+    }
+    let unplanned = simulate(graph, &SacPlan::default())?.peak_bytes;
+    crate::plan::parse_budget(budget, unplanned)
+}
+
+/// Plans `graph` under `budget` and writes the document `remat.torch.apply` reads.
+pub fn plan_document(graph: &TorchGraph, budget: u64) -> Result<PlanDocument> {
+    let (p, report) = plan(graph, budget)?;
+    Ok(document(graph, &p, &report))
+}
+
+/// The document of a fixed policy, for comparison: `"none"` (no region wrapped: PyTorch's own
+/// step) or `"full"` (every region wrapped, nothing kept: plain per-block checkpointing).
+pub fn baseline_document(graph: &TorchGraph, name: &str) -> Result<PlanDocument> {
+    let p = match name {
+        "none" => SacPlan::default(),
+        "full" => SacPlan::full(graph),
+        other => {
+            return Err(SolverError::InvalidArgument(format!(
+                "unknown torch-sac baseline {other:?}: use \"none\" or \"full\""
+            )))
+        }
+    };
+    let predicted = simulate(graph, &p)?;
+    let unplanned = simulate(graph, &SacPlan::default())?.peak_bytes;
+    let full = simulate(graph, &SacPlan::full(graph))?.peak_bytes;
+    let report = SacReport {
+        budget_bytes: predicted.peak_bytes,
+        status: "fits",
+        min_peak_bytes: full.min(unplanned),
+        unplanned_peak_bytes: unplanned,
+        predicted,
+        moves: 0,
+    };
+    Ok(document(graph, &p, &report))
+}
+
+/// The plan document of `p`.
+pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocument {
+    let s = &report.predicted;
+    let regions = graph
+        .regions
+        .iter()
+        .enumerate()
+        .map(|(r, reg)| {
+            let kept = p.wrapped.get(&r);
+            let ops = &graph.ops[reg.first_op..=reg.last_op];
+            RegionDoc {
+                fqn: reg.fqn.clone(),
+                class_name: reg.class_name.clone(),
+                wrapped: kept.is_some(),
+                keep: kept
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|&j| Some((graph.ops[j].op.clone(), graph.ops[j].occurrence?)))
+                    .collect(),
+                ops: ops
+                    .iter()
+                    .filter(|o| o.occurrence.is_some())
+                    .map(|o| o.op.clone())
+                    .collect(),
+                rerun_cost: s.rerun_cost.get(&r).copied().unwrap_or(0.0),
+            }
+        })
+        .collect();
+    PlanDocument {
+        format: "remat.torch-plan".into(),
+        version: VERSION,
+        execution_model: "torch-sac".into(),
+        model: graph.name.clone(),
+        device: graph.device.clone(),
+        fingerprint: graph.fingerprint.clone(),
+        signature: graph.signature.clone(),
+        cost_unit: graph.cost_unit.clone(),
+        budget_bytes: report.budget_bytes,
+        status: report.status.into(),
+        min_peak_bytes: report.min_peak_bytes,
+        unplanned_peak_bytes: report.unplanned_peak_bytes,
+        predicted: PredictedDoc {
+            peak_bytes: s.peak_bytes,
+            compute_cost: s.compute_cost,
+            base_cost: s.base_cost,
+            overhead: s.overhead(),
+            forward_end_bytes: s.forward_end_bytes,
+            peak_op: s.peak_op,
+            peak_in_rerun_of: s.peak_in_rerun_of.map(|r| graph.regions[r].fqn.clone()),
+        },
+        regions,
+    }
+}
+
+/// Reads a plan document back into a [`SacPlan`] for `graph`: the fingerprint must match and
+/// every kept `[op, occurrence]` must name an op of its region.
+pub fn plan_from_document(graph: &TorchGraph, doc: &PlanDocument) -> Result<SacPlan> {
+    if doc.fingerprint != graph.fingerprint {
+        return Err(SolverError::InvalidArgument(format!(
+            "the plan is for fingerprint {} ({}), the graph has {} ({})",
+            doc.fingerprint, doc.model, graph.fingerprint, graph.name
+        )));
+    }
+    let mut p = SacPlan::default();
+    for rd in &doc.regions {
+        if !rd.wrapped {
+            continue;
+        }
+        let r = graph
+            .regions
+            .iter()
+            .position(|g| g.fqn == rd.fqn)
+            .ok_or_else(|| {
+                SolverError::InvalidArgument(format!(
+                    "the plan wraps region {:?}, which the graph lacks",
+                    rd.fqn
+                ))
+            })?;
+        let reg = &graph.regions[r];
+        let mut kept = BTreeSet::new();
+        for (op, occ) in &rd.keep {
+            let j = (reg.first_op..=reg.last_op)
+                .find(|&j| graph.ops[j].op == *op && graph.ops[j].occurrence == Some(*occ))
+                .ok_or_else(|| {
+                    SolverError::InvalidArgument(format!(
+                        "the plan keeps {op} #{occ} in region {:?}, which runs no such op",
+                        rd.fqn
+                    ))
+                })?;
+            kept.insert(j);
+        }
+        p.wrapped.insert(r, kept);
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two identical blocks `a_k = f(x_k)`, `x_{k+1} = g(a_k)` each saving `a_k` and its input,
+    /// then a loss and the backward in reverse.
+    fn two_blocks() -> TorchGraph {
+        // ops: 0 f0, 1 g0, 2 f1, 3 g1, 4 loss | 5 bg1, 6 bf1, 7 bg0, 8 bf0
+        let op = |name: &str,
+                  region: Option<usize>,
+                  occ: Option<usize>,
+                  cost: f64,
+                  outputs: Vec<usize>| TorchOp {
+            op: name.into(),
+            phase: String::new(),
+            module: String::new(),
+            region,
+            occurrence: occ,
+            cost,
+            outputs,
+        };
+        let st = |producer, free_after, natural, saves: Vec<(usize, Option<usize>)>| TorchStorage {
+            bytes: 100,
+            producer,
+            free_after,
+            natural_free_after: natural,
+            saves: saves
+                .into_iter()
+                .map(|(after_op, region)| TorchSave { after_op, region })
+                .collect(),
+            mutated: false,
+        };
+        TorchGraph {
+            format: FORMAT.into(),
+            version: VERSION,
+            name: "two".into(),
+            device: "cpu".into(),
+            cost_unit: "flop".into(),
+            fingerprint: String::new(),
+            signature: serde_json::Value::Null,
+            fixed_bytes: 10,
+            forward_ops: 5,
+            regions: vec![
+                TorchRegion {
+                    fqn: "b.0".into(),
+                    class_name: "B".into(),
+                    first_op: 0,
+                    last_op: 1,
+                    stop_op: Some(0),
+                    trigger_op: Some(7),
+                    inputs: vec![],
+                },
+                TorchRegion {
+                    fqn: "b.1".into(),
+                    class_name: "B".into(),
+                    first_op: 2,
+                    last_op: 3,
+                    stop_op: Some(2),
+                    trigger_op: Some(5),
+                    inputs: vec![1],
+                },
+            ],
+            ops: vec![
+                op("f", Some(0), Some(0), 5.0, vec![0]),
+                op("g", Some(0), Some(0), 1.0, vec![1]),
+                op("f", Some(1), Some(0), 5.0, vec![2]),
+                op("g", Some(1), Some(0), 1.0, vec![3]),
+                op("loss", None, None, 1.0, vec![4]),
+                op("bg", None, None, 1.0, vec![5]),
+                op("bf", None, None, 1.0, vec![6]),
+                op("bg", None, None, 1.0, vec![7]),
+                op("bf", None, None, 1.0, vec![8]),
+            ],
+            storages: vec![
+                st(0, Some(7), Some(1), vec![(0, Some(0))]), // a0: saved by g0
+                st(1, Some(6), Some(2), vec![(1, Some(1))]), // x1: saved by f1 (region 1's input)
+                st(2, Some(5), Some(3), vec![(2, Some(1))]), // a1: saved by g1
+                st(3, Some(4), Some(4), vec![]),             // x2: the loss reads it
+                st(4, Some(5), Some(4), vec![]),             // loss
+                st(5, Some(6), None, vec![]),                // grad of a1
+                st(6, Some(7), None, vec![]),                // grad of x1
+                st(7, Some(8), None, vec![]),                // grad of a0
+                st(8, Some(8), None, vec![]),                // grad of x0
+            ],
+        }
+    }
+
+    #[test]
+    fn unplanned_replays_the_captured_lifetimes() {
+        let g = two_blocks();
+        g.check().unwrap();
+        let s = simulate(&g, &SacPlan::default()).unwrap();
+        // After op 3: fixed 10 + a0, x1, a1, x2 = 410; op 4 adds the loss (510) and frees x2.
+        assert_eq!(s.peak_bytes, 510);
+        assert_eq!(s.compute_cost, g.base_cost());
+        assert!(s.rerun_cost.is_empty());
+    }
+
+    #[test]
+    fn full_checkpointing_frees_the_saved_values_and_reruns_up_to_the_last_save() {
+        let g = two_blocks();
+        let s = simulate(&g, &SacPlan::full(&g)).unwrap();
+        // a0 and a1 die at their natural deaths; x1 is held (region 1's input).
+        // Forward end: 10 + x1 + loss = 210 after op 4 frees x2.
+        assert_eq!(s.forward_end_bytes, 210);
+        // Each region re-runs f only (early stop after its last save): +5 each.
+        assert_eq!(s.rerun_cost.values().sum::<f64>(), 10.0);
+        assert_eq!(s.compute_cost, g.base_cost() + 10.0);
+        assert!(s.peak_bytes < simulate(&g, &SacPlan::default()).unwrap().peak_bytes);
+    }
+
+    #[test]
+    fn keeping_an_op_skips_its_rerun_and_holds_its_output() {
+        let g = two_blocks();
+        let mut p = SacPlan::full(&g);
+        p.wrapped.get_mut(&0).unwrap().insert(0);
+        let s = simulate(&g, &p).unwrap();
+        assert_eq!(s.rerun_cost[&0], 0.0);
+        assert_eq!(s.rerun_cost[&1], 5.0);
+        let kept_bytes = simulate(&g, &SacPlan::full(&g)).unwrap().forward_end_bytes + 100;
+        assert_eq!(s.forward_end_bytes, kept_bytes);
+    }
+
+    #[test]
+    fn plan_fits_the_budget_and_costs_less_with_more_memory() {
+        let g = two_blocks();
+        let unplanned = simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
+        let min = simulate(&g, &SacPlan::full(&g)).unwrap().peak_bytes;
+        let mut last = f64::INFINITY;
+        for budget in [min, (min + unplanned) / 2, unplanned] {
+            let (p, rep) = plan(&g, budget).unwrap();
+            assert_eq!(rep.status, "fits");
+            let s = simulate(&g, &p).unwrap();
+            assert!(s.peak_bytes <= budget);
+            assert_eq!(s, rep.predicted);
+            assert!(s.compute_cost <= last);
+            last = s.compute_cost;
+        }
+        let (p, rep) = plan(&g, min - 1).unwrap();
+        assert_eq!(rep.status, "infeasible");
+        assert_eq!(simulate(&g, &p).unwrap().peak_bytes, rep.min_peak_bytes);
+    }
+
+    #[test]
+    fn bad_documents_name_the_field() {
+        let mut g = two_blocks();
+        g.ops[3].outputs = vec![9];
+        let e = g.check().unwrap_err().to_string();
+        assert!(e.contains("ops[3] (g): output storage 9"), "{e}");
+        let mut g = two_blocks();
+        g.regions[1].first_op = 1;
+        let e = g.check().unwrap_err().to_string();
+        assert!(e.contains("regions[1] (b.1): op 1 (g)"), "{e}");
+        let mut g = two_blocks();
+        g.format = "x".into();
+        assert!(g
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("format is \"x\""));
+        let g = two_blocks();
+        let mut p = SacPlan::full(&g);
+        p.wrapped.get_mut(&1).unwrap().insert(0);
+        let e = simulate(&g, &p).unwrap_err().to_string();
+        assert!(e.contains("keeps op 0 in region 1 (b.1)"), "{e}");
+    }
+}
