@@ -12,3 +12,6 @@ def simulate(graph: str, plan: str | None = None) -> str:
 def baseline(graph: str, name: str) -> str:
     """The plan document of a fixed policy: "none" (nothing wrapped) or "full" (every region
     checkpointed, nothing kept)."""
+
+def timeline(graph: str, plan: str | None = None) -> str:
+    """The simulated memory timeline as JSON: `[{"op", "rerun_of", "bytes"}]`."""

@@ -25,6 +25,27 @@ fn plan(py: Python<'_>, graph: &str, budget: &str) -> PyResult<String> {
     serde_json::to_string(&doc).map_err(err)
 }
 
+/// timeline(graph, plan=None) -> str
+///
+/// The simulated memory timeline: `[{"op", "rerun_of", "bytes"}]`, one point per op run.
+#[pyfunction]
+#[pyo3(signature = (graph, plan=None))]
+fn timeline(graph: &str, plan: Option<&str>) -> PyResult<String> {
+    let g = graph_of(graph)?;
+    let p = plan_of(&g, plan)?;
+    serde_json::to_string(&sac::timeline(&g, &p).map_err(err)?).map_err(err)
+}
+
+fn plan_of(g: &TorchGraph, plan: Option<&str>) -> PyResult<SacPlan> {
+    match plan {
+        Some(text) => {
+            let doc: PlanDocument = serde_json::from_str(text).map_err(err)?;
+            sac::plan_from_document(g, &doc).map_err(err)
+        }
+        None => Ok(SacPlan::default()),
+    }
+}
+
 /// baseline(graph, name) -> str
 ///
 /// The plan document of a fixed policy: "none" (nothing wrapped) or "full" (every region
@@ -44,13 +65,7 @@ fn baseline(graph: &str, name: &str) -> PyResult<String> {
 #[pyo3(signature = (graph, plan=None))]
 fn simulate(graph: &str, plan: Option<&str>) -> PyResult<String> {
     let g = graph_of(graph)?;
-    let p = match plan {
-        Some(text) => {
-            let doc: PlanDocument = serde_json::from_str(text).map_err(err)?;
-            sac::plan_from_document(&g, &doc).map_err(err)?
-        }
-        None => SacPlan::default(),
-    };
+    let p = plan_of(&g, plan)?;
     let stats = sac::simulate(&g, &p).map_err(err)?;
     let mut v = serde_json::to_value(&stats).map_err(err)?;
     v["overhead"] = stats.overhead().into();
@@ -63,5 +78,6 @@ fn _remat(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(baseline, m)?)?;
+    m.add_function(wrap_pyfunction!(timeline, m)?)?;
     Ok(())
 }

@@ -75,6 +75,10 @@ pub struct TorchRegion {
     /// Storages passed to the region's forward (the checkpoint holds them).
     #[serde(default)]
     pub inputs: Vec<usize>,
+    /// Bytes held only while the region re-runs (`remat.torch.apply` copies the region's
+    /// buffers so that BatchNorm's running statistics are updated once).
+    #[serde(default)]
+    pub rerun_extra_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -115,6 +119,10 @@ pub struct TorchSave {
     pub after_op: usize,
     /// The region whose forward saved it (the innermost on the module stack), if any.
     pub region: Option<usize>,
+    /// The op after which autograd released this saved value in the unplanned step (its node
+    /// had run); `None`: not released within the step.
+    #[serde(default)]
+    pub released_after: Option<usize>,
 }
 
 impl TorchGraph {
@@ -194,7 +202,10 @@ impl TorchGraph {
                 }
             }
             for save in &st.saves {
-                if save.after_op >= n || save.region.is_some_and(|r| r >= self.regions.len()) {
+                if save.after_op >= n
+                    || save.region.is_some_and(|r| r >= self.regions.len())
+                    || save.released_after.is_some_and(|a| a >= n)
+                {
                     return bad(format!(
                         "storages[{s}]: a save names op {} / region {:?}, out of range",
                         save.after_op, save.region
@@ -282,19 +293,61 @@ impl TorchGraph {
         classes
     }
 
-    fn regenerated(&self, s: usize, plan: &Resolved) -> bool {
+    /// When storage `s` dies under `plan`: the last of its natural death and the releases of the
+    /// saves that still hold it. A save inside a wrapped region holds it only when SAC keeps it
+    /// (its producer is kept there) or when it is one of the region's inputs (the checkpoint
+    /// holds those); autograd holds every other save as in the unplanned step.
+    fn death(&self, s: usize, plan: &Resolved) -> Death {
         let st = &self.storages[s];
-        if st.saves.is_empty() {
-            return false;
+        let rp = self.ops[st.producer].region;
+        if let Some(r) = rp {
+            // SAC caches every output of a kept op, saved or not, until the re-run takes it
+            // back; an output no save of the region holds then lives as in the re-run.
+            let cached = plan.wrapped[r] && plan.keep[r].contains(&st.producer);
+            if cached && !st.saves.iter().any(|sv| sv.region == Some(r)) {
+                let outside = st
+                    .saves
+                    .iter()
+                    .map(|sv| sv.released_after.or(st.free_after));
+                if outside
+                    .clone()
+                    .all(|at| at.is_some_and(|a| Some(a) <= st.natural_free_after))
+                {
+                    return Death::InRerun;
+                }
+            }
         }
-        let Some(rp) = self.ops[st.producer].region else {
-            return false;
+        let held = |sv: &TorchSave| match sv.region {
+            None => true,
+            Some(r) if !plan.wrapped[r] => true,
+            Some(r) => {
+                (rp == Some(r) && plan.keep[r].contains(&st.producer))
+                    || plan.inputs[r].contains(&s)
+            }
         };
-        if !plan.wrapped[rp] || plan.keep[rp].contains(&st.producer) || plan.input_of_wrapped[s] {
-            return false;
+        if st.saves.iter().all(held) {
+            return Death::At(st.free_after);
         }
-        st.saves.iter().all(|sv| sv.region == Some(rp))
+        let Some(natural) = st.natural_free_after else {
+            return Death::At(None);
+        };
+        let mut at = Some(natural);
+        for sv in st.saves.iter().filter(|sv| held(sv)) {
+            at = match (at, sv.released_after.or(st.free_after)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+        }
+        Death::At(at)
     }
+}
+
+/// When a storage dies under a plan.
+enum Death {
+    /// After this op (`None`: not within the step).
+    At(Option<usize>),
+    /// Held by the SAC cache until its region re-runs, then as a re-run output.
+    InRerun,
 }
 
 /// A plan in the `torch-sac` model: for each region whether it is wrapped and which of its ops
@@ -319,14 +372,15 @@ impl SacPlan {
 struct Resolved {
     wrapped: Vec<bool>,
     keep: Vec<BTreeSet<usize>>,
-    input_of_wrapped: Vec<bool>,
+    /// The storages passed to each wrapped region (empty for the others).
+    inputs: Vec<BTreeSet<usize>>,
 }
 
 impl Resolved {
     fn new(graph: &TorchGraph, plan: &SacPlan) -> Result<Self> {
         let mut wrapped = vec![false; graph.regions.len()];
         let mut keep = vec![BTreeSet::new(); graph.regions.len()];
-        let mut input_of_wrapped = vec![false; graph.storages.len()];
+        let mut inputs = vec![BTreeSet::new(); graph.regions.len()];
         for (&r, ops) in &plan.wrapped {
             let reg = graph.regions.get(r).ok_or_else(|| {
                 SolverError::InvalidArgument(format!("plan wraps region {r}, which does not exist"))
@@ -339,14 +393,12 @@ impl Resolved {
             }
             wrapped[r] = true;
             keep[r] = ops.clone();
-            for &s in &reg.inputs {
-                input_of_wrapped[s] = true;
-            }
+            inputs[r] = reg.inputs.iter().copied().collect();
         }
         Ok(Resolved {
             wrapped,
             keep,
-            input_of_wrapped,
+            inputs,
         })
     }
 }
@@ -381,21 +433,40 @@ impl SacStats {
 /// Replays the step as PyTorch runs it under `plan` and returns its peak and cost.
 pub fn simulate(graph: &TorchGraph, plan: &SacPlan) -> Result<SacStats> {
     let res = Resolved::new(graph, plan)?;
-    Ok(run(graph, &res))
+    Ok(run(graph, &res, None))
 }
 
-fn run(graph: &TorchGraph, res: &Resolved) -> SacStats {
+/// One point of the memory timeline: resident bytes right after an op's allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    pub op: usize,
+    /// The region whose re-run ran the op, if it is a re-run.
+    pub rerun_of: Option<usize>,
+    pub bytes: u64,
+}
+
+/// The memory timeline [`simulate`] walks: one point per op the step runs, re-runs included.
+pub fn timeline(graph: &TorchGraph, plan: &SacPlan) -> Result<Vec<TimelinePoint>> {
+    let res = Resolved::new(graph, plan)?;
+    let mut points = Vec::with_capacity(graph.ops.len());
+    run(graph, &res, Some(&mut points));
+    Ok(points)
+}
+
+fn run(
+    graph: &TorchGraph,
+    res: &Resolved,
+    mut points: Option<&mut Vec<TimelinePoint>>,
+) -> SacStats {
     let n = graph.ops.len();
     // When each original storage dies in this plan.
     let mut frees: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (s, st) in graph.storages.iter().enumerate() {
-        let at = if graph.regenerated(s, res) {
-            st.natural_free_after.or(st.free_after)
-        } else {
-            st.free_after
-        };
-        if let Some(at) = at {
-            frees[at].push(s);
+    let mut in_rerun = vec![false; graph.storages.len()];
+    for s in 0..graph.storages.len() {
+        match graph.death(s, res) {
+            Death::At(Some(at)) => frees[at].push(s),
+            Death::At(None) => {}
+            Death::InRerun => in_rerun[s] = true,
         }
     }
     let mut triggers: HashMap<usize, Vec<usize>> = HashMap::new();
@@ -421,9 +492,24 @@ fn run(graph: &TorchGraph, res: &Resolved) -> SacStats {
                 let reg = &graph.regions[r];
                 let end = graph.replay_end(r).expect("trigger only with a re-run");
                 let mut rc = 0.0;
+                live += reg.rerun_extra_bytes;
                 let mut local: Vec<Vec<u64>> = vec![Vec::new(); end + 2 - reg.first_op];
                 for j in reg.first_op..=end {
                     if res.keep[r].contains(&j) {
+                        // The cached outputs come back; those no save holds die as re-run ones.
+                        for &s in &graph.ops[j].outputs {
+                            if in_rerun[s] {
+                                let st = &graph.storages[s];
+                                let at = st
+                                    .natural_free_after
+                                    .filter(|&a| a <= end)
+                                    .unwrap_or(end + 1);
+                                local[at.max(j) - reg.first_op].push(st.bytes);
+                            }
+                        }
+                        for b in local[j - reg.first_op].drain(..) {
+                            live -= b;
+                        }
                         continue;
                     }
                     let op = &graph.ops[j];
@@ -431,9 +517,16 @@ fn run(graph: &TorchGraph, res: &Resolved) -> SacStats {
                     for &s in &op.outputs {
                         let st = &graph.storages[s];
                         live += st.bytes;
-                        if !st.saves.is_empty() {
-                            // Saved again by the re-run: lives until its backward death.
-                            match st.free_after {
+                        let released = st
+                            .saves
+                            .iter()
+                            .filter(|sv| sv.region == Some(r))
+                            .map(|sv| sv.released_after)
+                            .max();
+                        if let Some(released) = released {
+                            // Saved again by the re-run: the copy lives until the region's
+                            // backward nodes that saved it have run.
+                            match released {
                                 Some(at) if at >= i => late_frees[at].push(st.bytes),
                                 Some(_) => local[end + 1 - reg.first_op].push(st.bytes),
                                 None => {}
@@ -445,6 +538,13 @@ fn run(graph: &TorchGraph, res: &Resolved) -> SacStats {
                                 .unwrap_or(end + 1);
                             local[at.max(j) - reg.first_op].push(st.bytes);
                         }
+                    }
+                    if let Some(points) = points.as_deref_mut() {
+                        points.push(TimelinePoint {
+                            op: j,
+                            rerun_of: Some(r),
+                            bytes: live,
+                        });
                     }
                     if live > peak {
                         peak = live;
@@ -458,6 +558,7 @@ fn run(graph: &TorchGraph, res: &Resolved) -> SacStats {
                 for b in local[end + 1 - reg.first_op].drain(..) {
                     live -= b;
                 }
+                live -= reg.rerun_extra_bytes;
                 cost += rc;
                 rerun_cost.insert(r, rc);
             }
@@ -467,6 +568,13 @@ fn run(graph: &TorchGraph, res: &Resolved) -> SacStats {
         }
         for &s in &graph.ops[i].outputs {
             live += graph.storages[s].bytes;
+        }
+        if let Some(points) = points.as_deref_mut() {
+            points.push(TimelinePoint {
+                op: i,
+                rerun_of: None,
+                bytes: live,
+            });
         }
         if live > peak {
             peak = live;
@@ -559,11 +667,11 @@ pub fn plan(graph: &TorchGraph, budget: u64) -> Result<(SacPlan, SacReport)> {
     let mut current = full;
     let mut stats = full_stats;
     let mut moves = 0;
+    // SAC caches every output of a kept op.
     let held_bytes = |j: usize| -> u64 {
         graph.ops[j]
             .outputs
             .iter()
-            .filter(|&&s| !graph.storages[s].saves.is_empty())
             .map(|&s| graph.storages[s].bytes)
             .sum()
     };
@@ -869,7 +977,11 @@ mod tests {
             natural_free_after: natural,
             saves: saves
                 .into_iter()
-                .map(|(after_op, region)| TorchSave { after_op, region })
+                .map(|(after_op, region)| TorchSave {
+                    after_op,
+                    region,
+                    released_after: free_after,
+                })
                 .collect(),
             mutated: false,
         };
@@ -892,6 +1004,7 @@ mod tests {
                     stop_op: Some(0),
                     trigger_op: Some(7),
                     inputs: vec![],
+                    rerun_extra_bytes: 0,
                 },
                 TorchRegion {
                     fqn: "b.1".into(),
@@ -901,6 +1014,7 @@ mod tests {
                     stop_op: Some(2),
                     trigger_op: Some(5),
                     inputs: vec![1],
+                    rerun_extra_bytes: 0,
                 },
             ],
             ops: vec![

@@ -162,6 +162,16 @@ class _Op:
     seconds: float = 0.0
 
 
+class _Saved:
+    """What the capture's pack hook returns for a saved tensor."""
+
+    __slots__ = ("tensor", "regions", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, regions: tuple[int, ...]) -> None:
+        self.tensor = tensor
+        self.regions = regions
+
+
 class _Tracer(TorchDispatchMode):
     """Records every aten op, the storages it allocates and when they die."""
 
@@ -297,19 +307,27 @@ class _Recording:
         if self.phase == "forward" and self.region_stack:
             r = self.region_stack[-1]
             self.region_stop[r] = op
+        save: dict[str, int | None] = {}
         if index is not None and self.phase == "forward":
             region = self.region_stack[-1] if self.region_stack else None
-            self.storages[index].saves.append({"after_op": op, "region": region})
+            save = {"after_op": op, "region": region, "released_after": None}
+            self.storages[index].saves.append(save)
         if self.forward_only:
             return None  # keep nothing: pass A measures natural lifetimes
-        return (t, tuple(self.region_stack))
+        holder = _Saved(t, tuple(self.region_stack))
+        if save:
+            # Autograd drops the holder when it frees the saved value (after its node ran).
+            self.finalizers.append(weakref.finalize(holder, self._released, save))
+        return holder
 
-    def unpack(self, packed: Any) -> torch.Tensor:
-        t, regions = packed
+    def _released(self, save: dict[str, int | None]) -> None:
+        save["released_after"] = len(self.ops) - 1
+
+    def unpack(self, holder: _Saved) -> torch.Tensor:
         position = len(self.ops)
-        for r in regions:
+        for r in holder.regions:
             self.region_trigger.setdefault(r, position)
-        return t
+        return holder.tensor
 
     # -- modules --------------------------------------------------------------------------
     def hooks(self) -> list[Any]:
@@ -512,6 +530,9 @@ def _document(
                 "stop_op": b.region_stop.get(r),
                 "trigger_op": b.region_trigger.get(r),
                 "inputs": sorted(b.region_inputs[r]),
+                # remat.torch.apply copies the region's buffers while it re-runs (BatchNorm's
+                # running statistics are put back after it).
+                "rerun_extra_bytes": sum(x.untyped_storage().nbytes() for x in module.buffers()),
             }
         )
     ops = [

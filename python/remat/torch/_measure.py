@@ -100,27 +100,27 @@ def measure(
         peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device)
         plan_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         restore_buffers()
-    # Alternating pairs: unplanned then planned, each pair one ratio.
+    # Alternating pairs, each one ratio; the order within a pair alternates too (the first step
+    # of a pair may find caches and the allocator in another state), after one warm-up of each.
     ratios: list[float] = []
     t_plan: list[float] = []
     t_base: list[float] = []
-    handle = None
     try:
-        for _ in range(rounds):
-            if handle is not None:
-                handle.remove()
-                handle = None
-            tb = _timed_step(model, inputs, loss_fn, seed, device)
-            handle = apply(model, plan, inputs)
-            tp = _timed_step(model, inputs, loss_fn, seed, device)
-            handle.remove()
-            handle = None
-            t_base.append(tb)
-            t_plan.append(tp)
-            ratios.append(tp / tb - 1.0)
+        for i in range(rounds + 1):
+            order = ("base", "plan") if i % 2 == 0 else ("plan", "base")
+            times = {}
+            for which in order:
+                if which == "plan":
+                    with apply(model, plan, inputs):
+                        times[which] = _timed_step(model, inputs, loss_fn, seed, device)
+                else:
+                    times[which] = _timed_step(model, inputs, loss_fn, seed, device)
+            if i == 0:
+                continue  # warm-up
+            t_base.append(times["base"])
+            t_plan.append(times["plan"])
+            ratios.append(times["plan"] / times["base"] - 1.0)
     finally:
-        if handle is not None:
-            handle.remove()
         restore_buffers()
 
     def rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, list[str]]:
