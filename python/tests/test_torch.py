@@ -140,7 +140,14 @@ def test_resnet_with_batchnorm_and_inplace_relu() -> None:
 def test_gpt2_from_transformers() -> None:
     torch.manual_seed(0)
     cfg = GPT2Config(
-        n_layer=3, n_embd=64, n_head=2, n_positions=64, vocab_size=500, use_cache=False
+        n_layer=3,
+        n_embd=64,
+        n_head=2,
+        n_positions=64,
+        vocab_size=500,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
     )
     model = GPT2LMHeadModel(cfg)
     model.train()

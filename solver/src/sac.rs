@@ -462,11 +462,11 @@ fn run(
     // When each original storage dies in this plan.
     let mut frees: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut in_rerun = vec![false; graph.storages.len()];
-    for s in 0..graph.storages.len() {
+    for (s, cached) in in_rerun.iter_mut().enumerate() {
         match graph.death(s, res) {
             Death::At(Some(at)) => frees[at].push(s),
             Death::At(None) => {}
-            Death::InRerun => in_rerun[s] = true,
+            Death::InRerun => *cached = true,
         }
     }
     let mut triggers: HashMap<usize, Vec<usize>> = HashMap::new();

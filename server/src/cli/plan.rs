@@ -3,7 +3,8 @@
 use super::common::{document_text, print_document, Bar, ExecArgs, Failure, ModelArgs};
 use anyhow::Context;
 use clap::Args;
-use remat_server::engine::PlanRequest;
+use remat_server::engine::{ModelFormat, PlanRequest};
+use remat_server::pipeline::torch;
 use remat_server::pipeline::{PlanJob, Stop, DEFAULT_TIME_LIMIT};
 use remat_server::text::plan_summary;
 use std::path::PathBuf;
@@ -57,22 +58,16 @@ impl PlanArgs {
 pub fn exec(args: PlanArgs) -> Result<(), Failure> {
     let bytes = args.model.read()?;
     let req = args.request();
+    if ModelFormat::detect(&bytes) == ModelFormat::TorchGraph {
+        return torch_plan(&args, &bytes, &req);
+    }
     let outcome = PlanJob::new(&bytes, &req)
         .costs(args.exec.cost.into())
         .device(args.exec.device.into())
         .validate(args.validate)
         .progress(Bar)
         .run()?;
-    let doc = &outcome.document;
-    if let Some(path) = &args.out {
-        std::fs::write(path, document_text(doc)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if args.json {
-        print_document(doc)?;
-    } else {
-        print!("{}", plan_summary(doc));
-    }
+    emit(&args, &outcome.document, plan_summary(&outcome.document))?;
     match outcome.stop {
         Stop::NotRun(e) => Err(e.into()),
         Stop::Validated { ok: false } => Err(Failure::new(
@@ -85,4 +80,47 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
         } => Err(Failure::infeasible(budget_bytes, min_feasible_budget_bytes)),
         Stop::Planned | Stop::Validated { ok: true } => Ok(()),
     }
+}
+
+/// A captured PyTorch graph: the torch-sac plan that `remat.torch.apply` reads (written with
+/// `--out`), its summary or JSON; exit 3 when the budget is below the least reachable peak
+/// (the document is then the least-peak plan).
+fn torch_plan(args: &PlanArgs, bytes: &[u8], req: &PlanRequest) -> Result<(), Failure> {
+    let req = PlanRequest {
+        solver: None,
+        time_limit: None,
+        bound_time: None,
+        validate: Some(args.validate),
+        ..req.clone()
+    };
+    if args.solver != "auto" {
+        return Err(Failure::new(
+            2,
+            format!(
+                "--solver {} plans free schedules; a captured PyTorch graph is planned in the torch-sac model",
+                args.solver
+            ),
+        ));
+    }
+    let planned = torch::plan(bytes, &req)?;
+    let doc = &planned.document;
+    emit(args, doc, torch::summary(doc))?;
+    if planned.infeasible {
+        return Err(Failure::infeasible(doc.budget_bytes, doc.min_peak_bytes));
+    }
+    Ok(())
+}
+
+/// Writes the document to `--out` when asked, and prints it (`--json`) or its summary.
+fn emit(args: &PlanArgs, doc: &impl serde::Serialize, summary: String) -> Result<(), Failure> {
+    if let Some(path) = &args.out {
+        std::fs::write(path, document_text(doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        print_document(doc)?;
+    } else {
+        print!("{summary}");
+    }
+    Ok(())
 }

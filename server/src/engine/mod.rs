@@ -118,15 +118,40 @@ impl EngineError {
 pub enum ModelFormat {
     Onnx,
     GraphJson,
+    /// A training step captured from PyTorch (`remat.torch.capture`, docs/torch.md): planned in
+    /// the torch-sac execution model.
+    TorchGraph,
 }
 
 impl ModelFormat {
-    /// Which format the bytes are in: graph JSON when the first non-blank byte is `{`, else
-    /// ONNX.
+    /// Which format the bytes are in: a JSON object whose `format` is `remat.torch-graph` is a
+    /// captured PyTorch graph, another JSON object (the first non-blank byte is `{`) a
+    /// node-link graph, anything else ONNX.
     pub fn detect(model: &[u8]) -> ModelFormat {
         match model.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'{') if Self::is_torch_graph(model) => ModelFormat::TorchGraph,
             Some(b'{') => ModelFormat::GraphJson,
             _ => ModelFormat::Onnx,
+        }
+    }
+
+    /// Whether a JSON document says it is a captured PyTorch graph (its `format` field).
+    pub fn is_torch_graph(json: &[u8]) -> bool {
+        #[derive(Deserialize)]
+        struct Probe {
+            format: Option<serde_json::Value>,
+        }
+        serde_json::from_slice::<Probe>(json).is_ok_and(|p| {
+            p.format.as_ref().and_then(|f| f.as_str()) == Some(remat_solver::sac::FORMAT)
+        })
+    }
+
+    /// The format of a JSON object: a captured PyTorch graph or a node-link graph.
+    pub fn of_json(value: &serde_json::Value) -> ModelFormat {
+        if value.get("format").and_then(|f| f.as_str()) == Some(remat_solver::sac::FORMAT) {
+            ModelFormat::TorchGraph
+        } else {
+            ModelFormat::GraphJson
         }
     }
 
@@ -135,14 +160,19 @@ impl ModelFormat {
         match self {
             ModelFormat::Onnx => "onnx",
             ModelFormat::GraphJson => "graph_json",
+            ModelFormat::TorchGraph => "torch_graph",
         }
     }
 
     /// The format of a stored name ([`ModelFormat::as_str`]).
     pub fn parse(name: &str) -> Option<ModelFormat> {
-        [ModelFormat::Onnx, ModelFormat::GraphJson]
-            .into_iter()
-            .find(|f| f.as_str() == name)
+        [
+            ModelFormat::Onnx,
+            ModelFormat::GraphJson,
+            ModelFormat::TorchGraph,
+        ]
+        .into_iter()
+        .find(|f| f.as_str() == name)
     }
 }
 

@@ -82,8 +82,7 @@ fn prepare(
              (application/json) or an envelope {\"model\": ..., \"options\": ...}",
         ));
     }
-    let (model, format, options) = if json_content || engine.detect(&body) == ModelFormat::GraphJson
-    {
+    let (model, format, options) = if json_content || engine.detect(&body) != ModelFormat::Onnx {
         let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
             ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
         })?;
@@ -104,7 +103,7 @@ fn prepare(
                         let format = engine.detect(&bytes);
                         (Bytes::from(bytes), format)
                     }
-                    graph @ serde_json::Value::Object(_) => (canonical_json(&graph)?, ModelFormat::GraphJson),
+                    graph @ serde_json::Value::Object(_) => (canonical_json(&graph)?, ModelFormat::of_json(&graph)),
                     other => {
                         return Err(ApiError::bad_request(
                             "invalid_model",
@@ -117,7 +116,10 @@ fn prepare(
                 };
                 (model, format, Some(options))
             }
-            graph @ serde_json::Value::Object(_) => (canonical_json(&graph)?, ModelFormat::GraphJson, None),
+            graph @ serde_json::Value::Object(_) => {
+                let format = ModelFormat::of_json(&graph);
+                (canonical_json(&graph)?, format, None)
+            }
             other => {
                 return Err(ApiError::bad_request(
                     "invalid_model",

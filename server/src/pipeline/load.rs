@@ -60,6 +60,13 @@ pub fn load<'a>(
                 exec: None,
             })
         }
+        ModelFormat::TorchGraph => Err(EngineError::new(
+            ErrorKind::Unprocessable,
+            "torch_graph",
+            "a captured PyTorch graph (remat.torch-graph) is planned in the torch-sac model: \
+             `remat plan` or POST /v1/plans with a budget; it has no free-schedule problem to \
+             sweep, gate or validate here (docs/torch.md)",
+        )),
         ModelFormat::Onnx => {
             let opts = import_options(req);
             // `load` reports every unsupported node at once (a 422 listing them).

@@ -11,6 +11,7 @@ mod execute;
 mod job;
 mod load;
 mod solve;
+pub mod torch;
 
 pub use execute::{exec_error, not_runnable, validate_schedule, validation_report};
 pub use job::{default_threads, Costs, PlanJob, PlanOutcome, Progress, Quiet, Stop};
@@ -68,6 +69,13 @@ impl Engine for Pipeline {
         request: &PlanRequest,
         progress: &dyn Fn(Phase),
     ) -> Result<Value, EngineError> {
+        if format == ModelFormat::TorchGraph {
+            let planned = torch::plan(model, request)?;
+            if planned.infeasible {
+                return Err(torch::infeasible_error(&planned.document));
+            }
+            return to_value(&planned.document);
+        }
         let job = PlanJob::new(model, request)
             .threads(self.threads)
             .device(self.device)

@@ -237,3 +237,92 @@ async fn validate_true_runs_the_plan_and_reports_measured_figures() {
         "{v}"
     );
 }
+
+fn torch_graph(name: &str) -> Vec<u8> {
+    let path = root().join("fixtures/torch").join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_pytorch_graph_plans_in_the_torch_sac_model() {
+    let t = real_app();
+    let r = t
+        .post(
+            "/v1/plans?budget=0.8x&name=gpt2-tiny",
+            "application/json",
+            torch_graph("gpt2.torch.json"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let v = r.json();
+    assert_eq!(v["model"]["format"], "torch_graph");
+    let plan = &v["plan"];
+    assert_eq!(plan["format"], "remat.torch-plan");
+    assert_eq!(plan["execution_model"], "torch-sac");
+    assert_eq!(plan["model"], "gpt2-tiny");
+    let budget = plan["budget_bytes"].as_u64().unwrap();
+    let unplanned = plan["unplanned_peak_bytes"].as_u64().unwrap();
+    assert!(
+        (budget as f64 - 0.8 * unplanned as f64).abs() <= 1.0,
+        "{budget} vs {unplanned}"
+    );
+    assert!(plan["predicted"]["peak_bytes"].as_u64().unwrap() <= budget);
+    assert!(plan["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["wrapped"] == true));
+    assert_eq!(v["summary"]["budget_bytes"], plan["budget_bytes"]);
+
+    // What does not apply to this model is refused, naming it.
+    let r = t
+        .post(
+            "/v1/plans?budget=0.8x&solver=ilp",
+            "application/json",
+            torch_graph("gpt2.torch.json"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(r.text.contains("torch-sac"), "{}", r.text);
+    let r = t
+        .post(
+            "/v1/plans?budget=1000",
+            "application/json",
+            torch_graph("gpt2.torch.json"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "infeasible_budget");
+    assert!(
+        e["error"]["details"]["min_feasible_budget_bytes"]
+            .as_u64()
+            .unwrap()
+            > 1000
+    );
+    let r = t
+        .post(
+            "/v1/sweeps",
+            "application/json",
+            torch_graph("gpt2.torch.json"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert!(r.text.contains("torch_graph"), "{}", r.text);
+    // A malformed captured graph names the field.
+    let mut g: Value = serde_json::from_slice(&torch_graph("stack.torch.json")).unwrap();
+    g["ops"][2]["outputs"] = serde_json::json!([999999]);
+    let r = t
+        .post(
+            "/v1/plans?budget=0.8x",
+            "application/json",
+            serde_json::to_vec(&g).unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(
+        r.text.contains("output storage 999999 does not exist"),
+        "{}",
+        r.text
+    );
+}

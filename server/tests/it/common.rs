@@ -53,7 +53,7 @@ fn behaviour(model: &[u8], format: ModelFormat) -> Result<String, EngineError> {
             "the ONNX model is malformed: field 1 (ir_version) has wire type 7",
         )
         .with_details(json!({"offset": 0}))),
-        ModelFormat::GraphJson => {
+        ModelFormat::GraphJson | ModelFormat::TorchGraph => {
             let v: Value = serde_json::from_slice(model).map_err(|e| {
                 EngineError::new(ErrorKind::BadInput, "malformed_model", e.to_string())
             })?;

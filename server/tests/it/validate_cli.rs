@@ -172,3 +172,42 @@ fn bound_time_proves_an_lp_bound_and_says_so() {
         text(&o)
     );
 }
+
+#[test]
+fn remat_plan_takes_a_captured_pytorch_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan.json");
+    let graph = "fixtures/torch/gpt2.torch.json";
+    let o = remat(&[
+        "plan",
+        graph,
+        "--budget",
+        "0.8x",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("torch-sac): fits"), "{t}");
+    assert!(t.contains("transformer.h."), "{t}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(doc["format"], "remat.torch-plan");
+    assert!(doc["predicted"]["peak_bytes"].as_u64() <= doc["budget_bytes"].as_u64());
+    // Below the least reachable peak: the least-peak plan, and exit 3.
+    let o = remat(&["plan", graph, "--budget", "1000", "--json"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    assert!(t.contains("\"status\": \"infeasible\""), "{t}");
+    assert!(t.contains("minimum feasible budget is"), "{t}");
+    // Options of the free model are refused, naming them.
+    let o = remat(&["plan", graph, "--budget", "0.8x", "--solver", "ilp"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--solver ilp plans free schedules"));
+    let o = remat(&["plan", graph, "--budget", "0.8x", "--validate"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("remat.torch.measure"), "{}", text(&o));
+    let o = remat(&["sweep", graph]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(text(&o).contains("torch-sac"), "{}", text(&o));
+}

@@ -7,3 +7,4 @@ mod common;
 mod ilp;
 mod props;
 mod store_all;
+mod torch_graphs;

@@ -1,0 +1,127 @@
+//! Captured PyTorch graphs (`remat.torch-graph`, docs/torch.md): planned in the solver's torch-sac
+//! execution model, whose document `remat.torch.apply` reads. The service and the CLI hand the
+//! bytes here when [`ModelFormat::detect`](crate::engine::ModelFormat::detect) says so.
+
+use crate::engine::{EngineError, ErrorKind, PlanRequest};
+use remat_solver::sac::{self, PlanDocument, TorchGraph};
+use serde_json::json;
+
+/// A torch-sac plan and whether its budget was below every plan's peak (then the document is
+/// the least-peak plan and says `status: "infeasible"`).
+pub struct TorchPlanned {
+    pub document: PlanDocument,
+    pub infeasible: bool,
+}
+
+/// Reads a captured graph; a malformed one is a 400 naming the field.
+pub fn read(model: &[u8]) -> Result<TorchGraph, EngineError> {
+    let text = std::str::from_utf8(model).map_err(|e| {
+        EngineError::new(
+            ErrorKind::BadInput,
+            "malformed_graph",
+            format!("captured graph is not UTF-8: {e}"),
+        )
+    })?;
+    TorchGraph::from_json(text)
+        .map_err(|e| EngineError::new(ErrorKind::BadInput, "malformed_graph", e.to_string()))
+}
+
+/// Plans a captured graph under the request's budget (bytes, a size, a fraction of the
+/// unplanned peak, or `min`). The solver options of the free model (`solver`, `time_limit`,
+/// `validate`) do not apply and are refused when given with another value than their default.
+pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError> {
+    let graph = read(model)?;
+    if let Some(solver) = req.solver.as_deref().filter(|s| *s != "auto") {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            format!(
+                "solver {solver:?} plans free schedules; a captured PyTorch graph is planned in the \
+                 torch-sac model (leave solver unset or auto)"
+            ),
+        ));
+    }
+    if req.validate == Some(true) {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            "validate runs remat's executor on ONNX models; prove a torch-sac plan in PyTorch \
+             with remat.torch.measure (docs/torch.md)",
+        ));
+    }
+    let budget_text = req.budget.as_deref().ok_or_else(|| {
+        EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            "budget is required: bytes, a size (\"2GiB\"), a fraction of the unplanned peak \
+             (\"0.6x\") or \"min\"",
+        )
+    })?;
+    let budget = sac::parse_torch_budget(&graph, budget_text).map_err(|e| {
+        EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            format!("budget: {e}"),
+        )
+    })?;
+    let mut document = sac::plan_document(&graph, budget)
+        .map_err(|e| EngineError::new(ErrorKind::Internal, "internal", e.to_string()))?;
+    if let Some(name) = &req.name {
+        document.model = name.clone();
+    }
+    let infeasible = document.status == "infeasible";
+    Ok(TorchPlanned {
+        document,
+        infeasible,
+    })
+}
+
+/// The `infeasible_budget` error of an infeasible torch-sac plan (the service's 422; the CLI
+/// prints the plan and exits 3).
+pub fn infeasible_error(doc: &PlanDocument) -> EngineError {
+    EngineError::new(
+        ErrorKind::Unprocessable,
+        "infeasible_budget",
+        format!(
+            "budget {} bytes is infeasible: the least peak a torch-sac plan reaches is {} bytes",
+            doc.budget_bytes, doc.min_peak_bytes
+        ),
+    )
+    .with_details(json!({
+        "budget_bytes": doc.budget_bytes,
+        "min_feasible_budget_bytes": doc.min_peak_bytes,
+    }))
+}
+
+/// A one-screen summary of a torch-sac plan for the CLI.
+pub fn summary(doc: &PlanDocument) -> String {
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0));
+    let p = &doc.predicted;
+    let wrapped: Vec<&sac::RegionDoc> = doc.regions.iter().filter(|r| r.wrapped).collect();
+    let mut out = format!(
+        "{} ({}, torch-sac): {}\n  budget {}  predicted peak {}  unplanned {}  least reachable {}\n  overhead {:+.2}% ({} {})\n  {} of {} regions checkpointed, {} ops kept\n",
+        doc.model,
+        doc.device,
+        doc.status,
+        mib(doc.budget_bytes),
+        mib(p.peak_bytes),
+        mib(doc.unplanned_peak_bytes),
+        mib(doc.min_peak_bytes),
+        p.overhead * 100.0,
+        p.compute_cost - p.base_cost,
+        doc.cost_unit,
+        wrapped.len(),
+        doc.regions.len(),
+        wrapped.iter().map(|r| r.keep.len()).sum::<usize>(),
+    );
+    for r in wrapped {
+        let keep: Vec<String> = r.keep.iter().map(|(op, i)| format!("{op}#{i}")).collect();
+        out.push_str(&format!(
+            "    {} ({}): keep [{}]\n",
+            r.fqn,
+            r.class_name,
+            keep.join(", ")
+        ));
+    }
+    out
+}
