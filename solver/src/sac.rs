@@ -18,10 +18,11 @@
 //!   op's saved outputs live until their unplanned backward death, the others die at their
 //!   natural death within the re-run, or when it stops.
 //!
-//! [`plan`] chooses wrapped regions and keep sets under a byte budget: a greedy knapsack over
-//! "keep op j" (saves its cost) and "do not wrap region r" (saves its re-run), densest first,
-//! each move accepted when [`simulate`] says the peak still fits; first uniformly over regions
-//! that are copies of one another, then per region. It is a heuristic, not an exact solver.
+//! [`plan`] chooses wrapped regions and keep sets under a byte budget: the cheapest plan that
+//! fits among candidates that do not depend on the budget (a [`path`] of moves from full
+//! checkpointing, and the budgeted [`greedy`] at budgets taken from the path), so a larger
+//! budget never costs more. The moves are "keep op j" (in every copy of a block, or in one
+//! region) and "do not wrap region r". It is a heuristic, not an exact solver.
 
 use crate::error::{Result, SolverError};
 use serde::{Deserialize, Serialize};
@@ -640,7 +641,9 @@ pub struct SacReport {
 }
 
 /// Chooses wrapped regions and keep sets whose simulated peak fits `budget` at the least
-/// re-run cost this greedy finds.
+/// re-run cost found among a set of plans that does not depend on the budget (so a larger
+/// budget never costs more): the points of a path from full checkpointing towards the unplanned
+/// step ([`path`]), and the budgeted greedy ([`greedy`]) run at budgets taken from that path.
 pub fn plan(graph: &TorchGraph, budget: u64) -> Result<(SacPlan, SacReport)> {
     let unplanned = simulate(graph, &SacPlan::default())?;
     let full = SacPlan::full(graph);
@@ -664,85 +667,187 @@ pub fn plan(graph: &TorchGraph, budget: u64) -> Result<(SacPlan, SacReport)> {
     if min_stats.peak_bytes > budget {
         return Ok((min_plan, report("infeasible", min_stats.clone(), 0)));
     }
-    let mut current = full;
-    let mut stats = full_stats;
-    let mut moves = 0;
-    // SAC caches every output of a kept op.
-    let held_bytes = |j: usize| -> u64 {
-        graph.ops[j]
-            .outputs
-            .iter()
-            .map(|&s| graph.storages[s].bytes)
-            .sum()
+    let mut best: Option<(SacPlan, SacStats, usize)> = None;
+    let mut consider = |p: SacPlan, s: SacStats, moves: usize| {
+        if s.peak_bytes > budget {
+            return;
+        }
+        let better = best.as_ref().is_none_or(|(_, b, _)| {
+            (s.compute_cost, s.peak_bytes) < (b.compute_cost, b.peak_bytes)
+        });
+        if better {
+            best = Some((p, s, moves));
+        }
     };
-    let density = |saving: f64, bytes: u64| saving / (bytes.max(1) as f64);
-    // Phase 1: the same keep decision for every copy of a block.
-    let classes = graph.classes();
-    let mut uniform: Vec<(f64, Vec<(usize, usize)>)> = Vec::new();
-    for class in &classes {
+    consider(min_plan.clone(), min_stats.clone(), 0);
+    let points = path(graph, &full, &full_stats)?;
+    // Budgets for the greedy, spread over the path by position: fixed by the graph alone.
+    const GREEDY_RUNS: usize = 12;
+    let step = points.len().div_ceil(GREEDY_RUNS).max(1);
+    let grid: Vec<u64> = points
+        .iter()
+        .step_by(step)
+        .chain(points.last())
+        .map(|(_, s)| s.peak_bytes)
+        .collect();
+    for (i, (p, s)) in points.into_iter().enumerate() {
+        consider(p, s, i);
+    }
+    for b in grid {
+        if b <= budget {
+            let (p, s, moves) = greedy(graph, b, &full, &full_stats)?;
+            consider(p, s, moves);
+        }
+    }
+    let (p, s, moves) = best.expect("the least-peak plan fits");
+    Ok((p, report("fits", s, moves)))
+}
+
+/// Cost saved per byte held: the order moves are tried in.
+fn density(saving: f64, bytes: u64) -> f64 {
+    saving / (bytes.max(1) as f64)
+}
+
+/// Bytes a kept op holds: SAC caches every one of its outputs.
+fn held_bytes(graph: &TorchGraph, j: usize) -> u64 {
+    graph.ops[j]
+        .outputs
+        .iter()
+        .map(|&s| graph.storages[s].bytes)
+        .sum()
+}
+
+/// The moves from `current`: keep an op in every copy of a block, keep an op in one region,
+/// stop wrapping a region; with their static density.
+fn moves_from(graph: &TorchGraph, current: &SacPlan, stats: &SacStats) -> Vec<(f64, Move)> {
+    let mut out = Vec::new();
+    for class in graph.classes().into_iter().filter(|c| c.len() > 1) {
         let first = class[0];
         let reg = &graph.regions[first];
         for j in reg.first_op..=reg.last_op {
-            if !keepable(graph, first, j) {
+            let offset = j - reg.first_op;
+            let open = class.iter().all(|&r| {
+                current
+                    .wrapped
+                    .get(&r)
+                    .is_some_and(|k| !k.contains(&(graph.regions[r].first_op + offset)))
+            });
+            if open && keepable(graph, first, j) {
+                let d = density(graph.ops[j].cost, held_bytes(graph, j));
+                out.push((d, Move::KeepAll(class.clone(), offset)));
+            }
+        }
+    }
+    for (&r, kept) in &current.wrapped {
+        let reg = &graph.regions[r];
+        for j in reg.first_op..=reg.last_op {
+            if !kept.contains(&j) && keepable(graph, r, j) {
+                out.push((
+                    density(graph.ops[j].cost, held_bytes(graph, j)),
+                    Move::Keep(r, j),
+                ));
+            }
+        }
+        let rerun = stats.rerun_cost.get(&r).copied().unwrap_or(0.0);
+        if rerun > 0.0 {
+            let extra: u64 = (reg.first_op..=reg.last_op)
+                .filter(|j| !kept.contains(j))
+                .map(|j| held_bytes(graph, j))
+                .sum();
+            out.push((density(rerun, extra), Move::Unwrap(r)));
+        }
+    }
+    out.sort_by(|a, b| b.0.total_cmp(&a.0));
+    out
+}
+
+fn apply_move(graph: &TorchGraph, plan: &SacPlan, mv: &Move) -> Option<SacPlan> {
+    let mut trial = plan.clone();
+    match mv {
+        Move::KeepAll(class, offset) => {
+            for &r in class {
+                let j = graph.regions[r].first_op + offset;
+                if !trial.wrapped.get_mut(&r)?.insert(j) {
+                    return None;
+                }
+            }
+        }
+        Move::Keep(r, j) => {
+            if !trial.wrapped.get_mut(r)?.insert(*j) {
+                return None;
+            }
+        }
+        Move::Unwrap(r) => {
+            trial.wrapped.remove(r)?;
+        }
+    }
+    Some(trial)
+}
+
+/// A path of plans from full checkpointing towards the unplanned step, independent of any
+/// budget: each step takes, among the densest moves, the one that saves the most cost per byte
+/// of peak it adds (a move that adds none first).
+pub fn path(
+    graph: &TorchGraph,
+    full: &SacPlan,
+    full_stats: &SacStats,
+) -> Result<Vec<(SacPlan, SacStats)>> {
+    // Moves simulated per step: the densest by their static figures.
+    const TRIED: usize = 24;
+    let mut current = full.clone();
+    let mut stats = full_stats.clone();
+    let mut points = vec![(current.clone(), stats.clone())];
+    loop {
+        let mut chosen: Option<(f64, SacPlan, SacStats)> = None;
+        for (_, mv) in moves_from(graph, &current, &stats).into_iter().take(TRIED) {
+            let Some(trial) = apply_move(graph, &current, &mv) else {
+                continue;
+            };
+            let s = simulate(graph, &trial)?;
+            let saving = stats.compute_cost - s.compute_cost;
+            if saving <= 0.0 {
                 continue;
             }
-            let offset = j - reg.first_op;
-            let members: Vec<(usize, usize)> = class
-                .iter()
-                .map(|&r| (r, graph.regions[r].first_op + offset))
-                .collect();
-            uniform.push((density(graph.ops[j].cost, held_bytes(j)), members));
+            let added = s.peak_bytes.saturating_sub(stats.peak_bytes);
+            let score = if added == 0 {
+                f64::INFINITY
+            } else {
+                saving / added as f64
+            };
+            let better = chosen.as_ref().is_none_or(|(best, _, b)| {
+                score > *best || (score == *best && s.compute_cost < b.compute_cost)
+            });
+            if better {
+                chosen = Some((score, trial, s));
+            }
         }
+        let Some((_, trial, s)) = chosen else {
+            break;
+        };
+        current = trial;
+        stats = s;
+        points.push((current.clone(), stats.clone()));
     }
-    uniform.sort_by(|a, b| b.0.total_cmp(&a.0));
-    for (_, members) in &uniform {
-        let mut trial = current.clone();
-        for &(r, j) in members {
-            trial.wrapped.entry(r).or_default().insert(j);
-        }
-        let s = simulate(graph, &trial)?;
-        if s.peak_bytes <= budget && s.compute_cost < stats.compute_cost {
-            current = trial;
-            stats = s;
-            moves += 1;
-        }
-    }
-    // Phase 2: per region, keep more or stop wrapping, densest first, while it fits.
+    Ok(points)
+}
+
+/// The budgeted greedy: from full checkpointing, the densest moves first, each accepted when
+/// the simulated peak still fits `budget` and it saves cost; repeated until none is accepted.
+pub fn greedy(
+    graph: &TorchGraph,
+    budget: u64,
+    full: &SacPlan,
+    full_stats: &SacStats,
+) -> Result<(SacPlan, SacStats, usize)> {
+    let mut current = full.clone();
+    let mut stats = full_stats.clone();
+    let mut moves = 0;
     loop {
-        let mut candidates: Vec<(f64, Move)> = Vec::new();
-        for (&r, kept) in &current.wrapped {
-            let reg = &graph.regions[r];
-            for j in reg.first_op..=reg.last_op {
-                if !kept.contains(&j) && keepable(graph, r, j) {
-                    candidates.push((density(graph.ops[j].cost, held_bytes(j)), Move::Keep(r, j)));
-                }
-            }
-            let rerun = stats.rerun_cost.get(&r).copied().unwrap_or(0.0);
-            if rerun > 0.0 {
-                let extra: u64 = (reg.first_op..=reg.last_op)
-                    .filter(|j| !kept.contains(j))
-                    .map(held_bytes)
-                    .sum();
-                candidates.push((density(rerun, extra), Move::Unwrap(r)));
-            }
-        }
-        candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
         let mut improved = false;
-        for (_, mv) in candidates {
-            let mut trial = current.clone();
-            match mv {
-                Move::Keep(r, j) => {
-                    if trial.wrapped.get(&r).is_none_or(|k| k.contains(&j)) {
-                        continue;
-                    }
-                    trial.wrapped.entry(r).or_default().insert(j);
-                }
-                Move::Unwrap(r) => {
-                    if trial.wrapped.remove(&r).is_none() {
-                        continue;
-                    }
-                }
-            }
+        for (_, mv) in moves_from(graph, &current, &stats) {
+            let Some(trial) = apply_move(graph, &current, &mv) else {
+                continue;
+            };
             let s = simulate(graph, &trial)?;
             if s.peak_bytes <= budget && s.compute_cost < stats.compute_cost {
                 current = trial;
@@ -755,11 +860,13 @@ pub fn plan(graph: &TorchGraph, budget: u64) -> Result<(SacPlan, SacReport)> {
             break;
         }
     }
-    Ok((current, report("fits", stats, moves)))
+    Ok((current, stats, moves))
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Move {
+    /// Keep the op at this offset in every region of a class of copies.
+    KeepAll(Vec<usize>, usize),
     Keep(usize, usize),
     Unwrap(usize),
 }

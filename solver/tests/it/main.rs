@@ -6,5 +6,6 @@ mod baselines;
 mod common;
 mod ilp;
 mod props;
+mod sac_props;
 mod store_all;
 mod torch_graphs;

@@ -1,0 +1,238 @@
+//! Property tests of the torch-sac model on random chains of blocks, each captured step built
+//! the way `remat.torch.capture` would record it: every plan the planner returns fits its budget
+//! and is scored by the simulator; full checkpointing never holds more at the forward's end than
+//! the unplanned step; a plan's document reads back to the same plan.
+
+use proptest::prelude::*;
+use remat_solver::sac::{
+    self, SacPlan, TorchGraph, TorchOp, TorchRegion, TorchSave, TorchStorage, FORMAT, VERSION,
+};
+
+/// A step of `blocks.len()` regions: block `b` runs ops `f(b, 0..m)`, op `j` allocates `s(b, j)`
+/// of `bytes[b][j]` and saves its input (the previous op's output) when `saves[b][j]`; a loss op;
+/// then the backward in reverse, one gradient op per forward op, which releases the save.
+#[allow(clippy::type_complexity)]
+fn build(blocks: &[Vec<(u64, f64, bool)>]) -> TorchGraph {
+    let mut ops: Vec<TorchOp> = Vec::new();
+    let mut storages: Vec<TorchStorage> = Vec::new();
+    let mut regions = Vec::new();
+    let mut fwd_storage: Vec<Vec<usize>> = Vec::new();
+    let op = |name: &str, region: Option<usize>, occurrence: Option<usize>, cost: f64| TorchOp {
+        op: name.into(),
+        phase: String::new(),
+        module: String::new(),
+        region,
+        occurrence,
+        cost,
+        outputs: vec![],
+    };
+    for (b, block) in blocks.iter().enumerate() {
+        let first = ops.len();
+        let mut ids = Vec::new();
+        for (j, &(bytes, cost, _)) in block.iter().enumerate() {
+            let i = ops.len();
+            let mut o = op("aten.f.default", Some(b), Some(j), cost);
+            let s = storages.len();
+            o.outputs.push(s);
+            ops.push(o);
+            storages.push(TorchStorage {
+                bytes,
+                producer: i,
+                free_after: None,
+                natural_free_after: None,
+                saves: vec![],
+                mutated: false,
+            });
+            ids.push(s);
+        }
+        regions.push(TorchRegion {
+            fqn: format!("blocks.{b}"),
+            class_name: "Block".into(),
+            first_op: first,
+            last_op: ops.len() - 1,
+            stop_op: None,
+            trigger_op: None,
+            inputs: if b > 0 {
+                vec![*fwd_storage[b - 1].last().unwrap()]
+            } else {
+                vec![]
+            },
+            rerun_extra_bytes: 0,
+        });
+        fwd_storage.push(ids);
+    }
+    let loss = ops.len();
+    let mut o = op("aten.loss.default", None, None, 1.0);
+    o.outputs.push(storages.len());
+    ops.push(o);
+    storages.push(TorchStorage {
+        bytes: 4,
+        producer: loss,
+        free_after: None,
+        natural_free_after: None,
+        saves: vec![],
+        mutated: false,
+    });
+    let forward_ops = ops.len();
+    // Natural deaths: each value dies after its consumer (the next op), the last after the loss.
+    let all: Vec<usize> = fwd_storage.iter().flatten().copied().collect();
+    for &s in &all {
+        storages[s].natural_free_after = Some(storages[s].producer + 1);
+    }
+    storages[*all.last().unwrap()].natural_free_after = Some(loss);
+    // Saves: op j of block b saves its input: s(b, j-1), or the previous block's output.
+    let mut save_of: Vec<(usize, usize, usize)> = Vec::new(); // (storage, saving op, region)
+    for (b, block) in blocks.iter().enumerate() {
+        for (j, &(_, _, saves)) in block.iter().enumerate() {
+            let input = if j > 0 {
+                Some(fwd_storage[b][j - 1])
+            } else if b > 0 {
+                Some(*fwd_storage[b - 1].last().unwrap())
+            } else {
+                None
+            };
+            if let (true, Some(input)) = (saves, input) {
+                let op_index = regions[b].first_op + j;
+                save_of.push((input, op_index, b));
+                regions[b].stop_op = Some(
+                    regions[b]
+                        .stop_op
+                        .map_or(op_index - 1, |s: usize| s.max(op_index - 1)),
+                );
+            }
+        }
+    }
+    // Backward: one op per forward op in reverse; gradient storages die after the next one.
+    let mut prev_grad: Option<usize> = None;
+    for (b, block) in blocks.iter().enumerate().rev() {
+        for j in (0..block.len()).rev() {
+            let i = ops.len();
+            let fwd = regions[b].first_op + j;
+            // The unpack of f's save happens before its gradient op.
+            for &(s, saving, r) in &save_of {
+                if saving == fwd {
+                    if regions[r].trigger_op.is_none() {
+                        regions[r].trigger_op = Some(i);
+                    }
+                    storages[s].saves.push(TorchSave {
+                        after_op: saving - 1,
+                        region: Some(r),
+                        released_after: Some(i),
+                    });
+                }
+            }
+            let mut o = op("aten.f_backward.default", None, None, 2.0 * ops[fwd].cost);
+            let g = storages.len();
+            o.outputs.push(g);
+            ops.push(o);
+            storages.push(TorchStorage {
+                bytes: storages[fwd_storage[b][j]].bytes,
+                producer: i,
+                free_after: None,
+                natural_free_after: None,
+                saves: vec![],
+                mutated: false,
+            });
+            if let Some(p) = prev_grad {
+                storages[p].free_after = Some(i);
+                storages[p].natural_free_after = Some(i);
+            }
+            prev_grad = Some(g);
+        }
+    }
+    let last = ops.len() - 1;
+    if let Some(p) = prev_grad {
+        storages[p].free_after = Some(last);
+        storages[p].natural_free_after = Some(last);
+    }
+    let loss_storage = ops[loss].outputs[0];
+    storages[loss_storage].free_after = Some(forward_ops);
+    // The unplanned death: the last of the natural death and the saves' releases.
+    for s in all {
+        let natural = storages[s].natural_free_after.unwrap();
+        let released = storages[s]
+            .saves
+            .iter()
+            .filter_map(|sv| sv.released_after)
+            .max();
+        storages[s].free_after = Some(released.map_or(natural, |r| r.max(natural)));
+    }
+    TorchGraph {
+        format: FORMAT.into(),
+        version: VERSION,
+        name: "random".into(),
+        device: "cpu".into(),
+        cost_unit: "flop".into(),
+        fingerprint: "f".into(),
+        signature: serde_json::Value::Null,
+        fixed_bytes: 1000,
+        forward_ops,
+        regions,
+        ops,
+        storages,
+    }
+}
+
+fn arb_graph() -> impl Strategy<Value = TorchGraph> {
+    let block = prop::collection::vec((1u64..200, 0.0f64..10.0, prop::bool::weighted(0.7)), 2..6);
+    (prop::collection::vec(block, 1..6), prop::bool::ANY).prop_map(|(blocks, same)| {
+        if same {
+            let first = blocks[0].clone();
+            build(&vec![first; blocks.len()])
+        } else {
+            build(&blocks)
+        }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn plans_fit_and_are_scored_by_the_simulator(g in arb_graph(), frac in 0.0f64..1.2) {
+        g.check().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap();
+        let full = sac::simulate(&g, &SacPlan::full(&g)).unwrap();
+        prop_assert!(full.forward_end_bytes <= unplanned.forward_end_bytes);
+        prop_assert!(full.compute_cost >= unplanned.compute_cost);
+        let lo = full.peak_bytes.min(unplanned.peak_bytes);
+        let budget = lo + ((unplanned.peak_bytes - lo) as f64 * frac) as u64;
+        let (plan, report) = sac::plan(&g, budget).unwrap();
+        let s = sac::simulate(&g, &plan).unwrap();
+        prop_assert_eq!(&s, &report.predicted);
+        prop_assert_eq!(report.status, "fits");
+        prop_assert!(s.peak_bytes <= budget, "{} > {budget}", s.peak_bytes);
+        prop_assert!(s.compute_cost >= g.base_cost() - 1e-9);
+        prop_assert!(s.compute_cost <= full.compute_cost.max(unplanned.compute_cost) + 1e-9);
+        // The document names the same plan.
+        let doc = sac::document(&g, &plan, &report);
+        prop_assert_eq!(sac::plan_from_document(&g, &doc).unwrap(), plan);
+        if lo > 0 {
+            let (low, r) = sac::plan(&g, lo - 1).unwrap();
+            prop_assert_eq!(r.status, "infeasible");
+            prop_assert_eq!(sac::simulate(&g, &low).unwrap().peak_bytes, lo);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_larger_budget_never_costs_more(g in arb_graph(), a in 0.0f64..1.0, b in 0.0f64..1.0) {
+        let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
+        let lo = sac::simulate(&g, &SacPlan::full(&g)).unwrap().peak_bytes.min(unplanned);
+        let (small, large) = if a <= b { (a, b) } else { (b, a) };
+        let at = |f: f64| lo + ((unplanned - lo) as f64 * f) as u64;
+        let (_, r1) = sac::plan(&g, at(small)).unwrap();
+        let (_, r2) = sac::plan(&g, at(large)).unwrap();
+        prop_assert!(
+            r2.predicted.compute_cost <= r1.predicted.compute_cost + 1e-9,
+            "{} at {} > {} at {}",
+            r2.predicted.compute_cost,
+            at(large),
+            r1.predicted.compute_cost,
+            at(small)
+        );
+    }
+}
