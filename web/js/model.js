@@ -201,3 +201,53 @@ export function measuredSeries(validation, steps, field = 'measured') {
   });
   return out;
 }
+
+/** Whether a plan record holds a torch-sac plan (a captured PyTorch graph's). */
+export function isTorchPlan(raw) {
+  return obj(obj(raw).plan).execution_model === 'torch-sac';
+}
+
+/**
+ * A torch-sac plan record (`remat.torch-plan`, docs/torch.md): the figures and one row per
+ * region (checkpointed or not, the ops its policy keeps, the cost of its re-run).
+ */
+export function normalizeTorchPlan(raw) {
+  const r = obj(raw);
+  const p = obj(r.plan);
+  const pred = obj(p.predicted);
+  const model = obj(r.model);
+  const regions = arr(p.regions).map((x, index) => {
+    const o = obj(x);
+    return {
+      index,
+      fqn: str(o.fqn) ?? `region ${index}`,
+      className: str(o.class) ?? '',
+      wrapped: o.wrapped === true,
+      keep: arr(o.keep).map((k) => (Array.isArray(k) ? `${str(k[0]) ?? '?'}#${num(k[1]) ?? '?'}` : str(k) ?? '?')),
+      ops: arr(o.ops).length,
+      rerunCost: num(o.rerun_cost),
+    };
+  });
+  return {
+    id: str(r.id),
+    createdAt: str(r.created_at),
+    model: { hash: str(model.hash), name: str(model.name) ?? str(p.model), format: str(model.format) },
+    status: str(p.status) ?? 'unknown',
+    device: str(p.device),
+    costUnit: str(p.cost_unit),
+    fingerprint: str(p.fingerprint),
+    budgetBytes: num(p.budget_bytes),
+    minPeakBytes: num(p.min_peak_bytes),
+    unplannedPeakBytes: num(p.unplanned_peak_bytes),
+    predicted: {
+      peakBytes: num(pred.peak_bytes),
+      overhead: num(pred.overhead),
+      computeCost: num(pred.compute_cost),
+      baseCost: num(pred.base_cost),
+      peakInRerunOf: str(pred.peak_in_rerun_of),
+    },
+    regions,
+    wrapped: regions.filter((x) => x.wrapped).length,
+    kept: regions.reduce((n, x) => n + x.keep.length, 0),
+  };
+}

@@ -4,7 +4,8 @@
 import { ApiError, getPlan, getHistory, poll, postSweep } from './api.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtCost, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtTime, isNum } from './format.js';
-import { normalizeRecord, normalizeHistory, normalizeSweep, decisionCounts, measuredSeries } from './model.js';
+import { normalizeRecord, normalizeHistory, normalizeSweep, decisionCounts, measuredSeries, isTorchPlan } from './model.js';
+import { renderTorchPlan } from './torchpage.js';
 import { timelineChart, timelineText, paretoSeries, paretoChart, paretoText, destroyChart } from './charts.js';
 import { GraphView } from './graph.js';
 import { layoutInWorker } from './layout.js';
@@ -137,6 +138,11 @@ export async function renderPlan(root, id) {
     return;
   }
   if (ctrl.signal.aborted) return;
+  if (raw?.status === 'done' && isTorchPlan(raw)) {
+    renderTorchPlan(root, raw);
+    viewState.ready = true;
+    return;
+  }
   const rec = normalizeRecord(raw);
   if (rec.status === 'failed' || !rec.doc) {
     const err = rec.error ?? { code: 'missing', message: 'the plan record has no plan document' };

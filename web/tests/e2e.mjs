@@ -9,6 +9,8 @@
 // 2. resnet18 ONNX (when fixtures/models/resnet18.legacy.onnx exists): the dims form asks for
 //    `batch`, bound to 2, then the same checks (validated with E2E_VALIDATE=1).
 // 3. A generated 2,000-node plan: the layout time the page measured is reported (not asserted).
+// 4. A captured PyTorch graph (fixtures/torch/gpt2.torch.json): the torch-sac plan page shows one
+//    row per region and the predicted peak; axe-core again.
 // No console errors are allowed, except the browser's own log line for the API's expected error
 // answers (422 unbound dims and infeasible one-byte budget while probing a model; 400 for the
 // broken graph posted on purpose), each matched to a response that carried that error code.
@@ -340,6 +342,22 @@ try {
   };
   const l = results.layout2000;
   check('2000-node plan laid out and drawn', `layout ${l.runsMs.join(', ')} ms (median ${l.medianMs} ms); with worker start and transfer ${l.withWorkerMs.join(', ')} ms (median ${l.withWorkerMedianMs} ms); load average ${l.loadavg.join(' ')} on ${l.cpus} CPUs`);
+
+  // 4. A captured PyTorch graph (fixtures/torch): the torch-sac plan page, its regions and cards.
+  const torchGraph = fs.readFileSync(path.join(REPO, 'fixtures/torch/gpt2.torch.json'), 'utf8');
+  const tres = await page.request.post(`${BASE}/v1/plans?budget=0.8x&wait=30&name=gpt2-captured`, { data: torchGraph, headers: { 'Content-Type': 'application/json' }, timeout: 120_000 });
+  assert.equal(tres.status(), 201, `POST captured graph: ${tres.status()} ${await tres.text()}`);
+  const trec = await tres.json();
+  assert.equal(trec.plan.execution_model, 'torch-sac', 'captured graph: torch-sac plan');
+  await page.goto(`${BASE}/?plan=${encodeURIComponent(trec.id)}`);
+  await waitReady();
+  const regionRows = await page.$$('[data-testid="torch-region"]');
+  assert.equal(regionRows.length, trec.plan.regions.length, 'captured graph: one row per region');
+  const predictedText = await page.textContent('[data-testid="card-predicted"]');
+  assert.ok(digits(predictedText).includes(digits(trec.plan.predicted.peak_bytes.toLocaleString('en-US'))), `captured graph: predicted card "${predictedText}" vs ${trec.plan.predicted.peak_bytes}`);
+  await accessibility('torch plan page');
+  await page.screenshot({ path: path.join(OUT, 'torch-plan.png'), fullPage: true });
+  check('a captured PyTorch graph renders its torch-sac plan', `${regionRows.length} regions, ${trec.plan.regions.filter((r) => r.wrapped).length} checkpointed`);
 
   // No console errors, except the browser's log line for each expected 422 of a probe.
   const unexpected = consoleErrors.filter((e) => {

@@ -1,0 +1,62 @@
+// The plan page of a captured PyTorch graph (torch-sac plans, docs/torch.md): the figures, the
+// regions with what each keeps, and how to apply the plan in PyTorch.
+
+import { h, mount } from './dom.js';
+import { fmtBytes, fmtBytesExact, fmtCost, fmtOverhead, fmtPct, fmtTime, isNum } from './format.js';
+import { normalizeTorchPlan } from './model.js';
+import { historyUrl } from './router.js';
+
+function card(testid, title, value, ...sub) {
+  return h('div', { class: 'card', 'data-testid': testid }, h('div', { class: 'card-title' }, title), h('div', { class: 'card-value' }, value), sub.filter(Boolean).map((s) => h('div', { class: 'card-sub' }, s)));
+}
+
+/** Renders a torch-sac plan record into `root`. */
+export function renderTorchPlan(root, raw) {
+  const t = normalizeTorchPlan(raw);
+  const p = t.predicted;
+  const title = t.model.name ?? 'model';
+  document.title = `${title} — remat plan`;
+  const ofUnplanned = isNum(p.peakBytes) && isNum(t.unplannedPeakBytes) && t.unplannedPeakBytes > 0 ? p.peakBytes / t.unplannedPeakBytes : null;
+  const rows = t.regions.map((r) =>
+    h(
+      'tr',
+      { 'data-testid': 'torch-region' },
+      h('td', {}, h('code', {}, r.fqn)),
+      h('td', {}, r.className),
+      h('td', {}, r.wrapped ? 'checkpointed' : 'not wrapped'),
+      h('td', {}, r.wrapped ? (r.keep.length ? r.keep.join(', ') : 'nothing (full checkpointing)') : '—'),
+      h('td', { class: 'num' }, r.wrapped && isNum(r.rerunCost) ? fmtCost(r.rerunCost) : '—'),
+    ),
+  );
+  mount(
+    root,
+    h(
+      'section',
+      { class: 'panel plan-head' },
+      h('div', { class: 'plan-title' }, h('h1', {}, title), h('span', { class: 'muted' }, `plan ${t.id} · ${fmtTime(t.createdAt)} · captured from PyTorch (${t.device ?? 'device unknown'}) · torch-sac`)),
+      h(
+        'nav',
+        { class: 'plan-links', 'aria-label': 'This plan' },
+        t.model.hash ? h('a', { href: historyUrl(t.model.hash), 'data-nav': true }, 'History of this model') : null,
+        h('a', { href: `/v1/plans/${encodeURIComponent(t.id ?? '')}`, target: '_blank', rel: 'noopener' }, 'JSON'),
+        h('a', { href: '/', 'data-nav': true }, 'New plan'),
+      ),
+      h(
+        'div',
+        { class: 'cards', 'data-testid': 'summary-cards' },
+        card('card-budget', 'Budget', fmtBytes(t.budgetBytes), h('span', { class: 'exact' }, fmtBytesExact(t.budgetBytes)), h('span', { class: `badge status-${t.status}` }, t.status)),
+        card('card-predicted', 'Predicted peak', fmtBytes(p.peakBytes), h('span', { class: 'exact' }, fmtBytesExact(p.peakBytes)), ofUnplanned !== null ? `${fmtPct(ofUnplanned)} of the unplanned ${fmtBytes(t.unplannedPeakBytes)}` : null, p.peakInRerunOf ? `while ${p.peakInRerunOf} re-runs` : null),
+        card('card-overhead', 'Compute overhead', fmtOverhead(p.overhead), isNum(p.computeCost) ? `cost ${fmtCost(p.computeCost)} vs ${fmtCost(p.baseCost)} (${t.costUnit ?? 'cost'})` : null),
+        card('card-least', 'Least reachable peak', fmtBytes(t.minPeakBytes), `${t.wrapped} of ${t.regions.length} regions checkpointed, ${t.kept} ops kept`),
+      ),
+      h('p', { class: 'muted' }, 'Apply it where you train: ', h('code', {}, 'remat.torch.apply(model, json.load(open("plan.json")))'), '; prove it there with ', h('code', {}, 'remat.torch.measure'), ' (measured peak, gradients, overhead).'),
+    ),
+    h(
+      'section',
+      { class: 'panel', 'aria-labelledby': 'h-regions' },
+      h('h2', { id: 'h-regions' }, 'Regions'),
+      h('p', { class: 'muted' }, 'Each region is checkpointed with torch.utils.checkpoint (non-reentrant) and a selective policy: the listed ops (aten op #occurrence) are kept, the others recomputed when backward first needs the region.'),
+      h('table', { class: 'tensors', 'data-testid': 'torch-regions' }, h('thead', {}, h('tr', {}, h('th', {}, 'Region'), h('th', {}, 'Class'), h('th', {}, 'Plan'), h('th', {}, 'Kept ops'), h('th', {}, 'Re-run cost'))), h('tbody', {}, rows)),
+    ),
+  );
+}

@@ -1,0 +1,38 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { isTorchPlan, normalizeTorchPlan } from '../../js/model.js';
+
+const record = {
+  id: 'p9', status: 'done', created_at: 't', model: { hash: 'h', name: 'gpt2', format: 'torch_graph' },
+  plan: {
+    format: 'remat.torch-plan', execution_model: 'torch-sac', status: 'fits', device: 'cpu', cost_unit: 'flop',
+    budget_bytes: 100, min_peak_bytes: 60, unplanned_peak_bytes: 120,
+    predicted: { peak_bytes: 95, overhead: 0.1, compute_cost: 11, base_cost: 10, peak_in_rerun_of: 'h.1' },
+    regions: [
+      { fqn: 'h.0', class: 'Block', wrapped: true, keep: [['aten.mm.default', 0], ['aten.mm.default', 2]], ops: ['a', 'b'], rerun_cost: 1 },
+      { fqn: 'h.1', class: 'Block', wrapped: false, keep: [], ops: ['a'], rerun_cost: 0 },
+    ],
+  },
+};
+
+test('a torch-sac plan record is told apart and normalizes', () => {
+  assert.equal(isTorchPlan(record), true);
+  assert.equal(isTorchPlan({ plan: { schedule: [] } }), false);
+  assert.equal(isTorchPlan(null), false);
+  const t = normalizeTorchPlan(record);
+  assert.equal(t.model.name, 'gpt2');
+  assert.equal(t.predicted.peakBytes, 95);
+  assert.equal(t.predicted.peakInRerunOf, 'h.1');
+  assert.equal(t.wrapped, 1);
+  assert.equal(t.kept, 2);
+  assert.deepEqual(t.regions[0].keep, ['aten.mm.default#0', 'aten.mm.default#2']);
+  assert.equal(t.regions[1].wrapped, false);
+});
+
+test('missing fields read as nulls, not errors', () => {
+  const t = normalizeTorchPlan({ plan: { execution_model: 'torch-sac', regions: [{}] } });
+  assert.equal(t.budgetBytes, null);
+  assert.equal(t.regions[0].fqn, 'region 0');
+  assert.deepEqual(t.regions[0].keep, []);
+  assert.equal(t.status, 'unknown');
+});
