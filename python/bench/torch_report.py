@@ -1,6 +1,6 @@
 """Renders torch_bench.py's JSON as the Markdown tables of docs/bench/torch.md.
 
-    python python/bench/torch_report.py out.json
+python python/bench/torch_report.py out.json
 """
 
 from __future__ import annotations
@@ -19,36 +19,48 @@ def pct(x: float) -> str:
 
 def main() -> None:
     data = json.load(open(sys.argv[1]))
-    print(f"torch {data['torch']}, {data['threads']} thread(s), {data['rounds']} timed pairs, "
-          f"cost={data['cost']}\n")
+    print(
+        f"torch {data['torch']}, {data['threads']} thread(s), {data['rounds']} timed pairs, "
+        f"cost={data['cost']}\n"
+    )
     print("| model | ops (fwd) | regions | capture+plan+apply | least peak MiB | unplanned MiB |")
     print("|---|---|---|---|---|---|")
     for r in data["results"]:
-        print(f"| {r['description']} | {r['ops']} ({r['forward_ops']}) | {r['regions']} | "
-              f"{r['capture_plan_apply_seconds_flops']:.1f} s | {mib(r['min_peak_bytes'])} | "
-              f"{mib(r['unplanned_peak_bytes'])} |")
-    print("\n| model | at | budget MiB | predicted MiB | measured MiB | diff | grad err | "
-          "overhead predicted | measured (median) | range | plan |")
+        print(
+            f"| {r['description']} | {r['ops']} ({r['forward_ops']}) | {r['regions']} | "
+            f"{r['capture_plan_apply_seconds_flops']:.1f} s | {mib(r['min_peak_bytes'])} | "
+            f"{mib(r['unplanned_peak_bytes'])} |"
+        )
+    print(
+        "\n| model | at | budget MiB | predicted MiB | measured MiB | diff | grad err | "
+        "overhead predicted | measured (median) | range | plan |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in data["results"]:
         for row in r["rows"]:
             lo, hi = row["measured_overhead_range"]
-            print(f"| {r['model']} | {row['fraction']} | {mib(row['budget_bytes'])} | "
-                  f"{mib(row['predicted_peak_bytes'])} | {mib(row['measured_peak_bytes'])} | "
-                  f"{row['peak_rel_diff'] * 100:+.2f}% | {row['grad_max_rel_err']:.1e} | "
-                  f"{pct(row['predicted_overhead'])} | {pct(row['measured_overhead'])} | "
-                  f"[{pct(lo)}, {pct(hi)}] | {row['plan_seconds'] * 1000:.0f} ms, "
-                  f"{row['wrapped']} wrapped, {row['kept_ops']} kept |")
-    print("\n| model | PyTorch's option | its peak MiB | its overhead | remat's peak MiB | "
-          "remat's overhead | remat / theirs |")
+            print(
+                f"| {r['model']} | {row['fraction']} | {mib(row['budget_bytes'])} | "
+                f"{mib(row['predicted_peak_bytes'])} | {mib(row['measured_peak_bytes'])} | "
+                f"{row['peak_rel_diff'] * 100:+.2f}% | {row['grad_max_rel_err']:.1e} | "
+                f"{pct(row['predicted_overhead'])} | {pct(row['measured_overhead'])} | "
+                f"[{pct(lo)}, {pct(hi)}] | {row['plan_seconds'] * 1000:.0f} ms, "
+                f"{row['wrapped']} wrapped, {row['kept_ops']} kept |"
+            )
+    print(
+        "\n| model | PyTorch's option | its peak MiB | its overhead | remat's peak MiB | "
+        "remat's overhead | remat / theirs |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in data["results"]:
         for c in r["compare"]:
             t, o = c["theirs"], c["remat"]
-            ratio = ((1 + o["measured_overhead"]) / (1 + t["measured_overhead"]))
-            print(f"| {r['model']} | {c['baseline']} | {mib(t['measured_peak_bytes'])} | "
-                  f"{pct(t['measured_overhead'])} | {mib(o['measured_peak_bytes'])} | "
-                  f"{pct(o['measured_overhead'])} ({c['remat_status']}) | {ratio:.3f} |")
+            ratio = (1 + o["measured_overhead"]) / (1 + t["measured_overhead"])
+            print(
+                f"| {r['model']} | {c['baseline']} | {mib(t['measured_peak_bytes'])} | "
+                f"{pct(t['measured_overhead'])} | {mib(o['measured_peak_bytes'])} | "
+                f"{pct(o['measured_overhead'])} ({c['remat_status']}) | {ratio:.3f} |"
+            )
 
 
 if __name__ == "__main__":
