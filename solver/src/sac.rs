@@ -719,9 +719,14 @@ fn held_bytes(graph: &TorchGraph, j: usize) -> u64 {
 
 /// The moves from `current`: keep an op in every copy of a block, keep an op in one region,
 /// stop wrapping a region; with their static density.
-fn moves_from(graph: &TorchGraph, current: &SacPlan, stats: &SacStats) -> Vec<(f64, Move)> {
+fn moves_from(
+    graph: &TorchGraph,
+    classes: &[Vec<usize>],
+    current: &SacPlan,
+    stats: &SacStats,
+) -> Vec<(f64, Move)> {
     let mut out = Vec::new();
-    for class in graph.classes().into_iter().filter(|c| c.len() > 1) {
+    for class in classes.iter().filter(|c| c.len() > 1) {
         let first = class[0];
         let reg = &graph.regions[first];
         for j in reg.first_op..=reg.last_op {
@@ -794,12 +799,17 @@ pub fn path(
 ) -> Result<Vec<(SacPlan, SacStats)>> {
     // Moves simulated per step: the densest by their static figures.
     const TRIED: usize = 24;
+    // The copies of each block, found once (their signature reads every op).
+    let classes = graph.classes();
     let mut current = full.clone();
     let mut stats = full_stats.clone();
     let mut points = vec![(current.clone(), stats.clone())];
     loop {
         let mut chosen: Option<(f64, SacPlan, SacStats)> = None;
-        for (_, mv) in moves_from(graph, &current, &stats).into_iter().take(TRIED) {
+        for (_, mv) in moves_from(graph, &classes, &current, &stats)
+            .into_iter()
+            .take(TRIED)
+        {
             let Some(trial) = apply_move(graph, &current, &mv) else {
                 continue;
             };
@@ -839,12 +849,14 @@ pub fn greedy(
     full: &SacPlan,
     full_stats: &SacStats,
 ) -> Result<(SacPlan, SacStats, usize)> {
+    // The copies of each block, found once (their signature reads every op).
+    let classes = graph.classes();
     let mut current = full.clone();
     let mut stats = full_stats.clone();
     let mut moves = 0;
     loop {
         let mut improved = false;
-        for (_, mv) in moves_from(graph, &current, &stats) {
+        for (_, mv) in moves_from(graph, &classes, &current, &stats) {
             let Some(trial) = apply_move(graph, &current, &mv) else {
                 continue;
             };

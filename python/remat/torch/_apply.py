@@ -17,7 +17,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from ._capture import _tensors, find_regions, fingerprint, signature
+from ._capture import _tensors, fingerprint, signature
 from ._errors import OpMismatchError, PlanMismatchError
 
 Plan = dict[str, Any]
@@ -228,7 +228,3 @@ class _Rerun:
                 for b, s in self.saved:
                     b.copy_(s)
             self.saved = []
-
-
-def regions_of(model: nn.Module, regions: Any = None) -> list[str]:
-    return find_regions(model, regions)

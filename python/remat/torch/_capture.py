@@ -159,7 +159,6 @@ class _Op:
     occurrence: int | None
     cost: float
     outputs: list[int]
-    seconds: float = 0.0
 
 
 class _Saved:
@@ -220,10 +219,8 @@ class _Recording:
         self.region_inputs: dict[int, set[int]] = defaultdict(set)
         self.region_stop: dict[int, int] = {}
         self.region_trigger: dict[int, int] = {}
-        self.finalizers: list[weakref.finalize] = []
         self.fixed_bytes = 0
         self.forward_end = 0
-        self.backward_end = 0
 
     # -- storages -------------------------------------------------------------------------
     def register_external(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -274,7 +271,7 @@ class _Recording:
             sid = len(self.storages)
             self.storages.append(_Storage(bytes=st.nbytes(), producer=index))
             self.known[st] = sid
-            self.finalizers.append(weakref.finalize(st, self._died, sid))
+            weakref.finalize(st, self._died, sid)
             outputs.append(sid)
         if mutable:
             for a in _written(func, args, kwargs):
@@ -293,7 +290,6 @@ class _Recording:
                 occurrence=occurrence,
                 cost=cost,
                 outputs=outputs,
-                seconds=seconds,
             )
         )
         if region is not None:
@@ -317,7 +313,7 @@ class _Recording:
         holder = _Saved(t, tuple(self.region_stack))
         if save:
             # Autograd drops the holder when it frees the saved value (after its node ran).
-            self.finalizers.append(weakref.finalize(holder, self._released, save))
+            weakref.finalize(holder, self._released, save)
         return holder
 
     def _released(self, save: dict[str, int | None]) -> None:
@@ -426,7 +422,6 @@ def _run(
             rec.forward_end = len(rec.ops)
             rec.phase = "backward"
             loss.backward()
-            rec.backward_end = len(rec.ops)
     finally:
         for h in hooks:
             h.remove()

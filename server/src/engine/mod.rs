@@ -128,11 +128,19 @@ impl ModelFormat {
     /// captured PyTorch graph, another JSON object (the first non-blank byte is `{`) a
     /// node-link graph, anything else ONNX.
     pub fn detect(model: &[u8]) -> ModelFormat {
-        match model.iter().find(|b| !b.is_ascii_whitespace()) {
-            Some(b'{') if Self::is_torch_graph(model) => ModelFormat::TorchGraph,
-            Some(b'{') => ModelFormat::GraphJson,
-            _ => ModelFormat::Onnx,
+        if !Self::is_json_object(model) {
+            ModelFormat::Onnx
+        } else if Self::is_torch_graph(model) {
+            ModelFormat::TorchGraph
+        } else {
+            ModelFormat::GraphJson
         }
+    }
+
+    /// Whether the bytes look like a JSON object (the first non-blank byte is `{`): the cheap
+    /// test, without parsing, of a body that is one of the JSON formats.
+    pub fn is_json_object(model: &[u8]) -> bool {
+        model.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
     }
 
     /// Whether a JSON document says it is a captured PyTorch graph (its `format` field).

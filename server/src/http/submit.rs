@@ -82,7 +82,8 @@ fn prepare(
              (application/json) or an envelope {\"model\": ..., \"options\": ...}",
         ));
     }
-    let (model, format, options) = if json_content || engine.detect(&body) != ModelFormat::Onnx {
+    // A JSON body is parsed once, below; its format comes from the parsed object.
+    let (model, format, options) = if json_content || ModelFormat::is_json_object(&body) {
         let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
             ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
         })?;
