@@ -136,18 +136,28 @@ pub fn run_job(
     final_status
 }
 
-/// Nice value of the worker threads: solves are CPU bound and may take minutes, requests must
-/// stay fast on a machine with few cores, so the scheduler favours the async runtime's threads.
+/// Nice value of the worker threads where `SCHED_IDLE` is refused.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 const WORKER_NICE: i32 = 10;
 
-/// Lowers the calling thread's scheduling priority (Linux: `setpriority` with `who = 0` applies
-/// to the calling thread only; threads it spawns, such as the MILP solver's, inherit it).
+/// Lowers the calling thread's scheduling priority: solves are CPU bound and may take minutes,
+/// requests must stay fast on a machine with few cores. On Linux the thread is put in the
+/// `SCHED_IDLE` class (it runs only when no normal thread wants the CPU, so a request never waits
+/// behind a solve for a time slice; nice 10 still left the 99th percentile of reads at several
+/// milliseconds with four solver threads on two cores, docs/bench/load.md), falling back to nice
+/// 10 where that is refused. Both apply to the calling thread only (`who = 0`); threads it
+/// spawns, such as the MILP solver's, inherit them.
 pub fn lower_priority() {
     #[cfg(target_os = "linux")]
     {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler reads the parameter struct, which lives across the call;
+        // failure is reported through the return value.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0 {
+            return;
+        }
         // SAFETY: setpriority only reads its integer arguments; failure is reported through the
-        // return value, which we may ignore (the worker then runs at the default priority).
+        // return value (the worker then runs at the default priority).
         let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, WORKER_NICE) };
         if rc != 0 {
             tracing::warn!("could not lower the worker thread's priority");
@@ -210,5 +220,25 @@ mod tests {
         );
         assert_eq!(summarize(&json!([1, 2])), None);
         assert_eq!(summarize(&json!({"points": []})), None);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_worker_thread_and_the_threads_it_spawns_run_in_the_idle_class() {
+        // SAFETY: sched_getscheduler(0) only reads the calling thread's policy.
+        let policy = || unsafe { libc::sched_getscheduler(0) };
+        let (own, child) = std::thread::spawn(move || {
+            super::lower_priority();
+            (policy(), std::thread::spawn(policy).join().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(own, libc::SCHED_IDLE, "the worker thread's policy");
+        assert_eq!(child, libc::SCHED_IDLE, "a thread the worker spawned");
+        assert_ne!(
+            policy(),
+            libc::SCHED_IDLE,
+            "the caller's thread is left as it was"
+        );
     }
 }
