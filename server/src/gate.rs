@@ -16,7 +16,7 @@
 use crate::engine::{ModelFormat, PlanRequest};
 use crate::pipeline;
 use remat_solver::plan::{self, Status};
-use remat_solver::{baselines, budget, dp, simulate, Problem};
+use remat_solver::{baselines, budget, dp, sac, simulate, Problem};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -56,7 +56,8 @@ pub struct GateConfig {
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     pub name: String,
-    /// ONNX model or node-link graph JSON, relative to the config file.
+    /// ONNX model, node-link graph JSON or captured PyTorch graph (`remat.torch-graph`),
+    /// relative to the config file.
     pub path: PathBuf,
     /// The device memory budget: bytes, "14GiB", "800MB" or a fraction of store-all ("0.5x").
     pub budget: String,
@@ -330,9 +331,12 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
     let path = base_dir.join(&model.path);
     let bytes =
         std::fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+    let format = ModelFormat::detect(&bytes);
+    if format == ModelFormat::TorchGraph {
+        return measure_torch(model, &bytes).map_err(err);
+    }
     let req = model.request();
-    let loaded =
-        pipeline::load(&bytes, ModelFormat::detect(&bytes), &req).map_err(|e| err(e.message))?;
+    let loaded = pipeline::load(&bytes, format, &req).map_err(|e| err(e.message))?;
     let p = &loaded.problem;
     let store_all = remat_solver::store_all_peak(p);
     let min_budget = budget::min_feasible_budget(p).bytes;
@@ -359,6 +363,61 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
         } else {
             report.gap
         },
+    })
+}
+
+/// The figures of a captured PyTorch graph (`remat.torch-graph`), in the torch-sac execution
+/// model `remat.torch.apply` runs: the unplanned step's peak stands for store-all, the least peak
+/// a torch-sac plan reaches for the minimum feasible budget, and the planner's candidates (fixed
+/// by the graph, no clock involved) give the least peak within `max_overhead`. The planner has
+/// no optimality bound, so the planned overhead's gap is unknown (`None`) and the tolerance is
+/// not widened: its figures are deterministic anyway.
+fn measure_torch(model: &ModelConfig, bytes: &[u8]) -> Result<Figures, String> {
+    let not_here = |field: &str, why: &str| {
+        Err(format!(
+            "field `{field}` does not apply to a captured PyTorch graph ({why}); remove it"
+        ))
+    };
+    if !model.dims.is_empty() {
+        return not_here("dims", "its shapes were fixed when it was captured");
+    }
+    if !model.params.is_empty() || !model.inputs.is_empty() {
+        let field = if model.params.is_empty() {
+            "inputs"
+        } else {
+            "params"
+        };
+        return not_here(field, "the capture says what is a parameter and an input");
+    }
+    if let Some(solver) = model.solver.as_deref().filter(|s| *s != "auto") {
+        return Err(format!(
+            "field `solver`: {solver:?} plans free schedules; a captured PyTorch graph is planned \
+             in the torch-sac model (leave it out)"
+        ));
+    }
+    if model.time_limit.is_some() {
+        return not_here("time_limit", "the torch-sac planner runs without a clock");
+    }
+    let graph = pipeline::torch::read(bytes).map_err(|e| e.message)?;
+    let budget = sac::parse_torch_budget(&graph, &model.budget)
+        .map_err(|e| format!("field `budget`: {e}"))?;
+    let cap = model.max_overhead.unwrap_or(DEFAULT_MAX_OVERHEAD);
+    let solver_error = |e: remat_solver::SolverError| e.to_string();
+    let (_, report) = sac::plan(&graph, budget).map_err(solver_error)?;
+    let feasible = report.status != "infeasible";
+    Ok(Figures {
+        store_all_peak_bytes: report.unplanned_peak_bytes,
+        saved_activation_bytes: graph.saved_bytes(),
+        min_feasible_budget_bytes: report.min_peak_bytes,
+        max_overhead: cap,
+        best_peak_within_overhead_bytes: Some(
+            sac::least_peak_within_overhead(&graph, cap).map_err(solver_error)?,
+        ),
+        budget_bytes: budget,
+        planned_overhead: feasible.then_some(report.predicted.overhead()),
+        planned_status: report.status.to_string(),
+        planned_solver: "torch-sac".to_string(),
+        planned_gap: None,
     })
 }
 

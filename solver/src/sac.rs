@@ -264,6 +264,16 @@ impl TorchGraph {
     }
 
     /// The cost of the unplanned step: every op once.
+    /// Bytes autograd saves for the backward in the unplanned step: every storage saved at
+    /// least once, counted once.
+    pub fn saved_bytes(&self) -> u64 {
+        self.storages
+            .iter()
+            .filter(|s| !s.saves.is_empty())
+            .map(|s| s.bytes)
+            .sum()
+    }
+
     pub fn base_cost(&self) -> f64 {
         self.ops.iter().map(|o| o.cost).sum()
     }
@@ -641,66 +651,111 @@ pub struct SacReport {
 }
 
 /// Chooses wrapped regions and keep sets whose simulated peak fits `budget` at the least
-/// re-run cost found among a set of plans that does not depend on the budget (so a larger
-/// budget never costs more): the points of a path from full checkpointing towards the unplanned
-/// step ([`path`]), and the budgeted greedy ([`greedy`]) run at budgets taken from that path.
+/// re-run cost found among a set of plans that does not depend on the budget ([`Candidates`]),
+/// so a larger budget never costs more. Below the least peak of that set the answer is its
+/// least-peak plan with status `infeasible`.
 pub fn plan(graph: &TorchGraph, budget: u64) -> Result<(SacPlan, SacReport)> {
-    let unplanned = simulate(graph, &SacPlan::default())?;
-    let full = SacPlan::full(graph);
-    let full_stats = simulate(graph, &full)?;
-    let (min_plan, min_stats) = if unplanned.peak_bytes <= full_stats.peak_bytes {
-        (SacPlan::default(), unplanned.clone())
-    } else {
-        (full.clone(), full_stats.clone())
-    };
-    let report = |status, predicted: SacStats, moves| SacReport {
-        budget_bytes: budget,
-        status,
-        min_peak_bytes: min_stats.peak_bytes,
-        unplanned_peak_bytes: unplanned.peak_bytes,
-        predicted,
-        moves,
-    };
-    if unplanned.peak_bytes <= budget {
-        return Ok((SacPlan::default(), report("fits", unplanned.clone(), 0)));
-    }
-    if min_stats.peak_bytes > budget {
-        return Ok((min_plan, report("infeasible", min_stats.clone(), 0)));
-    }
-    let mut best: Option<(SacPlan, SacStats, usize)> = None;
-    let mut consider = |p: SacPlan, s: SacStats, moves: usize| {
-        if s.peak_bytes > budget {
-            return;
+    Candidates::new(graph)?.select(budget)
+}
+
+/// The plans [`plan`] chooses among, fixed by the graph alone: the unplanned step, full
+/// checkpointing, every point of a path of moves from full checkpointing towards the unplanned
+/// step ([`path`]), and the budgeted [`greedy`] at budgets spread over that path by position;
+/// each with its simulated figures and the moves that made it.
+pub struct Candidates {
+    unplanned: SacStats,
+    plans: Vec<(SacPlan, SacStats, usize)>,
+    /// Index in `plans` of the least peak (the cheapest among equal peaks).
+    least: usize,
+}
+
+impl Candidates {
+    pub fn new(graph: &TorchGraph) -> Result<Self> {
+        const GREEDY_RUNS: usize = 12;
+        let unplanned = simulate(graph, &SacPlan::default())?;
+        let full = SacPlan::full(graph);
+        let full_stats = simulate(graph, &full)?;
+        let points = path(graph, &full, &full_stats)?;
+        let step = points.len().div_ceil(GREEDY_RUNS).max(1);
+        let grid: Vec<u64> = points
+            .iter()
+            .step_by(step)
+            .chain(points.last())
+            .map(|(_, s)| s.peak_bytes)
+            .collect();
+        let mut plans = vec![
+            (SacPlan::default(), unplanned.clone(), 0),
+            (full.clone(), full_stats.clone(), 0),
+        ];
+        plans.extend(points.into_iter().enumerate().map(|(i, (p, s))| (p, s, i)));
+        for b in grid {
+            plans.push(greedy(graph, b, &full, &full_stats)?);
         }
-        let better = best.as_ref().is_none_or(|(_, b, _)| {
-            (s.compute_cost, s.peak_bytes) < (b.compute_cost, b.peak_bytes)
-        });
-        if better {
-            best = Some((p, s, moves));
-        }
-    };
-    consider(min_plan.clone(), min_stats.clone(), 0);
-    let points = path(graph, &full, &full_stats)?;
-    // Budgets for the greedy, spread over the path by position: fixed by the graph alone.
-    const GREEDY_RUNS: usize = 12;
-    let step = points.len().div_ceil(GREEDY_RUNS).max(1);
-    let grid: Vec<u64> = points
-        .iter()
-        .step_by(step)
-        .chain(points.last())
-        .map(|(_, s)| s.peak_bytes)
-        .collect();
-    for (i, (p, s)) in points.into_iter().enumerate() {
-        consider(p, s, i);
+        let least = (0..plans.len())
+            .min_by(|&a, &b| {
+                let (sa, sb) = (&plans[a].1, &plans[b].1);
+                (sa.peak_bytes, sa.compute_cost)
+                    .partial_cmp(&(sb.peak_bytes, sb.compute_cost))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            })
+            .expect("two plans at least");
+        Ok(Candidates {
+            unplanned,
+            plans,
+            least,
+        })
     }
-    for b in grid {
-        if b <= budget {
-            let (p, s, moves) = greedy(graph, b, &full, &full_stats)?;
-            consider(p, s, moves);
-        }
+
+    /// The least peak any candidate reaches: the least feasible budget.
+    pub fn least_peak(&self) -> u64 {
+        self.plans[self.least].1.peak_bytes
     }
-    let (p, s, moves) = best.expect("the least-peak plan fits");
-    Ok((p, report("fits", s, moves)))
+
+    /// The least peak of a candidate whose overhead is at most `cap` (a fraction of the step's
+    /// cost): what `remat gate` tracks as `best_peak_within_overhead_bytes`. The unplanned step,
+    /// overhead 0, bounds it from above.
+    pub fn least_peak_within_overhead(&self, cap: f64) -> u64 {
+        self.plans
+            .iter()
+            .filter(|(_, s, _)| s.overhead() <= cap + 1e-12)
+            .map(|(_, s, _)| s.peak_bytes)
+            .min()
+            .unwrap_or(self.unplanned.peak_bytes)
+    }
+
+    /// The cheapest candidate that fits `budget` (the least peak among equal costs), or the
+    /// least-peak one with status `infeasible`.
+    pub fn select(&self, budget: u64) -> Result<(SacPlan, SacReport)> {
+        let report = |status, predicted: &SacStats, moves| SacReport {
+            budget_bytes: budget,
+            status,
+            min_peak_bytes: self.least_peak(),
+            unplanned_peak_bytes: self.unplanned.peak_bytes,
+            predicted: predicted.clone(),
+            moves,
+        };
+        let best = self
+            .plans
+            .iter()
+            .filter(|(_, s, _)| s.peak_bytes <= budget)
+            .min_by(|a, b| {
+                (a.1.compute_cost, a.1.peak_bytes)
+                    .partial_cmp(&(b.1.compute_cost, b.1.peak_bytes))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            });
+        Ok(match best {
+            Some((p, s, moves)) => (p.clone(), report("fits", s, *moves)),
+            None => {
+                let (p, s, moves) = &self.plans[self.least];
+                (p.clone(), report("infeasible", s, *moves))
+            }
+        })
+    }
+}
+
+/// [`Candidates::least_peak_within_overhead`] of the graph's candidates.
+pub fn least_peak_within_overhead(graph: &TorchGraph, cap: f64) -> Result<u64> {
+    Ok(Candidates::new(graph)?.least_peak_within_overhead(cap))
 }
 
 /// Cost saved per byte held: the order moves are tried in.
@@ -932,9 +987,7 @@ pub struct RegionDoc {
 /// unplanned peak, or `"min"` (the least peak the model can reach).
 pub fn parse_torch_budget(graph: &TorchGraph, budget: &str) -> Result<u64> {
     if budget.trim().eq_ignore_ascii_case("min") {
-        let full = simulate(graph, &SacPlan::full(graph))?.peak_bytes;
-        let none = simulate(graph, &SacPlan::default())?.peak_bytes;
-        return Ok(full.min(none));
+        return Ok(Candidates::new(graph)?.least_peak());
     }
     let unplanned = simulate(graph, &SacPlan::default())?.peak_bytes;
     crate::plan::parse_budget(budget, unplanned)
@@ -960,11 +1013,10 @@ pub fn baseline_document(graph: &TorchGraph, name: &str) -> Result<PlanDocument>
     };
     let predicted = simulate(graph, &p)?;
     let unplanned = simulate(graph, &SacPlan::default())?.peak_bytes;
-    let full = simulate(graph, &SacPlan::full(graph))?.peak_bytes;
     let report = SacReport {
         budget_bytes: predicted.peak_bytes,
         status: "fits",
-        min_peak_bytes: full.min(unplanned),
+        min_peak_bytes: Candidates::new(graph)?.least_peak(),
         unplanned_peak_bytes: unplanned,
         predicted,
         moves: 0,
@@ -1201,7 +1253,8 @@ mod tests {
     fn plan_fits_the_budget_and_costs_less_with_more_memory() {
         let g = two_blocks();
         let unplanned = simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
-        let min = simulate(&g, &SacPlan::full(&g)).unwrap().peak_bytes;
+        let min = Candidates::new(&g).unwrap().least_peak();
+        assert!(min <= simulate(&g, &SacPlan::full(&g)).unwrap().peak_bytes);
         let mut last = f64::INFINITY;
         for budget in [min, (min + unplanned) / 2, unplanned] {
             let (p, rep) = plan(&g, budget).unwrap();

@@ -64,8 +64,8 @@ pub fn load<'a>(
             ErrorKind::Unprocessable,
             "torch_graph",
             "a captured PyTorch graph (remat.torch-graph) is planned in the torch-sac model: \
-             `remat plan` or POST /v1/plans with a budget; it has no free-schedule problem to \
-             sweep, gate or validate here (docs/torch.md)",
+             `remat plan`, `remat gate` or POST /v1/plans with a budget; it has no free-schedule \
+             problem to sweep or validate here (docs/torch.md)",
         )),
         ModelFormat::Onnx => {
             let opts = import_options(req);

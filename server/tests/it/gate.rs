@@ -24,6 +24,22 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// `remat gate --format json` in `dir`, expected to fail with exit 1: its outcome and the
+/// figures that regressed.
+fn gate_regressions(dir: &Path) -> (serde_json::Value, Vec<String>) {
+    let o = remat(dir, &["gate", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let regressed = outcome["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["regression"] == true)
+        .map(|r| r["figure"].as_str().unwrap().to_string())
+        .collect();
+    (outcome, regressed)
+}
+
 fn write_config(dir: &Path, model: &str) {
     let path = fixtures().join(model);
     let config = format!(
@@ -62,19 +78,13 @@ fn gate_passes_on_its_baseline_fails_on_growth_and_passes_after_update() {
 
     // The model gains a layer: exit 1, each grown figure listed with old -> new and the change.
     write_config(d, "mlp_v2.onnx");
-    let o = remat(d, &["gate", "--format", "json"]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let regressed: Vec<&str> = outcome["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["regression"] == true)
-        .map(|r| r["figure"].as_str().unwrap())
-        .collect();
-    assert!(regressed.contains(&"store_all_peak_bytes"), "{regressed:?}");
+    let (outcome, regressed) = gate_regressions(d);
     assert!(
-        regressed.contains(&"saved_activation_bytes"),
+        regressed.iter().any(|f| f == "store_all_peak_bytes"),
+        "{regressed:?}"
+    );
+    assert!(
+        regressed.iter().any(|f| f == "saved_activation_bytes"),
         "{regressed:?}"
     );
     for r in outcome["rows"].as_array().unwrap() {
@@ -180,4 +190,105 @@ fn corrupt_baseline_or_config_is_exit_2_naming_file_and_field() {
     let o = remat(d, &["gate"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("ghost") && text(&o).contains("missing.onnx"));
+}
+
+/// The torch fixture's manifest case `plan` of model `name`: its predicted peak.
+fn torch_manifest_peak(name: &str, plan: &str) -> u64 {
+    let path = crate::common::manifest_dir().join("../fixtures/torch/manifest.json");
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let model = m["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == name)
+        .unwrap();
+    let case = model["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["plan"] == plan)
+        .unwrap();
+    case["predicted_peak_bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn a_captured_pytorch_graph_is_gated_in_the_torch_sac_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let source = crate::common::manifest_dir().join("../fixtures/torch/stack.torch.json");
+    let graph: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&source).unwrap()).unwrap();
+    std::fs::write(d.join("stack.torch.json"), graph.to_string()).unwrap();
+    let config = "[[model]]\nname = \"stack\"\npath = \"stack.torch.json\"\nbudget = \"0.7x\"\nmax_overhead = 0.3\n";
+    std::fs::write(d.join("remat.toml"), config).unwrap();
+
+    let o = remat(d, &["gate", "--update"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let baseline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("remat-baseline.json")).unwrap()).unwrap();
+    let f = &baseline["models"]["stack"];
+    let figure = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k}: {f}"));
+    // The unplanned step's peak and full checkpointing's, as the fixture's manifest has them
+    // (PyTorch measured the first equal to it).
+    assert_eq!(
+        figure("store_all_peak_bytes"),
+        torch_manifest_peak("stack", "none")
+    );
+    assert_eq!(
+        figure("min_feasible_budget_bytes"),
+        torch_manifest_peak("stack", "full")
+    );
+    let (store_all, least) = (
+        figure("store_all_peak_bytes"),
+        figure("min_feasible_budget_bytes"),
+    );
+    let within = figure("best_peak_within_overhead_bytes");
+    assert!(least <= within && within < store_all, "{f}");
+    assert!(figure("saved_activation_bytes") > 0, "{f}");
+    let expected = 0.7 * store_all as f64;
+    assert!(
+        (figure("budget_bytes") as f64 - expected).abs() <= 1.0,
+        "0.7x of {store_all}: {f}"
+    );
+    assert_eq!(f["planned_solver"], "torch-sac", "{f}");
+    assert_eq!(f["planned_status"], "fits", "{f}");
+    let overhead = f["planned_overhead"].as_f64().unwrap();
+    assert!(overhead > 0.0 && overhead <= 0.3, "{f}");
+
+    for _ in 0..2 {
+        let o = remat(d, &["gate"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        assert!(text(&o).contains("no regression"), "{}", text(&o));
+    }
+
+    // The model's activations double (a wider layer, say): the byte figures regress.
+    let mut grown = graph.clone();
+    for s in grown["storages"].as_array_mut().unwrap() {
+        s["bytes"] = (s["bytes"].as_u64().unwrap() * 2).into();
+    }
+    std::fs::write(d.join("stack.torch.json"), grown.to_string()).unwrap();
+    let (_, regressed) = gate_regressions(d);
+    for figure in [
+        "store_all_peak_bytes",
+        "saved_activation_bytes",
+        "min_feasible_budget_bytes",
+    ] {
+        assert!(
+            regressed.iter().any(|f| f == figure),
+            "{figure}: {regressed:?}"
+        );
+    }
+
+    // Options of the free model do not apply: exit 2 naming the field.
+    for (extra, field) in [
+        ("dims = { batch = 2 }\n", "dims"),
+        ("solver = \"milp\"\n", "solver"),
+        ("time_limit = 5.0\n", "time_limit"),
+    ] {
+        std::fs::write(d.join("remat.toml"), format!("{config}{extra}")).unwrap();
+        let o = remat(d, &["gate"]);
+        assert_eq!(o.status.code(), Some(2), "{extra}: {}", text(&o));
+        let t = text(&o);
+        assert!(t.contains(field) && t.contains("stack"), "{extra}: {t}");
+    }
 }

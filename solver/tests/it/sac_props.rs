@@ -195,7 +195,10 @@ proptest! {
         let full = sac::simulate(&g, &SacPlan::full(&g)).unwrap();
         prop_assert!(full.forward_end_bytes <= unplanned.forward_end_bytes);
         prop_assert!(full.compute_cost >= unplanned.compute_cost);
-        let lo = full.peak_bytes.min(unplanned.peak_bytes);
+        // The least peak of the planner's candidates: at most full checkpointing's and the
+        // unplanned step's (a plan keeping a little can peak lower than both).
+        let lo = sac::Candidates::new(&g).unwrap().least_peak();
+        prop_assert!(lo <= full.peak_bytes.min(unplanned.peak_bytes));
         let budget = lo + ((unplanned.peak_bytes - lo) as f64 * frac) as u64;
         let (plan, report) = sac::plan(&g, budget).unwrap();
         let s = sac::simulate(&g, &plan).unwrap();
@@ -234,5 +237,28 @@ proptest! {
             r1.predicted.compute_cost,
             at(small)
         );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// `remat gate`'s `best_peak_within_overhead_bytes` for captured graphs: between the least
+    /// peak and the unplanned one, never larger for a larger cap, and a plan at that budget
+    /// stays within the cap (the planner picks the cheapest candidate that fits).
+    #[test]
+    fn the_least_peak_within_an_overhead_is_reached_by_a_plan(
+        g in arb_graph(), a in 0.0f64..0.6, b in 0.0f64..0.6,
+    ) {
+        let (small, large) = if a <= b { (a, b) } else { (b, a) };
+        let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
+        let p_small = sac::least_peak_within_overhead(&g, small).unwrap();
+        let p_large = sac::least_peak_within_overhead(&g, large).unwrap();
+        prop_assert!(p_large <= p_small && p_small <= unplanned, "{p_large} {p_small} {unplanned}");
+        let (_, report) = sac::plan(&g, p_small).unwrap();
+        prop_assert!(report.min_peak_bytes <= p_small);
+        prop_assert_eq!(report.status, "fits");
+        prop_assert!(report.predicted.peak_bytes <= p_small);
+        prop_assert!(report.predicted.overhead() <= small + 1e-9, "{} > {small}", report.predicted.overhead());
     }
 }
