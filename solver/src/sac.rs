@@ -32,6 +32,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 pub const FORMAT: &str = "remat.torch-graph";
 /// The format version this module reads.
 pub const VERSION: u32 = 1;
+/// The format name of the plan documents this module writes (`remat.torch.apply` reads them).
+pub const PLAN_FORMAT: &str = "remat.torch-plan";
 
 /// One captured training step (docs/torch.md, "The captured graph").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -956,6 +958,10 @@ pub struct PlanDocument {
     pub unplanned_peak_bytes: u64,
     pub predicted: PredictedDoc,
     pub regions: Vec<RegionDoc>,
+    /// What `remat.torch.measure` measured of this plan in PyTorch, once attached (`PUT
+    /// /v1/plans/{id}/validation`, or set by the caller): the fields of a plan's `validation`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1024,6 +1030,94 @@ pub fn baseline_document(graph: &TorchGraph, name: &str) -> Result<PlanDocument>
     Ok(document(graph, &p, &report))
 }
 
+/// Checks that `validation` (what `remat.torch.measure` returns) is a measurement of the plan
+/// `doc`: an object with the device (`torch-cpu`, `torch-cuda`, ...), the figures a plan's
+/// `validation` has, the plan's own predicted peak, and, where it says them, the plan's
+/// fingerprint and budget. Errors name the field.
+pub fn check_validation(doc: &PlanDocument, validation: &serde_json::Value) -> Result<()> {
+    let bad = |field: &str, why: String| {
+        Err(SolverError::InvalidArgument(format!(
+            "validation field `{field}`: {why}"
+        )))
+    };
+    let Some(v) = validation.as_object() else {
+        return Err(SolverError::InvalidArgument(
+            "validation: expected a JSON object (what remat.torch.measure returns)".into(),
+        ));
+    };
+    match v.get("device").and_then(|d| d.as_str()) {
+        Some(d) if d.starts_with("torch-") && d.len() > "torch-".len() => {}
+        Some(d) => {
+            return bad(
+                "device",
+                format!("expected torch-cpu or torch-cuda, got {d:?}"),
+            )
+        }
+        None => return bad("device", "missing or not a string".into()),
+    }
+    for field in ["ran", "ok"] {
+        if !v.get(field).is_some_and(|x| x.is_boolean()) {
+            return bad(field, "missing or not true/false".into());
+        }
+    }
+    let whole = |field: &str| v.get(field).and_then(|x| x.as_u64());
+    if whole("measured_peak_bytes").is_none() {
+        return bad(
+            "measured_peak_bytes",
+            "missing or not a whole number of bytes".into(),
+        );
+    }
+    match whole("predicted_peak_bytes") {
+        Some(p) if p == doc.predicted.peak_bytes => {}
+        Some(p) => {
+            return bad(
+                "predicted_peak_bytes",
+                format!(
+                    "{p} is not this plan's predicted peak ({} bytes): it measured another plan",
+                    doc.predicted.peak_bytes
+                ),
+            )
+        }
+        None => {
+            return bad(
+                "predicted_peak_bytes",
+                "missing or not a whole number".into(),
+            )
+        }
+    }
+    match v.get("grad_max_rel_err").and_then(|x| x.as_f64()) {
+        Some(e) if e.is_finite() && e >= 0.0 => {}
+        _ => return bad("grad_max_rel_err", "missing or not a number ≥ 0".into()),
+    }
+    if !v
+        .get("measured_overhead")
+        .and_then(|x| x.as_f64())
+        .is_some_and(f64::is_finite)
+    {
+        return bad("measured_overhead", "missing or not a number".into());
+    }
+    if let Some(f) = v.get("fingerprint").filter(|f| !f.is_null()) {
+        if f.as_str() != Some(doc.fingerprint.as_str()) {
+            return bad(
+                "fingerprint",
+                format!(
+                    "{f} is not this plan's ({:?}): it measured another model",
+                    doc.fingerprint
+                ),
+            );
+        }
+    }
+    if let Some(b) = v.get("budget_bytes").filter(|b| !b.is_null()) {
+        if b.as_u64() != Some(doc.budget_bytes) {
+            return bad(
+                "budget_bytes",
+                format!("{b} is not this plan's budget ({} bytes)", doc.budget_bytes),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The plan document of `p`.
 pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocument {
     let s = &report.predicted;
@@ -1053,7 +1147,7 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
         })
         .collect();
     PlanDocument {
-        format: "remat.torch-plan".into(),
+        format: PLAN_FORMAT.into(),
         version: VERSION,
         execution_model: "torch-sac".into(),
         model: graph.name.clone(),
@@ -1075,6 +1169,7 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
             peak_in_rerun_of: s.peak_in_rerun_of.map(|r| graph.regions[r].fqn.clone()),
         },
         regions,
+        validation: None,
     }
 }
 

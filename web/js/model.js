@@ -44,11 +44,42 @@ export function normalizeBaseline(b) {
   };
 }
 
+/**
+ * A plan's `validation`: run by remat's executor, or measured in PyTorch by
+ * `remat.torch.measure` and attached to a torch-sac plan. `null` when the plan has none.
+ */
+export function normalizeValidation(raw) {
+  if (!raw || typeof raw !== 'object') return null;
+  const validation = obj(raw);
+  return {
+    // `ran: false` (with a reason) when the executor did not run the plan.
+    ran: validation.ran !== false,
+    reason: str(validation.reason),
+    device: str(validation.device),
+    ok: typeof validation.ok === 'boolean' ? validation.ok : null,
+    measuredPeakBytes: num(validation.measured_peak_bytes),
+    predictedPeakBytes: num(validation.predicted_peak_bytes),
+    heapPeakBytes: num(validation.heap_peak_bytes),
+    gradMaxRelErr: num(validation.grad_max_rel_err),
+    stepSeconds: num(validation.step_seconds),
+    storeAllStepSeconds: num(validation.store_all_step_seconds),
+    measuredOverhead: num(validation.measured_overhead),
+    timeline: arr(validation.timeline).map((t) => ({
+      step: num(obj(t).step),
+      predicted: num(obj(t).predicted_bytes),
+      measured: num(obj(t).measured_bytes),
+      // The process's heap at its highest during the step (kernels' workspaces included).
+      heapPeak: num(obj(t).heap_peak_bytes),
+    })),
+    predictedOverhead: num(validation.predicted_overhead),
+    problems: arr(validation.problems).map((x) => str(x) ?? '?'),
+  };
+}
+
 /** The plan document (`plan` of a plan record). */
 export function normalizeDoc(doc) {
   const o = obj(doc);
   const predicted = obj(o.predicted);
-  const validation = o.validation && typeof o.validation === 'object' ? obj(o.validation) : null;
   const graph = obj(o.graph);
   const decisions = arr(o.decisions).map(normalizeDecision);
   return {
@@ -79,27 +110,7 @@ export function normalizeDoc(doc) {
       fixedBytes: num(graph.fixed_bytes),
     },
     model: o.model && typeof o.model === 'object' ? o.model : null,
-    validation: validation && {
-      // `ran: false` (with a reason) when the executor did not run the plan.
-      ran: validation.ran !== false,
-      reason: str(validation.reason),
-      device: str(validation.device),
-      ok: typeof validation.ok === 'boolean' ? validation.ok : null,
-      measuredPeakBytes: num(validation.measured_peak_bytes),
-      predictedPeakBytes: num(validation.predicted_peak_bytes),
-      heapPeakBytes: num(validation.heap_peak_bytes),
-      gradMaxRelErr: num(validation.grad_max_rel_err),
-      stepSeconds: num(validation.step_seconds),
-      storeAllStepSeconds: num(validation.store_all_step_seconds),
-      measuredOverhead: num(validation.measured_overhead),
-      timeline: arr(validation.timeline).map((t) => ({
-        step: num(obj(t).step),
-        predicted: num(obj(t).predicted_bytes),
-        measured: num(obj(t).measured_bytes),
-        // The process's heap at its highest during the step (kernels' workspaces included).
-        heapPeak: num(obj(t).heap_peak_bytes),
-      })),
-    },
+    validation: normalizeValidation(o.validation),
   };
 }
 
@@ -247,6 +258,7 @@ export function normalizeTorchPlan(raw) {
       peakInRerunOf: str(pred.peak_in_rerun_of),
     },
     regions,
+    validation: normalizeValidation(p.validation),
     wrapped: regions.filter((x) => x.wrapped).length,
     kept: regions.reduce((n, x) => n + x.keep.length, 0),
   };

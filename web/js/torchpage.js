@@ -10,6 +10,26 @@ function card(testid, title, value, ...sub) {
   return h('div', { class: 'card', 'data-testid': testid }, h('div', { class: 'card-title' }, title), h('div', { class: 'card-value' }, value), sub.filter(Boolean).map((s) => h('div', { class: 'card-sub' }, s)));
 }
 
+/** What PyTorch measured of the plan (`remat.torch.measure`, attached with a PUT), or how to. */
+function measuredCard(t) {
+  const v = t.validation;
+  if (!v?.ran) {
+    return card('card-validation', 'Measured in PyTorch', 'not measured', h('span', {}, 'Run ', h('code', {}, 'remat.torch.measure'), ' and PUT it to ', h('code', {}, `/v1/plans/${t.id ?? '{id}'}/validation`), '.'));
+  }
+  const okText = v.ok === true ? 'passed' : v.ok === false ? 'failed' : 'unknown';
+  const diff = isNum(v.measuredPeakBytes) && isNum(v.predictedPeakBytes) && v.predictedPeakBytes > 0 ? v.measuredPeakBytes / v.predictedPeakBytes - 1 : null;
+  return card(
+    'card-validation',
+    `Measured in PyTorch${v.device ? ` (${v.device})` : ''}`,
+    fmtBytes(v.measuredPeakBytes),
+    h('span', { class: `verdict verdict-${okText}` }, okText),
+    diff !== null ? `${diff >= 0 ? '+' : '−'}${Math.abs(diff * 100).toFixed(2)}% against the predicted ${fmtBytes(v.predictedPeakBytes)}` : null,
+    isNum(v.gradMaxRelErr) ? `max gradient error ${v.gradMaxRelErr.toExponential(2)}` : null,
+    isNum(v.measuredOverhead) ? `overhead ${fmtOverhead(v.measuredOverhead)} measured${isNum(t.predicted.overhead) ? `, ${fmtOverhead(t.predicted.overhead)} predicted` : ''}` : null,
+    ...v.problems.slice(0, 3),
+  );
+}
+
 /** Renders a torch-sac plan record into `root`. */
 export function renderTorchPlan(root, raw) {
   const t = normalizeTorchPlan(raw);
@@ -48,6 +68,7 @@ export function renderTorchPlan(root, raw) {
         card('card-predicted', 'Predicted peak', fmtBytes(p.peakBytes), h('span', { class: 'exact' }, fmtBytesExact(p.peakBytes)), ofUnplanned !== null ? `${fmtPct(ofUnplanned)} of the unplanned ${fmtBytes(t.unplannedPeakBytes)}` : null, p.peakInRerunOf ? `while ${p.peakInRerunOf} re-runs` : null),
         card('card-overhead', 'Compute overhead', fmtOverhead(p.overhead), isNum(p.computeCost) ? `cost ${fmtCost(p.computeCost)} vs ${fmtCost(p.baseCost)} (${t.costUnit ?? 'cost'})` : null),
         card('card-least', 'Least reachable peak', fmtBytes(t.minPeakBytes), `${t.wrapped} of ${t.regions.length} regions checkpointed, ${t.kept} ops kept`),
+        measuredCard(t),
       ),
       h('p', { class: 'muted' }, 'Apply it where you train: ', h('code', {}, 'remat.torch.apply(model, json.load(open("plan.json")))'), '; prove it there with ', h('code', {}, 'remat.torch.measure'), ' (measured peak, gradients, overhead).'),
     ),

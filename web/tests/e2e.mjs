@@ -355,6 +355,15 @@ try {
   assert.equal(regionRows.length, trec.plan.regions.length, 'captured graph: one row per region');
   const predictedText = await page.textContent('[data-testid="card-predicted"]');
   assert.ok(digits(predictedText).includes(digits(trec.plan.predicted.peak_bytes.toLocaleString('en-US'))), `captured graph: predicted card "${predictedText}" vs ${trec.plan.predicted.peak_bytes}`);
+  assert.ok((await page.textContent('[data-testid="card-validation"]')).includes('not measured'), 'captured graph: no validation yet');
+  // What remat.torch.measure returned, attached with a PUT: the card shows it.
+  const measured = { ran: true, device: 'torch-cpu', ok: true, problems: [], predicted_peak_bytes: trec.plan.predicted.peak_bytes, measured_peak_bytes: trec.plan.predicted.peak_bytes, grad_max_rel_err: 0, measured_overhead: 0.083, fingerprint: trec.plan.fingerprint, budget_bytes: trec.plan.budget_bytes };
+  const vres = await page.request.put(`${BASE}/v1/plans/${encodeURIComponent(trec.id)}/validation`, { data: JSON.stringify(measured), headers: { 'Content-Type': 'application/json' } });
+  assert.equal(vres.status(), 200, `PUT validation: ${vres.status()} ${await vres.text()}`);
+  await page.goto(`${BASE}/?plan=${encodeURIComponent(trec.id)}`);
+  await waitReady();
+  const measuredText = await page.textContent('[data-testid="card-validation"]');
+  assert.ok(measuredText.includes('torch-cpu') && measuredText.includes('passed') && measuredText.includes('+8.30 %'), `captured graph: validation card "${measuredText}"`);
   await accessibility('torch plan page');
   await page.screenshot({ path: path.join(OUT, 'torch-plan.png'), fullPage: true });
   check('a captured PyTorch graph renders its torch-sac plan', `${regionRows.length} regions, ${trec.plan.regions.filter((r) => r.wrapped).length} checkpointed`);

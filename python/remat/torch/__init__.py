@@ -12,6 +12,7 @@ from ._capture import capture, default_loss, find_regions
 from ._errors import CaptureError, OpMismatchError, PlanMismatchError, RematTorchError
 from ._measure import measure
 from ._plan import baseline, checkpoint, plan, simulate
+from ._service import ServiceError, attach
 
 __all__ = [
     "Applied",
@@ -19,7 +20,9 @@ __all__ = [
     "OpMismatchError",
     "PlanMismatchError",
     "RematTorchError",
+    "ServiceError",
     "apply",
+    "attach",
     "baseline",
     "capture",
     "checkpoint",

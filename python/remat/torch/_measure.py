@@ -164,6 +164,7 @@ def measure(
         "unplanned_measured_peak_bytes": base_peak,
         "unplanned_predicted_peak_bytes": plan.get("unplanned_peak_bytes"),
         "budget_bytes": budget,
+        "fingerprint": plan.get("fingerprint"),
         "grad_max_rel_err": grad_err,
         "grad_tolerance": tolerance,
         "params_checked": len(base_grads),

@@ -36,6 +36,10 @@ pub struct PlanArgs {
     /// Run the plan on the executor and report measured figures (ONNX models)
     #[arg(long)]
     validate: bool,
+    /// A captured PyTorch graph: attach what `remat.torch.measure` measured of this plan (its
+    /// JSON), checked against the plan, as the plan's `validation`; exit 1 when it failed
+    #[arg(long, value_name = "FILE")]
+    validation: Option<PathBuf>,
     #[command(flatten)]
     exec: ExecArgs,
 }
@@ -60,6 +64,16 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
     let req = args.request();
     if ModelFormat::detect(&bytes) == ModelFormat::TorchGraph {
         return torch_plan(&args, &bytes, &req);
+    }
+    if let Some(path) = &args.validation {
+        return Err(Failure::new(
+            2,
+            format!(
+                "--validation {}: a measurement from remat.torch.measure belongs to the plan of a \
+                 captured PyTorch graph; run an ONNX model's plan on the executor with --validate",
+                path.display()
+            ),
+        ));
     }
     let outcome = PlanJob::new(&bytes, &req)
         .costs(args.exec.cost.into())
@@ -102,11 +116,31 @@ fn torch_plan(args: &PlanArgs, bytes: &[u8], req: &PlanRequest) -> Result<(), Fa
             ),
         ));
     }
-    let planned = torch::plan(bytes, &req)?;
+    let mut planned = torch::plan(bytes, &req)?;
+    if let Some(path) = &args.validation {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Failure::new(2, format!("--validation {}: {e}", path.display())))?;
+        let measured: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            Failure::new(2, format!("--validation {}: not JSON: {e}", path.display()))
+        })?;
+        remat_solver::sac::check_validation(&planned.document, &measured)
+            .map_err(|e| Failure::new(2, format!("--validation {}: {e}", path.display())))?;
+        planned.document.validation = Some(measured);
+    }
     let doc = &planned.document;
     emit(args, doc, torch::summary(doc))?;
     if planned.infeasible {
         return Err(Failure::infeasible(doc.budget_bytes, doc.min_peak_bytes));
+    }
+    if doc
+        .validation
+        .as_ref()
+        .is_some_and(|v| v["ok"] == serde_json::Value::Bool(false))
+    {
+        return Err(Failure::new(
+            1,
+            "the plan's measurement in PyTorch failed its checks (see validation.problems)",
+        ));
     }
     Ok(())
 }

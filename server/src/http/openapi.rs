@@ -33,6 +33,7 @@ use utoipa::{Modify, OpenApi};
         plans::list_plans,
         plans::get_plan,
         plans::delete_plan,
+        plans::put_validation,
         sweeps::post_sweep,
         sweeps::get_sweep,
         sweeps::delete_sweep,

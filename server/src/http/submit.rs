@@ -160,7 +160,7 @@ fn json_type(value: &serde_json::Value) -> &'static str {
     }
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(super) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
         ApiError::new(status, code_for_status(status), r.body_text())

@@ -123,5 +123,38 @@ pub fn summary(doc: &PlanDocument) -> String {
             keep.join(", ")
         ));
     }
+    if let Some(v) = &doc.validation {
+        let num = |k: &str| v[k].as_f64();
+        let verdict = match v["ok"].as_bool() {
+            Some(true) => "passed",
+            Some(false) => "FAILED",
+            None => "unknown",
+        };
+        out.push_str(&format!(
+            "  measured in PyTorch ({}): {verdict}; peak {}",
+            v["device"].as_str().unwrap_or("?"),
+            v["measured_peak_bytes"]
+                .as_u64()
+                .map_or("?".to_string(), mib)
+        ));
+        if let (Some(m), Some(p)) = (num("measured_peak_bytes"), num("predicted_peak_bytes")) {
+            if p > 0.0 {
+                out.push_str(&format!(" ({:+.2}% of predicted)", (m / p - 1.0) * 100.0));
+            }
+        }
+        if let Some(e) = num("grad_max_rel_err") {
+            out.push_str(&format!(", max gradient error {e:.1e}"));
+        }
+        if let Some(o) = num("measured_overhead") {
+            out.push_str(&format!(", overhead {:+.2}%", o * 100.0));
+        }
+        out.push('\n');
+        for problem in v["problems"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "    problem: {}\n",
+                problem.as_str().unwrap_or("?")
+            ));
+        }
+    }
     out
 }

@@ -31,6 +31,21 @@ impl Real {
         TestApp::send_to(&self.router, request).await
     }
 
+    async fn get(&self, uri: &str) -> Reply {
+        self.send(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+    }
+
+    async fn put(&self, uri: &str, body: Vec<u8>) -> Reply {
+        self.send(
+            Request::put(uri)
+                .header("content-type", "application/json")
+                .body(Body::from(body))
+                .unwrap(),
+        )
+        .await
+    }
+
     async fn post(&self, uri: &str, content_type: &str, body: Vec<u8>) -> Reply {
         self.send(
             Request::post(uri)
@@ -325,4 +340,113 @@ async fn a_captured_pytorch_graph_plans_in_the_torch_sac_model() {
         "{}",
         r.text
     );
+}
+
+/// What `remat.torch.measure` returns for `plan` (the fields `check_validation` reads, and a few
+/// it passes through), as if PyTorch had measured the predicted peak.
+fn measured(plan: &Value) -> Value {
+    let predicted = plan["predicted"]["peak_bytes"].clone();
+    serde_json::json!({
+        "ran": true, "device": "torch-cpu", "ok": true, "problems": [],
+        "predicted_peak_bytes": predicted, "measured_peak_bytes": predicted,
+        "peak_rel_diff": 0.0, "budget_bytes": plan["budget_bytes"], "fingerprint": plan["fingerprint"],
+        "grad_max_rel_err": 0.0, "measured_overhead": 0.071, "predicted_overhead": plan["predicted"]["overhead"],
+        "step_seconds": 0.42, "store_all_step_seconds": 0.39, "torch": "2.15.0"
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_measured_validation_attaches_to_its_torch_sac_plan_and_nothing_else() {
+    let t = real_app();
+    let r = t
+        .post(
+            "/v1/plans?budget=0.7x",
+            "application/json",
+            torch_graph("stack.torch.json"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let plan = r.json()["plan"].clone();
+    assert!(plan.get("validation").is_none(), "{plan}");
+    let uri = format!("/v1/plans/{id}/validation");
+    // Read once so the response is cached: the PUT must replace what the cache answers.
+    assert_eq!(
+        t.get(&format!("/v1/plans/{id}")).await.status,
+        StatusCode::OK
+    );
+
+    let v = measured(&plan);
+    let r = t.put(&uri, serde_json::to_vec(&v).unwrap()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["plan"]["validation"], v);
+    let read = t.get(&format!("/v1/plans/{id}")).await;
+    assert_eq!(read.json()["plan"]["validation"], v, "{}", read.text);
+    // The rest of the plan is unchanged, and the document still reads as a torch-sac plan.
+    let mut without = read.json()["plan"].clone();
+    without.as_object_mut().unwrap().remove("validation");
+    assert_eq!(without, plan);
+    let doc: remat_solver::sac::PlanDocument =
+        serde_json::from_value(read.json()["plan"].clone()).unwrap();
+    assert_eq!(doc.validation.as_ref(), Some(&v));
+
+    // Not a measurement of this plan, or not one at all: refused naming the field.
+    for (field, bad) in [
+        ("predicted_peak_bytes", serde_json::json!(12345)),
+        ("fingerprint", serde_json::json!("another model")),
+        ("budget_bytes", serde_json::json!(1)),
+        ("device", serde_json::json!("cuda")),
+        ("grad_max_rel_err", serde_json::json!(-1.0)),
+        ("ok", serde_json::json!("yes")),
+    ] {
+        let mut w = v.clone();
+        w[field] = bad;
+        let r = t.put(&uri, serde_json::to_vec(&w).unwrap()).await;
+        assert_eq!(
+            r.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{field}: {}",
+            r.text
+        );
+        assert_eq!(
+            r.json()["error"]["code"],
+            "invalid_validation",
+            "{}",
+            r.text
+        );
+        assert!(r.text.contains(field), "{field}: {}", r.text);
+    }
+    let mut w = v.clone();
+    w.as_object_mut().unwrap().remove("measured_peak_bytes");
+    let r = t.put(&uri, serde_json::to_vec(&w).unwrap()).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert!(r.text.contains("measured_peak_bytes"), "{}", r.text);
+    let r = t.put(&uri, b"{not json".to_vec()).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    let r = t
+        .put("/v1/plans/nope/validation", serde_json::to_vec(&v).unwrap())
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text);
+    // The refused ones left the stored validation as it was.
+    let read = t.get(&format!("/v1/plans/{id}")).await;
+    assert_eq!(read.json()["plan"]["validation"], v);
+
+    // A free-schedule plan is validated by remat's executor, not by a PUT.
+    let r = t
+        .post(
+            "/v1/plans?budget=0.9x&time_limit=2&wait=120",
+            "application/json",
+            vgg16_train(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let other = r.json()["id"].as_str().unwrap().to_string();
+    let r = t
+        .put(
+            &format!("/v1/plans/{other}/validation"),
+            serde_json::to_vec(&v).unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert_eq!(r.json()["error"]["code"], "not_a_torch_plan", "{}", r.text);
 }

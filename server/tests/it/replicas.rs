@@ -250,9 +250,53 @@ async fn two_replicas_and_a_worker_serve_one_store() {
         text.contains("remat_shared_oldest_lease_seconds{kind=\"plan\"}"),
         "{text}"
     );
+    // A validation attached on one replica is answered by the other, whose cache held the plan
+    // without it.
+    assert!(b.output().contains("following deletions"), "{}", b.output());
+    let torch =
+        std::fs::read(crate::common::manifest_dir().join("../fixtures/torch/stack.torch.json"))
+            .unwrap();
+    let posted = must(
+        "POST",
+        &format!("{}/v1/plans?budget=0.7x&wait=60", a.url),
+        Some(&torch),
+    )
+    .await;
+    assert_eq!(posted.status, StatusCode::CREATED, "{}", posted.body);
+    let plan = &posted.body["plan"];
+    let on_b = format!("{}/v1/plans/{}", b.url, posted.body["id"].as_str().unwrap());
+    assert_eq!(
+        must("GET", &on_b, None).await.body["plan"]["validation"],
+        Value::Null
+    );
+    let validation = serde_json::json!({
+        "ran": true, "device": "torch-cpu", "ok": true,
+        "predicted_peak_bytes": plan["predicted"]["peak_bytes"],
+        "measured_peak_bytes": plan["predicted"]["peak_bytes"],
+        "grad_max_rel_err": 0.0, "measured_overhead": 0.05,
+    });
+    let put = must(
+        "PUT",
+        &format!(
+            "{}/v1/plans/{}/validation",
+            a.url,
+            posted.body["id"].as_str().unwrap()
+        ),
+        Some(validation.to_string().as_bytes()),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    let end = Instant::now() + Duration::from_secs(5);
+    while must("GET", &on_b, None).await.body["plan"]["validation"] != validation {
+        assert!(
+            Instant::now() < end,
+            "the other replica still answers the plan without its validation"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
     // A plan deleted on one replica is gone from the other's cache too (which answers from its
     // cache alone while it follows deletions).
-    assert!(b.output().contains("following deletions"), "{}", b.output());
     let cached = format!("{}/v1/plans/{}", b.url, ids[0]);
     assert_eq!(must("GET", &cached, None).await.status, StatusCode::OK);
     assert_eq!(must("GET", &cached, None).await.status, StatusCode::OK);

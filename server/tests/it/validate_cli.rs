@@ -210,4 +210,73 @@ fn remat_plan_takes_a_captured_pytorch_graph() {
     let o = remat(&["sweep", graph]);
     assert_ne!(o.status.code(), Some(0));
     assert!(text(&o).contains("torch-sac"), "{}", text(&o));
+
+    // What remat.torch.measure measured of this plan becomes its `validation`, checked first.
+    let predicted = doc["predicted"]["peak_bytes"].as_u64().unwrap();
+    let measured = |ok: bool, predicted: u64| {
+        let v = serde_json::json!({
+            "ran": true, "device": "torch-cpu", "ok": ok,
+            "problems": if ok { vec![] } else { vec!["gradients differ"] },
+            "predicted_peak_bytes": predicted, "measured_peak_bytes": predicted,
+            "grad_max_rel_err": 0.0, "measured_overhead": 0.125, "fingerprint": doc["fingerprint"],
+        });
+        let path = dir.path().join(format!("measured-{ok}-{predicted}.json"));
+        std::fs::write(&path, v.to_string()).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let good = measured(true, predicted);
+    let o = remat(&[
+        "plan",
+        graph,
+        "--budget",
+        "0.8x",
+        "--validation",
+        &good,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("measured in PyTorch (torch-cpu): passed"), "{t}");
+    assert!(
+        t.contains("(+0.00% of predicted)") && t.contains("overhead +12.50%"),
+        "{t}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(doc["validation"]["measured_overhead"], 0.125);
+    let o = remat(&[
+        "plan",
+        graph,
+        "--budget",
+        "0.8x",
+        "--validation",
+        &measured(false, predicted),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("problem: gradients differ"),
+        "{}",
+        text(&o)
+    );
+    let other = measured(true, predicted + 1);
+    let o = remat(&["plan", graph, "--budget", "0.8x", "--validation", &other]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("predicted_peak_bytes") && text(&o).contains(&other),
+        "{}",
+        text(&o)
+    );
+    let o = remat(&[
+        "plan",
+        "fixtures/gate/mlp_v1.onnx",
+        "--budget",
+        "0.8x",
+        "--dim",
+        "batch=4",
+        "--validation",
+        &good,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--validate"), "{}", text(&o));
 }

@@ -36,3 +36,25 @@ test('missing fields read as nulls, not errors', () => {
   assert.deepEqual(t.regions[0].keep, []);
   assert.equal(t.status, 'unknown');
 });
+
+test('a validation measured in PyTorch normalizes with the plan', () => {
+  assert.equal(normalizeTorchPlan(record).validation, null);
+  const measured = {
+    ...record,
+    plan: {
+      ...record.plan,
+      validation: {
+        ran: true, device: 'torch-cpu', ok: false, problems: ['measured peak differs'],
+        measured_peak_bytes: 97, predicted_peak_bytes: 95, grad_max_rel_err: 0, measured_overhead: 0.12, predicted_overhead: 0.1,
+      },
+    },
+  };
+  const v = normalizeTorchPlan(measured).validation;
+  assert.equal(v.device, 'torch-cpu');
+  assert.equal(v.ok, false);
+  assert.equal(v.measuredPeakBytes, 97);
+  assert.equal(v.predictedPeakBytes, 95);
+  assert.equal(v.measuredOverhead, 0.12);
+  assert.deepEqual(v.problems, ['measured peak differs']);
+  assert.deepEqual(v.timeline, []);
+});

@@ -64,6 +64,19 @@ impl Store {
         }
     }
 
+    /// Replaces the document of a finished job of `kind`; false when there is no such job done.
+    pub async fn replace_result(
+        &self,
+        kind: Kind,
+        id: &str,
+        result: &str,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Store::Sqlite(s) => Ok(s.replace_result(kind, id, result)?),
+            Store::Postgres(p) => p.replace_result(kind, id, result).await,
+        }
+    }
+
     /// Deletes a job of `kind`; false when there is none.
     pub async fn delete(&self, kind: Kind, id: &str) -> Result<bool, StoreError> {
         match self {

@@ -393,6 +393,33 @@ impl PgStore {
         rows.iter().map(Self::row).collect()
     }
 
+    /// Replaces the document of a finished job of `kind` (a validation attached to it); false
+    /// when there is no such job done. Every replica drops its cached response when this
+    /// commits, as for a deletion (`http/deletions.rs`): its next read asks the database.
+    pub async fn replace_result(
+        &self,
+        kind: Kind,
+        id: &str,
+        result: &str,
+    ) -> Result<bool, StoreError> {
+        if self.is_closed() {
+            return Ok(false);
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let n = tx
+            .execute(
+                "UPDATE jobs SET result = $3, updated_at = $4 WHERE id = $1 AND kind = $2 AND status = 'done'",
+                &[&id, &kind.as_str(), &result, &now()],
+            )
+            .await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        commit_with_notice(tx, kind, id).await?;
+        Ok(true)
+    }
+
     /// Deletes a job of `kind` (and its model, when no other job has it); false when there is
     /// none. A worker running it finds nothing to write to.
     pub async fn delete(&self, kind: Kind, id: &str) -> Result<bool, StoreError> {
@@ -416,11 +443,7 @@ impl PgStore {
             &[&hash],
         )
         .await?;
-        // Every replica drops its cached response when this commits (`http/deletions.rs`).
-        let key = format!("{}/{id}", kind.as_str());
-        tx.execute("SELECT pg_notify($1, $2)", &[&DELETED_CHANNEL, &key])
-            .await?;
-        tx.commit().await?;
+        commit_with_notice(tx, kind, id).await?;
         Ok(true)
     }
 
@@ -597,6 +620,20 @@ pub fn worker_lost_error(attempts: i32) -> ErrorObject {
         ),
         details: serde_json::json!({ "attempts": attempts }),
     }
+}
+
+/// Commits `tx` with a notice on [`DELETED_CHANNEL`] of the job's cache key: every replica drops
+/// its cached response to the job when the change commits (`http/deletions.rs`).
+async fn commit_with_notice(
+    tx: deadpool_postgres::Transaction<'_>,
+    kind: Kind,
+    id: &str,
+) -> Result<(), StoreError> {
+    let key = format!("{}/{id}", kind.as_str());
+    tx.execute("SELECT pg_notify($1, $2)", &[&DELETED_CHANNEL, &key])
+        .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 #[cfg(test)]

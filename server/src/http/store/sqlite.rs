@@ -226,6 +226,23 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Replaces the document of a finished job of `kind` (a validation attached to it); false
+    /// when there is no such job done.
+    pub fn replace_result(
+        &self,
+        kind: Kind,
+        id: &str,
+        result: &str,
+    ) -> Result<bool, rusqlite::Error> {
+        let n = self.write(|c| {
+            c.execute(
+                "UPDATE jobs SET result = ?3, updated_at = ?4 WHERE id = ?1 AND kind = ?2 AND status = 'done'",
+                params![id, kind.as_str(), result, now()],
+            )
+        })?;
+        Ok(n.unwrap_or(0) > 0)
+    }
+
     /// Deletes a job of `kind`; false when there is none.
     pub fn delete(&self, kind: Kind, id: &str) -> Result<bool, rusqlite::Error> {
         let n = self.write(|c| {
