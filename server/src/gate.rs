@@ -399,20 +399,21 @@ fn measure_torch(model: &ModelConfig, bytes: &[u8]) -> Result<Figures, String> {
         return not_here("time_limit", "the torch-sac planner runs without a clock");
     }
     let graph = pipeline::torch::read(bytes).map_err(|e| e.message)?;
-    let budget = sac::parse_torch_budget(&graph, &model.budget)
+    let solver_error = |e: remat_solver::SolverError| e.to_string();
+    // One candidate set for every figure (the planner's, built once).
+    let candidates = sac::Candidates::new(&graph).map_err(solver_error)?;
+    let budget = candidates
+        .budget(&model.budget)
         .map_err(|e| format!("field `budget`: {e}"))?;
     let cap = model.max_overhead.unwrap_or(DEFAULT_MAX_OVERHEAD);
-    let solver_error = |e: remat_solver::SolverError| e.to_string();
-    let (_, report) = sac::plan(&graph, budget).map_err(solver_error)?;
+    let (_, report) = candidates.select(budget).map_err(solver_error)?;
     let feasible = report.status != "infeasible";
     Ok(Figures {
         store_all_peak_bytes: report.unplanned_peak_bytes,
         saved_activation_bytes: graph.saved_bytes(),
         min_feasible_budget_bytes: report.min_peak_bytes,
         max_overhead: cap,
-        best_peak_within_overhead_bytes: Some(
-            sac::least_peak_within_overhead(&graph, cap).map_err(solver_error)?,
-        ),
+        best_peak_within_overhead_bytes: Some(candidates.least_peak_within_overhead(cap)),
         budget_bytes: budget,
         planned_overhead: feasible.then_some(report.predicted.overhead()),
         planned_status: report.status.to_string(),

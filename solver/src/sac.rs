@@ -265,7 +265,6 @@ impl TorchGraph {
         Ok(())
     }
 
-    /// The cost of the unplanned step: every op once.
     /// Bytes autograd saves for the backward in the unplanned step: every storage saved at
     /// least once, counted once.
     pub fn saved_bytes(&self) -> u64 {
@@ -276,6 +275,7 @@ impl TorchGraph {
             .sum()
     }
 
+    /// The cost of the unplanned step: every op once.
     pub fn base_cost(&self) -> f64 {
         self.ops.iter().map(|o| o.cost).sum()
     }
@@ -665,7 +665,7 @@ pub fn plan(graph: &TorchGraph, budget: u64) -> Result<(SacPlan, SacReport)> {
 /// step ([`path`]), and the budgeted [`greedy`] at budgets spread over that path by position;
 /// each with its simulated figures and the moves that made it.
 pub struct Candidates {
-    unplanned: SacStats,
+    /// The unplanned step first, then full checkpointing, the path's points and the greedy's.
     plans: Vec<(SacPlan, SacStats, usize)>,
     /// Index in `plans` of the least peak (the cheapest among equal peaks).
     least: usize,
@@ -686,7 +686,7 @@ impl Candidates {
             .map(|(_, s)| s.peak_bytes)
             .collect();
         let mut plans = vec![
-            (SacPlan::default(), unplanned.clone(), 0),
+            (SacPlan::default(), unplanned, 0),
             (full.clone(), full_stats.clone(), 0),
         ];
         plans.extend(points.into_iter().enumerate().map(|(i, (p, s))| (p, s, i)));
@@ -701,11 +701,21 @@ impl Candidates {
                     .unwrap_or(std::cmp::Ordering::Equal)
             })
             .expect("two plans at least");
-        Ok(Candidates {
-            unplanned,
-            plans,
-            least,
-        })
+        Ok(Candidates { plans, least })
+    }
+
+    /// The unplanned step's figures.
+    fn unplanned(&self) -> &SacStats {
+        &self.plans[0].1
+    }
+
+    /// A budget: bytes or a size (`"8GiB"`), `"0.5x"` of the unplanned peak, or `"min"` (the
+    /// least peak of the candidates).
+    pub fn budget(&self, budget: &str) -> Result<u64> {
+        if budget.trim().eq_ignore_ascii_case("min") {
+            return Ok(self.least_peak());
+        }
+        crate::plan::parse_budget(budget, self.unplanned().peak_bytes)
     }
 
     /// The least peak any candidate reaches: the least feasible budget.
@@ -715,14 +725,14 @@ impl Candidates {
 
     /// The least peak of a candidate whose overhead is at most `cap` (a fraction of the step's
     /// cost): what `remat gate` tracks as `best_peak_within_overhead_bytes`. The unplanned step,
-    /// overhead 0, bounds it from above.
+    /// overhead 0, is a candidate and bounds it from above.
     pub fn least_peak_within_overhead(&self, cap: f64) -> u64 {
         self.plans
             .iter()
             .filter(|(_, s, _)| s.overhead() <= cap + 1e-12)
             .map(|(_, s, _)| s.peak_bytes)
             .min()
-            .unwrap_or(self.unplanned.peak_bytes)
+            .unwrap_or(self.unplanned().peak_bytes)
     }
 
     /// The cheapest candidate that fits `budget` (the least peak among equal costs), or the
@@ -732,7 +742,7 @@ impl Candidates {
             budget_bytes: budget,
             status,
             min_peak_bytes: self.least_peak(),
-            unplanned_peak_bytes: self.unplanned.peak_bytes,
+            unplanned_peak_bytes: self.unplanned().peak_bytes,
             predicted: predicted.clone(),
             moves,
         };
@@ -753,11 +763,6 @@ impl Candidates {
             }
         })
     }
-}
-
-/// [`Candidates::least_peak_within_overhead`] of the graph's candidates.
-pub fn least_peak_within_overhead(graph: &TorchGraph, cap: f64) -> Result<u64> {
-    Ok(Candidates::new(graph)?.least_peak_within_overhead(cap))
 }
 
 /// Cost saved per byte held: the order moves are tried in.
@@ -993,7 +998,7 @@ pub struct RegionDoc {
 /// unplanned peak, or `"min"` (the least peak the model can reach).
 pub fn parse_torch_budget(graph: &TorchGraph, budget: &str) -> Result<u64> {
     if budget.trim().eq_ignore_ascii_case("min") {
-        return Ok(Candidates::new(graph)?.least_peak());
+        return Candidates::new(graph)?.budget(budget);
     }
     let unplanned = simulate(graph, &SacPlan::default())?.peak_bytes;
     crate::plan::parse_budget(budget, unplanned)

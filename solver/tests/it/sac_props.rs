@@ -252,8 +252,9 @@ proptest! {
     ) {
         let (small, large) = if a <= b { (a, b) } else { (b, a) };
         let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
-        let p_small = sac::least_peak_within_overhead(&g, small).unwrap();
-        let p_large = sac::least_peak_within_overhead(&g, large).unwrap();
+        let candidates = sac::Candidates::new(&g).unwrap();
+        let p_small = candidates.least_peak_within_overhead(small);
+        let p_large = candidates.least_peak_within_overhead(large);
         prop_assert!(p_large <= p_small && p_small <= unplanned, "{p_large} {p_small} {unplanned}");
         let (_, report) = sac::plan(&g, p_small).unwrap();
         prop_assert!(report.min_peak_bytes <= p_small);
