@@ -14,8 +14,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 /// Supported opsets of the default domain.
 pub const MIN_OPSET: i64 = 9;
 /// Opsets 24 and 25 changed the ops the registry knows only in their types (and added
-/// `Attention` inputs/attributes that do not change shapes).
-pub const MAX_OPSET: i64 = 25;
+/// `Attention` inputs/attributes that do not change shapes). Opsets 26 to 28 (onnx 1.21 to
+/// 1.23) added ops (BitCast, CumProd, SwiGLU, LinearAttention, CausalConvWithState) and
+/// changed, of the ops remat knows: SpaceToDepth's `mode` (CRD, 28), Mod's float semantics with
+/// `fmod` 0 (floor division, 28), Range's `stash_type` (the accumulation type of 16-bit floats,
+/// 27) and the types of Cast, Celu, Compress, DepthToSpace, Einsum, OneHot, the quantizers,
+/// ReduceLogSum(Exp), ReverseSequence, Unique and BitShift. ONNX's node suite
+/// (`fixtures/onnx_node/`, the `conformance` test of remat-exec) checks them at opset 28.
+pub const MAX_OPSET: i64 = 28;
 
 /// Index of a value in [`Model::values`].
 pub type ValueId = usize;

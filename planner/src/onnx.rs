@@ -165,6 +165,8 @@ pub fn decode_tensor(t: &TensorProto, what: &str) -> Result<Decoded> {
         }
         true
     } else if let Some(stored) = typed_elements(t, dtype) {
+        // 4-bit types pack two elements into each int32_data entry.
+        let n = if dtype.bits() == 4 { n.div_ceil(2) } else { n };
         if stored != n {
             return Err(malformed(format!(
                 "tensor {what:?} of shape {shape:?} ({dtype:?}) needs {n} elements but holds {stored}"

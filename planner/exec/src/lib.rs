@@ -11,6 +11,8 @@
 //! planner knows nothing of it (`cargo tree -p remat-planner` has no candle).
 
 pub mod alloc;
+#[cfg(test)]
+mod conformance;
 pub mod error;
 pub mod kernel;
 pub mod kernels;

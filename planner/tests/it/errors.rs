@@ -20,6 +20,18 @@ fn opset_out_of_range_is_reported() {
         load(&g.bytes(), &dims(&[("batch", 1)])),
         Err(PlannerError::UnsupportedOpset { version: 7, .. })
     ));
+    let g = G { opset: 29, ..mlp() };
+    assert!(matches!(
+        load(&g.bytes(), &dims(&[("batch", 1)])),
+        Err(PlannerError::UnsupportedOpset {
+            version: 29,
+            min: 9,
+            max: 28
+        })
+    ));
+    // The newest opset the `onnx` package writes by default imports.
+    let g = G { opset: 28, ..mlp() };
+    load(&g.bytes(), &dims(&[("batch", 1)])).expect("opset 28 imports");
 }
 
 #[test]

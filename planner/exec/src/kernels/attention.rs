@@ -32,6 +32,10 @@ struct Attn {
     key_transposed: bool,
     scale: f64,
     causal: bool,
+    /// Opset 25's sliding window: a query at position p sees keys j with
+    /// `p - left <= j <= p + right`; -1 leaves a side unbounded.
+    left: i64,
+    right: i64,
     softcap: f64,
     mode: i64,
 }
@@ -129,9 +133,19 @@ fn attn_cfg(cx: &KernelCtx) -> KResult<Attn> {
         key_transposed,
         scale,
         causal: cx.attrs.int_or("is_causal", 0)? != 0,
+        left: window(cx, "left_window_size")?,
+        right: window(cx, "right_window_size")?,
         softcap,
         mode,
     })
+}
+
+/// A window attribute: -1 (unbounded, the default) or a number of keys.
+fn window(cx: &KernelCtx, name: &str) -> KResult<i64> {
+    match cx.attrs.int_or(name, -1)? {
+        w if w >= -1 => Ok(w),
+        w => kbail!("attribute {name:?} = {w} must be -1 or nonnegative"),
+    }
 }
 
 /// `[batch, seq, heads · size]` → `[batch, heads, seq, size]`.
@@ -211,12 +225,21 @@ fn bias(cx: &KernelCtx, a: &Attn, mask: Option<&Tensor>, ct: DType) -> KResult<O
             Some(m)
         }
     };
-    if a.causal {
+    if a.causal || a.left >= 0 || a.right >= 0 {
+        // Query i sits at position p = past + i; key j is hidden when it lies in p's future
+        // (causal) or outside the window.
         let mut v = vec![0f32; a.q_seq * a.total];
         for i in 0..a.q_seq {
-            for j in (i + a.past + 1)..a.total {
-                if let Some(x) = v.get_mut(i * a.total + j) {
-                    *x = f32::NEG_INFINITY;
+            let p = (a.past + i) as i64;
+            for j in 0..a.total {
+                let j64 = j as i64;
+                let hidden = (a.causal && j64 > p)
+                    || (a.left >= 0 && p - j64 > a.left)
+                    || (a.right >= 0 && j64 - p > a.right);
+                if hidden {
+                    if let Some(x) = v.get_mut(i * a.total + j) {
+                        *x = f32::NEG_INFINITY;
+                    }
                 }
             }
         }

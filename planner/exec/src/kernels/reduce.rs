@@ -12,6 +12,7 @@ use super::common::{mask, need_float, scalar_like, scale};
 use crate::kernel::kbail;
 use crate::kernel::{BwdArgs, Extras, Inputs, KResult, Kernel, KernelCtx, KernelRegistry};
 use candle_core::{DType, Tensor};
+use remat_planner::tensor::DType as PDType;
 
 /// The reduced axes, sorted; empty when the op reduces nothing (`noop_with_empty_axes`, or a
 /// rank-0 input).
@@ -63,6 +64,35 @@ fn sum(x: &Tensor, axes: &[usize]) -> KResult<Tensor> {
         return Ok(x.clone());
     }
     Ok(x.sum_keepdim(axes.to_vec())?)
+}
+
+/// The max (or min) of an empty set, as opset 18 defines it: -inf (+inf) for floats, else the
+/// least (greatest) value of the type (`dtype`, the ONNX type: int8 is held in u8 as its bit
+/// pattern, bool in u8 as 0/1).
+fn empty_extremum(x: &Tensor, axes: &[usize], max: bool, dtype: PDType) -> KResult<Tensor> {
+    let shape = kept_shape(x.dims(), axes);
+    let n: usize = shape.iter().product();
+    if x.dtype().is_float() {
+        let v = if max {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        };
+        return Ok(Tensor::full(v, shape, x.device())?.to_dtype(x.dtype())?);
+    }
+    let (lo, hi): (i64, i64) = match dtype {
+        PDType::Bool => (0, 1),
+        PDType::U8 => (0, 255),
+        PDType::I8 => (128, 127), // -128 as its bit pattern
+        PDType::I16 => (i64::from(i16::MIN), i64::from(i16::MAX)),
+        PDType::U16 => (0, i64::from(u16::MAX)),
+        PDType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
+        PDType::U32 => (0, i64::from(u32::MAX)),
+        PDType::I64 => (i64::MIN, i64::MAX),
+        other => kbail!("the reduction of an empty {other:?} tensor has no maximum or minimum"),
+    };
+    let v = vec![if max { lo } else { hi }; n];
+    Ok(Tensor::from_vec(v, shape, x.device())?.to_dtype(x.dtype())?)
 }
 
 /// Max (or min) over `axes`, one axis at a time.
@@ -154,9 +184,17 @@ fn reduce_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<
             need_float(cx, x)?;
             sum(x, &axes)?.log()?
         }
+        "ReduceLogSumExp" if x.elem_count() == 0 && !axes.is_empty() => {
+            need_float(cx, x)?;
+            // ln Σ over nothing: ln 0.
+            empty_extremum(x, &axes, true, cx.input(0)?.dtype)?
+        }
         "ReduceLogSumExp" => {
             need_float(cx, x)?;
             logsumexp(x, &axes)?
+        }
+        "ReduceMax" | "ReduceMin" if x.elem_count() == 0 && !axes.is_empty() => {
+            empty_extremum(x, &axes, cx.op == "ReduceMax", cx.input(0)?.dtype)?
         }
         "ReduceMax" => extremum(x, &axes, true)?,
         "ReduceMin" => extremum(x, &axes, false)?,

@@ -3,6 +3,7 @@
 //! to within 1e-3.
 
 use super::{args_in, assert_allclose, run_values, In, Seeds};
+use candle_core::Device;
 use onnx_protobuf::attribute_proto::AttributeType;
 use onnx_protobuf::{AttributeProto, TensorProto};
 use remat_planner::tensor::DType;
@@ -69,6 +70,7 @@ pub fn fwd_bwd(
 ) -> (Vec<Vec<f64>>, Vec<Option<Vec<f64>>>) {
     let args = args_in(inputs, ft, seed).unwrap_or_else(|e| panic!("{op}: {e}"));
     let v = run_values(
+        &Device::Cpu,
         op,
         opset,
         attrs,

@@ -31,6 +31,8 @@ pub enum In {
     Param(Vec<usize>),
     /// Fixed float values (an activation).
     Floats(Vec<usize>, Vec<f64>),
+    /// Fixed float values of a parameter (resident in the backward, gets a gradient).
+    ParamFloats(Vec<usize>, Vec<f64>),
     /// A constant known at import (axes, shapes, scales; indices): the fact carries its value.
     Const(DType, Vec<usize>, Vec<f64>),
     /// Integer data computed at run time (token ids, indices), not a constant.
@@ -161,11 +163,11 @@ fn prepare(case: &Case, dev: &Device, rng: &mut Rng) -> KResult<Prepared> {
                 float_in.push(true);
                 params.push(matches!(inp, In::Param(_)));
             }
-            In::Floats(s, v) => {
+            In::Floats(s, v) | In::ParamFloats(s, v) => {
                 facts.push(Some(Fact::new(DType::F64, u64s(s))));
                 values.push(Some(Tensor::from_vec(v.clone(), s.clone(), dev)?));
                 float_in.push(true);
-                params.push(false);
+                params.push(matches!(inp, In::ParamFloats(..)));
             }
             In::Const(d, s, v) => {
                 let d = if d.is_float() { DType::F64 } else { *d };
@@ -622,7 +624,9 @@ pub fn args_in(inputs: Vec<In>, ft: DType, seed: u64) -> KResult<Vec<Arg>> {
                 let v: Vec<f64> = (0..n).map(|_| rng.uniform(lo, hi)).collect();
                 Arg::runtime(Tensor::from_vec(v, s, &dev)?.to_dtype(cft)?)?
             }
-            In::Floats(s, v) => Arg::runtime(Tensor::from_vec(v, s, &dev)?.to_dtype(cft)?)?,
+            In::Floats(s, v) | In::ParamFloats(s, v) => {
+                Arg::runtime(Tensor::from_vec(v, s, &dev)?.to_dtype(cft)?)?
+            }
             In::Const(d, s, v) => {
                 let d = if d.is_float() { ft } else { d };
                 let t = PTensor::new(d, s.iter().map(|&x| x as u64).collect(), Data::F(v));
@@ -673,12 +677,14 @@ fn flat_of(t: &Tensor) -> KResult<Flat> {
     Ok((t.dims().to_vec(), flat(t)?))
 }
 
-/// Runs `op` on the CPU on `args`: its shape rule, then the forward (with the extras its
-/// gradient rule declares, checked against their bytes; every output in the dtype the shape
-/// rule infers), then, with `seeds`, the backward seeing every input and output, for the
-/// inputs that take a gradient where their slot is differentiable. `seed` is the node's seed
-/// (dropout masks, random draws) and the generator of [`Seeds::Random`].
+/// Runs `op` on `dev` (the args' tensors are moved there) on `args`: its shape rule, then the
+/// forward (with the extras its gradient rule declares, checked against their bytes; every output
+/// in the dtype the shape rule infers), then, with `seeds`, the backward seeing every input and
+/// output, for the inputs that take a gradient where their slot is differentiable. `seed` is the
+/// node's seed (dropout masks, random draws) and the generator of [`Seeds::Random`].
+#[allow(clippy::too_many_arguments)]
 pub fn run_values(
+    dev: &Device,
     op: &'static str,
     opset: i64,
     attrs: &[AttributeProto],
@@ -687,9 +693,12 @@ pub fn run_values(
     seed: u64,
     seeds: Option<Seeds>,
 ) -> KResult<Values> {
-    let dev = Device::Cpu;
+    let dev = dev.clone();
     let facts: Vec<Option<Fact>> = args.iter().map(|a| a.fact.clone()).collect();
-    let values: Vec<Option<Tensor>> = args.iter().map(|a| a.value.clone()).collect();
+    let values: Vec<Option<Tensor>> = args
+        .iter()
+        .map(|a| a.value.as_ref().map(|t| t.to_device(&dev)).transpose())
+        .collect::<candle_core::Result<_>>()?;
     let h = Harness::new(op, opset, attrs, &facts, n_outputs)?;
     let (spec, kernel, scx) = (h.spec()?, h.kernel()?, h.shape_cx());
     let needs: Vec<bool> = (0..args.len())
@@ -851,8 +860,17 @@ pub fn random_in(
         .map(|s| In::RandIn(s.clone(), 0.1, 1.0))
         .collect();
     let args = args_in(inputs, dt, 5).unwrap_or_else(|e| panic!("{op}: {e}"));
-    let v = run_values(op, opset, attrs, &args, n_outputs, 3, Some(Seeds::Random))
-        .unwrap_or_else(|e| panic!("{op} in {dt:?}: {e}"));
+    let v = run_values(
+        &Device::Cpu,
+        op,
+        opset,
+        attrs,
+        &args,
+        n_outputs,
+        3,
+        Some(Seeds::Random),
+    )
+    .unwrap_or_else(|e| panic!("{op} in {dt:?}: {e}"));
     v.outputs
         .into_iter()
         .map(|o| o.1)

@@ -98,6 +98,7 @@ pub fn in_dtype(
     let args = args_of(&inputs, consts)?;
     let has_backward = registry().get(op).is_some_and(|k| k.backward.is_some());
     let v = run_values(
+        &Device::Cpu,
         op,
         opset,
         attrs,

@@ -61,6 +61,7 @@ pub fn run(
 ) -> KResult<(Vec<Flat>, Vec<Option<Flat>>)> {
     let args = inputs.into_iter().map(arg).collect::<KResult<Vec<_>>>()?;
     let v = run_values(
+        &Device::Cpu,
         op,
         opset,
         attrs,

@@ -8,7 +8,7 @@ use super::rule::Registry;
 pub(super) mod common;
 mod index;
 mod pad;
-mod resize;
+pub mod resize;
 mod source;
 pub mod view;
 

@@ -27,8 +27,17 @@ fn resize_infer(cx: &Ctx) -> Result<Vec<Fact>> {
                 return Err(cx.err(format!("sizes {sz:?} do not match {} axes", axes.len())));
             }
             let sz = nonneg(cx, "sizes", &sz)?;
-            for (k, &a) in axes.iter().enumerate() {
-                shape[a] = sz[k];
+            match aspect_scale(cx, &x.shape, &axes, &sz)? {
+                Some(scale) => {
+                    for &a in &axes {
+                        shape[a] = round_half_up(scale * x.shape[a] as f64);
+                    }
+                }
+                None => {
+                    for (k, &a) in axes.iter().enumerate() {
+                        shape[a] = sz[k];
+                    }
+                }
             }
         }
         (_, Some(sc)) if !sc.is_empty() => {
@@ -46,6 +55,40 @@ fn resize_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         _ => return Err(cx.err("neither scales nor sizes is given")),
     }
     Ok(vec![cx.fact(x.dtype, shape)?])
+}
+
+/// Resize's `keep_aspect_ratio_policy` (opset 18) with `sizes` over `axes`: `None` for
+/// `stretch` (each axis to its size), else the one scale of every axis, the least (`not_larger`)
+/// or the greatest (`not_smaller`) of `sizes[k] / in[axes[k]]`; the output size of an axis is
+/// then `round_half_up(scale * in)`, and the interpolation uses that scale.
+pub fn aspect_scale(cx: &Ctx, input: &[u64], axes: &[usize], sizes: &[u64]) -> Result<Option<f64>> {
+    let policy = cx.attrs.string("keep_aspect_ratio_policy")?;
+    let pick: fn(f64, f64) -> f64 = match policy.as_deref().unwrap_or("stretch") {
+        "stretch" => return Ok(None),
+        "not_larger" => f64::min,
+        "not_smaller" => f64::max,
+        p => {
+            return Err(cx.attrs.err(
+                "keep_aspect_ratio_policy",
+                format!("{p:?} is not \"stretch\", \"not_larger\" or \"not_smaller\""),
+            ))
+        }
+    };
+    let mut scale: Option<f64> = None;
+    for (&a, &s) in axes.iter().zip(sizes) {
+        let d = input[a];
+        if d == 0 {
+            return Err(cx.err(format!("axis {a} has size 0: no aspect ratio to keep")));
+        }
+        let r = s as f64 / d as f64;
+        scale = Some(scale.map_or(r, |m| pick(m, r)));
+    }
+    Ok(scale)
+}
+
+/// The nearest integer, halves up (ONNX's `round_int` in Resize).
+pub fn round_half_up(x: f64) -> u64 {
+    (x + 0.5).floor().max(0.0) as u64
 }
 
 pub(super) fn register(r: &mut Registry) {

@@ -412,6 +412,14 @@ fn cast_to(cx: &Ctx, dtype: DType) -> Result<Vec<Fact>> {
 }
 fn space_depth_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = cx.input(0)?;
+    // DepthToSpace's `mode` (and SpaceToDepth's, from opset 28): how channels split into blocks.
+    if let Some(m) = cx.attrs.string("mode")? {
+        if m != "DCR" && m != "CRD" {
+            return Err(cx
+                .attrs
+                .err("mode", format!("{m:?} is neither \"DCR\" nor \"CRD\"")));
+        }
+    }
     let b = cx
         .attrs
         .int("blocksize")?

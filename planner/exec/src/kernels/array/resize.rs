@@ -4,6 +4,7 @@ use crate::kernel::kbail;
 use crate::kernel::{BwdArgs, Extras, Inputs, KResult, Kernel, KernelCtx, KernelRegistry, Outs};
 use crate::kernels::common::{grad0, select, unselect};
 use candle_core::{DType as CD, Device, Tensor};
+use remat_planner::ops::array::resize::aspect_scale;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Interp {
@@ -99,11 +100,6 @@ fn resize_plan(cx: &KernelCtx) -> KResult<Vec<AxisMap>> {
     if cx.attrs.int_or("antialias", 0)? != 0 {
         kbail!("attribute \"antialias\" = 1 is not supported");
     }
-    if let Some(p) = cx.attrs.string("keep_aspect_ratio_policy")? {
-        if p != "stretch" {
-            kbail!("attribute \"keep_aspect_ratio_policy\" = {p:?} is not supported");
-        }
-    }
     // Scales per axis: the given ones when scales are the input, else output / input.
     let axes: Vec<usize> = match cx.attrs.ints("axes")? {
         Some(a) => cx.rule.axes(a, rank)?,
@@ -117,8 +113,12 @@ fn resize_plan(cx: &KernelCtx) -> KResult<Vec<AxisMap>> {
         cx.const_floats(1)?
     } else {
         let sizes = cx.const_ints(3)?.filter(|s| !s.is_empty());
-        if sizes.is_some() {
-            None
+        if let Some(sizes) = sizes {
+            // With a kept aspect ratio every axis scales by one factor, which is not
+            // output / input where the output size was rounded.
+            let sizes: Vec<u64> = sizes.iter().map(|&s| s.max(0) as u64).collect();
+            let in_u: Vec<u64> = in_shape.iter().map(|&d| d as u64).collect();
+            aspect_scale(&cx.rule, &in_u, &axes, &sizes)?.map(|s| vec![s; axes.len()])
         } else {
             cx.const_floats(2)?
         }

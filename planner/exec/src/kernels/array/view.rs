@@ -338,7 +338,13 @@ fn depth_plan(cx: &KernelCtx) -> KResult<(Vec<usize>, Vec<usize>)> {
             m => kbail!("attribute \"mode\" = {m:?} is not supported"),
         }
     } else {
-        Ok((vec![n, c, h / b, b, w / b, b], vec![0, 3, 5, 1, 2, 4]))
+        // SpaceToDepth's `mode` is opset 28's; earlier opsets are DCR.
+        let mid = vec![n, c, h / b, b, w / b, b];
+        match cx.attrs.string("mode")?.as_deref().unwrap_or("DCR") {
+            "DCR" => Ok((mid, vec![0, 3, 5, 1, 2, 4])),
+            "CRD" => Ok((mid, vec![0, 1, 3, 5, 2, 4])),
+            m => kbail!("attribute \"mode\" = {m:?} is not supported"),
+        }
     }
 }
 

@@ -5,10 +5,11 @@ use crate::kernel::{
     BwdArgs, Extras, Inputs, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
 };
 use crate::kernels::common::{
-    const_scalar, host_i64, int_bits, ints_to, mask, scalar_like, scale, shift, sum_to,
+    const_scalar, host_f64, host_i64, int_bits, ints_to, mask, scalar_like, scale, shift, sum_to,
     where_select, width_mask,
 };
 use candle_core::{DType, Tensor};
+use remat_planner::tensor::DType as PDType;
 
 // ---------------------------------------------------------------------------------------
 // Binary and variadic ops.
@@ -109,7 +110,44 @@ fn pow_fwd(cx: &KernelCtx, x: &Tensor, e: &Tensor, shape: &[usize]) -> KResult<T
     Ok(y)
 }
 
-fn binary_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+fn binary_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], e: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    // int8 is held in u8 (its bit pattern): the arithmetic and comparisons of signed values run
+    // on their i64 values, and an int8 result goes back to its pattern. (BitShift reads the
+    // patterns itself.)
+    let i8_in = |i: usize| cx.input(i).map(|f| f.dtype == PDType::I8).unwrap_or(false);
+    if cx.op != "BitShift" && (i8_in(0) || i8_in(1)) {
+        let widen = |t: &Tensor, i: usize| -> KResult<Tensor> {
+            if !i8_in(i) {
+                return Ok(t.clone());
+            }
+            let v: Vec<i64> = host_i64(t)?
+                .iter()
+                .map(|&x| i64::from(x as u8 as i8))
+                .collect();
+            Ok(Tensor::from_vec(v, t.dims(), t.device())?)
+        };
+        let wide: Vec<Option<Tensor>> =
+            vec![Some(widen(xs.req(0)?, 0)?), Some(widen(xs.req(1)?, 1)?)];
+        let mut y = binary_values(cx, &wide, e)?;
+        if let Some(Some(t)) = y.first_mut() {
+            if t.dtype() == DType::I64 {
+                let v: Vec<i64> = host_i64(t)?
+                    .iter()
+                    .map(|&x| i64::from(x as i8 as u8))
+                    .collect();
+                *t = ints_to(v, t.dims(), DType::U8, t)?;
+            }
+        }
+        return Ok(y);
+    }
+    binary_values(cx, xs, e)
+}
+
+fn binary_values(
+    cx: &KernelCtx,
+    xs: &[Option<Tensor>],
+    _: &Extras,
+) -> KResult<Vec<Option<Tensor>>> {
     let a = xs.req(0)?;
     let b = xs.req(1)?;
     let shape = cx.out_shape(0)?;
@@ -135,14 +173,29 @@ fn binary_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<
         "Mod" => {
             let fmod = cx.attrs.int_or("fmod", 0)? != 0;
             if float {
-                let q = a.broadcast_div(b)?;
-                let t = if fmod {
-                    // truncation toward zero
-                    q.lt(0.0)?.where_cond(&q.ceil()?, &q.floor()?)?
-                } else {
-                    q.floor()?
-                };
-                a.broadcast_sub(&b.broadcast_mul(&t)?)?
+                // On the host, elementwise: C's fmod (Rust's `%`, exact), and for fmod = 0 the
+                // result moved to the divisor's sign, as opset 28 spells out (x % ±inf is x or
+                // ±inf, x % 0 and inf % y are NaN, a zero takes the divisor's sign). `a - floor(a
+                // / b) * b` on the device gets the infinities wrong and rounds.
+                let av = host_f64(&a.broadcast_as(shape.as_slice())?)?;
+                let bv = host_f64(&b.broadcast_as(shape.as_slice())?)?;
+                let v: Vec<f64> = av
+                    .iter()
+                    .zip(&bv)
+                    .map(|(&x, &y)| {
+                        let r = x % y;
+                        if fmod || r.is_nan() {
+                            r
+                        } else if r == 0.0 {
+                            0f64.copysign(y)
+                        } else if (r < 0.0) != (y < 0.0) {
+                            r + y
+                        } else {
+                            r
+                        }
+                    })
+                    .collect();
+                Tensor::from_vec(v, shape.as_slice(), a.device())?.to_dtype(a.dtype())?
             } else {
                 int_binary(a, b, &shape, a.dtype(), |x, y| {
                     let r = x.checked_rem(y).ok_or_else(|| {
@@ -177,9 +230,34 @@ fn binary_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<
                 Some("RIGHT") => false,
                 other => kbail!("attribute \"direction\" = {other:?} is not supported"),
             };
-            let bits = int_bits(cx.input(0)?.dtype)?;
+            let dt = cx.input(0)?.dtype;
+            let bits = int_bits(dt)?;
             let m = width_mask(bits);
+            // Signed types (opset 28): right shifts are arithmetic, left shifts wrap into the
+            // sign bit, and a shift below 0 or of the width or more leaves only the sign fill.
+            let signed = matches!(dt, PDType::I8 | PDType::I16 | PDType::I32 | PDType::I64);
             int_binary(a, b, &shape, a.dtype(), |x, s| {
+                if signed {
+                    // int8 arrives as its u8 bit pattern.
+                    let (x, s) = if dt == PDType::I8 {
+                        (i64::from(x as u8 as i8), i64::from(s as u8 as i8))
+                    } else {
+                        (x, s)
+                    };
+                    if s < 0 || s >= i64::from(bits) {
+                        return Ok(if !left && x < 0 { -1 } else { 0 });
+                    }
+                    if !left {
+                        return Ok(x >> s);
+                    }
+                    let r = ((x as u64) << s) & m;
+                    let sign = 1u64 << (bits - 1);
+                    return Ok(if bits < 64 && r & sign != 0 {
+                        r as i64 - (1i64 << bits)
+                    } else {
+                        r as i64
+                    });
+                }
                 let (x, s) = (x as u64 & m, s as u64 & m);
                 let r = if s >= u64::from(bits) {
                     0
@@ -245,7 +323,11 @@ fn binary_bwd(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
                 };
                 out[0] = Some(sum_to(&g.broadcast_mul(&d)?, &sa)?);
             }
-            if a.need(1) {
+            if a.need(1) && !x.dtype().is_float() {
+                // An integer base gives an integer power: no gradient reaches the exponent.
+                let e = a.input(1)?;
+                out[1] = Some(e.zeros_like()?);
+            } else if a.need(1) {
                 // g·Y·ln X, zero where X = 0 (PyTorch's convention).
                 let y = a.output(0)?;
                 let xb = x.broadcast_as(shape.as_slice())?;

@@ -599,12 +599,16 @@ fn lp_params(cx: &KernelCtx) -> KResult<(usize, i64)> {
     Ok((axis, p))
 }
 
+/// The norm along `axis`, with 1 where it is 0: a zero vector normalizes to zeros (as ONNX's
+/// reference has it), not to NaN.
 fn lp_norm(x: &Tensor, axis: usize, p: i64) -> KResult<Tensor> {
-    Ok(if p == 1 {
+    let n = if p == 1 {
         x.abs()?.sum_keepdim(axis)?
     } else {
         x.sqr()?.sum_keepdim(axis)?.sqrt()?
-    })
+    };
+    let zero = n.eq(0.0)?.to_dtype(n.dtype())?;
+    Ok((n + zero)?)
 }
 
 fn lp_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> Outs {
