@@ -79,6 +79,12 @@ const OPS: &[&str] = &[
     "SoftmaxCrossEntropyLoss",
     "NegativeLogLikelihoodLoss",
     "HardSigmoid",
+    "SpaceToDepth",
+    "Mod",
+    "BitShift",
+    "QuantizeLinear",
+    "ReduceMax",
+    "LpNormalization",
 ];
 
 const ATTRS: &[&str] = &[
@@ -114,6 +120,12 @@ const ATTRS: &[&str] = &[
     "output_height",
     "output_width",
     "output_datatype",
+    "output_dtype",
+    "left_window_size",
+    "right_window_size",
+    "fmod",
+    "stash_type",
+    "block_size",
 ];
 
 fn int_value() -> impl Strategy<Value = i64> {
@@ -195,7 +207,7 @@ proptest! {
     fn random_graphs_never_panic(
         dims in proptest::collection::vec(1i64..6, 0..6),
         nodes in proptest::collection::vec(node(), 1..6),
-        opset in 9i64..26,
+        opset in 9i64..29,
     ) {
         let bytes = build(&dims, &nodes, opset).bytes();
         let result = std::panic::catch_unwind(|| inspect(&bytes, &Default::default()).map(|r| r.nodes));

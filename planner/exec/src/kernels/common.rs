@@ -158,6 +158,24 @@ pub(super) fn host_i64(t: &Tensor) -> KResult<Vec<i64>> {
     Ok(t.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?)
 }
 
+/// An int8 tensor (held in u8 as its bit pattern) as its signed values, in i64.
+pub(super) fn i8_signed(t: &Tensor) -> KResult<Tensor> {
+    let v: Vec<i64> = host_i64(t)?
+        .iter()
+        .map(|&x| i64::from(x as u8 as i8))
+        .collect();
+    Ok(Tensor::from_vec(v, t.dims(), t.device())?)
+}
+
+/// Signed int8 values (in i64) back to their u8 bit patterns, wrapping as int8 does.
+pub(super) fn i8_pattern(t: &Tensor) -> KResult<Tensor> {
+    let v: Vec<i64> = host_i64(t)?
+        .iter()
+        .map(|&x| i64::from(x as i8 as u8))
+        .collect();
+    ints_to(v, t.dims(), DType::U8, t)
+}
+
 /// All elements of `t` as `f64`, row-major.
 pub(super) fn host_f64(t: &Tensor) -> KResult<Vec<f64>> {
     Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?)

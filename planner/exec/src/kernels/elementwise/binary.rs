@@ -5,8 +5,8 @@ use crate::kernel::{
     BwdArgs, Extras, Inputs, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
 };
 use crate::kernels::common::{
-    const_scalar, host_f64, host_i64, int_bits, ints_to, mask, scalar_like, scale, shift, sum_to,
-    where_select, width_mask,
+    const_scalar, host_f64, host_i64, i8_pattern, i8_signed, int_bits, ints_to, mask, scalar_like,
+    scale, shift, sum_to, where_select, width_mask,
 };
 use candle_core::{DType, Tensor};
 use remat_planner::tensor::DType as PDType;
@@ -117,25 +117,18 @@ fn binary_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], e: &Extras) -> KResult<Vec<
     let i8_in = |i: usize| cx.input(i).map(|f| f.dtype == PDType::I8).unwrap_or(false);
     if cx.op != "BitShift" && (i8_in(0) || i8_in(1)) {
         let widen = |t: &Tensor, i: usize| -> KResult<Tensor> {
-            if !i8_in(i) {
-                return Ok(t.clone());
+            if i8_in(i) {
+                i8_signed(t)
+            } else {
+                Ok(t.clone())
             }
-            let v: Vec<i64> = host_i64(t)?
-                .iter()
-                .map(|&x| i64::from(x as u8 as i8))
-                .collect();
-            Ok(Tensor::from_vec(v, t.dims(), t.device())?)
         };
         let wide: Vec<Option<Tensor>> =
             vec![Some(widen(xs.req(0)?, 0)?), Some(widen(xs.req(1)?, 1)?)];
         let mut y = binary_values(cx, &wide, e)?;
         if let Some(Some(t)) = y.first_mut() {
             if t.dtype() == DType::I64 {
-                let v: Vec<i64> = host_i64(t)?
-                    .iter()
-                    .map(|&x| i64::from(x as i8 as u8))
-                    .collect();
-                *t = ints_to(v, t.dims(), DType::U8, t)?;
+                *t = i8_pattern(t)?;
             }
         }
         return Ok(y);

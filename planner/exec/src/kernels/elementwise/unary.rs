@@ -5,10 +5,11 @@ use super::unary_host::{ClipGrad, GeluGrad, ReluGrad};
 use crate::kernel::kbail;
 use crate::kernel::{BwdArgs, Extras, Inputs, KResult, Kernel, KernelCtx, KernelRegistry};
 use crate::kernels::common::{
-    const_scalar, fattr, host_i64, int_bits, ints_to, mask, need_float, scalar_like, scale, shift,
-    sigmoid, softplus, width_mask,
+    const_scalar, fattr, host_i64, i8_pattern, i8_signed, int_bits, ints_to, mask, need_float,
+    scalar_like, scale, shift, sigmoid, softplus, width_mask,
 };
 use candle_core::{DType, Tensor};
+use remat_planner::tensor::DType as PDType;
 use std::f64::consts::PI;
 
 // ---------------------------------------------------------------------------------------
@@ -128,7 +129,27 @@ fn clip_bounds(
     Ok((get(1)?, get(2)?))
 }
 
-fn unary_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
+fn unary_fwd(cx: &KernelCtx, xs: &[Option<Tensor>], e: &Extras) -> KResult<Vec<Option<Tensor>>> {
+    // int8 is held in u8 (its bit pattern): the op runs on the signed values (Clip's bounds
+    // too) and the result goes back to its pattern.
+    let i8_in = cx.input(0).map(|f| f.dtype == PDType::I8).unwrap_or(false);
+    if i8_in {
+        let wide: Vec<Option<Tensor>> = xs
+            .iter()
+            .map(|t| t.as_ref().map(i8_signed).transpose())
+            .collect::<KResult<_>>()?;
+        let mut y = unary_values(cx, &wide, e)?;
+        if let Some(Some(t)) = y.first_mut() {
+            if t.dtype() == DType::I64 {
+                *t = i8_pattern(t)?;
+            }
+        }
+        return Ok(y);
+    }
+    unary_values(cx, xs, e)
+}
+
+fn unary_values(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec<Option<Tensor>>> {
     let x = xs.req(0)?;
     let float = x.dtype().is_float();
     let y = match cx.op {
