@@ -223,6 +223,7 @@ fn fixture_models_run_their_plans_on(device: ExecDevice) {
     let manifest = json("manifest.json");
     let mut failures = vec![];
     let mut ran = 0;
+    let mut warmed = false;
     for entry in manifest["models"].as_array().expect("models") {
         let name = entry["name"].as_str().unwrap_or("?");
         // `REMAT_EXEC_FIXTURES=a,b` runs only those models (while working on them).
@@ -246,6 +247,15 @@ fn fixture_models_run_their_plans_on(device: ExecDevice) {
         for d in dims.iter_mut().filter(|d| d.0 == "batch") {
             d.1 = exec["batch"].as_u64().unwrap_or(1);
         }
+        if !warmed {
+            // A first run warms what lives as long as the threads: candle's matmul (the gemm
+            // crate, gemm-common's `L2_SLAB` thread-local) keeps a packing buffer of one L2
+            // cache (1 MiB here) per thread, allocated on the thread's first product; during
+            // a measured step it reads as 1 MiB that outlived the step (llama-dynamo23 run
+            // alone failed 3 times in 8 so). Its result is not checked; the run below is.
+            let _ = run_model(name, &bytes, &dims, device);
+            warmed = true;
+        }
         match run_model(name, &bytes, &dims, device) {
             Ok(line) => {
                 ran += 1;
@@ -265,8 +275,8 @@ fn fixture_models_run_their_plans_on(device: ExecDevice) {
         }
     }
     eprintln!("{ran} fixture model(s) ran");
-    assert!(ran > 0, "no fixture model ran");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(ran > 0, "no fixture model ran");
 }
 
 fn read_f32(data: &[u8], t: &Value) -> Vec<f32> {
