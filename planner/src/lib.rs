@@ -54,7 +54,8 @@
 //!   extra saved values `f:<node>:<tag>` (BatchNormalization/LayerNormalization/
 //!   InstanceNormalization/GroupNormalization batch statistics `stats`, MaxPool `indices`,
 //!   Dropout `mask` (marked `replay_rng`), RNN `workspace`, Attention/RMSNormalization
-//!   `stats`, SoftmaxCrossEntropyLoss `log_prob`) then `f:<node>`; `loss`; then
+//!   `stats`, RMSNormalization `normalized` (when its scale takes a gradient, as PyTorch
+//!   keeps it), SoftmaxCrossEntropyLoss `log_prob`) then `f:<node>`; `loss`; then
 //!   `b:<node>` in reverse forward order. Ids are unique.
 //! - Views (Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand, Identity, Slice with
 //!   positive steps, Split, inactive Dropout, same-type Cast, Gather of a scalar index)

@@ -513,14 +513,18 @@ fn rms_forward(cx: &KernelCtx, xs: &[Option<Tensor>], _: &Extras) -> KResult<Vec
     Ok(vec![Some(y)])
 }
 
+/// `stats`: the inverse RMS per row (f32); `normalized`: `X·rms⁻¹` in X's type, kept when
+/// the scale takes a gradient (see the planner's rule).
 fn rms_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Tensor>> {
-    if tag != "stats" {
-        kbail!("RMSNormalization has no extra value {tag:?}");
-    }
     let x = xs.named(0, "X")?;
     let axis = rms_axis(cx)?;
-    let r = inv_rms(cx, &x.to_dtype(compute_dtype(x.dtype()))?, axis)?;
-    Ok(vec![r.flatten_all()?.to_dtype(DType::F32)?])
+    let xc = x.to_dtype(compute_dtype(x.dtype()))?;
+    let r = inv_rms(cx, &xc, axis)?;
+    match tag {
+        "stats" => Ok(vec![r.flatten_all()?.to_dtype(DType::F32)?]),
+        "normalized" => Ok(vec![xc.broadcast_mul(&r)?.to_dtype(x.dtype())?]),
+        _ => kbail!("RMSNormalization has no extra value {tag:?}"),
+    }
 }
 
 fn rms_backward(cx: &KernelCtx, g: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
@@ -542,13 +546,23 @@ fn rms_backward(cx: &KernelCtx, g: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         );
     }
     let r = r.to_dtype(ct)?.reshape(kshape)?;
-    let xc = x.to_dtype(ct)?;
     let dy = g.grad(cx, 0)?.to_dtype(ct)?;
-    let xh = xc.broadcast_mul(&r)?;
+    // In the compute type; the scale's gradient reads the kept normalized value when there is
+    // one (X's type, as PyTorch keeps it).
+    let xh = x.to_dtype(ct)?.broadcast_mul(&r)?;
     let mut out: Vec<Option<Tensor>> = vec![None; cx.inputs.len()];
     if g.need(1) {
         let sshape = cx.in_shape(1)?;
-        let ds = sum_to(&(&dy * &xh)?, &sshape)?;
+        let kept = match g.extras.get("normalized").and_then(|v| v.first()) {
+            Some(k) if k.dims() == x.dims() => Some(k.to_dtype(ct)?),
+            Some(k) => kbail!(
+                "the normalized extra has shape {:?}, X {:?}",
+                k.dims(),
+                x.dims()
+            ),
+            None => None,
+        };
+        let ds = sum_to(&(&dy * kept.as_ref().unwrap_or(&xh))?, &sshape)?;
         if let Some(s) = out.get_mut(1) {
             *s = Some(ds.to_dtype(dt)?);
         }
