@@ -61,7 +61,10 @@
 //!   positive steps, Split, inactive Dropout, same-type Cast, Gather of a scalar index)
 //!   share their input's storage, as in PyTorch: they get no node of their own; readers of
 //!   a view depend on the node holding its base, and each storage is counted once in
-//!   `saved_activation_bytes`.
+//!   `saved_activation_bytes`. One exception, also PyTorch's: a batched MatMul whose operand
+//!   is a view that cannot fold its batch dims without a copy (strides replayed through the
+//!   view ops, `layout`) keeps a copy of it, the extra value `input0_copy`/`input1_copy`,
+//!   instead of the view's base.
 //! - What each backward keeps follows PyTorch's autograd formulas (`derivatives.yaml`):
 //!   ReLU its output, Conv/MatMul/Gemm the operand needed for the other's gradient,
 //!   BatchNormalization (training) its input and statistics, Softmax its output, GELU and
@@ -80,6 +83,7 @@
 pub mod error;
 pub mod fuse;
 pub mod inspect;
+mod layout;
 pub mod model;
 pub mod onnx;
 pub mod ops;

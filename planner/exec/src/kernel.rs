@@ -15,7 +15,7 @@
 //!   per input slot: `Some(gradient)` exactly where `needs[i]`, shaped like the input.
 
 use candle_core::{Device, Tensor};
-use remat_planner::ops::Ctx;
+use remat_planner::ops::{Ctx, INPUT_COPY_TAGS};
 use remat_planner::tensor::{DType, Fact};
 use remat_planner::PlannerError;
 use std::collections::HashMap;
@@ -215,6 +215,14 @@ impl Kernel {
         tag: &str,
         ins: &[Option<Tensor>],
     ) -> KResult<Vec<Tensor>> {
+        // A saved copy of an input (the training graph's `INPUT_COPY_TAGS`): a storage of its
+        // own, whatever the kernel.
+        if let Some(i) = INPUT_COPY_TAGS.iter().position(|t| *t == tag) {
+            let x = ins.get(i).and_then(|x| x.as_ref()).ok_or_else(|| {
+                KernelError::new(format!("the extra value {tag:?} needs input {i}"))
+            })?;
+            return Ok(vec![x.copy()?]);
+        }
         let f = self.extra.ok_or_else(|| {
             KernelError::new(format!("no kernel computes the extra value {tag:?}"))
         })?;

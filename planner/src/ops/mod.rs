@@ -24,7 +24,7 @@ pub mod spatial;
 
 pub use rule::{
     all, first, no_view, none, nonneg, nothing_saved, out_elems, save_x, save_y, view0, window_out,
-    zero_flops, Ctx, GradRule, OpSpec, Registry, Saved, Window,
+    zero_flops, Ctx, GradRule, OpSpec, Registry, Saved, Window, INPUT_COPY_TAGS,
 };
 
 /// The registry of every supported op of the default ONNX domain.

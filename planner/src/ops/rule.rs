@@ -142,6 +142,12 @@ pub enum Saved {
     },
 }
 
+/// The tags of [`Saved::Extra`] values that are copies of input 0 / 1 (the training graph
+/// puts them in place of `Saved::Input` where PyTorch saves a copy: a batched MatMul's strided
+/// operand, see `layout`); an executor computes them as a copy of that input and hands the
+/// backward the copy as the input.
+pub const INPUT_COPY_TAGS: [&str; 2] = ["input0_copy", "input1_copy"];
+
 /// How an op's backward behaves, given which of its inputs need a gradient.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GradRule {

@@ -616,3 +616,63 @@ fn pytorch_constant_nodes_are_buffers_initializers_parameters() {
         }
     }
 }
+
+#[test]
+fn a_batched_matmul_keeps_copies_of_strided_views_as_pytorch_does() {
+    // qkv = x·W split into heads, permuted, q and k taken by index: strided views of qkv.
+    // s = q·kᵀ is batched over (batch, heads), which cannot be merged without a copy, so
+    // PyTorch's matmul saves copies of q and kᵀ; z = qkv viewed [2, 4, 3, 4] times a 2-D
+    // weight folds as a view and keeps qkv itself.
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4), D::V(12)])
+        .weight("w", &[12, 12])
+        .weight("w2", &[4, 4])
+        .ints("heads", &[2, 4, 3, 2, 2])
+        .ints("parts", &[2, 4, 3, 4])
+        .init(tensor_i64("zero", &[], &[0]))
+        .init(tensor_i64("one", &[], &[1]))
+        .node("MatMul", "proj", &["x", "w"], &["qkv"], vec![])
+        .node("Reshape", "split", &["qkv", "heads"], &["h"], vec![])
+        .node(
+            "Transpose",
+            "perm",
+            &["h"],
+            &["p"],
+            vec![a_ints("perm", &[2, 0, 3, 1, 4])],
+        )
+        .node("Gather", "q", &["p", "zero"], &["q"], vec![])
+        .node("Gather", "k", &["p", "one"], &["k"], vec![])
+        .node(
+            "Transpose",
+            "kt",
+            &["k"],
+            &["kt"],
+            vec![a_ints("perm", &[0, 1, 3, 2])],
+        )
+        .node("MatMul", "s", &["q", "kt"], &["y"], vec![])
+        .node("Reshape", "view", &["qkv", "parts"], &["v4"], vec![])
+        .node("MatMul", "z", &["v4", "w2"], &["z"], vec![])
+        .output("y")
+        .output("z");
+    let t = load(&g.bytes(), &dims(&[]))
+        .and_then(|m| m.training_graph())
+        .expect("training graph");
+    let names = ids(&t);
+    for id in ["f:s:input0_copy", "f:s:input1_copy"] {
+        let n = t
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("{id}: {names:?}"));
+        assert_eq!(n.bytes, 2 * 2 * 4 * 2 * 4, "{id}");
+    }
+    assert!(
+        !names.iter().any(|n| n.starts_with("f:z:input")),
+        "{names:?}"
+    );
+    // x (kept by proj), qkv (kept by z through its contiguous view), the copies of q and kᵀ.
+    assert_eq!(
+        t.saved_activation_bytes,
+        2 * 4 * 12 * 4 + 2 * 4 * 12 * 4 + 2 * (2 * 2 * 4 * 2 * 4)
+    );
+}

@@ -5,7 +5,7 @@ use crate::kernel::{BwdArgs, Extras, KResult, KernelError};
 use candle_core::Tensor;
 use petgraph::graph::NodeIndex;
 use remat_planner::model::{ValueId, ValueKind};
-use remat_planner::ops::Saved;
+use remat_planner::ops::{Saved, INPUT_COPY_TAGS};
 use remat_planner::training::Source;
 
 use super::storage::own_grad;
@@ -374,6 +374,14 @@ impl Executor<'_> {
             }
         }
         let extras = self.extras(st, ix, step)?;
+        // A saved copy stands for its input.
+        for (k, tag) in INPUT_COPY_TAGS.iter().enumerate() {
+            if let (Some(c), Some(slot)) =
+                (extras.get(*tag).and_then(|v| v.first()), ins.get_mut(k))
+            {
+                *slot = Some(c.clone());
+            }
+        }
         let needs = self.tg.exec.needs.get(&ix).cloned().unwrap_or_default();
         let r = self.backward_kernel(ix, &ins, &outs, &extras, &grads, &needs)?;
         let first = st.params_done.insert(i);
