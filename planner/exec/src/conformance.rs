@@ -31,7 +31,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    // At run time (a cached test binary may have been built in another checkout).
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from)
+        .join("../..")
 }
 
 /// One case's data: the node, its opset, the inputs by slot (`None` where omitted) and the

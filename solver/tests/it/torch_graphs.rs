@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/torch")
+    crate::common::manifest_dir().join("../fixtures/torch")
 }
 
 fn manifest() -> Value {
