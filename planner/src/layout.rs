@@ -8,7 +8,9 @@
 //! [`matmul_saves_copy`] says when the fold copies. Values that are not views are taken as
 //! contiguous (PyTorch's elementwise ops can keep a permuted layout; that is not modelled).
 
-use crate::model::{Model, ValueId};
+use crate::model::{with_ctx, Model, ValueId};
+use crate::ops::{GradRule, Saved, INPUT_COPY_TAGS};
+use crate::tensor::broadcast;
 use petgraph::graph::NodeIndex;
 
 /// Row-major strides of `shape`, in elements.
@@ -99,7 +101,26 @@ pub(crate) fn strides(
             return None;
         }
         st = match node.op_type.as_str() {
-            "Identity" | "Cast" | "Dropout" | "Slice" | "Split" => st,
+            "Identity" | "Cast" | "Dropout" | "Split" => st,
+            "Slice" => {
+                // Opset 10+: steps (input 4) along axes (input 3) scale those strides.
+                let (axes, steps) = with_ctx(model, p, |_, cx| {
+                    (
+                        cx.const_ints(3).ok().flatten(),
+                        cx.const_ints(4).ok().flatten(),
+                    )
+                })?;
+                let mut st = st;
+                if let Some(steps) = steps {
+                    let rank = st.len() as i64;
+                    let axes = axes.unwrap_or_else(|| (0..steps.len() as i64).collect());
+                    for (&a, &k) in axes.iter().zip(&steps) {
+                        let a = usize::try_from(if a < 0 { a + rank } else { a }).ok()?;
+                        *st.get_mut(a)? = st.get(a)?.saturating_mul(k);
+                    }
+                }
+                st
+            }
             "Transpose" => {
                 let perm: Vec<usize> = match node.attrs().ints("perm").ok().flatten() {
                     Some(p) => p
@@ -178,15 +199,8 @@ pub(crate) fn matmul_saves_copy(
     }
     let folded = if other.len() >= 3 {
         // Both batched: the batch dims fold, and only where no broadcast expands them.
-        let (ob, sb_) = (&other[..other.len() - 2], &s[..r - 2]);
-        let lead = ob.len().saturating_sub(sb_.len());
-        let same = ob.len() <= sb_.len() || ob[..lead].iter().all(|&d| d == 1);
-        let tail_ok = sb_
-            .iter()
-            .rev()
-            .zip(ob.iter().rev())
-            .all(|(&x, &y)| x == y || y == 1);
-        if !(same && tail_ok) {
+        let batch = &s[..r - 2];
+        if broadcast(batch, &other[..other.len() - 2]).as_deref() != Some(batch) {
             return false;
         }
         0..r - 2
@@ -207,6 +221,40 @@ pub(crate) fn matmul_saves_copy(
     let dims: Vec<usize> = folded.filter(|&d| s[d] != 1).collect();
     dims.windows(2)
         .any(|w| st[w[0]] != st[w[1]].saturating_mul(s[w[1]] as i64))
+}
+
+/// In the gradient rule of MatMul node `ix`, an operand that PyTorch saves as a copy
+/// ([`matmul_saves_copy`]) becomes the extra value `INPUT_COPY_TAGS[i]` (its bytes, a copy's
+/// cost) in place of `Saved::Input(i)`, so the view's base is no longer kept for it. Other ops
+/// are left alone.
+pub(crate) fn copy_strided_operands(
+    model: &Model,
+    view_of: &dyn Fn(NodeIndex) -> Option<usize>,
+    ix: NodeIndex,
+    rule: &mut GradRule,
+) {
+    if model.graph[ix].op_type != "MatMul" {
+        return;
+    }
+    for s in rule.saved.iter_mut() {
+        let Saved::Input(i) = *s else { continue };
+        let Some(fact) = model.graph[ix]
+            .inputs
+            .get(i)
+            .copied()
+            .flatten()
+            .and_then(|v| model.values[v].fact.as_ref())
+        else {
+            continue;
+        };
+        if i < INPUT_COPY_TAGS.len() && matmul_saves_copy(model, view_of, ix, i) {
+            *s = Saved::Extra {
+                tag: INPUT_COPY_TAGS[i],
+                bytes: fact.bytes(),
+                cost: fact.numel() as f64,
+            };
+        }
+    }
 }
 
 #[cfg(test)]

@@ -205,29 +205,9 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
                 node.name, node.op_type
             )));
         };
-        if node.op_type == "MatMul" {
-            if let Some(g) = r.grad.as_mut() {
-                let view_of = |p: NodeIndex| info.get(&p).and_then(|ni| ni.view);
-                for s in g.saved.iter_mut() {
-                    let Saved::Input(i) = *s else { continue };
-                    let Some(Some(v)) = node.inputs.get(i) else {
-                        continue;
-                    };
-                    if i < 2 && crate::layout::matmul_saves_copy(model, &view_of, ix, i) {
-                        let bytes = fact_bytes(model, *v);
-                        let numel = model.values[*v]
-                            .fact
-                            .as_ref()
-                            .map(|f| f.shape.iter().product::<u64>() as f64)
-                            .unwrap_or(0.0);
-                        *s = Saved::Extra {
-                            tag: crate::ops::INPUT_COPY_TAGS[i],
-                            bytes,
-                            cost: numel,
-                        };
-                    }
-                }
-            }
+        if let Some(g) = r.grad.as_mut() {
+            let view_of = |p: NodeIndex| info.get(&p).and_then(|ni| ni.view);
+            crate::layout::copy_strided_operands(model, &view_of, ix, g);
         }
         for (k, v) in node.outputs.iter().enumerate() {
             if let Some(v) = v {

@@ -676,3 +676,47 @@ fn a_batched_matmul_keeps_copies_of_strided_views_as_pytorch_does() {
         2 * 4 * 12 * 4 + 2 * 4 * 12 * 4 + 2 * (2 * 2 * 4 * 2 * 4)
     );
 }
+
+#[test]
+fn a_strided_slice_folded_by_matmul_is_kept_as_a_copy() {
+    // h[4, 3, 4] sliced with step 2 along dim 0 is [2, 3, 4] with strides [24, 4, 1]: its
+    // rows do not fold into [6, 4] as a view, so matmul with a 2-D weight saves a copy; the
+    // step-1 slice folds and keeps h.
+    let sliced = |step: i64| {
+        G::new(17)
+            .input("x", F32, &[D::V(4), D::V(3), D::V(4)])
+            .weight("w", &[4, 4])
+            .weight("w2", &[4, 4])
+            .ints("starts", &[0])
+            .ints("ends", &[4])
+            .ints("axes", &[0])
+            .ints("steps", &[step])
+            .node("MatMul", "m1", &["x", "w"], &["h"], vec![])
+            .node(
+                "Slice",
+                "sl",
+                &["h", "starts", "ends", "axes", "steps"],
+                &["hs"],
+                vec![],
+            )
+            .node("MatMul", "m2", &["hs", "w2"], &["y"], vec![])
+            .output("y")
+    };
+    let ids_of = |step: i64| {
+        let t = load(&sliced(step).bytes(), &dims(&[]))
+            .and_then(|m| m.training_graph())
+            .expect("training graph");
+        t.nodes
+            .iter()
+            .map(|n| (n.id.clone(), n.bytes))
+            .collect::<Vec<_>>()
+    };
+    let two = ids_of(2);
+    assert!(
+        two.iter()
+            .any(|(id, b)| id == "f:m2:input0_copy" && *b == 2 * 3 * 4 * 4),
+        "{two:?}"
+    );
+    let one = ids_of(1);
+    assert!(!one.iter().any(|(id, _)| id.contains("_copy")), "{one:?}");
+}
