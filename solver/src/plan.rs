@@ -215,7 +215,24 @@ pub struct PlanReport {
     /// the LP, then the boundary MILP; 0 when it did not run).
     pub bound_seconds: f64,
     pub baselines: Vec<BaselineReport>,
+    /// When the returned schedule is one remat found earlier at this budget or a lower one (an
+    /// [`Earlier`] plan handed to [`plan_reusing`], a sweep's lower point), or that schedule
+    /// less the recomputations this budget does not need, and nothing run at this budget did
+    /// better: a larger budget never costs more than a smaller one did.
+    /// Absent from the JSON otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused_from_budget_bytes: Option<u64>,
     pub schedule: Vec<schedule::StepJson>,
+}
+
+/// A schedule remat found for the same problem at a lower budget, offered to a plan at a
+/// larger one ([`plan_reusing`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Earlier {
+    pub budget_bytes: u64,
+    /// The algorithm that found it (the report's `solver` when it wins again).
+    pub solver: String,
+    pub schedule: Schedule,
 }
 
 /// One point of a budget sweep.
@@ -230,6 +247,10 @@ pub struct ParetoPoint {
     pub overhead: Option<f64>,
     pub solver: String,
     pub gap: Option<f64>,
+    /// Set when the point's schedule is the one found at this lower budget of the sweep
+    /// ([`PlanReport::reused_from_budget_bytes`]); absent from the JSON otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused_from_budget_bytes: Option<u64>,
     /// Each baseline's overhead, `None` where it does not fit the budget.
     pub baselines: Vec<(String, Option<f64>)>,
 }
@@ -267,6 +288,8 @@ struct Candidate {
     solver: String,
     schedule: Schedule,
     stats: Stats,
+    /// The lower budget it was found at, when it is an [`Earlier`] plan (or pruned from one).
+    from_budget: Option<u64>,
 }
 
 struct Pool {
@@ -277,22 +300,41 @@ struct Pool {
     proven: Option<f64>,
     /// The least peak [`crate::budget::min_feasible_budget`] found, once computed.
     min_peak: Option<u64>,
+    /// The solvers run at this budget whose schedule fits it (not the [`Earlier`] plans):
+    /// whether the search or only a baseline reached the budget decides `auto`'s next steps.
+    fitted: Vec<String>,
 }
 
 impl Pool {
     fn offer(&mut self, solver: &str, schedule: Schedule, stats: Stats) {
+        self.offer_from(solver, schedule, stats, None);
+    }
+
+    fn offer_from(
+        &mut self,
+        solver: &str,
+        schedule: Schedule,
+        stats: Stats,
+        from_budget: Option<u64>,
+    ) {
         if stats.peak_bytes > self.budget {
             return;
         }
-        if self
-            .best
-            .as_ref()
-            .is_none_or(|b| stats.compute_cost < b.stats.compute_cost)
-        {
+        if from_budget.is_none() && !self.fitted.iter().any(|s| s == solver) {
+            self.fitted.push(solver.to_string());
+        }
+        if self.best.as_ref().is_none_or(|b| {
+            // On a tie, what was found at this budget wins over an earlier plan.
+            stats.compute_cost < b.stats.compute_cost
+                || (stats.compute_cost == b.stats.compute_cost
+                    && from_budget.is_none()
+                    && b.from_budget.is_some())
+        }) {
             self.best = Some(Candidate {
                 solver: solver.to_string(),
                 schedule,
                 stats,
+                from_budget,
             });
         }
     }
@@ -328,8 +370,31 @@ impl Pool {
         }
         let pruned =
             crate::budget::prune_recomputations(p, &best.schedule, self.budget, PRUNE_WORK);
-        let solver = best.solver.clone();
-        self.offer_schedule(p, &solver, pruned)
+        let (solver, from) = (best.solver.clone(), best.from_budget);
+        let stats = simulate(p, &pruned)?;
+        self.offer_from(&solver, pruned, stats, from);
+        Ok(())
+    }
+
+    /// Offers the plans found at lower budgets; one that is not a schedule of `p` is an error
+    /// naming its budget.
+    fn offer_earlier(&mut self, p: &Problem, earlier: &[Earlier]) -> Result<()> {
+        for e in earlier {
+            let stats = simulate(p, &e.schedule).map_err(|err| {
+                SolverError::InvalidArgument(format!(
+                    "the plan found earlier at budget {} bytes is not a schedule of {:?}: {err}",
+                    e.budget_bytes, p.name
+                ))
+            })?;
+            if stats.peak_bytes > self.budget {
+                continue;
+            }
+            let pruned =
+                crate::budget::prune_recomputations(p, &e.schedule, self.budget, PRUNE_WORK);
+            let stats = simulate(p, &pruned)?;
+            self.offer_from(&e.solver, pruned, stats, Some(e.budget_bytes));
+        }
+        Ok(())
     }
 
     /// A schedule to warm-start from: the cheapest feasible one.
@@ -342,6 +407,22 @@ impl Pool {
 /// Plans a schedule for `p` within `opts.budget`. An infeasible budget is `Ok` with status
 /// [`Status::Infeasible`], an empty schedule and `min_feasible_budget_bytes` set.
 pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
+    plan_reusing(p, opts, &[])
+}
+
+/// [`plan`], offered the schedules remat found for `p` at lower budgets: `auto` and `ilp`
+/// return one of them, less the recomputations this budget does not need (its solver named,
+/// `reused_from_budget_bytes` set), when nothing they run at this budget is cheaper, so the
+/// cost never goes up with the budget. They are offered after the algorithm ran, which does
+/// not see them: a plan's own path depends on its inputs alone. A baseline or the DP asked
+/// for by name ignores them (the answer is that algorithm's). An earlier plan over this
+/// budget is not offered; one that is not a schedule of `p` is an
+/// [`SolverError::InvalidArgument`].
+pub fn plan_reusing(
+    p: &Problem,
+    opts: &PlanOptions,
+    earlier: &[Earlier],
+) -> Result<(Schedule, PlanReport)> {
     let start = Instant::now();
     let full = simulate(p, &store_all(p))?;
     let budget = opts.budget;
@@ -352,6 +433,7 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
         lower_bound: None,
         proven: None,
         min_peak: None,
+        fitted: Vec::new(),
     };
     match opts.algorithm {
         Algorithm::StoreAll
@@ -375,13 +457,19 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
             // Where no baseline fits (random graphs), the peak descent to the budget gives
             // HiGHS a start and the plan a fallback (what `--solver ilp` returned without it:
             // docs/bench/solver-tuning.md).
-            if pool.best.is_none() && opts.budget >= p.footprint_lower_bound() {
+            if pool.fitted.is_empty() && opts.budget >= p.footprint_lower_bound() {
                 let descended = crate::budget::descend_to_budget(p, opts.budget);
                 pool.offer_schedule(p, "descent", descended)?;
             }
             run_ilp(p, opts, &mut pool, opts.time_limit, true)?;
         }
         Algorithm::Auto => auto(p, opts, &base, &mut pool, start)?,
+    }
+    // The earlier plans come last, pruned to this budget like the schedule found here (which
+    // `auto` pruned): compared before pruning, an earlier plan could displace a schedule found
+    // here that pruning makes cheaper.
+    if matches!(opts.algorithm, Algorithm::Auto | Algorithm::Ilp) {
+        pool.offer_earlier(p, earlier)?;
     }
     // Every needed node is computed at least once: store-all's cost bounds every schedule.
     pool.bound(full.compute_cost, BoundSource::StoreAll);
@@ -422,6 +510,7 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
         solve_seconds,
         bound_seconds,
         baselines,
+        reused_from_budget_bytes: None,
         schedule: Vec::new(),
     };
     let proven = pool.best_proven();
@@ -455,6 +544,7 @@ pub fn plan(p: &Problem, opts: &PlanOptions) -> Result<(Schedule, PlanReport)> {
     };
     report.gap = gap;
     report.solver = best.solver;
+    report.reused_from_budget_bytes = best.from_budget;
     report.predicted = Predicted {
         peak_bytes: best.stats.peak_bytes,
         compute_cost: cost,
@@ -553,18 +643,30 @@ fn auto(
     if let Some((s, st)) = found.best {
         pool.offer("search", s, st);
     }
-    if exact && pool.best.is_none() {
+    if exact && pool.fitted.is_empty() {
         let more = search::horizon_search(p, opts.budget, limits(start), 0xBEEF)?;
         if let Some((s, st)) = more.best {
             pool.offer("search", s, st);
         }
     }
-    if pool.best.is_none() {
-        // The minimum-peak schedule fits whenever any schedule this crate builds does.
+    // When nothing but a baseline fits (budgets near the least peak), the minimum-peak
+    // schedule, pruned back to the budget, is often far cheaper than the baseline that
+    // reaches the budget (revolve on a deep GPT-2); when nothing fits, it is the answer if it
+    // fits, and its peak is the least budget to report.
+    if pool
+        .fitted
+        .iter()
+        .all(|s| baselines::BASELINE_NAMES.contains(&s.as_str()))
+    {
         let low = crate::budget::min_feasible_budget(p);
         pool.min_peak = Some(search_low.map_or(low.bytes, |s| s.min(low.bytes)));
         if low.bytes <= opts.budget {
-            pool.offer_schedule(p, "min-peak", low.schedule)?;
+            // Both pruned before they are compared: pruning is what makes a baseline's
+            // schedule cheap near its budget, and it may remain the better one.
+            pool.prune_best(p)?;
+            let pruned =
+                crate::budget::prune_recomputations(p, &low.schedule, opts.budget, PRUNE_WORK);
+            pool.offer_schedule(p, "min-peak", pruned)?;
         }
     }
     pool.prune_best(p)?;
@@ -746,41 +848,60 @@ fn run_ilp(
 }
 
 /// Plans at each budget `fraction × store-all peak` (rounded up to whole bytes): the frontier
-/// budget → overhead, with every baseline's overhead beside it.
+/// budget → overhead, with every baseline's overhead beside it. The points are planned from
+/// the smallest budget up, each offered the schedule of the point below it
+/// ([`plan_reusing`]), so that with `auto` or `ilp` the overhead never goes up with the
+/// budget; they are returned in the order of `fractions`.
 pub fn sweep(p: &Problem, fractions: &[f64], opts: &PlanOptions) -> Result<Vec<ParetoPoint>> {
     let peak = schedule::store_all_peak(p);
-    fractions
+    if let Some(f) = fractions.iter().find(|f| !f.is_finite() || **f <= 0.0) {
+        return Err(SolverError::InvalidArgument(format!(
+            "sweep fraction {f} must be a positive number"
+        )));
+    }
+    let budgets: Vec<u64> = fractions
         .iter()
-        .map(|&f| {
-            if !f.is_finite() || f <= 0.0 {
-                return Err(SolverError::InvalidArgument(format!(
-                    "sweep fraction {f} must be a positive number"
-                )));
-            }
-            let budget = (f * peak as f64).ceil() as u64;
-            let (_, r) = plan(
-                p,
-                &PlanOptions {
-                    budget,
-                    ..opts.clone()
-                },
-            )?;
-            let feasible = r.status != Status::Infeasible;
-            Ok(ParetoPoint {
-                budget_bytes: budget,
-                fraction: f,
-                status: r.status,
-                overhead: feasible.then_some(r.predicted.overhead),
-                solver: r.solver,
-                gap: r.gap,
-                baselines: r
-                    .baselines
-                    .into_iter()
-                    .map(|b| (b.name, b.feasible.then_some(b.overhead)))
-                    .collect(),
-            })
-        })
-        .collect()
+        .map(|&f| (f * peak as f64).ceil() as u64)
+        .collect();
+    let mut order: Vec<usize> = (0..fractions.len()).collect();
+    order.sort_by_key(|&i| budgets[i]);
+    let mut points: Vec<Option<ParetoPoint>> = vec![None; fractions.len()];
+    let mut below: Option<Earlier> = None;
+    for i in order {
+        let budget = budgets[i];
+        let earlier: Vec<Earlier> = below.iter().cloned().collect();
+        let (schedule, r) = plan_reusing(
+            p,
+            &PlanOptions {
+                budget,
+                ..opts.clone()
+            },
+            &earlier,
+        )?;
+        let feasible = r.status != Status::Infeasible;
+        if feasible {
+            below = Some(Earlier {
+                budget_bytes: r.reused_from_budget_bytes.unwrap_or(budget),
+                solver: r.solver.clone(),
+                schedule,
+            });
+        }
+        points[i] = Some(ParetoPoint {
+            budget_bytes: budget,
+            fraction: fractions[i],
+            status: r.status,
+            overhead: feasible.then_some(r.predicted.overhead),
+            solver: r.solver,
+            gap: r.gap,
+            reused_from_budget_bytes: r.reused_from_budget_bytes,
+            baselines: r
+                .baselines
+                .into_iter()
+                .map(|b| (b.name, b.feasible.then_some(b.overhead)))
+                .collect(),
+        });
+    }
+    Ok(points.into_iter().flatten().collect())
 }
 
 /// Parses a budget: `"123"` (bytes), `"12GiB"`, `"800MB"`, `"1.5 GB"` (B, KB, MB, GB, TB are

@@ -105,3 +105,67 @@ fn every_manifest_model_matches_pytorch() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Every manifest model's sweep (`auto`, a short time limit per point) never costs more at a
+/// larger budget, whichever solver answers each point (issue 19: the plan at a budget is
+/// offered the one found below it).
+#[test]
+fn every_manifest_model_sweeps_monotone() {
+    use remat_solver::plan::{sweep, PlanOptions};
+    let mut failures = vec![];
+    let mut ran = 0;
+    for entry in manifest() {
+        let name = entry["name"].as_str().unwrap_or("?").to_string();
+        let file = fixtures_dir().join(entry["file"].as_str().unwrap_or("?"));
+        let problem = std::fs::read(&file)
+            .map_err(|e| e.to_string())
+            .and_then(|b| remat_planner::load(&b, &options(&entry)).map_err(|e| e.to_string()))
+            .and_then(|m| m.training_graph().map_err(|e| e.to_string()))
+            .map(|t| t.to_problem());
+        let problem = match problem {
+            Ok(p) => p,
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let mut opts = PlanOptions::new(0);
+        opts.time_limit = std::time::Duration::from_millis(300);
+        // Budgets 30%, 60% and 85% of the way from the footprint bound (no schedule peaks
+        // below it) to the store-all peak, given unsorted: most fixtures' weights put a plain
+        // fraction of the store-all peak below what any schedule can reach.
+        let peak = remat_solver::store_all_peak(&problem) as f64;
+        let floor = problem.footprint_lower_bound() as f64;
+        let fractions: Vec<f64> = [0.3, 0.85, 0.6]
+            .iter()
+            .map(|t| (floor + t * (peak - floor)) / peak)
+            .collect();
+        let points = match sweep(&problem, &fractions, &opts) {
+            Ok(p) => p,
+            Err(e) => {
+                failures.push(format!("{name}: sweep: {e}"));
+                continue;
+            }
+        };
+        ran += 1;
+        let mut sorted: Vec<_> = points.iter().collect();
+        sorted.sort_by_key(|q| q.budget_bytes);
+        let shown: Vec<String> = sorted
+            .iter()
+            .map(|q| format!("{:.3}x: {:?} ({})", q.fraction, q.overhead, q.solver))
+            .collect();
+        eprintln!("{name:24} {}", shown.join(", "));
+        for w in sorted.windows(2) {
+            let worse = match (w[0].overhead, w[1].overhead) {
+                (Some(a), Some(b)) => b > a + 1e-12,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            if worse {
+                failures.push(format!("{name}: not monotone: {}", shown.join(", ")));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(ran > 0, "no fixture model was swept");
+}

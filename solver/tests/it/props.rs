@@ -10,7 +10,7 @@ use remat_solver::budget::{descend_to_budget, min_feasible_budget, prune_recompu
 use remat_solver::dp::{
     as_training_chain, chain_frontier, min_peak_chain, solve_chain, solve_chain_with, DpMode,
 };
-use remat_solver::plan::{plan, PlanOptions, Status};
+use remat_solver::plan::{plan, plan_reusing, sweep, Earlier, PlanOptions, Status};
 use remat_solver::{simulate, store_all_peak, Problem};
 use std::time::Duration;
 
@@ -375,4 +375,68 @@ fn solve_chain_rejects_non_chains_naming_why() {
     );
     let err = solve_chain(&p, u64::MAX).unwrap_err().to_string();
     assert!(err.contains("not a training chain"), "{err}");
+}
+
+proptest! {
+    // Each case plans several times with `auto` (time limits of 100-150 ms).
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// A sweep's overhead never goes up with the budget (each point is offered the one below
+    /// it), on training DAGs, chains and plain DAGs, whatever order the fractions come in;
+    /// every point's schedule is what `plan` reports at that budget, and fits it.
+    #[test]
+    fn sweeps_never_cost_more_at_a_larger_budget(
+        p in prop_oneof![arb_training_dag(9), arb_chain(9), arb_plain_dag(14)],
+        mut fracs in proptest::collection::vec(0.05f64..1.1, 2..6),
+    ) {
+        fracs.reverse();
+        let mut opts = PlanOptions::new(0);
+        opts.time_limit = Duration::from_millis(150);
+        let points = sweep(&p, &fracs, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(points.len(), fracs.len());
+        let mut by_budget: Vec<_> = points.iter().collect();
+        by_budget.sort_by_key(|q| q.budget_bytes);
+        let mut last: Option<f64> = None;
+        for q in by_budget {
+            match (q.overhead, last) {
+                (Some(o), Some(l)) => prop_assert!(o <= l + 1e-12, "{} at {}: {o} > {l}", q.solver, q.budget_bytes),
+                (None, Some(_)) => prop_assert!(false, "infeasible at {} above a feasible budget", q.budget_bytes),
+                _ => {}
+            }
+            if let Some(from) = q.reused_from_budget_bytes {
+                prop_assert!(from <= q.budget_bytes, "from {from} at {}", q.budget_bytes);
+            }
+            last = q.overhead.or(last);
+        }
+    }
+
+    /// `plan_reusing` never returns a costlier schedule than the earlier one it is offered,
+    /// says when it returns that one, and refuses a schedule of another problem by its budget.
+    #[test]
+    fn a_plan_reusing_an_earlier_one_never_costs_more(
+        p in prop_oneof![arb_training_dag(9), arb_chain(9)],
+        lo in 0.3f64..0.9,
+        step in 0.0f64..0.3,
+    ) {
+        let low = budget_of(&p, lo);
+        let high = budget_of(&p, lo + step);
+        let (s, r) = plan(&p, &PlanOptions { time_limit: Duration::from_millis(100), ..PlanOptions::new(low) })
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assume!(r.status != Status::Infeasible);
+        let earlier = Earlier { budget_bytes: low, solver: r.solver.clone(), schedule: s.clone() };
+        let opts = PlanOptions { time_limit: Duration::from_millis(100), ..PlanOptions::new(high) };
+        let (s2, r2) = plan_reusing(&p, &opts, std::slice::from_ref(&earlier))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let st = simulate(&p, &s2).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(st.peak_bytes <= high);
+        prop_assert!(st.compute_cost <= r.predicted.compute_cost + 1e-9);
+        if r2.reused_from_budget_bytes.is_some() {
+            prop_assert_eq!(r2.reused_from_budget_bytes, Some(low));
+            prop_assert_eq!(&r2.solver, &r.solver);
+        }
+        let other = chain(&[(1.0, 8)], &[], 0);
+        let bad = Earlier { budget_bytes: 7, solver: "search".into(), schedule: s };
+        let e = plan_reusing(&other, &PlanOptions::new(1 << 20), &[bad]).unwrap_err().to_string();
+        prop_assert!(e.contains("budget 7 bytes"), "{e}");
+    }
 }
