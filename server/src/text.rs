@@ -16,7 +16,34 @@ pub fn plan_summary(doc: &PlanDocument) -> String {
         "model      {} ({} nodes)",
         doc.graph.info.name, doc.graph.info.nodes
     );
+    if let Some(m) = &doc.maximize {
+        let limit = m.max_overhead.map_or("any overhead".to_string(), |o| {
+            format!("overhead at most {:.2}%", 100.0 * o)
+        });
+        let next = match m.next_value {
+            Some(n) => format!("{}={n} does not", m.dim),
+            None => format!("the search stops at {}", m.value),
+        };
+        let _ = writeln!(
+            s,
+            "maximize   {}={} fits in {} at {limit}; {next} ({} values tried)",
+            m.dim,
+            m.value,
+            human_bytes(m.budget_bytes),
+            m.probes.len()
+        );
+        for p in &m.probes {
+            let _ = writeln!(s, "  {}={:<8} {}", m.dim, p.value, p.reason);
+        }
+    }
     let _ = writeln!(s, "status     {:?} ({})", r.status, r.solver);
+    if let Some(from) = r.reused_from_budget_bytes {
+        let _ = writeln!(
+            s,
+            "           from the schedule found at the budget {}, less what this budget need not recompute (nothing found here was cheaper)",
+            human_bytes(from)
+        );
+    }
     let _ = writeln!(
         s,
         "budget     {} (store-all peak {})",

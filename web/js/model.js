@@ -111,6 +111,26 @@ export function normalizeDoc(doc) {
     },
     model: o.model && typeof o.model === 'object' ? o.model : null,
     validation: normalizeValidation(o.validation),
+    // Set when the schedule is the one found at a lower budget (nothing found here was cheaper).
+    reusedFromBudgetBytes: num(o.reused_from_budget_bytes),
+    maximize: normalizeMaximize(o.maximize),
+  };
+}
+
+/** A plan's `maximize` search (the largest value of a dim that fits), or null. */
+export function normalizeMaximize(raw) {
+  if (!raw || typeof raw !== 'object') return null;
+  const o = obj(raw);
+  return {
+    dim: str(o.dim) ?? '?',
+    value: num(o.value),
+    budgetBytes: num(o.budget_bytes),
+    maxOverhead: num(o.max_overhead),
+    nextValue: num(o.next_value),
+    probes: arr(o.probes).map((p) => {
+      const q = obj(p);
+      return { value: num(q.value), fits: q.fits === true, overhead: num(q.overhead), storeAllPeakBytes: num(q.store_all_peak_bytes), reason: str(q.reason) ?? '' };
+    }),
   };
 }
 
@@ -149,6 +169,7 @@ export function normalizeSweep(doc) {
       overhead: num(q.overhead),
       solver: str(q.solver),
       gap: num(q.gap),
+      reusedFromBudgetBytes: num(q.reused_from_budget_bytes),
       baselines: arr(q.baselines).map(normalizeBaseline),
     };
   });

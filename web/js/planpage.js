@@ -95,8 +95,24 @@ export function summaryCards(doc) {
       doc.gap,
       `gap ${isNum(doc.gap) ? fmtPct(doc.gap, 2) : '—'}${isNum(doc.lowerBound) ? ` · bound ${fmtCost(doc.lowerBound)}${doc.boundSource ? ` (${BOUND_SOURCES[doc.boundSource] ?? doc.boundSource})` : ''}` : ''}`,
       `solved in ${fmtSeconds(doc.solveSeconds)}`,
+      isNum(doc.reusedFromBudgetBytes) ? `from the schedule found at the budget ${fmtBytes(doc.reusedFromBudgetBytes)}` : null,
     ),
     verdict,
+    doc.maximize ? maximizeCard(doc.maximize) : null,
+  );
+}
+
+/** The card of a `maximize` search: the largest value that fits, the next one, every value tried. */
+export function maximizeCard(m) {
+  const limit = isNum(m.maxOverhead) ? `overhead at most ${fmtOverhead(m.maxOverhead)}` : 'any overhead';
+  return card(
+    'card-maximize',
+    `Largest ${m.dim}`,
+    isNum(m.value) ? String(m.value) : '—',
+    m.value,
+    `fits in ${fmtBytes(m.budgetBytes)} at ${limit}`,
+    isNum(m.nextValue) ? `${m.dim} = ${m.nextValue} does not` : 'the search stopped at its cap',
+    h('details', {}, h('summary', {}, `${m.probes.length} values tried`), h('ul', {}, m.probes.map((p) => h('li', { class: p.fits ? 'fits' : 'over' }, `${m.dim} = ${p.value}: ${p.reason}`)))),
   );
 }
 

@@ -52,6 +52,12 @@ export function renderUpload(root) {
   const timeInput = h('input', { type: 'number', id: 'time-limit', min: '1', max: '3600', step: '1', value: '30' });
   const boundInput = h('input', { type: 'number', id: 'bound-time', min: '0', max: '3600', step: '1', value: '0', title: 'Extra seconds after the schedule to prove how far it can be from optimal, on graphs too large for the exact MILP (0: none)' });
   const validateBox = h('input', { type: 'checkbox', id: 'validate' });
+  // The largest value of a dim that fits a device's memory (`maximize`): the plan is made at it.
+  const maximizeSel = h('select', { id: 'maximize', 'data-testid': 'maximize', onchange: () => showMaximize() }, h('option', { value: '' }, 'no: plan at the dims above'));
+  const deviceInput = h('input', { type: 'text', id: 'device-memory', placeholder: 'e.g. 24GiB', autocomplete: 'off', title: "The device's memory: bytes or a size (24GiB, 800MB)" });
+  const maxOverheadInput = h('input', { type: 'number', id: 'max-overhead', min: '0', step: 'any', placeholder: 'any', title: 'The most compute overhead a plan may add, in percent (empty: any)' });
+  const maximizeBox = h('div', { class: 'row', hidden: true });
+  const maximizeRow = h('div', { class: 'row', hidden: true }, h('label', { class: 'field', for: 'maximize' }, h('span', {}, 'Largest value that fits'), maximizeSel));
   const planBtn = h('button', { type: 'submit', class: 'btn primary', disabled: true, 'data-testid': 'plan-button' }, 'Plan');
   const tokenInput = h('input', { type: 'password', id: 'token', autocomplete: 'off', placeholder: 'only if the server asks for one' });
 
@@ -87,6 +93,26 @@ export function renderUpload(root) {
     );
     dimsBox.hidden = names.length === 0;
     checkBtn.hidden = names.length === 0;
+    const chosen = maximizeSel.value;
+    mount(maximizeSel, h('option', { value: '' }, 'no: plan at the dims above'), names.map((n) => h('option', { value: n }, n)));
+    maximizeSel.value = names.includes(chosen) ? chosen : '';
+    maximizeRow.hidden = names.length === 0;
+    showMaximize();
+  }
+
+  // With a dim to maximize, the budget is the device's memory typed in, not the slider's.
+  function showMaximize() {
+    maximizeBox.hidden = maximizeSel.value === '';
+    slider.hidden = maximizeSel.value !== '';
+  }
+
+  /** The options that `maximize` adds (and the budget it replaces), or {} without it. */
+  function maximizeOptions() {
+    if (maximizeSel.value === '') return {};
+    const memory = deviceInput.value.trim();
+    if (memory === '') throw new ApiError(400, 'invalid_option', "Give the device's memory (e.g. 24GiB) to find the largest " + maximizeSel.value + ' that fits.');
+    const pct = maxOverheadInput.value.trim();
+    return { maximize: maximizeSel.value, budget: memory, max_overhead: pct === '' ? undefined : String(Number(pct) / 100) };
   }
 
   async function runJob(opts, label, signal) {
@@ -191,6 +217,7 @@ export function renderUpload(root) {
         dims: dims(),
         name: nameInput.value || state.baseName,
         wait: 2,
+        ...maximizeOptions(),
       };
       const rec = normalizeRecord(await runJob(opts, 'Planning', ctrl.signal));
       if (!rec.id) throw new ApiError(502, 'bad_response', 'the plan has no id');
@@ -205,6 +232,11 @@ export function renderUpload(root) {
     }
   }
 
+  mount(
+    maximizeBox,
+    h('label', { class: 'field', for: 'device-memory' }, h('span', {}, 'Device memory'), deviceInput),
+    h('label', { class: 'field', for: 'max-overhead' }, h('span', {}, 'Max overhead (%)'), maxOverheadInput),
+  );
   const recent = h('div', { 'data-testid': 'recent' }, h('p', { class: 'muted' }, 'Loading recent plans…'));
   mount(
     root,
@@ -220,6 +252,8 @@ export function renderUpload(root) {
         dimsBox,
         checkBtn,
         h('div', { class: 'field' }, h('label', { for: 'budget' }, '2. Memory budget'), slider, budgetOut, budgetRange),
+        maximizeRow,
+        maximizeBox,
         h(
           'div',
           { class: 'row' },

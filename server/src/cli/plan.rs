@@ -14,9 +14,18 @@ use std::path::PathBuf;
 pub struct PlanArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Memory budget: bytes, a size ("12GiB", "800MB") or a fraction of the store-all peak ("0.8x")
-    #[arg(long)]
+    /// Memory budget: bytes, a size ("12GiB", "800MB") or a fraction of the store-all peak
+    /// ("0.8x"); with --maximize, the device's memory
+    #[arg(long, visible_alias = "device-memory")]
     budget: String,
+    /// Find the largest value of this dim (e.g. batch, or INPUT:AXIS) whose plan fits the
+    /// budget within --max-overhead, and plan at it (ONNX models; each value tried is planned
+    /// with --solver and --time-limit; --dim gives the value to start from)
+    #[arg(long, value_name = "DIM")]
+    maximize: Option<String>,
+    /// With --maximize: the most overhead a plan may have, "10%" or 0.1 (default: any)
+    #[arg(long, value_name = "OVERHEAD", value_parser = parse_overhead, requires = "maximize")]
+    max_overhead: Option<f64>,
     /// auto, ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
     #[arg(long, default_value = "auto")]
     solver: String,
@@ -52,8 +61,25 @@ impl PlanArgs {
             solver: Some(self.solver.clone()),
             time_limit: Some(self.time_limit),
             bound_time: Some(self.bound_time),
+            maximize: self.maximize.clone(),
+            max_overhead: self.max_overhead,
             ..self.model.request()
         }
+    }
+}
+
+/// An overhead: "10%" or a fraction (0.1).
+fn parse_overhead(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, scale) = match t.strip_suffix('%') {
+        Some(n) => (n.trim(), 0.01),
+        None => (t, 1.0),
+    };
+    match num.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v * scale),
+        _ => Err(format!(
+            "expected a non-negative overhead such as 10% or 0.1, got {s:?}"
+        )),
     }
 }
 
@@ -63,6 +89,12 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
     let bytes = args.model.read()?;
     let req = args.request();
     if ModelFormat::detect(&bytes) == ModelFormat::TorchGraph {
+        if args.maximize.is_some() {
+            return Err(Failure::new(
+                2,
+                "--maximize binds a dim of an ONNX model; a captured PyTorch graph has the                  shapes it was captured at (capture it again at another batch)",
+            ));
+        }
         return torch_plan(&args, &bytes, &req);
     }
     if let Some(path) = &args.validation {

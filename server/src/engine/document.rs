@@ -34,6 +34,41 @@ pub struct PlanDocument {
     /// with FLOPs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_model: Option<CostModel>,
+    /// The search for the largest value of a dim that fits (`maximize`); the plan is the
+    /// plan at that value. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maximize: Option<MaximizeReport>,
+}
+
+/// The answer to `maximize`: the largest value of one dim whose plan fits the budget (the
+/// device's memory) at no more than `max_overhead`, and every value tried on the way.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct MaximizeReport {
+    /// The dim searched (a name, or `INPUT:AXIS`).
+    pub dim: String,
+    /// The largest value that fits: this document's plan is the plan at it.
+    pub value: u64,
+    /// The budget every value was planned at.
+    pub budget_bytes: u64,
+    /// The overhead a plan may have and still fit (`None`: any).
+    pub max_overhead: Option<f64>,
+    /// `value + 1`, tried and found not to fit (`None` when the search stopped at its cap).
+    pub next_value: Option<u64>,
+    /// Every value tried, in the order tried.
+    pub probes: Vec<MaximizeProbe>,
+}
+
+/// One value a `maximize` search tried.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct MaximizeProbe {
+    pub value: u64,
+    pub fits: bool,
+    /// The plan's overhead at this value (`None` when no schedule fits the budget).
+    pub overhead: Option<f64>,
+    /// The peak of keeping everything at this value.
+    pub store_all_peak_bytes: u64,
+    /// Why it fits or not, with the figures.
+    pub reason: String,
 }
 
 /// What the plan does with one value, and why.

@@ -61,6 +61,15 @@ pub struct PlanRequest {
     #[serde(default)]
     #[param(rename = "fraction")]
     pub fractions: Vec<f64>,
+    /// Search for the largest value of this dim (a name, or `INPUT:AXIS`) whose plan fits the
+    /// budget, read as the device's memory (bytes or a size, not a fraction), within
+    /// `max_overhead`: the plan returned is the plan at that value (ONNX models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maximize: Option<String>,
+    /// With `maximize`: the most overhead a plan may have and still count as fitting, as a
+    /// fraction (0.1 is 10%); absent: any overhead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_overhead: Option<f64>,
 }
 
 /// Phases a job goes through, reported while it runs.

@@ -110,10 +110,12 @@ impl Query {
                 "param" => r.params.push(value.clone()),
                 "input" => r.inputs.push(value.clone()),
                 "fraction" => r.fractions.push(parse_f64(key, value)?),
+                "maximize" => r.maximize = Some(value.clone()),
+                "max_overhead" => r.max_overhead = Some(parse_f64(key, value)?),
                 other => {
                     return Err(invalid(format!(
                         "unknown query parameter `{other}`; known: budget, dim, solver, time_limit, bound_time, \
-                         validate, name, wait, refresh, param, input, fraction"
+                         validate, name, wait, refresh, param, input, fraction, maximize, max_overhead"
                     )))
                 }
             }
@@ -170,6 +172,8 @@ pub fn resolve(
         params: b.params,
         inputs: b.inputs,
         fractions: b.fractions,
+        maximize: q.maximize.or(b.maximize),
+        max_overhead: q.max_overhead.or(b.max_overhead),
     };
     for binding in &query.dims {
         let (name, value) = binding.split_once('=').ok_or_else(|| {

@@ -5,8 +5,9 @@
 use super::costs::measure_costs;
 use super::execute::{validate_schedule, validation_report};
 use super::load::{load, Loaded};
+use super::maximize;
 use super::solve::{plan_document, plan_loaded, plan_options, solver_error, Planned};
-use crate::engine::document::PlanDocument;
+use crate::engine::document::{MaximizeReport, PlanDocument};
 use crate::engine::{EngineError, ModelFormat, Phase, PlanRequest};
 use remat_exec::{ExecDevice, ValidateOptions};
 use remat_solver::plan::Status;
@@ -81,6 +82,14 @@ impl Stop {
             _ => None,
         }
     }
+}
+
+/// One model loaded and planned, before its run and its document.
+struct Solved<'a> {
+    loaded: Loaded<'a>,
+    cost_model: Option<crate::engine::document::CostModel>,
+    opts: remat_solver::plan::PlanOptions,
+    planned: Planned,
 }
 
 /// What a job produced.
@@ -213,27 +222,69 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         &self,
         loaded: &mut Loaded<'a>,
     ) -> Result<Option<crate::engine::document::CostModel>, EngineError> {
+        self.measure_costs_for(loaded, self.request)
+    }
+
+    fn measure_costs_for(
+        &self,
+        loaded: &mut Loaded<'a>,
+        request: &PlanRequest,
+    ) -> Result<Option<crate::engine::document::CostModel>, EngineError> {
         match self.costs {
             Costs::Flops => Ok(None),
-            Costs::Measured => {
-                measure_costs(loaded, self.request, self.threads, self.device).map(Some)
-            }
+            Costs::Measured => measure_costs(loaded, request, self.threads, self.device).map(Some),
         }
     }
 
     /// Runs the whole job: load → costs → options → plan → run (when asked and feasible) →
-    /// document.
+    /// document. With the request's `maximize`, the search for the largest value of that dim
+    /// comes first ([`PlanJob::run_maximize`]).
     pub fn run(&self) -> Result<PlanOutcome<'a>, EngineError> {
+        if let Some(dim) = &self.request.maximize {
+            return self.run_maximize(dim);
+        }
         self.run_loaded(self.load()?)
     }
 
     /// Runs the job on a model [`PlanJob::load`] loaded: costs → options → plan → run (when
     /// asked and feasible) → document. An infeasible budget is an `Ok` whose `stop` says so.
-    pub fn run_loaded(&self, mut loaded: Loaded<'a>) -> Result<PlanOutcome<'a>, EngineError> {
-        let cost_model = self.measure_costs(&mut loaded)?;
-        let opts = plan_options(&loaded.problem, self.request, self.threads)?;
+    pub fn run_loaded(&self, loaded: Loaded<'a>) -> Result<PlanOutcome<'a>, EngineError> {
+        let solved = self.solve(loaded, self.request, false)?;
+        Ok(self.finish(solved, None))
+    }
+
+    /// Costs, options and the plan of one loaded model under `request`; with `quick`, a
+    /// budget at or above the store-all peak takes store-all without a search (nothing is
+    /// cheaper).
+    fn solve(
+        &self,
+        mut loaded: Loaded<'a>,
+        request: &PlanRequest,
+        quick: bool,
+    ) -> Result<Solved<'a>, EngineError> {
+        let cost_model = self.measure_costs_for(&mut loaded, request)?;
+        let mut opts = plan_options(&loaded.problem, request, self.threads)?;
+        if quick && remat_solver::store_all_peak(&loaded.problem) <= opts.budget {
+            opts.algorithm = remat_solver::plan::Algorithm::StoreAll;
+        }
         self.phase(Phase::Solving);
         let planned = plan_loaded(&loaded, &opts)?;
+        Ok(Solved {
+            loaded,
+            cost_model,
+            opts,
+            planned,
+        })
+    }
+
+    /// The run (when asked and feasible) and the document of a solved job.
+    fn finish(&self, solved: Solved<'a>, maximize: Option<MaximizeReport>) -> PlanOutcome<'a> {
+        let Solved {
+            loaded,
+            cost_model,
+            opts,
+            planned,
+        } = solved;
         let outcome = if planned.report.status == Status::Infeasible {
             None
         } else if self.validate {
@@ -256,13 +307,74 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             Some(Err(e)) => Stop::NotRun(e.clone()),
         };
         let validation = validation_report(&loaded, outcome.as_ref());
-        let document = plan_document(&loaded, &planned, validation, cost_model);
-        Ok(PlanOutcome {
+        let mut document = plan_document(&loaded, &planned, validation, cost_model);
+        document.maximize = maximize;
+        PlanOutcome {
             loaded,
             planned,
             document,
             stop,
-        })
+        }
+    }
+
+    /// `maximize`: the largest value of `dim` whose plan fits the budget within the
+    /// request's `max_overhead` ([`maximize::largest_fitting`]: doubling from the request's
+    /// value of the dim, or 1, then bisection), and that plan, run when asked. Each value is
+    /// planned with the request's solver and time limit; a value whose least possible peak
+    /// ([`remat_solver::Problem::footprint_lower_bound`]) is over the budget is not planned.
+    /// When not even 1 fits, the answer is the `nothing_fits` error with every probe.
+    pub fn run_maximize(&self, dim: &str) -> Result<PlanOutcome<'a>, EngineError> {
+        let limit = maximize::check(self.request)?;
+        let format = ModelFormat::detect(self.model);
+        if format != ModelFormat::Onnx {
+            return Err(maximize::not_onnx(dim));
+        }
+        let start = self.request.dims.get(dim).copied().unwrap_or(1);
+        let mut probes = Vec::new();
+        let mut best: Option<(u64, Solved<'a>)> = None;
+        let mut budget_bytes = 0;
+        let search = maximize::largest_fitting(start, maximize::MAX_VALUE, |value| {
+            let mut req = self.request.clone();
+            req.maximize = None;
+            req.dims.insert(dim.to_string(), value);
+            let loaded =
+                load(self.model, format, &req).map_err(|e| maximize::at_value(dim, value, e))?;
+            let peak = remat_solver::store_all_peak(&loaded.problem);
+            let floor = loaded.problem.footprint_lower_bound();
+            budget_bytes = plan_options(&loaded.problem, &req, self.threads)?.budget;
+            if floor > budget_bytes {
+                probes.push(maximize::probe_below_floor(
+                    value,
+                    peak,
+                    floor,
+                    budget_bytes,
+                ));
+                return Ok(false);
+            }
+            let solved = self
+                .solve(loaded, &req, true)
+                .map_err(|e| maximize::at_value(dim, value, e))?;
+            let probe = maximize::probe(value, peak, &solved.planned.report, limit);
+            let fits = probe.fits;
+            probes.push(probe);
+            if fits && best.as_ref().is_none_or(|(v, _)| value > *v) {
+                best = Some((value, solved));
+            }
+            Ok(fits)
+        })?;
+        let Some((value, solved)) = best else {
+            return Err(maximize::nothing_fits(dim, &probes));
+        };
+        debug_assert_eq!(search.best, Some(value));
+        let report = MaximizeReport {
+            dim: dim.to_string(),
+            value,
+            budget_bytes,
+            max_overhead: self.request.max_overhead,
+            next_value: search.next,
+            probes,
+        };
+        Ok(self.finish(solved, Some(report)))
     }
 
     fn phase(&self, phase: Phase) {

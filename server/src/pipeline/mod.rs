@@ -4,12 +4,14 @@
 //!
 //! The stages, each a module using only those before it: `load` (ONNX or node-link bytes to a
 //! solver problem), `solve` (options, plan, decisions, documents), `execute` (the executor's
-//! run), `costs` (measured costs), `job` (the builder that runs them in order).
+//! run), `costs` (measured costs), `maximize` (the search for the largest value of a dim
+//! that fits), `job` (the builder that runs them in order).
 
 mod costs;
 mod execute;
 mod job;
 mod load;
+pub mod maximize;
 mod solve;
 pub mod torch;
 
@@ -70,6 +72,14 @@ impl Engine for Pipeline {
         progress: &dyn Fn(Phase),
     ) -> Result<Value, EngineError> {
         if format == ModelFormat::TorchGraph {
+            if request.maximize.is_some() {
+                return Err(EngineError::new(
+                    crate::engine::ErrorKind::BadInput,
+                    "invalid_option",
+                    "maximize binds a dim of an ONNX model; a captured PyTorch graph has the \
+                     shapes it was captured at",
+                ));
+            }
             let planned = torch::plan(model, request)?;
             if planned.infeasible {
                 return Err(torch::infeasible_error(&planned.document));
@@ -80,7 +90,11 @@ impl Engine for Pipeline {
             .threads(self.threads)
             .device(self.device)
             .on_phase(progress);
-        let outcome = job.run_loaded(load(model, format, request)?)?;
+        let outcome = if request.maximize.is_some() {
+            job.run()?
+        } else {
+            job.run_loaded(load(model, format, request)?)?
+        };
         if let Some(e) = outcome.stop.infeasible_error() {
             return Err(e);
         }

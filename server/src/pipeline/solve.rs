@@ -217,6 +217,7 @@ pub fn plan_document(
         validation,
         model: loaded.inspect.clone(),
         cost_model,
+        maximize: None,
     }
 }
 
@@ -226,6 +227,13 @@ pub fn sweep_document(
     req: &PlanRequest,
     threads: usize,
 ) -> Result<SweepDocument, EngineError> {
+    if req.maximize.is_some() {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            "maximize plans one budget at the largest value of a dim; a sweep plans many budgets at one value",
+        ));
+    }
     let mut probe = req.clone();
     probe.budget = Some(probe.budget.unwrap_or_else(|| "1.0x".to_string()));
     let opts = plan_options(&loaded.problem, &probe, threads)?;

@@ -16,6 +16,7 @@ mod common;
 mod documents;
 mod fuzz_openapi;
 mod gate;
+mod maximize;
 mod pg;
 mod replicas;
 mod store_sqlite;

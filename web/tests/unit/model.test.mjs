@@ -104,3 +104,19 @@ test('a validation block that did not run counts as not validated', () => {
   assert.equal(d.validation.reason, 'no executor in this build');
   assert.deepEqual(measuredSeries(d.validation, 2), [null, null]);
 });
+
+test('a maximize search and a reused schedule normalize; absent, they are null', () => {
+  const d = normalizeDoc({
+    ...doc,
+    reused_from_budget_bytes: 80,
+    maximize: { dim: 'batch', value: 12, budget_bytes: 1000, max_overhead: 0.1, next_value: 13, probes: [{ value: 13, fits: false, overhead: 0.2, store_all_peak_bytes: 2000, reason: 'over' }, { value: 12, fits: true }] },
+  });
+  assert.equal(d.reusedFromBudgetBytes, 80);
+  assert.equal(d.maximize.value, 12);
+  assert.equal(d.maximize.nextValue, 13);
+  assert.deepEqual(d.maximize.probes.map((p) => [p.value, p.fits]), [[13, false], [12, true]]);
+  assert.equal(d.maximize.probes[1].reason, '');
+  assert.equal(normalizeDoc(doc).maximize, null);
+  assert.equal(normalizeDoc(doc).reusedFromBudgetBytes, null);
+  assert.equal(normalizeDoc({ ...doc, maximize: 'x' }).maximize, null);
+});
