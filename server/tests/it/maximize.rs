@@ -160,20 +160,17 @@ fn maximize_errors_name_what_is_wrong() {
     let e = err(request(&[], "1000", "batch", None));
     assert_eq!(e.code, "nothing_fits", "{}", e.message);
     assert!(e.message.contains("batch=1"), "{}", e.message);
-    // Batch 1 fits only by recomputing: at 0% overhead nothing fits, and the error says why.
+    // At batch 1's least peak only recomputing fits: at 0% overhead nothing fits, and the
+    // error says why.
     let r = PlanRequest {
-        budget: Some("1.0x".into()),
+        budget: Some("1".into()),
         dims: [("batch".to_string(), 1)].into(),
-        solver: Some("store-all".into()),
+        time_limit: Some(2.0),
         ..PlanRequest::default()
     };
-    let peak1 = PlanJob::new(&bytes, &r)
-        .run()
-        .unwrap()
-        .document
-        .report
-        .store_all_peak_bytes;
-    let e = err(request(&[], &(peak1 - 1).to_string(), "batch", Some(0.0)));
+    let least = PlanJob::new(&bytes, &r).run().unwrap().document.report;
+    let least = least.min_feasible_budget_bytes.unwrap();
+    let e = err(request(&[], &least.to_string(), "batch", Some(0.0)));
     assert_eq!(e.code, "nothing_fits", "{}", e.message);
     assert!(
         e.message.contains("over the limit of 0.00%"),
