@@ -20,8 +20,15 @@ fn graph_of(graph: &str) -> PyResult<TorchGraph> {
 #[pyfunction]
 fn plan(py: Python<'_>, graph: &str, budget: &str) -> PyResult<String> {
     let g = graph_of(graph)?;
-    let budget = sac::parse_torch_budget(&g, budget).map_err(err)?;
-    let doc = py.detach(|| sac::plan_document(&g, budget)).map_err(err)?;
+    // One candidate set answers both the budget ("min" is its least peak) and the plan.
+    let doc = py
+        .detach(|| {
+            let candidates = sac::Candidates::new(&g)?;
+            let budget = candidates.budget(budget)?;
+            let (plan, report) = candidates.select(budget)?;
+            Ok::<_, remat_solver::SolverError>(sac::document(&g, &plan, &report))
+        })
+        .map_err(err)?;
     serde_json::to_string(&doc).map_err(err)
 }
 

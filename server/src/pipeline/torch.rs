@@ -4,6 +4,7 @@
 
 use crate::engine::{EngineError, ErrorKind, PlanRequest};
 use remat_solver::sac::{self, PlanDocument, TorchGraph};
+use remat_solver::SolverError;
 use serde_json::json;
 
 /// A torch-sac plan and whether its budget was below every plan's peak (then the document is
@@ -57,15 +58,19 @@ pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError
              (\"0.6x\") or \"min\"",
         )
     })?;
-    let budget = sac::parse_torch_budget(&graph, budget_text).map_err(|e| {
+    // One candidate set answers both the budget ("min" is its least peak) and the plan.
+    let internal =
+        |e: SolverError| EngineError::new(ErrorKind::Internal, "internal", e.to_string());
+    let candidates = sac::Candidates::new(&graph).map_err(internal)?;
+    let budget = candidates.budget(budget_text).map_err(|e| {
         EngineError::new(
             ErrorKind::BadInput,
             "invalid_option",
             format!("budget: {e}"),
         )
     })?;
-    let mut document = sac::plan_document(&graph, budget)
-        .map_err(|e| EngineError::new(ErrorKind::Internal, "internal", e.to_string()))?;
+    let (plan, report) = candidates.select(budget).map_err(internal)?;
+    let mut document = sac::document(&graph, &plan, &report);
     if let Some(name) = &req.name {
         document.model = name.clone();
     }
