@@ -300,8 +300,8 @@ struct Pool {
     proven: Option<f64>,
     /// The least peak [`crate::budget::min_feasible_budget`] found, once computed.
     min_peak: Option<u64>,
-    /// The solvers run at this budget whose schedule fits it (not the [`Earlier`] plans):
-    /// whether the search or only a baseline reached the budget decides `auto`'s next steps.
+    /// The solvers whose schedule fits the budget: whether the search or only a baseline
+    /// reached it decides `auto`'s next steps (the [`Earlier`] plans come after them).
     fitted: Vec<String>,
 }
 
@@ -320,7 +320,7 @@ impl Pool {
         if stats.peak_bytes > self.budget {
             return;
         }
-        if from_budget.is_none() && !self.fitted.iter().any(|s| s == solver) {
+        if !self.fitted.iter().any(|s| s == solver) {
             self.fitted.push(solver.to_string());
         }
         if self.best.as_ref().is_none_or(|b| {
@@ -362,17 +362,33 @@ impl Pool {
     /// Drops the recomputations the best schedule does not need under the budget
     /// ([`crate::budget::prune_recomputations`]); the solver's name is kept.
     fn prune_best(&mut self, p: &Problem) -> Result<()> {
-        let Some(best) = &self.best else {
-            return Ok(());
-        };
-        if best.stats.recomputations == 0 {
+        if self
+            .best
+            .as_ref()
+            .is_none_or(|b| b.stats.recomputations == 0)
+        {
             return Ok(());
         }
-        let pruned =
-            crate::budget::prune_recomputations(p, &best.schedule, self.budget, PRUNE_WORK);
-        let (solver, from) = (best.solver.clone(), best.from_budget);
+        // Taken out and offered again pruned: pruning never makes a schedule costlier or
+        // lets it over the budget, so the pruned one takes its place.
+        let Some(best) = self.best.take() else {
+            return Ok(());
+        };
+        self.offer_pruned(p, &best.solver, &best.schedule, best.from_budget)
+    }
+
+    /// Offers `schedule` less the recomputations the budget does not need
+    /// ([`crate::budget::prune_recomputations`]).
+    fn offer_pruned(
+        &mut self,
+        p: &Problem,
+        solver: &str,
+        schedule: &Schedule,
+        from_budget: Option<u64>,
+    ) -> Result<()> {
+        let pruned = crate::budget::prune_recomputations(p, schedule, self.budget, PRUNE_WORK);
         let stats = simulate(p, &pruned)?;
-        self.offer_from(&solver, pruned, stats, from);
+        self.offer_from(solver, pruned, stats, from_budget);
         Ok(())
     }
 
@@ -386,13 +402,9 @@ impl Pool {
                     e.budget_bytes, p.name
                 ))
             })?;
-            if stats.peak_bytes > self.budget {
-                continue;
+            if stats.peak_bytes <= self.budget {
+                self.offer_pruned(p, &e.solver, &e.schedule, Some(e.budget_bytes))?;
             }
-            let pruned =
-                crate::budget::prune_recomputations(p, &e.schedule, self.budget, PRUNE_WORK);
-            let stats = simulate(p, &pruned)?;
-            self.offer_from(&e.solver, pruned, stats, Some(e.budget_bytes));
         }
         Ok(())
     }
@@ -457,7 +469,7 @@ pub fn plan_reusing(
             // Where no baseline fits (random graphs), the peak descent to the budget gives
             // HiGHS a start and the plan a fallback (what `--solver ilp` returned without it:
             // docs/bench/solver-tuning.md).
-            if pool.fitted.is_empty() && opts.budget >= p.footprint_lower_bound() {
+            if pool.best.is_none() && opts.budget >= p.footprint_lower_bound() {
                 let descended = crate::budget::descend_to_budget(p, opts.budget);
                 pool.offer_schedule(p, "descent", descended)?;
             }
@@ -643,7 +655,7 @@ fn auto(
     if let Some((s, st)) = found.best {
         pool.offer("search", s, st);
     }
-    if exact && pool.fitted.is_empty() {
+    if exact && pool.best.is_none() {
         let more = search::horizon_search(p, opts.budget, limits(start), 0xBEEF)?;
         if let Some((s, st)) = more.best {
             pool.offer("search", s, st);
@@ -664,9 +676,7 @@ fn auto(
             // Both pruned before they are compared: pruning is what makes a baseline's
             // schedule cheap near its budget, and it may remain the better one.
             pool.prune_best(p)?;
-            let pruned =
-                crate::budget::prune_recomputations(p, &low.schedule, opts.budget, PRUNE_WORK);
-            pool.offer_schedule(p, "min-peak", pruned)?;
+            pool.offer_pruned(p, "min-peak", &low.schedule, None)?;
         }
     }
     pool.prune_best(p)?;

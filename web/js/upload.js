@@ -56,7 +56,12 @@ export function renderUpload(root) {
   const maximizeSel = h('select', { id: 'maximize', 'data-testid': 'maximize', onchange: () => showMaximize() }, h('option', { value: '' }, 'no: plan at the dims above'));
   const deviceInput = h('input', { type: 'text', id: 'device-memory', placeholder: 'e.g. 24GiB', autocomplete: 'off', title: "The device's memory: bytes or a size (24GiB, 800MB)" });
   const maxOverheadInput = h('input', { type: 'number', id: 'max-overhead', min: '0', step: 'any', placeholder: 'any', title: 'The most compute overhead a plan may add, in percent (empty: any)' });
-  const maximizeBox = h('div', { class: 'row', hidden: true });
+  const maximizeBox = h(
+    'div',
+    { class: 'row', hidden: true },
+    h('label', { class: 'field', for: 'device-memory' }, h('span', {}, 'Device memory'), deviceInput),
+    h('label', { class: 'field', for: 'max-overhead' }, h('span', {}, 'Max overhead (%)'), maxOverheadInput),
+  );
   const maximizeRow = h('div', { class: 'row', hidden: true }, h('label', { class: 'field', for: 'maximize' }, h('span', {}, 'Largest value that fits'), maximizeSel));
   const planBtn = h('button', { type: 'submit', class: 'btn primary', disabled: true, 'data-testid': 'plan-button' }, 'Plan');
   const tokenInput = h('input', { type: 'password', id: 'token', autocomplete: 'off', placeholder: 'only if the server asks for one' });
@@ -103,7 +108,7 @@ export function renderUpload(root) {
   // With a dim to maximize, the budget is the device's memory typed in, not the slider's.
   function showMaximize() {
     maximizeBox.hidden = maximizeSel.value === '';
-    slider.hidden = maximizeSel.value !== '';
+    for (const el of [slider, budgetOut, budgetRange]) el.hidden = maximizeSel.value !== '';
   }
 
   /** The options that `maximize` adds (and the budget it replaces), or {} without it. */
@@ -232,11 +237,6 @@ export function renderUpload(root) {
     }
   }
 
-  mount(
-    maximizeBox,
-    h('label', { class: 'field', for: 'device-memory' }, h('span', {}, 'Device memory'), deviceInput),
-    h('label', { class: 'field', for: 'max-overhead' }, h('span', {}, 'Max overhead (%)'), maxOverheadInput),
-  );
   const recent = h('div', { 'data-testid': 'recent' }, h('p', { class: 'muted' }, 'Loading recent plans…'));
   mount(
     root,

@@ -89,12 +89,6 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
     let bytes = args.model.read()?;
     let req = args.request();
     if ModelFormat::detect(&bytes) == ModelFormat::TorchGraph {
-        if args.maximize.is_some() {
-            return Err(Failure::new(
-                2,
-                "--maximize binds a dim of an ONNX model; a captured PyTorch graph has the                  shapes it was captured at (capture it again at another batch)",
-            ));
-        }
         return torch_plan(&args, &bytes, &req);
     }
     if let Some(path) = &args.validation {

@@ -324,7 +324,8 @@ impl<'a, P: Progress> PlanJob<'a, P> {
     /// ([`remat_solver::Problem::footprint_lower_bound`]) is over the budget is not planned.
     /// When not even 1 fits, the answer is the `nothing_fits` error with every probe.
     pub fn run_maximize(&self, dim: &str) -> Result<PlanOutcome<'a>, EngineError> {
-        let limit = maximize::check(self.request)?;
+        let limits = maximize::check(self.request)?;
+        let budget_bytes = limits.budget_bytes;
         let format = ModelFormat::detect(self.model);
         if format != ModelFormat::Onnx {
             return Err(maximize::not_onnx(dim));
@@ -332,7 +333,6 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         let start = self.request.dims.get(dim).copied().unwrap_or(1);
         let mut probes = Vec::new();
         let mut best: Option<(u64, Solved<'a>)> = None;
-        let mut budget_bytes = 0;
         let search = maximize::largest_fitting(start, maximize::MAX_VALUE, |value| {
             let mut req = self.request.clone();
             req.maximize = None;
@@ -341,7 +341,6 @@ impl<'a, P: Progress> PlanJob<'a, P> {
                 load(self.model, format, &req).map_err(|e| maximize::at_value(dim, value, e))?;
             let peak = remat_solver::store_all_peak(&loaded.problem);
             let floor = loaded.problem.footprint_lower_bound();
-            budget_bytes = plan_options(&loaded.problem, &req, self.threads)?.budget;
             if floor > budget_bytes {
                 probes.push(maximize::probe_below_floor(
                     value,
@@ -354,7 +353,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             let solved = self
                 .solve(loaded, &req, true)
                 .map_err(|e| maximize::at_value(dim, value, e))?;
-            let probe = maximize::probe(value, peak, &solved.planned.report, limit);
+            let probe = maximize::probe(value, peak, &solved.planned.report, limits.max_overhead);
             let fits = probe.fits;
             probes.push(probe);
             if fits && best.as_ref().is_none_or(|(v, _)| value > *v) {

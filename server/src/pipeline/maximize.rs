@@ -69,15 +69,24 @@ fn invalid(message: String) -> EngineError {
     EngineError::new(ErrorKind::BadInput, "invalid_option", message)
 }
 
-/// Checks a `maximize` request; returns its overhead limit (infinite when absent).
-pub fn check(req: &PlanRequest) -> Result<f64, EngineError> {
+/// A checked `maximize` request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// The device's memory: the budget every value is planned at.
+    pub budget_bytes: u64,
+    /// The most overhead that still fits (infinite when absent).
+    pub max_overhead: f64,
+}
+
+/// Checks a `maximize` request; returns its budget and overhead limit.
+pub fn check(req: &PlanRequest) -> Result<Limits, EngineError> {
     let dim = req.maximize.as_deref().unwrap_or_default();
     if dim.trim().is_empty() {
         return Err(invalid(
             "maximize: the dim to maximize is empty".to_string(),
         ));
     }
-    match req.budget.as_deref().map(str::trim) {
+    let budget_bytes = match req.budget.as_deref().map(str::trim) {
         None => {
             return Err(invalid(
                 "maximize needs the device's memory as the budget: bytes or a size (\"24GiB\")"
@@ -90,20 +99,29 @@ pub fn check(req: &PlanRequest) -> Result<f64, EngineError> {
                  `{dim}`; give the device's memory as bytes or a size (\"24GiB\")"
             )))
         }
-        Some(_) => {}
-    }
+        // Not a fraction: the store-all peak does not enter.
+        Some(b) => {
+            remat_solver::plan::parse_budget(b, 0).map_err(|e| invalid(format!("budget: {e}")))?
+        }
+    };
     if !req.fractions.is_empty() {
         return Err(invalid(
             "maximize plans at one budget; fractions belong to a sweep".to_string(),
         ));
     }
-    match req.max_overhead {
-        None => Ok(f64::INFINITY),
-        Some(m) if m.is_finite() && m >= 0.0 => Ok(m),
-        Some(m) => Err(invalid(format!(
-            "max_overhead must be a non-negative fraction (0.1 is 10%), got {m}"
-        ))),
-    }
+    let max_overhead = match req.max_overhead {
+        None => f64::INFINITY,
+        Some(m) if m.is_finite() && m >= 0.0 => m,
+        Some(m) => {
+            return Err(invalid(format!(
+                "max_overhead must be a non-negative fraction (0.1 is 10%), got {m}"
+            )))
+        }
+    };
+    Ok(Limits {
+        budget_bytes,
+        max_overhead,
+    })
 }
 
 /// An error at one value of the dim, with the value named.
@@ -281,13 +299,18 @@ mod tests {
             max_overhead: over,
             ..PlanRequest::default()
         };
-        assert_eq!(check(&req(Some("24GiB"), Some(0.1))).unwrap(), 0.1);
-        assert!(check(&req(Some("1000"), None)).unwrap().is_infinite());
+        let l = check(&req(Some("24GiB"), Some(0.1))).unwrap();
+        assert_eq!((l.budget_bytes, l.max_overhead), (24 << 30, 0.1));
+        assert!(check(&req(Some("1000"), None))
+            .unwrap()
+            .max_overhead
+            .is_infinite());
         for (r, says) in [
             (req(None, None), "device's memory"),
             (req(Some("0.5x"), None), "fraction of the store-all peak"),
             (req(Some("1GiB"), Some(-0.1)), "max_overhead"),
             (req(Some("1GiB"), Some(f64::NAN)), "max_overhead"),
+            (req(Some("lots"), None), "budget"),
         ] {
             let e = check(&r).unwrap_err();
             assert!(e.message.contains(says), "{}", e.message);

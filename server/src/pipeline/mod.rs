@@ -11,7 +11,7 @@ mod costs;
 mod execute;
 mod job;
 mod load;
-pub mod maximize;
+mod maximize;
 mod solve;
 pub mod torch;
 
@@ -72,14 +72,6 @@ impl Engine for Pipeline {
         progress: &dyn Fn(Phase),
     ) -> Result<Value, EngineError> {
         if format == ModelFormat::TorchGraph {
-            if request.maximize.is_some() {
-                return Err(EngineError::new(
-                    crate::engine::ErrorKind::BadInput,
-                    "invalid_option",
-                    "maximize binds a dim of an ONNX model; a captured PyTorch graph has the \
-                     shapes it was captured at",
-                ));
-            }
             let planned = torch::plan(model, request)?;
             if planned.infeasible {
                 return Err(torch::infeasible_error(&planned.document));

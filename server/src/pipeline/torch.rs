@@ -29,7 +29,8 @@ pub fn read(model: &[u8]) -> Result<TorchGraph, EngineError> {
 
 /// Plans a captured graph under the request's budget (bytes, a size, a fraction of the
 /// unplanned peak, or `min`). The solver options of the free model (`solver`, `time_limit`,
-/// `validate`) do not apply and are refused when given with another value than their default.
+/// `validate`) do not apply and are refused when given with another value than their default;
+/// so is `maximize` (a captured graph has the shapes it was captured at).
 pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError> {
     let graph = read(model)?;
     if let Some(solver) = req.solver.as_deref().filter(|s| *s != "auto") {
@@ -40,6 +41,14 @@ pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError
                 "solver {solver:?} plans free schedules; a captured PyTorch graph is planned in the \
                  torch-sac model (leave solver unset or auto)"
             ),
+        ));
+    }
+    if req.maximize.is_some() {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            "maximize binds a dim of an ONNX model; a captured PyTorch graph has the shapes it \
+             was captured at (capture it again at another batch)",
         ));
     }
     if req.validate == Some(true) {

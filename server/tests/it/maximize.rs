@@ -184,4 +184,15 @@ fn maximize_errors_name_what_is_wrong() {
     assert_eq!(ModelFormat::detect(graph), ModelFormat::GraphJson);
     let e = PlanJob::new(graph, &req).run().err().unwrap();
     assert!(e.message.contains("node-link graph"), "{}", e.message);
+    // A captured PyTorch graph has the shapes it was captured at: refused by torch::plan,
+    // which the CLI and the service both call.
+    let torch = std::fs::read(root().join("fixtures/torch/stack.torch.json")).unwrap();
+    let e = remat_server::pipeline::torch::plan(&torch, &request(&[], "1GiB", "batch", None))
+        .err()
+        .unwrap();
+    assert!(
+        e.message.contains("captured PyTorch graph"),
+        "{}",
+        e.message
+    );
 }
