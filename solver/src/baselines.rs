@@ -421,7 +421,7 @@ fn every_k_positions(len: usize, k: usize) -> Vec<usize> {
 
 /// Linear positions that are split points of the forward graph: no edge from an earlier
 /// position reaches past them (Chen et al.'s "possible split points").
-fn split_points(p: &Problem, lin: &[NodeId]) -> Vec<bool> {
+pub(crate) fn split_points(p: &Problem, lin: &[NodeId]) -> Vec<bool> {
     let mut pos = vec![usize::MAX; p.len()];
     for (i, &v) in lin.iter().enumerate() {
         pos[v] = i;

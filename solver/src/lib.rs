@@ -69,6 +69,7 @@ pub use schedule::{simulate, store_all, store_all_peak, with_frees, Schedule, St
 pub mod baselines;
 pub mod dp;
 pub mod search;
+pub mod segments;
 // The exact MILP (Checkmate) through good_lp + HiGHS.
 #[cfg(feature = "highs")]
 mod highs_run;

@@ -29,6 +29,7 @@ pub enum Algorithm {
     Auto,
     Ilp,
     Dp,
+    SegmentDp,
     ChenSqrt,
     ChenGreedy,
     EveryK,
@@ -37,10 +38,11 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 8] = [
+    pub const ALL: [Algorithm; 9] = [
         Algorithm::Auto,
         Algorithm::Ilp,
         Algorithm::Dp,
+        Algorithm::SegmentDp,
         Algorithm::ChenSqrt,
         Algorithm::ChenGreedy,
         Algorithm::EveryK,
@@ -53,6 +55,7 @@ impl Algorithm {
             Algorithm::Auto => "auto",
             Algorithm::Ilp => "ilp",
             Algorithm::Dp => "dp",
+            Algorithm::SegmentDp => "segment-dp",
             Algorithm::ChenSqrt => "chen-sqrt",
             Algorithm::ChenGreedy => "chen-greedy",
             Algorithm::EveryK => "every-k",
@@ -464,6 +467,12 @@ pub fn plan_reusing(
                 }
             }
         }
+        Algorithm::SegmentDp => {
+            for s in crate::segments::solve(p, budget) {
+                pool.offer_schedule(p, "segment-dp", s)?;
+            }
+            pool.prune_best(p)?;
+        }
         Algorithm::Ilp => {
             offer_baselines(&mut pool, &base);
             // Where no baseline fits (random graphs), the peak descent to the budget gives
@@ -595,6 +604,13 @@ fn auto(
             }
             pool.offer("dp", s, stats);
         }
+    }
+    // Rotor's program over the chain of stages between split points (the residual stream of
+    // a transformer or a ResNet), at memory levels around the budget: exact for its class of
+    // schedules, fast at any depth, and the start the search and the MILP improve on
+    // (figures: docs/bench/transformers.md).
+    for s in crate::segments::solve(p, opts.budget) {
+        pool.offer_schedule(p, "segment-dp", s)?;
     }
     let total = opts.time_limit;
     let left = |start: Instant| total.saturating_sub(start.elapsed());

@@ -26,7 +26,7 @@ pub struct PlanArgs {
     /// With --maximize: the most overhead a plan may have, "10%" or 0.1 (default: any)
     #[arg(long, value_name = "OVERHEAD", value_parser = parse_overhead, requires = "maximize")]
     max_overhead: Option<f64>,
-    /// auto, ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
+    /// auto, ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
     #[arg(long, default_value = "auto")]
     solver: String,
     /// Seconds the solver may spend

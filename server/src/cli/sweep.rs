@@ -17,7 +17,7 @@ pub struct SweepArgs {
         default_value = "1.0,0.9,0.8,0.7,0.6,0.5,0.4,0.3"
     )]
     fractions: Vec<f64>,
-    /// auto, ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
+    /// auto, ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
     #[arg(long, default_value = "auto")]
     solver: String,
     /// Seconds the solver may spend per budget

@@ -24,7 +24,7 @@ pub struct ValidateArgs {
     /// with --plan, defaults to the plan's budget_bytes
     #[arg(long)]
     budget: Option<String>,
-    /// auto, ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
+    /// auto, ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
     #[arg(long, default_value = "auto")]
     solver: String,
     /// Seconds the solver may spend

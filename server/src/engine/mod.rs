@@ -33,7 +33,7 @@ pub struct PlanRequest {
     #[serde(default)]
     #[param(rename = "dim", value_type = Vec<String>)]
     pub dims: BTreeMap<String, u64>,
-    /// Algorithm: auto (default), ilp, dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
+    /// Algorithm: auto (default), ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
     pub solver: Option<String>,
     /// Seconds the solver may spend (the service clamps it to its cap).
     pub time_limit: Option<f64>,

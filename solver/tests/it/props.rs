@@ -440,3 +440,43 @@ proptest! {
         prop_assert!(e.contains("budget 7 bytes"), "{e}");
     }
 }
+
+/// The cheapest of the segment program's schedules that fits `budget` (each checked valid).
+fn segment_best(p: &Problem, budget: u64) -> Result<Option<f64>, TestCaseError> {
+    let mut best: Option<f64> = None;
+    for s in remat_solver::segments::solve(p, budget) {
+        let st = simulate(p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if st.peak_bytes <= budget {
+            best = Some(best.map_or(st.compute_cost, |b: f64| b.min(st.compute_cost)));
+        }
+    }
+    Ok(best)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The segment program's schedules are valid on any training DAG with split points, and
+    /// at store-all's peak it finds store-all's cost (keeping every stage is in its class).
+    #[test]
+    fn segment_dp_schedules_are_valid(p in arb_training_dag(16), frac in 0.2f64..1.1) {
+        segment_best(&p, budget_of(&p, frac))?;
+        if remat_solver::segments::structure(&p).is_ok() {
+            let full = store_all_peak(&p);
+            let best = segment_best(&p, full)?;
+            prop_assert!(best.is_some_and(|c| close(c, p.base_cost())), "{best:?} vs {}", p.base_cost());
+        }
+    }
+
+    /// On training chains the exact chain DP is a lower bound on what the segment program
+    /// finds (its schedules are scored by the simulator, not by its own arithmetic).
+    #[test]
+    fn segment_dp_is_never_below_the_exact_chain_dp(p in arb_chain(10), frac in 0.2f64..1.1) {
+        let budget = budget_of(&p, frac);
+        if let Some(c) = segment_best(&p, budget)? {
+            let exact = solve_chain(&p, budget).unwrap().expect("what the segments fit, the DP fits");
+            let dp = simulate(&p, &exact).unwrap().compute_cost;
+            prop_assert!(dp <= c * (1.0 + 1e-9), "dp {dp} vs segments {c}");
+        }
+    }
+}

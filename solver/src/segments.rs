@@ -1,0 +1,707 @@
+//! Chains of segments: Rotor's dynamic program (Beaumont et al., "Optimal checkpointing for
+//! heterogeneous chains", 2019) over the stages between the forward graph's split points,
+//! with a menu of keep options per stage (the idea of Rockmate, ICML 2023: a block's own
+//! schedules, chained by Rotor's program).
+//!
+//! # Structure
+//!
+//! A *split point* of the forward phase is a value that every later forward node reaches only
+//! through it (no forward edge from an earlier value passes it). On transformers and residual
+//! networks the residual stream after every residual add is one, so the forward phase is a
+//! chain of *stages* `1..=L`: stage `k` reads the split value `x_{k-1}` and its own nodes and
+//! ends with `x_k`. [`structure`] finds them on the [`Problem`] alone (no names, no exporter
+//! scopes), assigns every backward node to the stage whose values it reads (the backward phase
+//! in natural order, a stage never revisited), and says why when a problem has no such chain.
+//!
+//! # The program
+//!
+//! `Opt(s, t, m)`: the least cost of the backward of stages `t` down to `s`, with `x_{s-1}`
+//! held by the caller, the gradients entering stage `t` resident and `m` bytes for the rest.
+//! Its choices are Rotor's: run stages `s..s'-1` forward keeping only `x_{s'-1}` (*chain*),
+//! then `Opt(s', t, m - |x_{s'-1}|)` and `Opt(s, s'-1, m)`; or run stage `s` forward keeping
+//! what option `o` of its menu keeps (*keep*), then `Opt(s+1, t, m - kept)`, then stage `s`'s
+//! backward, recomputing there what option `o` did not keep. A stage's menu is its store-all
+//! (every value the backward reads) and smaller keep sets that drop the values cheapest to
+//! recompute per byte (each dropped value is recomputed once, with whatever it needs, right
+//! before its first backward reader). Memory is counted in slots (a fraction of the budget;
+//! each held size rounded up to whole slots, so the program never counts low), peaks and sizes
+//! are measured on the stage's own nodes with the simulator's freeing rule.
+//!
+//! # How exact
+//!
+//! The answer is optimal among the schedules of that class (Rotor's single-recompute-per-stage
+//! schedules over the stages, each stage forward either keeping nothing but its output or
+//! one option of its menu), under the slot rounding. What it returns is a compute order: the
+//! schedule's frees come from [`with_frees`](crate::with_frees) and its peak and cost from
+//! [`simulate`](crate::simulate), never from the program's own arithmetic. Where the program's
+//! memory model is off (a backward node reading another stage's values, gradients held across
+//! stages) the simulated peak says so, and [`solve`] offers schedules found for several memory
+//! levels around the budget so that the caller keeps the cheapest one that really fits.
+
+use crate::baselines::{split_points, Builder, Phases};
+use crate::problem::{NodeId, Problem};
+use crate::schedule::Schedule;
+
+/// Least number of stages for which the program is worth running.
+const MIN_STAGES: usize = 3;
+/// Upper limit on the program's work (table entries times choices) and on its table size;
+/// the memory slots shrink to stay under both (timings: `docs/bench/transformers.md`).
+const MAX_WORK: f64 = 4e8;
+const MAX_ENTRIES: usize = 8_000_000;
+/// Most and least memory slots of the table.
+const MAX_SLOTS: usize = 256;
+const MIN_SLOTS: usize = 16;
+/// The table spans this multiple of the budget, so that memory levels a little above it can
+/// be tried where the program's memory model is pessimistic.
+const HEADROOM: f64 = 1.1;
+/// Memory levels (fractions of the budget) the solution is read at; each is lowered to a
+/// schedule and simulated.
+const LEVELS: [f64; 14] = [
+    1.1, 1.06, 1.03, 1.0, 0.98, 0.96, 0.94, 0.92, 0.9, 0.87, 0.84, 0.8, 0.75, 0.7,
+];
+/// Fractions of a stage's droppable bytes its keep options drop (0 is its store-all).
+const DROP_SHARES: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
+
+/// The stage chain of a training problem.
+#[derive(Debug, Clone)]
+pub struct Segments {
+    /// `fwd[k]`: stage `k`'s needed forward nodes in natural order (`fwd[0]`: the first split
+    /// value alone, held throughout).
+    pub fwd: Vec<Vec<NodeId>>,
+    /// `x[k]`: stage `k`'s output, its last forward node.
+    pub x: Vec<NodeId>,
+    /// `bwd[k]`: the backward nodes assigned to stage `k`, in natural order (`bwd[0]`: those
+    /// that read only the first split value, run last).
+    pub bwd: Vec<Vec<NodeId>>,
+    /// Backward reads of another stage's forward values (outside `x_{k-1}` and stage `k`):
+    /// what the program's memory model does not see.
+    pub foreign_reads: usize,
+}
+
+impl Segments {
+    /// Number of stages `L` (stage 0 is the input).
+    pub fn stages(&self) -> usize {
+        self.fwd.len() - 1
+    }
+}
+
+/// The stage chain of `p`, or why it has none: no backward phase, or fewer than
+/// [`MIN_STAGES`] split points.
+pub fn structure(p: &Problem) -> std::result::Result<Segments, String> {
+    let ph = Phases::of(p);
+    if ph.forward.is_empty() {
+        return Err("the problem has no backward phase".into());
+    }
+    let lin = &ph.forward;
+    let split = split_points(p, lin);
+    let cuts: Vec<usize> = (0..lin.len()).filter(|&i| split[i]).collect();
+    if cuts.len() < MIN_STAGES + 1 {
+        return Err(format!(
+            "the forward phase has {} split points; at least {} make a chain of stages",
+            cuts.len(),
+            MIN_STAGES + 1
+        ));
+    }
+    let l = cuts.len() - 1;
+    let mut stage = vec![usize::MAX; p.len()];
+    let mut fwd = vec![Vec::new(); l + 1];
+    let mut x = vec![0; l + 1];
+    fwd[0] = lin[..=cuts[0]].to_vec();
+    for (k, w) in cuts.windows(2).enumerate() {
+        fwd[k + 1] = lin[w[0] + 1..=w[1]].to_vec();
+    }
+    for (k, nodes) in fwd.iter().enumerate() {
+        x[k] = *nodes.last().expect("a stage has at least its split value");
+        for &v in nodes {
+            stage[v] = k;
+        }
+    }
+    let mut bwd = vec![Vec::new(); l + 1];
+    let mut cur = l;
+    let mut foreign_reads = 0;
+    for &b in &ph.backward {
+        let latest = p
+            .deps(b)
+            .iter()
+            .filter(|&&d| stage[d] != usize::MAX)
+            .map(|&d| {
+                if d == x[stage[d]] {
+                    (stage[d] + 1).min(l)
+                } else {
+                    stage[d]
+                }
+            })
+            .min()
+            .unwrap_or(cur);
+        cur = cur.min(latest);
+        bwd[cur].push(b);
+        foreign_reads += p
+            .deps(b)
+            .iter()
+            .filter(|&&d| {
+                stage[d] != usize::MAX && stage[d] != cur && !(cur > 0 && d == x[cur - 1])
+            })
+            .count();
+    }
+    Ok(Segments {
+        fwd,
+        x,
+        bwd,
+        foreign_reads,
+    })
+}
+
+/// One entry of a stage's menu: what its forward keeps for its backward.
+#[derive(Debug, Clone)]
+struct KeepOption {
+    /// `keep[i]`: whether `fwd[k][i]` is kept after the stage's forward.
+    keep: Vec<bool>,
+    /// Bytes kept (the stage's output included).
+    kept_bytes: u64,
+    /// Peak of the stage's forward, with what it keeps, above what the caller holds.
+    fwd_peak: u64,
+    /// Peak of the stage's backward, recomputations included, above what the caller holds.
+    bwd_peak: u64,
+    /// Cost of the values the backward recomputes.
+    recompute: f64,
+}
+
+/// What the program knows of a stage.
+#[derive(Debug, Clone)]
+struct Stage {
+    fwd_cost: f64,
+    bwd_cost: f64,
+    out_bytes: u64,
+    /// Peak of the stage's forward keeping only its output.
+    chain_peak: u64,
+    /// Bytes of the gradients resident when the stage's backward starts.
+    grad_bytes: u64,
+    options: Vec<KeepOption>,
+}
+
+/// Scratch for [`local_peak`], sized to the problem.
+struct Scratch {
+    last: Vec<usize>,
+    counted: Vec<bool>,
+    touched: Vec<NodeId>,
+}
+
+impl Scratch {
+    fn new(n: usize) -> Self {
+        Scratch {
+            last: vec![usize::MAX; n],
+            counted: vec![false; n],
+            touched: Vec::new(),
+        }
+    }
+}
+
+/// Peak bytes of running `seq` with `live` resident at the start, under the simulator's rule
+/// (a value is freed after its last reader in `seq`, unless `keep` says a later step reads
+/// it; a live value nobody here reads and nobody keeps is freed first). Values neither live
+/// nor computed here (what the caller holds) are not counted.
+fn local_peak(
+    p: &Problem,
+    seq: &[NodeId],
+    live: &[NodeId],
+    keep: impl Fn(NodeId) -> bool,
+    s: &mut Scratch,
+) -> u64 {
+    for (i, &v) in seq.iter().enumerate() {
+        for &d in p.deps(v) {
+            if s.last[d] == usize::MAX {
+                s.touched.push(d);
+            }
+            s.last[d] = i;
+        }
+    }
+    let mut mem = 0u64;
+    for &v in live {
+        if !s.counted[v] {
+            s.counted[v] = true;
+            s.touched.push(v);
+            if s.last[v] != usize::MAX || keep(v) {
+                mem += p.bytes(v);
+            }
+        }
+    }
+    let mut peak = mem;
+    for (i, &v) in seq.iter().enumerate() {
+        if !s.counted[v] {
+            s.counted[v] = true;
+            s.touched.push(v);
+        }
+        mem += p.bytes(v);
+        peak = peak.max(mem);
+        for &d in p.deps(v) {
+            if s.counted[d] && s.last[d] == i && !keep(d) {
+                mem -= p.bytes(d);
+            }
+        }
+        let read_later = s.last[v] != usize::MAX && s.last[v] > i;
+        if !read_later && !keep(v) {
+            mem -= p.bytes(v);
+        }
+    }
+    for &v in &s.touched {
+        s.last[v] = usize::MAX;
+        s.counted[v] = false;
+    }
+    s.touched.clear();
+    peak
+}
+
+/// Where each node sits: its stage, its position in the stage's forward, the earliest
+/// backward stage reading it (`usize::MAX` for none).
+struct Ctx {
+    stage_of: Vec<usize>,
+    pos: Vec<usize>,
+    min_reader: Vec<usize>,
+}
+
+/// The stage parameters the program needs.
+fn stages(p: &Problem, seg: &Segments) -> Vec<Stage> {
+    let n = p.len();
+    let l = seg.stages();
+    let mut stage_of = vec![usize::MAX; n];
+    for (k, nodes) in seg.fwd.iter().enumerate() {
+        for &v in nodes {
+            stage_of[v] = k;
+        }
+    }
+    let mut bstage = vec![usize::MAX; n];
+    for (k, nodes) in seg.bwd.iter().enumerate() {
+        for &b in nodes {
+            bstage[b] = k;
+        }
+    }
+    // The earliest backward stage that reads each value.
+    let min_reader: Vec<usize> = (0..n)
+        .map(|v| {
+            p.users(v)
+                .iter()
+                .filter(|&&u| bstage[u] != usize::MAX)
+                .map(|&u| bstage[u])
+                .min()
+                .unwrap_or(usize::MAX)
+        })
+        .collect();
+    // grads[k]: the backward values of later stages that stage k or an earlier one reads.
+    let mut grads: Vec<Vec<NodeId>> = vec![Vec::new(); l + 1];
+    for (k, nodes) in seg.bwd.iter().enumerate() {
+        for &b in nodes {
+            if min_reader[b] < k {
+                for g in grads.iter_mut().take(k).skip(min_reader[b]) {
+                    g.push(b);
+                }
+            }
+        }
+    }
+    let mut pos = vec![usize::MAX; n];
+    for nodes in &seg.fwd {
+        for (i, &v) in nodes.iter().enumerate() {
+            pos[v] = i;
+        }
+    }
+    let ctx = Ctx {
+        stage_of,
+        pos,
+        min_reader,
+    };
+    let mut scratch = Scratch::new(n);
+    let mut out = Vec::with_capacity(l + 1);
+    for (k, stage_grads) in grads.iter().enumerate() {
+        let fwd = &seg.fwd[k];
+        let xk = seg.x[k];
+        let fwd_cost: f64 = fwd.iter().map(|&v| p.cost(v)).sum();
+        let bwd_cost: f64 = seg.bwd[k].iter().map(|&v| p.cost(v)).sum();
+        let chain_peak = local_peak(p, fwd, &[], |v| v == xk, &mut scratch);
+        let grad_bytes = stage_grads.iter().map(|&g| p.bytes(g)).sum();
+        let saved: Vec<bool> = fwd
+            .iter()
+            .map(|&v| v == xk || p.users(v).iter().any(|&u| bstage[u] != usize::MAX))
+            .collect();
+        let options = keep_options(p, seg, k, &saved, &ctx, stage_grads, &mut scratch);
+        out.push(Stage {
+            fwd_cost,
+            bwd_cost,
+            out_bytes: p.bytes(xk),
+            chain_peak,
+            grad_bytes,
+            options,
+        });
+    }
+    out
+}
+
+/// Stage `k`'s backward when the forward kept `keep`: each value of the stage a backward node
+/// reads that was not kept is recomputed (with what it needs of the stage) right before it.
+/// Returns the compute order and the cost of the recomputations.
+fn backward_order(
+    p: &Problem,
+    seg: &Segments,
+    k: usize,
+    keep: &[bool],
+    ctx: &Ctx,
+) -> (Vec<NodeId>, f64) {
+    let stage_of = &ctx.stage_of;
+    let mut resident: Vec<bool> = keep.to_vec();
+    let is_resident = |resident: &[bool], v: NodeId| resident[ctx.pos[v]];
+    let mut seq = Vec::new();
+    let mut cost = 0.0;
+    let mut stack = Vec::new();
+    let mut missing = Vec::new();
+    for &b in &seg.bwd[k] {
+        missing.clear();
+        for &d in p.deps(b) {
+            if stage_of[d] == k && !is_resident(&resident, d) {
+                stack.push(d);
+            }
+        }
+        while let Some(v) = stack.pop() {
+            if !is_resident(&resident, v) {
+                resident[ctx.pos[v]] = true;
+                missing.push(v);
+                for &d in p.deps(v) {
+                    if stage_of[d] == k && !is_resident(&resident, d) {
+                        stack.push(d);
+                    }
+                }
+            }
+        }
+        missing.sort_unstable();
+        for &v in &missing {
+            cost += p.cost(v);
+            seq.push(v);
+        }
+        seq.push(b);
+    }
+    (seq, cost)
+}
+
+/// Stage `k`'s menu: its store-all and keep sets that drop growing shares of its droppable
+/// bytes, cheapest recomputation per byte first; dominated options are left out.
+#[allow(clippy::too_many_arguments)]
+fn keep_options(
+    p: &Problem,
+    seg: &Segments,
+    k: usize,
+    saved: &[bool],
+    ctx: &Ctx,
+    grads: &[NodeId],
+    scratch: &mut Scratch,
+) -> Vec<KeepOption> {
+    let fwd = &seg.fwd[k];
+    let xk = seg.x[k];
+    // Droppable: saved values other than the output that have inputs in the stage or x_{k-1}
+    // (a graph input is never recomputed).
+    let mut droppable: Vec<(f64, usize)> = fwd
+        .iter()
+        .enumerate()
+        .filter(|&(i, &v)| saved[i] && v != xk && !p.deps(v).is_empty())
+        .map(|(i, &v)| {
+            // Recomputing v alone, from what the store-all keeps.
+            let own: f64 = p.cost(v)
+                + p.deps(v)
+                    .iter()
+                    .filter(|&&d| ctx.stage_of[d] == k && !saved[ctx.pos[d]])
+                    .map(|&d| p.cost(d))
+                    .sum::<f64>();
+            (own / p.bytes(v).max(1) as f64, i)
+        })
+        .collect();
+    droppable.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let total: u64 = droppable.iter().map(|&(_, i)| p.bytes(fwd[i])).sum();
+    let mut options: Vec<KeepOption> = Vec::new();
+    let mut taken = 0usize;
+    let mut keep = saved.to_vec();
+    let mut dropped_bytes = 0u64;
+    for share in DROP_SHARES {
+        let target = (total as f64 * share).ceil() as u64;
+        while taken < droppable.len() && dropped_bytes < target {
+            let i = droppable[taken].1;
+            keep[i] = false;
+            dropped_bytes += p.bytes(fwd[i]);
+            taken += 1;
+        }
+        if share > 0.0 && options.last().is_some_and(|o| o.keep == keep) {
+            continue;
+        }
+        let kept: Vec<NodeId> = fwd
+            .iter()
+            .zip(&keep)
+            .filter(|(_, &kp)| kp)
+            .map(|(&v, _)| v)
+            .collect();
+        let kept_bytes = kept.iter().map(|&v| p.bytes(v)).sum();
+        let fwd_peak = local_peak(
+            p,
+            fwd,
+            &[],
+            |v| ctx.stage_of[v] == k && keep[ctx.pos[v]],
+            scratch,
+        );
+        let (order, recompute) = backward_order(p, seg, k, &keep, ctx);
+        let mut live = kept.clone();
+        live.extend_from_slice(grads);
+        let bwd_peak = local_peak(p, &order, &live, |v| ctx.min_reader[v] < k, scratch);
+        options.push(KeepOption {
+            keep: keep.clone(),
+            kept_bytes,
+            fwd_peak,
+            bwd_peak,
+            recompute,
+        });
+    }
+    // Keep the options no other is at least as good as in every respect.
+    let dominated = |a: &KeepOption, b: &KeepOption| {
+        b.kept_bytes <= a.kept_bytes
+            && b.fwd_peak <= a.fwd_peak
+            && b.bwd_peak <= a.bwd_peak
+            && b.recompute <= a.recompute
+    };
+    let mut menu: Vec<KeepOption> = Vec::new();
+    for (i, a) in options.iter().enumerate() {
+        let beaten = options
+            .iter()
+            .enumerate()
+            .any(|(j, b)| j != i && dominated(a, b) && (!dominated(b, a) || j < i));
+        if !beaten {
+            menu.push(a.clone());
+        }
+    }
+    menu
+}
+
+/// The program's table: `cost[(s, t), m]` and the choice that reaches it.
+struct Table {
+    slots: usize,
+    slot: u64,
+    offset: Vec<usize>,
+    cost: Vec<f64>,
+    /// `-1 - o`: keep with option `o`; `s' > 0`: chain up to `s'`; 0: infeasible.
+    choice: Vec<i16>,
+}
+
+impl Table {
+    fn at(&self, s: usize, t: usize) -> usize {
+        (self.offset[s] + (t - s)) * (self.slots + 1)
+    }
+}
+
+fn slots_of(bytes: u64, slot: u64) -> usize {
+    bytes.div_ceil(slot) as usize
+}
+
+fn run_program(st: &[Stage], top_bytes: u64) -> Table {
+    let l = st.len() - 1;
+    let pairs = l * (l + 1) / 2;
+    debug_assert!(pairs * (MIN_SLOTS + 1) <= MAX_ENTRIES * 2);
+    let work = (l as f64).powi(3) / 6.0 + pairs as f64 * 5.0;
+    let slots = ((MAX_WORK / work) as usize)
+        .min(MAX_ENTRIES / pairs.max(1))
+        .clamp(MIN_SLOTS, MAX_SLOTS);
+    let slot = top_bytes.div_ceil(slots as u64).max(1);
+    // offset[s]: the pairs (s', t) with s' < s, so that (s, t) is offset[s] + t - s.
+    let mut offset = vec![0usize; l + 2];
+    for s in 2..=l + 1 {
+        offset[s] = offset[s - 1] + (l - (s - 1) + 1);
+    }
+    let width = slots + 1;
+    let mut t = Table {
+        slots,
+        slot,
+        offset,
+        cost: vec![f64::INFINITY; pairs * width],
+        choice: vec![0; pairs * width],
+    };
+    let mut row = vec![f64::INFINITY; width];
+    let mut row_choice = vec![0i16; width];
+    for len in 0..l {
+        for s in 1..=l - len {
+            let e = s + len;
+            row.fill(f64::INFINITY);
+            row_choice.fill(0);
+            let stage = &st[s];
+            // Keep: stage s forward with option o, the rest, then stage s's backward.
+            for (o, opt) in stage.options.iter().enumerate() {
+                let need = (st[e].grad_bytes + opt.fwd_peak).max(opt.bwd_peak);
+                let lo = slots_of(need, slot).max(if s < e {
+                    slots_of(opt.kept_bytes, slot)
+                } else {
+                    0
+                });
+                let own = stage.fwd_cost + stage.bwd_cost + opt.recompute;
+                let held = slots_of(opt.kept_bytes, slot);
+                let sub = if s < e { Some(t.at(s + 1, e)) } else { None };
+                for m in lo..=slots {
+                    let c = match sub {
+                        Some(base) => own + t.cost[base + m - held],
+                        None => own,
+                    };
+                    if c < row[m] {
+                        row[m] = c;
+                        row_choice[m] = -1 - o as i16;
+                    }
+                }
+            }
+            // Chain: stages s..s2-1 forward keeping only x_{s2-1}.
+            let mut peak = 0u64;
+            let mut fwd_cost = 0.0;
+            for s2 in s + 1..=e {
+                let k = s2 - 1;
+                let held_input = if k > s { st[k - 1].out_bytes } else { 0 };
+                peak = peak.max(st[k].chain_peak + held_input);
+                fwd_cost += st[k].fwd_cost;
+                let held = slots_of(st[k].out_bytes, slot);
+                let lo = slots_of(st[e].grad_bytes + peak, slot).max(held);
+                if lo > slots {
+                    break;
+                }
+                let a = t.at(s2, e);
+                let b = t.at(s, k);
+                for m in lo..=slots {
+                    let c = fwd_cost + t.cost[a + m - held] + t.cost[b + m];
+                    if c < row[m] {
+                        row[m] = c;
+                        row_choice[m] = s2 as i16;
+                    }
+                }
+            }
+            let at = t.at(s, e);
+            t.cost[at..at + width].copy_from_slice(&row);
+            t.choice[at..at + width].copy_from_slice(&row_choice);
+        }
+    }
+    t
+}
+
+/// Turns the program's answer at `(s, t, m)` into computes on the builder.
+fn lower(
+    seg: &Segments,
+    st: &[Stage],
+    tab: &Table,
+    b: &mut Builder<'_>,
+    (s, t, m): (usize, usize, usize),
+) {
+    let ch = tab.choice[tab.at(s, t) + m];
+    if ch < 0 {
+        let o = (-1 - ch) as usize;
+        let opt = &st[s].options[o];
+        for &v in &seg.fwd[s] {
+            b.ensure(&[v]);
+        }
+        for (i, &v) in seg.fwd[s].iter().enumerate() {
+            if !opt.keep[i] {
+                b.drop_value(v);
+            }
+        }
+        if s < t {
+            let held = slots_of(opt.kept_bytes, tab.slot);
+            lower(seg, st, tab, b, (s + 1, t, m - held));
+        }
+        for &v in &seg.bwd[s] {
+            b.ensure(&[v]);
+        }
+    } else {
+        let s2 = ch as usize;
+        for k in s..s2 {
+            for &v in &seg.fwd[k] {
+                b.ensure(&[v]);
+            }
+            for &v in &seg.fwd[k] {
+                if v != seg.x[k] {
+                    b.drop_value(v);
+                }
+            }
+            if k > s {
+                b.drop_value(seg.x[k - 1]);
+            }
+        }
+        let held = slots_of(st[s2 - 1].out_bytes, tab.slot);
+        lower(seg, st, tab, b, (s2, t, m - held));
+        b.drop_value(seg.x[s2 - 1]);
+        lower(seg, st, tab, b, (s, s2 - 1, m));
+    }
+}
+
+/// Schedules from the program at memory levels around `budget` (fixed bytes included), each a
+/// compute order with the frees [`with_frees`](crate::with_frees) derives, distinct, in
+/// decreasing memory level; empty when the problem has no chain of stages or nothing fits.
+/// Their peaks and costs are for [`simulate`](crate::simulate) to tell.
+pub fn solve(p: &Problem, budget: u64) -> Vec<Schedule> {
+    let Ok(seg) = structure(p) else {
+        return Vec::new();
+    };
+    solve_with(p, &seg, budget)
+}
+
+/// [`solve`] on a structure already found.
+pub fn solve_with(p: &Problem, seg: &Segments, budget: u64) -> Vec<Schedule> {
+    let l = seg.stages();
+    if l * (l + 1) / 2 * (MIN_SLOTS + 1) > MAX_ENTRIES * 2 || l > i16::MAX as usize {
+        // Too many stages for the table (thousands): the other solvers answer.
+        return Vec::new();
+    }
+    let st = stages(p, seg);
+    let input: u64 = seg.fwd[0].iter().map(|&v| p.bytes(v)).sum();
+    let Some(avail) = budget.checked_sub(p.fixed_bytes + input) else {
+        return Vec::new();
+    };
+    if avail == 0 {
+        return Vec::new();
+    }
+    let top = (avail as f64 * HEADROOM) as u64;
+    let tab = run_program(&st, top);
+    let needed = Phases::of(p).needed;
+    let mut out: Vec<Schedule> = Vec::new();
+    for f in LEVELS {
+        let m = ((avail as f64 * f) as u64 / tab.slot) as usize;
+        let m = m.min(tab.slots);
+        if tab.choice[tab.at(1, l) + m] == 0 {
+            continue;
+        }
+        let mut b = Builder::new(p);
+        for &v in &seg.fwd[0] {
+            b.ensure(&[v]);
+        }
+        lower(seg, &st, &tab, &mut b, (1, l, m));
+        for &v in &seg.bwd[0] {
+            b.ensure(&[v]);
+        }
+        let s = b.finish(&needed);
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{simulate, store_all_peak};
+    use crate::testutil::training_chain;
+
+    #[test]
+    fn a_training_chain_is_a_chain_of_stages() {
+        let p = training_chain(8, |_| 1.0, |_| 10);
+        let seg = structure(&p).unwrap();
+        assert_eq!(seg.stages(), 7);
+        let full = store_all_peak(&p);
+        for frac in [1.0, 0.8, 0.6, 0.5] {
+            let budget = (full as f64 * frac) as u64;
+            for s in solve(&p, budget) {
+                simulate(&p, &s).unwrap();
+            }
+        }
+        // At store-all's peak the program keeps everything: nothing is recomputed.
+        let best = solve(&p, full)
+            .iter()
+            .map(|s| simulate(&p, s).unwrap())
+            .filter(|st| st.peak_bytes <= full)
+            .map(|st| st.compute_cost)
+            .fold(f64::INFINITY, f64::min);
+        assert_eq!(best, p.base_cost());
+    }
+}
