@@ -280,3 +280,41 @@ fn remat_plan_takes_a_captured_pytorch_graph() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("--validate"), "{}", text(&o));
 }
+
+/// The segment program's plans of a transformer (GPT-2, Llama: a chain of stages at every
+/// residual add) run on the executor: the measured peak is the predicted one, within the
+/// budget, the gradients are those of the unplanned run, and the plan recomputes.
+#[test]
+fn segment_dp_plans_of_transformers_run_with_their_predicted_peak() {
+    for model in [
+        "fixtures/models/gpt2.legacy.onnx",
+        "fixtures/models/thirdparty/llama.dynamo18.onnx",
+    ] {
+        let o = remat(&[
+            "validate",
+            model,
+            "--dim",
+            "batch=2",
+            "--dim",
+            "seq=32",
+            "--budget",
+            "0.85x",
+            "--solver",
+            "segment-dp",
+            "--json",
+        ]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{model}: {t}");
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert_eq!(doc["solver"], "segment-dp", "{model}");
+        let v = &doc["validation"];
+        assert_eq!(v["ok"], true, "{model}: {v}");
+        assert_eq!(
+            v["measured_peak_bytes"], v["predicted_peak_bytes"],
+            "{model}"
+        );
+        assert!(v["measured_peak_bytes"].as_u64() <= doc["budget_bytes"].as_u64());
+        assert_eq!(v["grad_max_rel_err"].as_f64(), Some(0.0), "{model}");
+        assert!(v["recomputations"].as_u64() > Some(0), "{model}: {v}");
+    }
+}
