@@ -73,9 +73,6 @@ pub struct Segments {
     /// `bwd[k]`: the backward nodes assigned to stage `k`, in natural order (`bwd[0]`: those
     /// that read only the first split value, run last).
     pub bwd: Vec<Vec<NodeId>>,
-    /// Backward reads of another stage's forward values (outside `x_{k-1}` and stage `k`):
-    /// what the program's memory model does not see.
-    pub foreign_reads: usize,
 }
 
 impl Segments {
@@ -118,7 +115,6 @@ pub fn structure(p: &Problem) -> std::result::Result<Segments, String> {
     }
     let mut bwd = vec![Vec::new(); l + 1];
     let mut cur = l;
-    let mut foreign_reads = 0;
     for &b in &ph.backward {
         let latest = p
             .deps(b)
@@ -135,20 +131,8 @@ pub fn structure(p: &Problem) -> std::result::Result<Segments, String> {
             .unwrap_or(cur);
         cur = cur.min(latest);
         bwd[cur].push(b);
-        foreign_reads += p
-            .deps(b)
-            .iter()
-            .filter(|&&d| {
-                stage[d] != usize::MAX && stage[d] != cur && !(cur > 0 && d == x[cur - 1])
-            })
-            .count();
     }
-    Ok(Segments {
-        fwd,
-        x,
-        bwd,
-        foreign_reads,
-    })
+    Ok(Segments { fwd, x, bwd })
 }
 
 /// One entry of a stage's menu: what its forward keeps for its backward.
@@ -588,9 +572,7 @@ fn lower(
     if ch < 0 {
         let o = (-1 - ch) as usize;
         let opt = &st[s].options[o];
-        for &v in &seg.fwd[s] {
-            b.ensure(&[v]);
-        }
+        b.ensure(&seg.fwd[s]);
         for (i, &v) in seg.fwd[s].iter().enumerate() {
             if !opt.keep[i] {
                 b.drop_value(v);
@@ -606,9 +588,7 @@ fn lower(
     } else {
         let s2 = ch as usize;
         for k in s..s2 {
-            for &v in &seg.fwd[k] {
-                b.ensure(&[v]);
-            }
+            b.ensure(&seg.fwd[k]);
             for &v in &seg.fwd[k] {
                 if v != seg.x[k] {
                     b.drop_value(v);
@@ -662,9 +642,7 @@ pub fn solve_with(p: &Problem, seg: &Segments, budget: u64) -> Vec<Schedule> {
             continue;
         }
         let mut b = Builder::new(p);
-        for &v in &seg.fwd[0] {
-            b.ensure(&[v]);
-        }
+        b.ensure(&seg.fwd[0]);
         lower(seg, &st, &tab, &mut b, (1, l, m));
         for &v in &seg.bwd[0] {
             b.ensure(&[v]);
