@@ -75,6 +75,9 @@ pub mod segments;
 mod highs_run;
 #[cfg(feature = "highs")]
 pub mod ilp;
+// The time-point relaxation: a lower bound for every schedule that scales to deep models.
+#[cfg(feature = "highs")]
+pub mod bound;
 // Budget tools on top of the generators: the minimum feasible budget, peak descent, pruning.
 pub mod budget;
 // Algorithm choice, the plan report, the budget sweep.

@@ -11,6 +11,11 @@
 //! schedule loses the recomputations the budget does not need
 //! ([`crate::budget::prune_recomputations`]) before the MILP starts from it and again at the
 //! end. It returns the cheapest schedule within the budget among everything it ran.
+//!
+//! Every plan (any algorithm) with the `highs` feature is then bounded by the time-point
+//! relaxation ([`crate::bound`]), which holds for every schedule and solves in under a second
+//! on graphs of thousands of nodes: the report's `gap` is against the best of it, the store-all
+//! cost and whatever bound the MILP proved.
 
 use crate::baselines::{self, Baseline};
 use crate::error::{Result, SolverError};
@@ -167,6 +172,9 @@ pub enum BoundSource {
     Lp,
     /// The boundary model solved as a MILP ([`crate::ilp::boundary_bound`]): its dual bound.
     BoundaryMilp,
+    /// The time-point relaxation ([`crate::bound`]): valid for every schedule, not only
+    /// Checkmate's stage schedules, and solved in seconds on graphs of thousands of nodes.
+    TimePoints,
     /// The schedule is proven optimal: the exact chain DP, or the MILP solved to its gap
     /// (the bound is then the schedule's own cost).
     Exact,
@@ -179,6 +187,7 @@ impl BoundSource {
             BoundSource::Milp => "MILP",
             BoundSource::Lp => "LP",
             BoundSource::BoundaryMilp => "boundary MILP",
+            BoundSource::TimePoints => "time points",
             BoundSource::Exact => "exact",
         }
     }
@@ -268,6 +277,14 @@ const EXACT_BINARIES: usize = 15_000;
 /// `docs/bench/solver-tuning.md`).
 #[cfg(feature = "highs")]
 const LP_BOUND_MAX_ROWS: usize = 1_000_000;
+/// Share of the time limit the time-point relaxation ([`crate::bound`]) may take, and its
+/// least and most time (0.1-0.9 s on the deep fixtures: `docs/bench/transformers.md`).
+#[cfg(feature = "highs")]
+const TIME_POINTS_SHARE: f64 = 0.2;
+#[cfg(feature = "highs")]
+const TIME_POINTS_MIN: Duration = Duration::from_millis(500);
+#[cfg(feature = "highs")]
+const TIME_POINTS_MAX: Duration = Duration::from_secs(5);
 /// Share of the time limit the search gets before an exact MILP.
 const SEARCH_SHARE: f64 = 0.3;
 /// Share of the MILP's time that the boundary model's MILP gets for the bound.
@@ -280,6 +297,8 @@ const ILP_MARGIN: f64 = 0.08;
 /// graphs: `docs/bench/solver-tuning.md`).
 const SEARCH_RUNS: usize = 4;
 const PORTFOLIO_MAX_NODES: usize = 400;
+/// Schedules of the segment program that `auto` prunes (`Pool::offer_segments`).
+const SEGMENTS_PRUNED: usize = 5;
 /// Simulated steps [`crate::budget::prune_recomputations`] may spend on one schedule.
 const PRUNE_WORK: usize = 5_000_000;
 /// Targets of the peak descent, as fractions of the budget (each result is pruned back to
@@ -345,6 +364,40 @@ impl Pool {
     fn offer_schedule(&mut self, p: &Problem, solver: &str, schedule: Schedule) -> Result<()> {
         let stats = simulate(p, &schedule)?;
         self.offer(solver, schedule, stats);
+        Ok(())
+    }
+
+    /// Offers the segment program's schedules, some of those that fit less the recomputations
+    /// the budget does not need: the program reads its answer at several memory levels, and
+    /// the cheapest after pruning is often one read well below the budget, whose slack
+    /// pruning spends (on a 96-layer GPT-2 a quarter of the way from the least peak: +9.30%
+    /// for the best schedule at the budget, +8.35% for the one read at 0.7 of it, pruned).
+    /// Pruning a schedule of thousands of nodes takes a fifth of a second, so only
+    /// [`SEGMENTS_PRUNED`] are: the cheapest and those with the lowest peaks.
+    fn offer_segments(&mut self, p: &Problem, schedules: Vec<Schedule>) -> Result<()> {
+        let mut fitting = Vec::new();
+        for s in schedules {
+            let stats = simulate(p, &s)?;
+            if stats.peak_bytes <= self.budget && stats.recomputations > 0 {
+                fitting.push((s, stats));
+            } else {
+                self.offer("segment-dp", s, stats);
+            }
+        }
+        fitting.sort_by_key(|(_, st)| st.peak_bytes);
+        let cheapest = (0..fitting.len()).min_by(|&a, &b| {
+            fitting[a]
+                .1
+                .compute_cost
+                .total_cmp(&fitting[b].1.compute_cost)
+        });
+        for (i, (s, stats)) in fitting.into_iter().enumerate() {
+            if i + 1 < SEGMENTS_PRUNED || Some(i) == cheapest {
+                self.offer_pruned(p, "segment-dp", &s, None)?;
+            } else {
+                self.offer("segment-dp", s, stats);
+            }
+        }
         Ok(())
     }
 
@@ -468,10 +521,7 @@ pub fn plan_reusing(
             }
         }
         Algorithm::SegmentDp => {
-            for s in crate::segments::solve(p, budget) {
-                pool.offer_schedule(p, "segment-dp", s)?;
-            }
-            pool.prune_best(p)?;
+            pool.offer_segments(p, crate::segments::solve(p, budget))?;
         }
         Algorithm::Ilp => {
             offer_baselines(&mut pool, &base);
@@ -494,6 +544,7 @@ pub fn plan_reusing(
     }
     // Every needed node is computed at least once: store-all's cost bounds every schedule.
     pool.bound(full.compute_cost, BoundSource::StoreAll);
+    time_point_bound(p, opts, &mut pool)?;
     let bound_seconds = if opts.bound_time.is_zero() {
         0.0
     } else {
@@ -609,9 +660,7 @@ fn auto(
     // a transformer or a ResNet), at memory levels around the budget: exact for its class of
     // schedules, fast at any depth, and the start the search and the MILP improve on
     // (figures: docs/bench/transformers.md).
-    for s in crate::segments::solve(p, opts.budget) {
-        pool.offer_schedule(p, "segment-dp", s)?;
-    }
+    pool.offer_segments(p, crate::segments::solve(p, opts.budget))?;
     let total = opts.time_limit;
     let left = |start: Instant| total.saturating_sub(start.elapsed());
     let binaries = ilp_binaries(p)?;
@@ -807,6 +856,35 @@ fn run_ilp(
         }
         pool.offer("ilp", s, st);
     }
+    Ok(())
+}
+
+/// Raises the pool's lower bound with the time-point relaxation ([`crate::bound`]) when a
+/// schedule exists and nothing has proven it optimal, within a share of the time limit
+/// ([`TIME_POINTS_SHARE`], at most [`TIME_POINTS_MAX`]). The relaxation bounds every schedule,
+/// so a schedule that fits where it says none does is a bug; its bound is then left out.
+#[cfg(feature = "highs")]
+fn time_point_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<()> {
+    if pool.best.is_none() || settled_pool(pool, OPTIMAL_GAP) {
+        return Ok(());
+    }
+    let limit = opts
+        .time_limit
+        .mul_f64(TIME_POINTS_SHARE)
+        .clamp(TIME_POINTS_MIN, TIME_POINTS_MAX);
+    let out = crate::bound::time_point_bound(p, opts.budget, limit)?;
+    debug_assert!(
+        !out.infeasible,
+        "a schedule fits where the relaxation says none does"
+    );
+    if let (Some(b), false) = (out.bound, out.infeasible) {
+        pool.bound(b, BoundSource::TimePoints);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "highs"))]
+fn time_point_bound(_p: &Problem, _opts: &PlanOptions, _pool: &mut Pool) -> Result<()> {
     Ok(())
 }
 

@@ -20,44 +20,66 @@
 //! Its choices are Rotor's: run stages `s..s'-1` forward keeping only `x_{s'-1}` (*chain*),
 //! then `Opt(s', t, m - |x_{s'-1}|)` and `Opt(s, s'-1, m)`; or run stage `s` forward keeping
 //! what option `o` of its menu keeps (*keep*), then `Opt(s+1, t, m - kept)`, then stage `s`'s
-//! backward, recomputing there what option `o` did not keep. A stage's menu is its store-all
-//! (every value the backward reads) and smaller keep sets that drop the values cheapest to
-//! recompute per byte (each dropped value is recomputed once, with whatever it needs, right
-//! before its first backward reader). Memory is counted in slots (a fraction of the budget;
-//! each held size rounded up to whole slots, so the program never counts low), peaks and sizes
-//! are measured on the stage's own nodes with the simulator's freeing rule.
+//! backward, recomputing there what option `o` did not keep (each dropped value once, with
+//! whatever it needs, right before its first backward reader). A stage's menu is the Pareto
+//! frontier of its keep sets over (bytes kept, forward peak, backward peak, recomputation
+//! cost): every subset of the values its backward reads is tried when there are at most
+//! [`EXACT_DROPPABLE`] (a transformer block's half has 6 to 9), so the menu is the stage's
+//! exact frontier; larger stages get every subset of their largest values and a greedy
+//! ladder. Memory is counted in slots (a fraction of the budget; each held size rounded up to
+//! whole slots, so the program never counts low), peaks and sizes are measured on the
+//! stage's own nodes with the simulator's freeing rule.
+//!
+//! # Repeated blocks
+//!
+//! Two runs of stages `s..=t` whose stages have, one by one, the same parameters (costs, sizes,
+//! peaks, menus) have the same `Opt` for every `m`: the program solves each distinct run once
+//! (`Runs`). On a transformer, whose blocks repeat, that is a few runs per length instead of
+//! one per pair of stages (1,358 instead of 19,306 on a 96-layer GPT-2), and the work saved
+//! goes into a finer memory grid: up to [`MAX_SLOTS`] slots, as many as [`MAX_WORK`] allows
+//! (3,648 on that model, where 256 was the most before, so a held residual no longer
+//! counted as six times its size). The blocks are found by their parameters, not by names
+//! or exporter scopes.
 //!
 //! # How exact
 //!
 //! The answer is optimal among the schedules of that class (Rotor's single-recompute-per-stage
 //! schedules over the stages, each stage forward either keeping nothing but its output or
-//! one option of its menu), under the slot rounding. What it returns is a compute order: the
-//! schedule's frees come from [`with_frees`](crate::with_frees) and its peak and cost from
-//! [`simulate`](crate::simulate), never from the program's own arithmetic. Where the program's
-//! memory model is off (a backward node reading another stage's values, gradients held across
-//! stages) the simulated peak says so, and [`solve`] offers schedules found for several memory
-//! levels around the budget so that the caller keeps the cheapest one that really fits.
+//! one keep set of its menu), under the slot rounding. What it returns is a compute order:
+//! the schedule's frees come from [`with_frees`](crate::with_frees) and its peak and cost from
+//! [`simulate`](crate::simulate), never from the program's own arithmetic. The program's
+//! memory model counts high (slots rounded up, a stage's peak above what it holds, gradients
+//! held across stages), so [`solve`] reads the table at several memory levels around the
+//! budget and bisects between the highest level whose schedule fits and the lowest above it
+//! that does not; the caller keeps the cheapest schedule that really fits, after dropping the
+//! recomputations the budget does not need. How far that is from the best of every
+//! schedule, whatever its class, is what [`crate::bound`] proves: within 0.6% of the time-point
+//! bound on every deep fixture at every budget measured (`docs/bench/transformers.md`).
 
 use crate::baselines::{split_points, Builder, Phases};
 use crate::problem::{NodeId, Problem};
-use crate::schedule::Schedule;
+use crate::schedule::{simulate, Schedule};
 
 /// Least number of stages for which the program is worth running.
 const MIN_STAGES: usize = 3;
 /// Upper limit on the program's work (table entries times choices) and on its table size;
 /// the memory slots shrink to stay under both (timings: `docs/bench/transformers.md`).
-const MAX_WORK: f64 = 4e8;
+const MAX_WORK: f64 = 6e8;
 const MAX_ENTRIES: usize = 8_000_000;
+/// Most pairs of stages the program indexes (a chain of about 2,800 stages).
+const MAX_PAIRS: usize = 4_000_000;
 /// Most and least memory slots of the table.
-const MAX_SLOTS: usize = 256;
+const MAX_SLOTS: usize = 8192;
 const MIN_SLOTS: usize = 16;
+/// Droppable values of a stage up to which every keep set is tried (2^12 sets).
+const EXACT_DROPPABLE: usize = 12;
 /// The table spans this multiple of the budget, so that memory levels a little above it can
 /// be tried where the program's memory model is pessimistic.
-const HEADROOM: f64 = 1.1;
+const HEADROOM: f64 = 1.3;
 /// Memory levels (fractions of the budget) the solution is read at; each is lowered to a
 /// schedule and simulated.
-const LEVELS: [f64; 14] = [
-    1.1, 1.06, 1.03, 1.0, 0.98, 0.96, 0.94, 0.92, 0.9, 0.87, 0.84, 0.8, 0.75, 0.7,
+const LEVELS: [f64; 17] = [
+    1.3, 1.2, 1.1, 1.06, 1.03, 1.0, 0.98, 0.96, 0.94, 0.92, 0.9, 0.87, 0.84, 0.8, 0.75, 0.7, 0.6,
 ];
 /// Fractions of a stage's droppable bytes its keep options drop (0 is its store-all).
 const DROP_SHARES: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
@@ -363,8 +385,13 @@ fn backward_order(
     (seq, cost)
 }
 
-/// Stage `k`'s menu: its store-all and keep sets that drop growing shares of its droppable
-/// bytes, cheapest recomputation per byte first; dominated options are left out.
+/// Stage `k`'s menu: the Pareto frontier of its keep sets over (bytes kept, forward peak,
+/// backward peak, recomputation cost). A keep set keeps the stage's output and any subset of
+/// its other values the backward reads (its *droppable* values; a graph input is never
+/// recomputed): with at most [`EXACT_DROPPABLE`] droppable values every subset is tried, so the
+/// menu is the stage's exact frontier within the class; with more, every subset of the
+/// [`EXACT_DROPPABLE`] largest (the rest kept) and keep sets that drop growing shares of the
+/// droppable bytes, cheapest recomputation per byte first.
 #[allow(clippy::too_many_arguments)]
 fn keep_options(
     p: &Problem,
@@ -377,8 +404,6 @@ fn keep_options(
 ) -> Vec<KeepOption> {
     let fwd = &seg.fwd[k];
     let xk = seg.x[k];
-    // Droppable: saved values other than the output that have inputs in the stage or x_{k-1}
-    // (a graph input is never recomputed).
     let mut droppable: Vec<(f64, usize)> = fwd
         .iter()
         .enumerate()
@@ -395,22 +420,37 @@ fn keep_options(
         })
         .collect();
     droppable.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let total: u64 = droppable.iter().map(|&(_, i)| p.bytes(fwd[i])).sum();
-    let mut options: Vec<KeepOption> = Vec::new();
-    let mut taken = 0usize;
-    let mut keep = saved.to_vec();
-    let mut dropped_bytes = 0u64;
-    for share in DROP_SHARES {
-        let target = (total as f64 * share).ceil() as u64;
-        while taken < droppable.len() && dropped_bytes < target {
-            let i = droppable[taken].1;
-            keep[i] = false;
-            dropped_bytes += p.bytes(fwd[i]);
-            taken += 1;
+    let mut sets: Vec<Vec<bool>> = Vec::new();
+    // Every subset of the largest droppable values.
+    let mut largest: Vec<usize> = droppable.iter().map(|&(_, i)| i).collect();
+    largest.sort_by_key(|&i| (std::cmp::Reverse(p.bytes(fwd[i])), i));
+    largest.truncate(EXACT_DROPPABLE);
+    for mask in 0u32..(1u32 << largest.len()) {
+        let mut keep = saved.to_vec();
+        for (b, &i) in largest.iter().enumerate() {
+            if mask & (1 << b) != 0 {
+                keep[i] = false;
+            }
         }
-        if share > 0.0 && options.last().is_some_and(|o| o.keep == keep) {
-            continue;
+        sets.push(keep);
+    }
+    if droppable.len() > EXACT_DROPPABLE {
+        let total: u64 = droppable.iter().map(|&(_, i)| p.bytes(fwd[i])).sum();
+        let mut keep = saved.to_vec();
+        let (mut taken, mut dropped_bytes) = (0usize, 0u64);
+        for share in DROP_SHARES {
+            let target = (total as f64 * share).ceil() as u64;
+            while taken < droppable.len() && dropped_bytes < target {
+                let i = droppable[taken].1;
+                keep[i] = false;
+                dropped_bytes += p.bytes(fwd[i]);
+                taken += 1;
+            }
+            sets.push(keep.clone());
         }
+    }
+    let mut options: Vec<KeepOption> = Vec::with_capacity(sets.len());
+    for keep in sets {
         let kept: Vec<NodeId> = fwd
             .iter()
             .zip(&keep)
@@ -426,50 +466,134 @@ fn keep_options(
             scratch,
         );
         let (order, recompute) = backward_order(p, seg, k, &keep, ctx);
-        let mut live = kept.clone();
+        let mut live = kept;
         live.extend_from_slice(grads);
         let bwd_peak = local_peak(p, &order, &live, |v| ctx.min_reader[v] < k, scratch);
         options.push(KeepOption {
-            keep: keep.clone(),
+            keep,
             kept_bytes,
             fwd_peak,
             bwd_peak,
             recompute,
         });
     }
-    // Keep the options no other is at least as good as in every respect.
-    let dominated = |a: &KeepOption, b: &KeepOption| {
+    pareto(options)
+}
+
+/// The options no other is at least as good as in every respect (of equal ones, the first).
+fn pareto(mut options: Vec<KeepOption>) -> Vec<KeepOption> {
+    let key = |o: &KeepOption| (o.kept_bytes, o.fwd_peak, o.bwd_peak);
+    options.sort_by(|a, b| {
+        key(a)
+            .cmp(&key(b))
+            .then(a.recompute.total_cmp(&b.recompute))
+    });
+    let dominates = |b: &KeepOption, a: &KeepOption| {
         b.kept_bytes <= a.kept_bytes
             && b.fwd_peak <= a.fwd_peak
             && b.bwd_peak <= a.bwd_peak
             && b.recompute <= a.recompute
     };
+    // Sorted so that a dominating option comes first.
     let mut menu: Vec<KeepOption> = Vec::new();
-    for (i, a) in options.iter().enumerate() {
-        let beaten = options
-            .iter()
-            .enumerate()
-            .any(|(j, b)| j != i && dominated(a, b) && (!dominated(b, a) || j < i));
-        if !beaten {
-            menu.push(a.clone());
+    for a in options {
+        if !menu.iter().any(|b| dominates(b, &a)) {
+            menu.push(a);
         }
     }
     menu
 }
 
-/// The program's table: `cost[(s, t), m]` and the choice that reaches it.
+/// Which stage runs are the same to the program: `id(s, t)` names the run of stages `s..=t`,
+/// equal for two runs whose stages have, one by one, the same parameters (costs, sizes, peaks,
+/// menus). The program solves each distinct run once: on a transformer, whose blocks repeat,
+/// a few per length instead of one per pair of stages, which pays for a finer memory grid.
+struct Runs {
+    /// `offset[s]`: index of the pair `(s, s)`; `(s, t)` is `offset[s] + t - s`.
+    offset: Vec<usize>,
+    /// Per pair, its run's id.
+    id: Vec<u32>,
+    /// Per id, a pair `(s, t)` that has it, the first met in order of length.
+    first: Vec<(usize, usize)>,
+}
+
+impl Runs {
+    fn new(st: &[Stage]) -> Self {
+        let l = st.len() - 1;
+        // Stages with equal parameters get one class.
+        let mut classes: std::collections::HashMap<Vec<u64>, u32> = Default::default();
+        let class: Vec<u32> = st
+            .iter()
+            .map(|stage| {
+                let key = stage.signature();
+                let next = classes.len() as u32;
+                *classes.entry(key).or_insert(next)
+            })
+            .collect();
+        let mut offset = vec![0usize; l + 2];
+        for s in 2..=l + 1 {
+            offset[s] = offset[s - 1] + (l - (s - 1) + 1);
+        }
+        let pairs = l * (l + 1) / 2;
+        let mut id = vec![u32::MAX; pairs];
+        let mut first = Vec::new();
+        // A run is its first stage's class followed by the rest of the run.
+        let mut cons: std::collections::HashMap<(u32, u32), u32> = Default::default();
+        for len in 0..l {
+            for s in 1..=l - len {
+                let t = s + len;
+                let rest = if s < t {
+                    id[offset[s + 1] + t - (s + 1)]
+                } else {
+                    u32::MAX
+                };
+                let next = first.len() as u32;
+                let got = *cons.entry((class[s], rest)).or_insert(next);
+                if got == next {
+                    first.push((s, t));
+                }
+                id[offset[s] + len] = got;
+            }
+        }
+        Runs { offset, id, first }
+    }
+
+    fn of(&self, s: usize, t: usize) -> usize {
+        self.id[self.offset[s] + t - s] as usize
+    }
+}
+
+impl Stage {
+    /// Every parameter the program reads, as bits: equal signatures, equal answers.
+    fn signature(&self) -> Vec<u64> {
+        let mut k = vec![
+            self.fwd_cost.to_bits(),
+            self.bwd_cost.to_bits(),
+            self.out_bytes,
+            self.chain_peak,
+            self.grad_bytes,
+            self.options.len() as u64,
+        ];
+        for o in &self.options {
+            k.extend([o.kept_bytes, o.fwd_peak, o.bwd_peak, o.recompute.to_bits()]);
+        }
+        k
+    }
+}
+
+/// The program's table: `cost[id, m]` per distinct run and the choice that reaches it.
 struct Table {
     slots: usize,
     slot: u64,
-    offset: Vec<usize>,
+    runs: Runs,
     cost: Vec<f64>,
-    /// `-1 - o`: keep with option `o`; `s' > 0`: chain up to `s'`; 0: infeasible.
-    choice: Vec<i16>,
+    /// `-1 - o`: keep with option `o`; `d > 0`: chain up to stage `s + d`; 0: infeasible.
+    choice: Vec<i32>,
 }
 
 impl Table {
     fn at(&self, s: usize, t: usize) -> usize {
-        (self.offset[s] + (t - s)) * (self.slots + 1)
+        self.runs.of(s, t) * (self.slots + 1)
     }
 }
 
@@ -477,85 +601,87 @@ fn slots_of(bytes: u64, slot: u64) -> usize {
     bytes.div_ceil(slot) as usize
 }
 
-fn run_program(st: &[Stage], top_bytes: u64) -> Table {
-    let l = st.len() - 1;
-    let pairs = l * (l + 1) / 2;
-    debug_assert!(pairs * (MIN_SLOTS + 1) <= MAX_ENTRIES * 2);
-    let work = (l as f64).powi(3) / 6.0 + pairs as f64 * 5.0;
-    let slots = ((MAX_WORK / work) as usize)
-        .min(MAX_ENTRIES / pairs.max(1))
-        .clamp(MIN_SLOTS, MAX_SLOTS);
-    let slot = top_bytes.div_ceil(slots as u64).max(1);
-    // offset[s]: the pairs (s', t) with s' < s, so that (s, t) is offset[s] + t - s.
-    let mut offset = vec![0usize; l + 2];
-    for s in 2..=l + 1 {
-        offset[s] = offset[s - 1] + (l - (s - 1) + 1);
+/// The grid: as many memory slots as the work and table limits allow for these runs.
+fn grid(st: &[Stage], runs: &Runs) -> Option<usize> {
+    let work: f64 = runs
+        .first
+        .iter()
+        .map(|&(s, t)| (st[s].options.len() + t - s + 1) as f64)
+        .sum();
+    let distinct = runs.first.len();
+    if distinct * (MIN_SLOTS + 1) > MAX_ENTRIES {
+        return None;
     }
+    Some(
+        ((MAX_WORK / work.max(1.0)) as usize)
+            .min(MAX_ENTRIES / distinct.max(1) - 1)
+            .clamp(MIN_SLOTS, MAX_SLOTS),
+    )
+}
+
+fn run_program(st: &[Stage], runs: Runs, slots: usize, top_bytes: u64) -> Table {
+    let slot = top_bytes.div_ceil(slots as u64).max(1);
     let width = slots + 1;
+    let distinct = runs.first.len();
     let mut t = Table {
         slots,
         slot,
-        offset,
-        cost: vec![f64::INFINITY; pairs * width],
-        choice: vec![0; pairs * width],
+        runs,
+        cost: vec![f64::INFINITY; distinct * width],
+        choice: vec![0; distinct * width],
     };
     let mut row = vec![f64::INFINITY; width];
-    let mut row_choice = vec![0i16; width];
-    for len in 0..l {
-        for s in 1..=l - len {
-            let e = s + len;
-            row.fill(f64::INFINITY);
-            row_choice.fill(0);
-            let stage = &st[s];
-            // Keep: stage s forward with option o, the rest, then stage s's backward.
-            for (o, opt) in stage.options.iter().enumerate() {
-                let need = (st[e].grad_bytes + opt.fwd_peak).max(opt.bwd_peak);
-                let lo = slots_of(need, slot).max(if s < e {
-                    slots_of(opt.kept_bytes, slot)
-                } else {
-                    0
-                });
-                let own = stage.fwd_cost + stage.bwd_cost + opt.recompute;
-                let held = slots_of(opt.kept_bytes, slot);
-                let sub = if s < e { Some(t.at(s + 1, e)) } else { None };
-                for m in lo..=slots {
-                    let c = match sub {
-                        Some(base) => own + t.cost[base + m - held],
-                        None => own,
-                    };
-                    if c < row[m] {
-                        row[m] = c;
-                        row_choice[m] = -1 - o as i16;
-                    }
+    let mut row_choice = vec![0i32; width];
+    for r in 0..distinct {
+        // In order of length: every shorter run is solved before.
+        let (s, e) = t.runs.first[r];
+        row.fill(f64::INFINITY);
+        row_choice.fill(0);
+        let stage = &st[s];
+        // Keep: stage s forward with option o, the rest, then stage s's backward.
+        let sub = (s < e).then(|| t.at(s + 1, e));
+        for (o, opt) in stage.options.iter().enumerate() {
+            let need = (st[e].grad_bytes + opt.fwd_peak).max(opt.bwd_peak);
+            let held = slots_of(opt.kept_bytes, slot);
+            let lo = slots_of(need, slot).max(if s < e { held } else { 0 });
+            let own = stage.fwd_cost + stage.bwd_cost + opt.recompute;
+            for m in lo..=slots {
+                let c = match sub {
+                    Some(base) => own + t.cost[base + m - held],
+                    None => own,
+                };
+                if c < row[m] {
+                    row[m] = c;
+                    row_choice[m] = -1 - o as i32;
                 }
             }
-            // Chain: stages s..s2-1 forward keeping only x_{s2-1}.
-            let mut peak = 0u64;
-            let mut fwd_cost = 0.0;
-            for s2 in s + 1..=e {
-                let k = s2 - 1;
-                let held_input = if k > s { st[k - 1].out_bytes } else { 0 };
-                peak = peak.max(st[k].chain_peak + held_input);
-                fwd_cost += st[k].fwd_cost;
-                let held = slots_of(st[k].out_bytes, slot);
-                let lo = slots_of(st[e].grad_bytes + peak, slot).max(held);
-                if lo > slots {
-                    break;
-                }
-                let a = t.at(s2, e);
-                let b = t.at(s, k);
-                for m in lo..=slots {
-                    let c = fwd_cost + t.cost[a + m - held] + t.cost[b + m];
-                    if c < row[m] {
-                        row[m] = c;
-                        row_choice[m] = s2 as i16;
-                    }
-                }
-            }
-            let at = t.at(s, e);
-            t.cost[at..at + width].copy_from_slice(&row);
-            t.choice[at..at + width].copy_from_slice(&row_choice);
         }
+        // Chain: stages s..s2-1 forward keeping only x_{s2-1}.
+        let mut peak = 0u64;
+        let mut fwd_cost = 0.0;
+        for s2 in s + 1..=e {
+            let k = s2 - 1;
+            let held_input = if k > s { st[k - 1].out_bytes } else { 0 };
+            peak = peak.max(st[k].chain_peak + held_input);
+            fwd_cost += st[k].fwd_cost;
+            let held = slots_of(st[k].out_bytes, slot);
+            let lo = slots_of(st[e].grad_bytes + peak, slot).max(held);
+            if lo > slots {
+                break;
+            }
+            let a = t.at(s2, e);
+            let b = t.at(s, k);
+            for m in lo..=slots {
+                let c = fwd_cost + t.cost[a + m - held] + t.cost[b + m];
+                if c < row[m] {
+                    row[m] = c;
+                    row_choice[m] = (s2 - s) as i32;
+                }
+            }
+        }
+        let at = r * width;
+        t.cost[at..at + width].copy_from_slice(&row);
+        t.choice[at..at + width].copy_from_slice(&row_choice);
     }
     t
 }
@@ -586,7 +712,7 @@ fn lower(
             b.ensure(&[v]);
         }
     } else {
-        let s2 = ch as usize;
+        let s2 = s + ch as usize;
         for k in s..s2 {
             b.ensure(&seg.fwd[k]);
             for &v in &seg.fwd[k] {
@@ -619,11 +745,10 @@ pub fn solve(p: &Problem, budget: u64) -> Vec<Schedule> {
 /// [`solve`] on a structure already found.
 pub fn solve_with(p: &Problem, seg: &Segments, budget: u64) -> Vec<Schedule> {
     let l = seg.stages();
-    if l * (l + 1) / 2 * (MIN_SLOTS + 1) > MAX_ENTRIES * 2 || l > i16::MAX as usize {
+    if l * (l + 1) / 2 > MAX_PAIRS {
         // Too many stages for the table (thousands): the other solvers answer.
         return Vec::new();
     }
-    let st = stages(p, seg);
     let input: u64 = seg.fwd[0].iter().map(|&v| p.bytes(v)).sum();
     let Some(avail) = budget.checked_sub(p.fixed_bytes + input) else {
         return Vec::new();
@@ -631,15 +756,19 @@ pub fn solve_with(p: &Problem, seg: &Segments, budget: u64) -> Vec<Schedule> {
     if avail == 0 {
         return Vec::new();
     }
+    let st = stages(p, seg);
+    let runs = Runs::new(&st);
+    let Some(slots) = grid(&st, &runs) else {
+        return Vec::new();
+    };
     let top = (avail as f64 * HEADROOM) as u64;
-    let tab = run_program(&st, top);
+    let tab = run_program(&st, runs, slots, top);
     let needed = Phases::of(p).needed;
     let mut out: Vec<Schedule> = Vec::new();
-    for f in LEVELS {
-        let m = ((avail as f64 * f) as u64 / tab.slot) as usize;
-        let m = m.min(tab.slots);
+    // The schedule at memory level `m` and whether its simulated peak fits the budget.
+    let mut read = |m: usize| -> Option<bool> {
         if tab.choice[tab.at(1, l) + m] == 0 {
-            continue;
+            return None;
         }
         let mut b = Builder::new(p);
         b.ensure(&seg.fwd[0]);
@@ -648,8 +777,33 @@ pub fn solve_with(p: &Problem, seg: &Segments, budget: u64) -> Vec<Schedule> {
             b.ensure(&[v]);
         }
         let s = b.finish(&needed);
+        let fits = simulate(p, &s).is_ok_and(|x| x.peak_bytes <= budget);
         if !out.contains(&s) {
             out.push(s);
+        }
+        Some(fits)
+    };
+    // The levels, then a bisection between the highest that fits and the lowest above it
+    // that does not: the program counts memory pessimistically (slots rounded up, a
+    // stage's peak above what it holds), so the best schedule that fits usually lies a
+    // little above the budget's own level.
+    let (mut fit, mut over): (Option<usize>, Option<usize>) = (None, None);
+    for f in LEVELS {
+        let m = (((avail as f64 * f) as u64 / tab.slot) as usize).min(tab.slots);
+        match read(m) {
+            Some(true) => fit = fit.max(Some(m)),
+            Some(false) if fit.is_none() => over = Some(m),
+            _ => {}
+        }
+    }
+    if let (Some(mut lo), Some(mut hi)) = (fit, over) {
+        while hi > lo + 1 {
+            let mid = lo + (hi - lo) / 2;
+            if read(mid) == Some(true) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
         }
     }
     out
@@ -659,7 +813,83 @@ pub fn solve_with(p: &Problem, seg: &Segments, budget: u64) -> Vec<Schedule> {
 mod tests {
     use super::*;
     use crate::schedule::{simulate, store_all_peak};
-    use crate::testutil::training_chain;
+    use crate::testutil::{residual_blocks, training_chain};
+
+    /// Runs with every pair of stages its own id: what the program did before it shared them.
+    fn unshared(st: &[Stage]) -> Runs {
+        let l = st.len() - 1;
+        let mut offset = vec![0usize; l + 2];
+        for s in 2..=l + 1 {
+            offset[s] = offset[s - 1] + (l - (s - 1) + 1);
+        }
+        let mut id = vec![0u32; l * (l + 1) / 2];
+        let mut first = Vec::new();
+        for len in 0..l {
+            for s in 1..=l - len {
+                id[offset[s] + len] = first.len() as u32;
+                first.push((s, s + len));
+            }
+        }
+        Runs { offset, id, first }
+    }
+
+    #[test]
+    fn repeated_blocks_share_their_runs_and_the_answer_is_unchanged() {
+        let p = residual_blocks(24);
+        let seg = structure(&p).unwrap();
+        let st = stages(&p, &seg);
+        let l = st.len() - 1;
+        let runs = Runs::new(&st);
+        // Identical blocks: a handful of distinct runs per length, not one per pair.
+        assert!(
+            runs.first.len() <= 4 * l,
+            "{} runs for {l} stages",
+            runs.first.len()
+        );
+        assert!(runs.first.len() < l * (l + 1) / 4);
+        let top = store_all_peak(&p);
+        let shared = run_program(&st, runs, 64, top);
+        let each = run_program(&st, unshared(&st), 64, top);
+        for m in 0..=64 {
+            let (a, b) = (
+                shared.cost[shared.at(1, l) + m],
+                each.cost[each.at(1, l) + m],
+            );
+            assert!(
+                a == b || (a - b).abs() <= 1e-9 * a.abs(),
+                "m {m}: {a} against {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stage_menu_spans_keeping_everything_to_keeping_the_output() {
+        let p = residual_blocks(6);
+        let seg = structure(&p).unwrap();
+        let st = stages(&p, &seg);
+        // Every keep set of a block's stage (here: a, b or both dropped, or none) is matched
+        // or beaten in every respect by an entry of the menu.
+        let (k, stage) = st
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.options.len() > 1)
+            .expect("a stage with a choice");
+        let cheapest = stage
+            .options
+            .iter()
+            .map(|o| o.recompute)
+            .fold(f64::INFINITY, f64::min);
+        let least = stage.options.iter().map(|o| o.kept_bytes).min().unwrap();
+        assert_eq!(
+            cheapest, 0.0,
+            "stage {k}: keeping everything is on the menu"
+        );
+        let out = p.bytes(seg.x[k]);
+        assert_eq!(
+            least, out,
+            "stage {k}: keeping only the output is on the menu"
+        );
+    }
 
     #[test]
     fn a_training_chain_is_a_chain_of_stages() {

@@ -96,7 +96,7 @@ export function normalizeDoc(doc) {
       memory: arr(predicted.memory).map((x) => num(x)),
     },
     lowerBound: num(obj(o.lower_bound).compute_cost),
-    // What proved the bound: store_all, milp, lp or exact (absent from older reports).
+    // What proved the bound: store_all, milp, lp, boundary_milp, time_points or exact (absent from older reports).
     boundSource: str(obj(o.lower_bound).source),
     gap: num(o.gap),
     solveSeconds: num(o.solve_seconds),

@@ -16,7 +16,7 @@ import { describeError } from './upload.js';
 import { fillFigures } from './figures.js';
 
 /** How the report's lower-bound sources read in the solver card. */
-const BOUND_SOURCES = { store_all: 'store-all cost', milp: 'MILP', lp: 'LP relaxation', boundary_milp: 'boundary MILP', exact: 'exact' };
+const BOUND_SOURCES = { store_all: 'store-all cost', milp: 'MILP', lp: 'LP relaxation', boundary_milp: 'boundary MILP', time_points: 'time-point relaxation', exact: 'exact' };
 
 /**
  * Budget fractions for a sweep: 8 from the minimum feasible budget to the store-all peak, or

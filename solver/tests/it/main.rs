@@ -3,6 +3,7 @@
 //! Proptest keeps its regression seeds in `tests/proptest-regressions/<module>.txt`.
 
 mod baselines;
+mod bound;
 mod common;
 mod ilp;
 mod props;
