@@ -13,6 +13,8 @@ mod api_postgres;
 #[path = "api.rs"]
 mod api_sqlite;
 mod common;
+mod deep;
+mod deep_eval;
 mod documents;
 mod fuzz_openapi;
 mod gate;
