@@ -38,7 +38,9 @@ def main() -> None:
                 base, ratio = "none fits", ""
             else:
                 base = f"{best['name']} {100 * best['overhead']:+.2f}%"
-                ratio = f"{o / best['overhead']:.2f}" if o is not None and best["overhead"] > 0 else ""
+                ratio = (
+                    f"{o / best['overhead']:.2f}" if o is not None and best["overhead"] > 0 else ""
+                )
             name = model.rsplit("/", 1)[-1]
             print(
                 f"| {name} | {frac} | {budget:,} | {shown} | {r['solver']} | "

@@ -51,7 +51,7 @@ def main() -> int:
         for key, pts in (("old", old), ("new", new)):
             if not_monotone(pts):
                 bad[key].append(entry["name"])
-        for p, q in zip(old, new):
+        for p, q in zip(old, new, strict=True):
             po, qo = p["overhead"], q["overhead"]
             if po is None and qo is None:
                 continue
@@ -71,10 +71,10 @@ def main() -> int:
     print(f"new against old, per feasible point: {lower} lower, {equal} equal, {higher} higher")
     changes.sort()
     print("largest decreases:")
-    for d, line in changes[:8]:
+    for _d, line in changes[:8]:
         print(f"  {line}")
     print("increases:")
-    for d, line in [c for c in changes if c[0] > 0][-8:]:
+    for _d, line in [c for c in changes if c[0] > 0][-8:]:
         print(f"  {line}")
     return 0
 

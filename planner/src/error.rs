@@ -97,6 +97,9 @@ pub enum PlannerError {
     NoLoss,
     #[error("lowering the training graph: {0}")]
     Lowering(String),
+    /// A roofline rates file that cannot be used (`--rates`, `REMAT_RATES`).
+    #[error("roofline rates: {0}")]
+    Rates(String),
 }
 
 pub type Result<T, E = PlannerError> = std::result::Result<T, E>;

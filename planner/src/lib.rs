@@ -80,6 +80,7 @@
 //!   is a view. BatchNormalization is in training mode when `training_mode = 1` (opset 14+)
 //!   or when it has more than one output (opsets 9-13).
 
+pub mod cost;
 pub mod error;
 pub mod fuse;
 pub mod inspect;
@@ -90,6 +91,7 @@ pub mod ops;
 pub mod tensor;
 pub mod training;
 
+pub use cost::{OpClass, Rates, Roofline, Sample};
 pub use error::{PlannerError, Result, UnsupportedNode};
 pub use inspect::{InspectReport, TensorInfo, TrainingNodeInfo};
 pub use model::{ImportOptions, Model, ValueKind};

@@ -50,6 +50,10 @@ pub struct TrainingGraph {
     /// The storages counted in `saved_activation_bytes`, largest first.
     pub saved: Vec<SavedTensor>,
     problem: Problem,
+    /// Per node, the bytes it reads and writes once computed: its inputs (activations,
+    /// parameters and constants) and its output; for a backward node also the weights it
+    /// reads and the parameter gradients it writes. The roofline cost model's memory traffic.
+    pub traffic: Vec<u64>,
     /// What the executor needs to run the graph: where each training node comes from.
     pub exec: ExecInfo,
 }
@@ -577,6 +581,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
             required: n.required,
         })
         .collect();
+    let traffic = traffic(model, &nodes, &sources);
     let fixed = params_bytes.saturating_mul(2).saturating_add(buffers_bytes);
     let problem = Problem::new(name, problem_nodes, fixed)
         .map_err(|e| PlannerError::Lowering(e.to_string()))?;
@@ -606,6 +611,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
     };
     Ok(TrainingGraph {
         exec,
+        traffic,
         nodes,
         params_bytes,
         buffers_bytes,
@@ -613,6 +619,55 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
         saved,
         problem,
     })
+}
+
+/// [`TrainingGraph::traffic`]: per node, what it reads and writes.
+fn traffic(model: &Model, nodes: &[TrainingNode], sources: &[Source]) -> Vec<u64> {
+    let deps = |i: usize| -> u64 {
+        nodes[i]
+            .deps
+            .iter()
+            .fold(0u64, |a, &d| a.saturating_add(nodes[d].bytes))
+    };
+    let values = |vs: &[Option<ValueId>], keep: &dyn Fn(ValueId) -> bool| -> u64 {
+        let mut seen: Vec<ValueId> = vs.iter().flatten().copied().filter(|&v| keep(v)).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.iter()
+            .fold(0u64, |a, &v| a.saturating_add(fact_bytes(model, v)))
+    };
+    let weight = |v: ValueId| {
+        matches!(
+            model.values[v].kind,
+            ValueKind::Param | ValueKind::Derived | ValueKind::Buffer
+        )
+    };
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let own = n.bytes;
+            let io = match sources.get(i) {
+                // Every input and output of the op.
+                Some(Source::Forward(ix)) => {
+                    let node = &model.graph[*ix];
+                    values(&node.inputs, &|_| true).saturating_add(values(&node.outputs, &|_| true))
+                }
+                // What it reads, the weights the gradient of the inputs needs, the input
+                // gradients it writes and, when it is required, the parameter gradients.
+                Some(Source::Backward(ix)) => {
+                    let w = values(&model.graph[*ix].inputs, &weight);
+                    let grads = if n.required { w } else { 0 };
+                    deps(i)
+                        .saturating_add(w)
+                        .saturating_add(own)
+                        .saturating_add(grads)
+                }
+                _ => deps(i).saturating_add(own),
+            };
+            io.max(own)
+        })
+        .collect()
 }
 
 /// The storage a value lives in: views resolve to their base.

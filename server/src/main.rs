@@ -24,7 +24,12 @@ fn exit_quietly_on_closed_pipe() {
 }
 
 fn main() -> ExitCode {
-    let command = cli::Cli::parse().command;
+    let parsed = cli::Cli::parse();
+    if let Err(f) = parsed.install_rates() {
+        eprintln!("error: {:#}", f.error);
+        return ExitCode::from(f.code);
+    }
+    let command = parsed.command;
     if !command.serves() {
         exit_quietly_on_closed_pipe();
     }

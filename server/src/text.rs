@@ -109,6 +109,13 @@ fn costs_and_run(doc: &PlanDocument, s: &mut String) {
 
 /// One line on what measured costs changed.
 pub fn cost_summary(cm: &CostModel) -> String {
+    if cm.kind == "roofline" {
+        return format!(
+            "cost model roofline seconds (store-all step {:.3}s by {})",
+            cm.store_all_seconds,
+            cm.rates.as_deref().unwrap_or("remat's rates")
+        );
+    }
     let pct = |v: Option<f64>| {
         v.map(|x| format!("{:+.2}%", 100.0 * x))
             .unwrap_or("-".into())

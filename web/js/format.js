@@ -61,16 +61,27 @@ export function fmtSeconds(s) {
   return `${m} min ${Math.round(s - m * 60)} s`;
 }
 
-/** A compute cost, compact: 1234567 -> "1.23 M". */
+/** A compute cost, compact: 1234567 -> "1.23 M", 0.0000123 -> "1.23e-5". */
 export function fmtCost(c) {
   if (!isNum(c)) return '—';
   const a = Math.abs(c);
+  if (a > 0 && a < 0.01) return c.toExponential(2);
   if (a >= 1e12) return `${(c / 1e12).toFixed(2)} T`;
   if (a >= 1e9) return `${(c / 1e9).toFixed(2)} G`;
   if (a >= 1e6) return `${(c / 1e6).toFixed(2)} M`;
   if (a >= 1e4) return `${(c / 1e3).toFixed(1)} k`;
   if (Number.isInteger(c)) return String(c);
   return c.toPrecision(4);
+}
+
+/** A cost in its unit: seconds (the roofline's or measured) as "12.3 µs", "1.23 ms", "2.35 s";
+ *  any other unit (FLOPs, a graph's own) as {@link fmtCost}. */
+export function fmtCostIn(c, unit) {
+  if (unit !== 'seconds' || !isNum(c)) return fmtCost(c);
+  const a = Math.abs(c);
+  if (a < 1e-3) return `${(c * 1e6).toPrecision(3)} µs`;
+  if (a < 1) return `${(c * 1e3).toPrecision(3)} ms`;
+  return fmtSeconds(c);
 }
 
 /** An ISO timestamp as "2026-11-29 11:02:03 UTC"; anything else is returned as is. */

@@ -88,6 +88,9 @@ export function normalizeDoc(doc) {
     budgetBytes: num(o.budget_bytes),
     storeAllPeakBytes: num(o.store_all_peak_bytes),
     storeAllCost: num(o.store_all_cost ?? graph.store_all_cost),
+    // The unit of every cost: "seconds" with a cost model (roofline or measured), else the
+    // importer's FLOPs or a graph's own unit (absent).
+    costUnit: str(obj(o.cost_model).unit),
     minFeasibleBudgetBytes: num(o.min_feasible_budget_bytes),
     predicted: {
       peakBytes: num(predicted.peak_bytes),

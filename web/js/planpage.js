@@ -3,7 +3,7 @@
 
 import { ApiError, getPlan, getHistory, poll, postSweep } from './api.js';
 import { h, mount } from './dom.js';
-import { fmtBytes, fmtBytesExact, fmtCost, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtTime, isNum } from './format.js';
+import { fmtBytes, fmtBytesExact, fmtCostIn, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtTime, isNum } from './format.js';
 import { normalizeRecord, normalizeHistory, normalizeSweep, decisionCounts, measuredSeries, isTorchPlan } from './model.js';
 import { renderTorchPlan } from './torchpage.js';
 import { timelineChart, timelineText, paretoSeries, paretoChart, paretoText, destroyChart } from './charts.js';
@@ -85,7 +85,7 @@ export function summaryCards(doc) {
       'Compute overhead',
       fmtOverhead(p.overhead),
       p.overhead,
-      isNum(p.computeCost) ? `cost ${fmtCost(p.computeCost)} vs ${fmtCost(doc.storeAllCost)} store-all` : null,
+      isNum(p.computeCost) ? `cost ${fmtCostIn(p.computeCost, doc.costUnit)} vs ${fmtCostIn(doc.storeAllCost, doc.costUnit)} store-all` : null,
       v && isNum(v.measuredOverhead) ? `measured ${fmtOverhead(v.measuredOverhead)}` : null,
     ),
     card(
@@ -93,7 +93,7 @@ export function summaryCards(doc) {
       'Solver',
       h('span', {}, doc.solver ?? '—', ' ', statusBadge),
       doc.gap,
-      `gap ${isNum(doc.gap) ? fmtPct(doc.gap, 2) : '—'}${isNum(doc.lowerBound) ? ` · bound ${fmtCost(doc.lowerBound)}${doc.boundSource ? ` (${BOUND_SOURCES[doc.boundSource] ?? doc.boundSource})` : ''}` : ''}`,
+      `gap ${isNum(doc.gap) ? fmtPct(doc.gap, 2) : '—'}${isNum(doc.lowerBound) ? ` · bound ${fmtCostIn(doc.lowerBound, doc.costUnit)}${doc.boundSource ? ` (${BOUND_SOURCES[doc.boundSource] ?? doc.boundSource})` : ''}` : ''}`,
       `solved in ${fmtSeconds(doc.solveSeconds)}`,
       isNum(doc.reusedFromBudgetBytes) ? `from the schedule found at the budget ${fmtBytes(doc.reusedFromBudgetBytes)}` : null,
     ),

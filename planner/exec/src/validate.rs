@@ -31,6 +31,9 @@ pub struct ValidateOptions {
     pub repeat_reference: bool,
     /// Seconds of timing rounds to aim for (see `repeat_reference`).
     pub timing_seconds: f64,
+    /// The solver's cost of each training node (the plan's cost model: roofline or measured
+    /// seconds), for the predicted overhead; `None`: the importer's FLOPs.
+    pub costs: Option<Vec<f64>>,
 }
 
 /// Timing rounds at most (see [`ValidateOptions::repeat_reference`]; they go in pairs).
@@ -46,6 +49,7 @@ impl Default for ValidateOptions {
             peak_tolerance: 0.02,
             repeat_reference: true,
             timing_seconds: 2.0,
+            costs: None,
         }
     }
 }
@@ -139,7 +143,8 @@ pub struct Validation {
     /// The lowest and highest of the rounds' overheads: how far the machine's noise moves it.
     pub measured_overhead_range: [f64; 2],
     pub timing_rounds: usize,
-    /// The simulator's overhead of the same schedule (FLOPs or the problem's cost unit).
+    /// The simulator's overhead of the same schedule, in the plan's costs
+    /// ([`ValidateOptions::costs`]; FLOPs without them).
     pub predicted_overhead: f64,
     pub recomputations: usize,
     pub running_stat_updates: usize,
@@ -252,7 +257,10 @@ pub fn validate_with(
     opts: &ValidateOptions,
     progress: &mut (dyn FnMut(&str, usize, usize) + Send),
 ) -> crate::error::Result<Vec<Validation>> {
-    let problem = tg.to_problem();
+    let problem = match &opts.costs {
+        Some(c) => with_costs(&tg.to_problem(), c)?,
+        None => tg.to_problem(),
+    };
     let mut checked = Vec::with_capacity(schedules.len());
     for (s, _) in schedules {
         checked.push(check_schedule(&problem, s)?);

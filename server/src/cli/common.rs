@@ -140,6 +140,9 @@ impl From<DeviceArg> for ExecDevice {
 /// Where the solver's costs come from.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CostArg {
+    /// Seconds per op by the roofline: FLOPs and bytes moved at the rates of --rates
+    /// (remat's CPU defaults without it)
+    Roofline,
     /// FLOPs of each op (the importer's estimate)
     Flops,
     /// Seconds per op, measured by running the store-all step on the device (fastest of 3)
@@ -149,6 +152,7 @@ pub enum CostArg {
 impl From<CostArg> for Costs {
     fn from(c: CostArg) -> Self {
         match c {
+            CostArg::Roofline => Costs::Roofline,
             CostArg::Flops => Costs::Flops,
             CostArg::Measured => Costs::Measured,
         }
@@ -161,8 +165,9 @@ pub struct ExecArgs {
     /// The executor's device (for the plan's run and for --cost measured)
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
-    /// Solver costs: FLOPs of each op, or seconds measured by running each op on the device
-    #[arg(long, value_enum, default_value_t = CostArg::Flops)]
+    /// Solver costs: seconds per op by the roofline, FLOPs of each op, or seconds measured by
+    /// running each op on the device
+    #[arg(long, value_enum, default_value_t = CostArg::Roofline)]
     pub cost: CostArg,
 }
 

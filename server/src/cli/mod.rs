@@ -1,6 +1,7 @@
 //! The command line: one module per subcommand, each with its arguments and an `exec` that
 //! calls the library and decides the exit code ([`common::Failure`]).
 
+mod calibrate;
 pub mod common;
 mod gate;
 mod inspect;
@@ -18,6 +19,22 @@ use common::Failure;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Roofline rates to plan ONNX models with (a file `remat calibrate` wrote); remat's CPU
+    /// defaults otherwise (docs/cost-model.md)
+    #[arg(long, global = true, env = "REMAT_RATES", value_name = "FILE")]
+    pub rates: Option<std::path::PathBuf>,
+}
+
+impl Cli {
+    /// Installs the rates of `--rates` / `REMAT_RATES` (exit 2 naming the file when it is not
+    /// a rates file).
+    pub fn install_rates(&self) -> Result<(), Failure> {
+        if let Some(path) = &self.rates {
+            let r = remat_server::pipeline::rates::read(path).map_err(|e| Failure::new(2, e))?;
+            remat_server::pipeline::rates::set(r).map_err(|e| Failure::new(2, e))?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Subcommand)]
@@ -38,6 +55,9 @@ pub enum Command {
     /// Take solve and validation jobs from the shared PostgreSQL queue of `remat serve
     /// --db postgres://...` replicas (no HTTP)
     Worker(worker::WorkerArgs),
+    /// Fit the roofline's rates to op times measured on this machine's executor, for
+    /// `--rates` (docs/cost-model.md)
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 impl Command {
@@ -56,6 +76,7 @@ impl Command {
             Command::Gate(args) => gate::exec(args),
             Command::Validate(args) => validate::exec(args),
             Command::Worker(args) => worker::exec(args),
+            Command::Calibrate(args) => calibrate::exec(args),
         }
     }
 }

@@ -156,18 +156,24 @@ impl ValidationReport {
     }
 }
 
-/// Solver costs measured on the device instead of FLOPs, and what that changes.
+/// The solver's costs when they are not FLOPs: the roofline's seconds (the default for ONNX
+/// models) or seconds measured on the device, and, when measured, what that changes.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct CostModel {
-    /// `measured`.
+    /// `roofline` or `measured`.
     pub kind: String,
     /// `seconds`.
     pub unit: String,
     pub device: String,
-    /// Runs of the store-all step the costs are the fastest of.
+    /// Runs of the store-all step the costs are the fastest of (0 for the roofline).
     pub profiling_runs: usize,
-    /// The store-all step's measured seconds (the sum of the costs).
+    /// The store-all step's seconds (the sum of the costs).
     pub store_all_seconds: f64,
+    /// Where the roofline's rates come from (`remat calibrate` writes them); absent for
+    /// measured costs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub rates: Option<String>,
     /// With a budget where both plans are feasible: the plans by FLOPs and by measured time,
     /// compared in measured time (its three fields, or none of them).
     #[serde(flatten)]

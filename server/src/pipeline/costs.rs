@@ -1,6 +1,7 @@
-//! Solver costs measured on the device (`remat plan --cost measured`): each op's seconds in
-//! the store-all step replace its FLOPs, and at the request's budget the plans by FLOPs and by
-//! time are compared in measured time.
+//! The solver's costs of an ONNX model: the roofline's seconds, as `load` lowers them (the
+//! default), the importer's FLOPs (`--cost flops`), or seconds measured on the device
+//! (`remat plan --cost measured`: each op's seconds in the store-all step, and at the
+//! request's budget the plans by FLOPs and by time compared in measured time).
 
 use super::execute::exec_error;
 use super::load::Loaded;
@@ -13,6 +14,30 @@ use remat_solver::{simulate, Schedule, Step};
 
 /// Runs of the store-all step whose fastest gives each op's cost.
 const PROFILING_RUNS: usize = 3;
+
+/// The roofline's cost model of a loaded ONNX model (its problem's costs are the roofline's
+/// already); `None` for a node-link graph, which keeps its own costs.
+pub fn roofline_costs(loaded: &Loaded) -> Option<CostModel> {
+    loaded.exec.as_ref()?;
+    Some(CostModel {
+        kind: "roofline".to_string(),
+        unit: "seconds".to_string(),
+        device: "cpu".to_string(),
+        profiling_runs: 0,
+        store_all_seconds: loaded.problem.base_cost(),
+        rates: Some(super::rates::roofline().source.clone()),
+        comparison: None,
+    })
+}
+
+/// Puts the importer's FLOPs back as the problem's costs (a node-link graph keeps its own).
+pub fn flops_costs(loaded: &mut Loaded) {
+    if let Some(em) = &loaded.exec {
+        let name = std::mem::take(&mut loaded.problem.name);
+        loaded.problem = em.training.to_problem();
+        loaded.problem.name = name;
+    }
+}
 
 /// Replaces the problem's costs by seconds measured on `device`, and says how that changes
 /// the plan at the request's budget (when it has one).
@@ -32,7 +57,9 @@ pub fn measure_costs(
     let costs = measured_costs(&em.model, &em.training, em.bytes, device, 0, PROFILING_RUNS)
         .map_err(exec_error)?;
     let measured = with_costs(&loaded.problem, &costs).map_err(exec_error)?;
-    let flops = std::mem::replace(&mut loaded.problem, measured);
+    let mut flops = em.training.to_problem();
+    flops.name = loaded.problem.name.clone();
+    loaded.problem = measured;
     // The same budget planned with FLOPs: how different is the plan, and what does it cost in
     // measured seconds?
     let comparison = match req.budget {
@@ -45,6 +72,7 @@ pub fn measure_costs(
         device: device.name().to_string(),
         profiling_runs: PROFILING_RUNS,
         store_all_seconds: loaded.problem.base_cost(),
+        rates: None,
         comparison,
     })
 }

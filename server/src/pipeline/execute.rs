@@ -23,7 +23,12 @@ pub fn validate_schedule(
     let Some(em) = &loaded.exec else {
         return Err(not_runnable());
     };
-    remat_exec::validate(&em.model, &em.training, em.bytes, schedule, opts, progress)
+    // The prediction beside the measurement is in the plan's own costs.
+    let opts = ValidateOptions {
+        costs: Some(loaded.problem.nodes.iter().map(|n| n.cost).collect()),
+        ..opts.clone()
+    };
+    remat_exec::validate(&em.model, &em.training, em.bytes, schedule, &opts, progress)
         .map_err(exec_error)
 }
 

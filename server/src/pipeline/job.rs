@@ -2,7 +2,7 @@
 //! model, measure its costs when asked, plan, run the plan on the executor when asked, and
 //! build the plan document. [`PlanJob`] is the builder; every setter says its default.
 
-use super::costs::measure_costs;
+use super::costs::{flops_costs, measure_costs, roofline_costs};
 use super::execute::{validate_schedule, validation_report};
 use super::load::{load, Loaded};
 use super::maximize;
@@ -21,10 +21,13 @@ pub fn default_threads() -> usize {
         .min(2)
 }
 
-/// Where the solver's costs come from.
+/// Where the solver's costs come from (node-link graphs always keep their own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Costs {
-    /// The importer's FLOPs of each op (node-link graphs: their own costs).
+    /// Each op's seconds by the roofline: FLOPs and bytes moved at the process's rates
+    /// ([`super::rates`]).
+    Roofline,
+    /// The importer's FLOPs of each op.
     Flops,
     /// Each op's seconds, measured by running the store-all step on the job's device (the
     /// fastest of 3 runs); ONNX models only.
@@ -111,7 +114,7 @@ pub struct PlanOutcome<'a> {
 ///     dims: [("batch".to_string(), 2)].into(),
 ///     ..PlanRequest::default()
 /// };
-/// let outcome = PlanJob::new(&bytes, &request).costs(Costs::Flops).validate(true).run()?;
+/// let outcome = PlanJob::new(&bytes, &request).costs(Costs::Roofline).validate(true).run()?;
 /// println!("{:?}: peak {}", outcome.stop, outcome.document.report.predicted.peak_bytes);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -135,7 +138,7 @@ impl<'a> PlanJob<'a> {
             model,
             request,
             threads: default_threads(),
-            costs: Costs::Flops,
+            costs: Costs::Roofline,
             device: ExecDevice::Cpu,
             seed: 0,
             validate: request.validate == Some(true),
@@ -153,7 +156,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         self
     }
 
-    /// Where the solver's costs come from. Default: [`Costs::Flops`].
+    /// Where the solver's costs come from. Default: [`Costs::Roofline`].
     pub fn costs(mut self, costs: Costs) -> Self {
         self.costs = costs;
         self
@@ -216,8 +219,8 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         load(self.model, ModelFormat::detect(self.model), self.request)
     }
 
-    /// Replaces the loaded problem's costs when the job measures them; returns what the
-    /// measurement found (`None` with FLOPs).
+    /// Replaces the loaded problem's costs when the job asks for FLOPs or measures them;
+    /// returns the cost model (`None` with FLOPs, and for a node-link graph).
     pub fn measure_costs(
         &self,
         loaded: &mut Loaded<'a>,
@@ -231,7 +234,11 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         request: &PlanRequest,
     ) -> Result<Option<crate::engine::document::CostModel>, EngineError> {
         match self.costs {
-            Costs::Flops => Ok(None),
+            Costs::Roofline => Ok(roofline_costs(loaded)),
+            Costs::Flops => {
+                flops_costs(loaded);
+                Ok(None)
+            }
             Costs::Measured => measure_costs(loaded, request, self.threads, self.device).map(Some),
         }
     }

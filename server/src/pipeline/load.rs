@@ -73,7 +73,9 @@ pub fn load<'a>(
             let model = remat_planner::load(model, &opts).map_err(planner_error)?;
             let training = model.training_graph().map_err(planner_error)?;
             let report = InspectReport::new(&model, Some(&training));
-            let mut problem = training.to_problem();
+            // Costs in seconds by the roofline (FLOPs and bytes moved at the process's rates);
+            // `Costs::Flops` and `Costs::Measured` replace them later.
+            let mut problem = super::rates::roofline().problem(&training);
             if let Some(name) = &req.name {
                 problem.name = name.clone();
             }

@@ -2,16 +2,18 @@
 //! real [`Engine`]; the CLI runs the same [`PlanJob`], so the command line and the API give the
 //! same figures.
 //!
-//! The stages, each a module using only those before it: `load` (ONNX or node-link bytes to a
-//! solver problem), `solve` (options, plan, decisions, documents), `execute` (the executor's
-//! run), `costs` (measured costs), `maximize` (the search for the largest value of a dim
-//! that fits), `job` (the builder that runs them in order).
+//! The stages, each a module using only those before it: `rates` (the roofline rates of the
+//! process), `load` (ONNX or node-link bytes to a solver problem, ONNX costs by the roofline),
+//! `solve` (options, plan, decisions, documents), `execute` (the executor's run), `costs`
+//! (FLOPs or measured costs instead, and the document's cost model), `maximize` (the search
+//! for the largest value of a dim that fits), `job` (the builder that runs them in order).
 
 mod costs;
 mod execute;
 mod job;
 mod load;
 mod maximize;
+pub mod rates;
 mod solve;
 pub mod torch;
 

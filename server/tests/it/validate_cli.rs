@@ -324,3 +324,94 @@ fn segment_dp_plans_of_transformers_run_with_their_predicted_peak() {
         assert!(v["recomputations"].as_u64() > Some(0), "{model}: {v}");
     }
 }
+
+/// The roofline is the default cost model; `remat calibrate` fits rates on this machine,
+/// `--rates` (or `REMAT_RATES`) plans with them, `--cost flops` plans with FLOPs; a file that
+/// is not a rates file is exit 2 naming it.
+#[test]
+fn plans_cost_by_the_roofline_and_calibrate_writes_rates_plans_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "plan", MODEL, "--dim", "batch=2", "--budget", "0.9x", "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = remat(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let default = plan(&[]);
+    assert_eq!(default["cost_model"]["kind"], "roofline", "{default}");
+    assert_eq!(default["cost_model"]["unit"], "seconds");
+    assert!(default["cost_model"]["rates"]
+        .as_str()
+        .unwrap()
+        .contains("remat's defaults"));
+    let base = default["store_all_cost"].as_f64().unwrap();
+    assert!(
+        base > 0.0 && base < 1.0,
+        "a tiny CNN's step in seconds: {base}"
+    );
+    let flops = plan(&["--cost", "flops"]);
+    assert!(flops.get("cost_model").is_none(), "{flops}");
+    assert!(flops["store_all_cost"].as_f64().unwrap() > 1e5, "FLOPs");
+
+    let rates = dir.path().join("rates.json");
+    let o = remat(&[
+        "calibrate",
+        MODEL,
+        "--dim",
+        "batch=2",
+        "--runs",
+        "1",
+        "--out",
+        rates.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("conv_backward") && t.contains("by the roofline"),
+        "{t}"
+    );
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&rates).unwrap()).unwrap();
+    assert!(written["source"]
+        .as_str()
+        .unwrap()
+        .contains("tiny_cnn.onnx"));
+    let calibrated = plan(&["--rates", rates.to_str().unwrap()]);
+    assert_eq!(calibrated["cost_model"]["rates"], written["source"]);
+    let by_env = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .current_dir(root())
+        .env("REMAT_RATES", &rates)
+        .args([
+            "plan", MODEL, "--dim", "batch=2", "--budget", "0.9x", "--json",
+        ])
+        .output()
+        .unwrap();
+    let by_env: serde_json::Value = serde_json::from_slice(&by_env.stdout).unwrap();
+    assert_eq!(by_env["cost_model"]["rates"], written["source"]);
+
+    std::fs::write(
+        dir.path().join("bad.json"),
+        "{\"source\": \"x\", \"rates\": {}}",
+    )
+    .unwrap();
+    let bad = dir.path().join("bad.json");
+    let o = remat(&[
+        "plan",
+        MODEL,
+        "--dim",
+        "batch=2",
+        "--budget",
+        "0.9x",
+        "--rates",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("bad.json") && text(&o).contains("`rates` has no \"conv_forward\""),
+        "{}",
+        text(&o)
+    );
+}

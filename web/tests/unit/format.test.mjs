@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { fmtBytes, fmtInt, fmtBytesExact, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtCost, fmtTime, parseSize } from '../../js/format.js';
+import { fmtBytes, fmtInt, fmtBytesExact, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtCost, fmtCostIn, fmtTime, parseSize } from '../../js/format.js';
 
 const cases = [
   [fmtBytes, 0, '0 B'],
@@ -26,12 +26,20 @@ const cases = [
   [fmtCost, 1234567, '1.23 M'],
   [fmtCost, 230, '230'],
   [fmtCost, 17234, '17.2 k'],
+  [fmtCost, 0.0000123, '1.23e-5'],
   [fmtTime, '2026-11-29T11:02:03Z', '2026-11-29 11:02:03 UTC'],
   [fmtTime, 'yesterday', 'yesterday'],
 ];
 
 test('formatters', () => {
   for (const [f, input, want] of cases) assert.equal(f(input), want, `${f.name}(${input})`);
+});
+
+test('costs in seconds read as times, other units as numbers', () => {
+  assert.equal(fmtCostIn(0.0000123, 'seconds'), '12.3 µs');
+  assert.equal(fmtCostIn(0.00123, 'seconds'), '1.23 ms');
+  assert.equal(fmtCostIn(4.2, 'seconds'), '4.20 s');
+  assert.equal(fmtCostIn(1234567, undefined), '1.23 M');
 });
 
 test('parseSize reads the sizes the API accepts and refuses fractions', () => {

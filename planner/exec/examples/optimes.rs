@@ -1,0 +1,32 @@
+//! `cargo run --release -p remat-exec --example optimes -- MODEL.onnx [NAME=VALUE...]`: one
+//! line per training node (tab-separated: kind, op, FLOPs, bytes moved, output bytes, seconds, id),
+//! the seconds the fastest of three store-all runs on the CPU. The data the roofline rates of
+//! `remat_planner::cost` were fitted to (docs/cost-model.md).
+
+use remat_exec::{measured_costs, ExecDevice};
+use remat_planner::{load, ImportOptions};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let path = args
+        .next()
+        .ok_or("usage: optimes MODEL.onnx [NAME=VALUE...]")?;
+    let mut opts = ImportOptions::default();
+    for a in args {
+        let (k, v) = a.split_once('=').ok_or("dims are NAME=VALUE")?;
+        opts.dims.insert(k.to_string(), v.parse()?);
+    }
+    let bytes = std::fs::read(&path)?;
+    let model = load(&bytes, &opts)?;
+    let tg = model.training_graph()?;
+    // A first run warms the threads' packing buffers; the next three are measured.
+    measured_costs(&model, &tg, &bytes, ExecDevice::Cpu, 0, 1)?;
+    let secs = measured_costs(&model, &tg, &bytes, ExecDevice::Cpu, 0, 3)?;
+    for (i, n) in tg.nodes.iter().enumerate() {
+        println!(
+            "{:?}\t{}\t{}\t{}\t{}\t{:.9}\t{}",
+            n.kind, n.op, n.cost, tg.traffic[i], n.bytes, secs[i], n.id
+        );
+    }
+    Ok(())
+}
