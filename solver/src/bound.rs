@@ -226,7 +226,7 @@ impl TimePoints {
             .map(|&v| p.users(v).iter().any(|&u| backward(u) && desc[u]))
             .collect();
         let mut held = Vec::new();
-        for g in (0..n).filter(|&g| on_spine(g) || (backward(g) && desc[g] && g != pivot)) {
+        for g in (0..n).filter(|&g| on_spine(g)) {
             if let (Some(first), Some(last)) = (earliest[g], last_read(g)) {
                 if first <= last {
                     held.push((g, first, last));
