@@ -4,7 +4,10 @@
 //! and solver, its wall time, the time-point bound and the gap to it, the best baseline and
 //! the ratio to it, with the least ratio any schedule can reach (from the bound).
 //!
-//! `cargo bench -p remat-server --bench transformers -- NAME...` runs only the models named.
+//! `cargo bench -p remat-server --bench transformers -- NAME...` runs only the models named;
+//! a `FILE.onnx` among them is planned as well, as a model of `fixtures/deep.py` (dims batch 2,
+//! seq 64): `python fixtures/deep.py --only gpt2_384.legacy17 --out /tmp/deep`, then
+//! `cargo bench -p remat-server --bench transformers -- /tmp/deep/gpt2_384.legacy17.onnx`.
 
 #[path = "../tests/it/deep_eval.rs"]
 mod deep_eval;
@@ -21,13 +24,30 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let m = manifest();
+    let mut m = manifest();
+    for file in only.iter().filter(|a| a.ends_with(".onnx")) {
+        let name = std::path::Path::new(file)
+            .file_stem()
+            .map_or_else(|| file.clone(), |s| s.to_string_lossy().into_owned());
+        m.models.push(deep_eval::DeepModel {
+            name,
+            file: file.clone(),
+            origin: "fixtures/deep.py, outside the suite".into(),
+            dims: [("batch".to_string(), 2), ("seq".to_string(), 64)].into(),
+            onnx_nodes: 0,
+            training_nodes: 0,
+        });
+    }
     let limit = Duration::from_secs_f64(m.time_limit_seconds);
     println!("| model | ONNX nodes | training nodes | import s |");
     println!("|---|---|---|---|");
     let mut all = Vec::new();
     for model in &m.models {
-        if !only.is_empty() && !only.iter().any(|o| model.name.contains(o.as_str())) {
+        if !only.is_empty()
+            && !only
+                .iter()
+                .any(|o| model.name.contains(o.as_str()) || model.file == *o)
+        {
             continue;
         }
         let start = Instant::now();

@@ -128,6 +128,11 @@ impl<'a> Builder<'a> {
         self.pinned[v] = false;
     }
 
+    /// Computes so far.
+    pub(crate) fn len(&self) -> usize {
+        self.seq.len()
+    }
+
     pub(crate) fn seq_slice(&self, r: std::ops::Range<usize>) -> &[NodeId] {
         &self.seq[r]
     }
@@ -595,8 +600,15 @@ impl RevolveTable {
 /// Revolve with `slots` checkpoint slots on the linearized forward phase: whenever a backward
 /// node needs a forward value that is gone, it advances from the nearest checkpoint below,
 /// placing checkpoints at the binomial split points while slots are free; checkpoints above
-/// the current backward position are released.
-fn revolve_with_slots(p: &Problem, ph: &Phases, table: &RevolveTable, slots: usize) -> Schedule {
+/// the current backward position are released. `None` once its compute order is longer than
+/// `limit` (few slots on a long forward phase: quadratic in its length).
+fn revolve_with_slots(
+    p: &Problem,
+    ph: &Phases,
+    table: &RevolveTable,
+    slots: usize,
+    limit: usize,
+) -> Option<Schedule> {
     let lin = &ph.forward;
     let n = p.len();
     let mut pos = vec![usize::MAX; n];
@@ -676,13 +688,24 @@ fn revolve_with_slots(p: &Problem, ph: &Phases, table: &RevolveTable, slots: usi
                 b.drop_value(v);
             }
         }
+        if b.len() > limit {
+            return None;
+        }
     }
-    b.finish(&ph.needed)
+    Some(b.finish(&ph.needed))
 }
 
+/// Steps of the revolve table's recurrence the baseline may spend: each slot count adds a
+/// column of `m²/2` steps for a forward phase of `m` nodes, so on long ones (a 384-layer
+/// GPT-2's 10,000 forward nodes) only the first slot counts are tried, and a schedule is
+/// abandoned once it is longer than [`WORK_LIMIT`] (there: with one slot it was 58M steps,
+/// 14 s and 3.6 GB).
+const REVOLVE_TABLE_WORK: u64 = 400_000_000;
+
 /// Griewank's revolve (binomial checkpointing) on the linearized forward phase, with the number
-/// of checkpoint slots chosen for the cheapest schedule within the budget. A problem without
-/// backward nodes has nothing to reverse: revolve is store-all there.
+/// of checkpoint slots chosen for the cheapest schedule within the budget, among the slot
+/// counts [`REVOLVE_TABLE_WORK`] and [`WORK_LIMIT`] allow. A problem without backward nodes has
+/// nothing to reverse: revolve is store-all there.
 pub fn revolve(p: &Problem, budget: u64) -> Result<Baseline> {
     let ph = Phases::of(p);
     let mut best = Best::new(budget);
@@ -692,14 +715,29 @@ pub fn revolve(p: &Problem, budget: u64) -> Result<Baseline> {
     }
     let m = ph.forward.len();
     let mut table = RevolveTable::new(m);
+    let column = (m as u64) * (m as u64 + 1) / 2;
     let mut was_feasible = false;
     for slots in 0..=m {
+        if slots as u64 * column > REVOLVE_TABLE_WORK {
+            break;
+        }
         table.ensure_slots(slots);
-        let fits = best.offer(p, revolve_with_slots(p, &ph, &table, slots));
+        // A schedule longer than the work limit is abandoned: more slots shorten it.
+        let Some(schedule) = revolve_with_slots(p, &ph, &table, slots, WORK_LIMIT) else {
+            continue;
+        };
+        let fits = best.offer(p, schedule);
         if (was_feasible && !fits) || best.spent() {
             break;
         }
         was_feasible |= fits;
+    }
+    if best.best.is_none() {
+        return Err(SolverError::InvalidArgument(format!(
+            "revolve: no slot count its table reaches ({} of them, on a forward phase of {m} \
+             nodes) gives a schedule of at most {WORK_LIMIT} steps",
+            REVOLVE_TABLE_WORK / column.max(1) + 1
+        )));
     }
     best.into_baseline(p, "revolve")
 }

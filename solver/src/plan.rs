@@ -861,7 +861,9 @@ fn run_ilp(
 
 /// Raises the pool's lower bound with the time-point relaxation ([`crate::bound`]) when a
 /// schedule exists and nothing has proven it optimal, within a share of the time limit
-/// ([`TIME_POINTS_SHARE`], at most [`TIME_POINTS_MAX`]). The relaxation bounds every schedule,
+/// ([`TIME_POINTS_SHARE`], at most [`TIME_POINTS_MAX`]; the pivot's relaxation, the first, may
+/// take [`TIME_POINTS_MAX`] whatever the share, so that graphs of tens of thousands of nodes
+/// get a bound). The relaxation bounds every schedule,
 /// so a schedule that fits where it says none does is a bug; its bound is then left out.
 #[cfg(feature = "highs")]
 fn time_point_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<()> {
@@ -872,7 +874,7 @@ fn time_point_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<
         .time_limit
         .mul_f64(TIME_POINTS_SHARE)
         .clamp(TIME_POINTS_MIN, TIME_POINTS_MAX);
-    let out = crate::bound::time_point_bound(p, opts.budget, limit)?;
+    let out = crate::bound::time_point_bound_within(p, opts.budget, limit, TIME_POINTS_MAX)?;
     debug_assert!(
         !out.infeasible,
         "a schedule fits where the relaxation says none does"
