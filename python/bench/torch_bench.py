@@ -20,6 +20,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -286,9 +287,22 @@ def main() -> None:
     ap.add_argument("--cost", default="measured", choices=["measured", "flops"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument(
+        "--graphs",
+        help="only capture each model's step (cost=flops) into DIR/NAME.torch.json, and stop",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.graphs:
+        out = Path(args.graphs)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in args.models.split(","):
+            model, inputs, _ = build(name)
+            graph = rt.capture(model, inputs, rt.default_loss)
+            (out / f"{name}.torch.json").write_text(json.dumps(graph))
+            print(f"{name}: {len(graph['ops'])} ops, {len(graph['regions'])} regions", flush=True)
+        return
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor()}, "
         f"python {sys.version.split()[0]}",

@@ -20,9 +20,13 @@
 //!
 //! [`plan`] chooses wrapped regions and keep sets under a byte budget: the cheapest plan that
 //! fits among candidates that do not depend on the budget (a [`path`] of moves from full
-//! checkpointing, and the budgeted [`greedy`] at budgets taken from the path), so a larger
-//! budget never costs more. The moves are "keep op j" (in every copy of a block, or in one
-//! region) and "do not wrap region r". It is a heuristic, not an exact solver.
+//! checkpointing, the budgeted [`greedy`] at budgets taken from the path, and the
+//! [`block_plans`] of each class of identical regions), so a larger budget never costs more.
+//! The moves are "keep op j" (in every copy of a block, or in one region) and "do not wrap
+//! region r". The block plans give every copy of a block one of its options (each keep set of
+//! its keepable ops, or unwrapped) computed once for the block, or the first copies one
+//! option and the rest another. It is a heuristic, not an exact solver: the block plans are
+//! exhaustive only within that class.
 
 use crate::error::{Result, SolverError};
 use serde::{Deserialize, Serialize};
@@ -673,6 +677,11 @@ pub struct Candidates {
 
 impl Candidates {
     pub fn new(graph: &TorchGraph) -> Result<Self> {
+        Self::with_blocks(graph, true)
+    }
+
+    /// The candidates, with the [`block_plans`] or (to measure what they add) without.
+    pub fn with_blocks(graph: &TorchGraph, blocks: bool) -> Result<Self> {
         const GREEDY_RUNS: usize = 12;
         let unplanned = simulate(graph, &SacPlan::default())?;
         let full = SacPlan::full(graph);
@@ -692,6 +701,9 @@ impl Candidates {
         plans.extend(points.into_iter().enumerate().map(|(i, (p, s))| (p, s, i)));
         for b in grid {
             plans.push(greedy(graph, b, &full, &full_stats)?);
+        }
+        if blocks {
+            plans.extend(block_plans(graph, &full)?);
         }
         let least = (0..plans.len())
             .min_by(|&a, &b| {
@@ -763,6 +775,97 @@ impl Candidates {
             }
         })
     }
+}
+
+/// Keepable ops of a block whose keep sets are all tried (2^8 sets); a block with more tries
+/// every keep set of the ones that hold the most bytes, the others recomputed in every one.
+const BLOCK_KEEPABLE: usize = 8;
+/// Most plans mixing two options [`block_plans`] simulates per class of blocks.
+const BLOCK_MIXTURES: usize = 2048;
+
+/// The block candidates. For each class of identical regions (copies of one block, in forward
+/// order) with its other regions fully checkpointed: every copy given one option of the block
+/// (unwrapped, or wrapped keeping one subset of its keepable ops: every subset when there are
+/// at most [`BLOCK_KEEPABLE`], else every subset of the ones holding the most bytes), then,
+/// among the options whose uniform plans are on the (peak, cost) Pareto front, the first `k`
+/// copies given one and the rest another, for every `k` (the copies that run first hold what
+/// they keep the longest). Each plan is simulated; at most [`BLOCK_MIXTURES`] mixtures per class
+/// (adjacent front options only, when every pair would be more).
+pub fn block_plans(graph: &TorchGraph, full: &SacPlan) -> Result<Vec<(SacPlan, SacStats, usize)>> {
+    let mut out = Vec::new();
+    for class in graph.classes() {
+        let r0 = class[0];
+        let reg = &graph.regions[r0];
+        let mut offsets: Vec<usize> = (reg.first_op..=reg.last_op)
+            .filter(|&j| keepable(graph, r0, j))
+            .map(|j| j - reg.first_op)
+            .collect();
+        offsets.sort_by_key(|&o| (std::cmp::Reverse(held_bytes(graph, reg.first_op + o)), o));
+        offsets.truncate(BLOCK_KEEPABLE);
+        // An option: None (unwrapped) or the offsets kept.
+        let mut options: Vec<Option<Vec<usize>>> = vec![None];
+        for mask in 0u32..(1u32 << offsets.len()) {
+            let keep = (0..offsets.len())
+                .filter(|b| mask & (1 << b) != 0)
+                .map(|b| offsets[b])
+                .collect();
+            options.push(Some(keep));
+        }
+        let with = |choice: &dyn Fn(usize) -> usize| -> SacPlan {
+            let mut plan = full.clone();
+            for (i, &r) in class.iter().enumerate() {
+                match &options[choice(i)] {
+                    None => {
+                        plan.wrapped.remove(&r);
+                    }
+                    Some(keep) => {
+                        let first = graph.regions[r].first_op;
+                        plan.wrapped
+                            .insert(r, keep.iter().map(|o| first + o).collect());
+                    }
+                }
+            }
+            plan
+        };
+        // Uniform plans, and the options on their Pareto front.
+        let mut uniform = Vec::with_capacity(options.len());
+        for o in 0..options.len() {
+            let plan = with(&|_| o);
+            let stats = simulate(graph, &plan)?;
+            uniform.push((o, stats.peak_bytes, stats.compute_cost));
+            out.push((plan, stats, 0));
+        }
+        uniform.sort_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)));
+        let mut front: Vec<usize> = Vec::new();
+        let mut best = f64::INFINITY;
+        for &(o, _, cost) in &uniform {
+            if cost < best {
+                best = cost;
+                front.push(o);
+            }
+        }
+        let n = class.len();
+        let pairs: Vec<(usize, usize)> = if front.len() * front.len() * (n - 1) <= BLOCK_MIXTURES {
+            front
+                .iter()
+                .flat_map(|&a| front.iter().filter(move |&&b| b != a).map(move |&b| (a, b)))
+                .collect()
+        } else {
+            front
+                .windows(2)
+                .flat_map(|w| [(w[0], w[1]), (w[1], w[0])])
+                .take(BLOCK_MIXTURES / n.max(2))
+                .collect()
+        };
+        for (a, b) in pairs {
+            for k in 1..n {
+                let plan = with(&|i| if i < k { a } else { b });
+                let stats = simulate(graph, &plan)?;
+                out.push((plan, stats, 0));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Cost saved per byte held: the order moves are tried in.

@@ -263,3 +263,58 @@ proptest! {
         prop_assert!(report.predicted.overhead() <= small + 1e-9, "{} > {small}", report.predicted.overhead());
     }
 }
+
+/// Whether op `j` of region `r` is one the planner may keep (the rule of `sac::keepable`, from
+/// the graph's public fields).
+fn keepable(g: &TorchGraph, r: usize, j: usize) -> bool {
+    let reg = &g.regions[r];
+    let op = &g.ops[j];
+    reg.stop_op
+        .is_some_and(|end| end >= reg.first_op && j <= end)
+        && op.cost > 0.0
+        && op.occurrence.is_some()
+        && !op.outputs.is_empty()
+        && op.outputs.iter().all(|&s| !g.storages[s].mutated)
+        && op.outputs.iter().any(|&s| !g.storages[s].saves.is_empty())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The block plans are exhaustive over uniform plans: for copies of one block, every keep
+    /// set of its keepable ops given to every copy (and every copy unwrapped) is matched or
+    /// beaten by the planner at that plan's peak.
+    #[test]
+    fn no_uniform_plan_of_a_repeated_block_beats_the_planner(
+        block in prop::collection::vec((1u64..200, 0.0f64..10.0, prop::bool::weighted(0.7)), 2..6),
+        copies in 2usize..5,
+    ) {
+        let g = build(&vec![block; copies]);
+        let candidates = sac::Candidates::new(&g).unwrap();
+        let reg = &g.regions[0];
+        let offsets: Vec<usize> = (reg.first_op..=reg.last_op)
+            .filter(|&j| keepable(&g, 0, j))
+            .map(|j| j - reg.first_op)
+            .collect();
+        let mut uniform = vec![SacPlan::default()];
+        for mask in 0u32..(1 << offsets.len()) {
+            let mut plan = SacPlan::full(&g);
+            for (r, region) in g.regions.iter().enumerate() {
+                let keep = (0..offsets.len())
+                    .filter(|b| mask & (1 << b) != 0)
+                    .map(|b| region.first_op + offsets[b])
+                    .collect();
+                plan.wrapped.insert(r, keep);
+            }
+            uniform.push(plan);
+        }
+        for plan in uniform {
+            let s = sac::simulate(&g, &plan).unwrap();
+            let (_, report) = candidates.select(s.peak_bytes).unwrap();
+            prop_assert!(
+                report.predicted.compute_cost <= s.compute_cost + 1e-9,
+                "{:?}: {} against {}", plan.wrapped, report.predicted.compute_cost, s.compute_cost
+            );
+        }
+    }
+}
