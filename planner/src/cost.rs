@@ -12,7 +12,7 @@
 //!
 //! The rates differ by op family and direction, since a convolution, a matrix product, a
 //! normalization and an elementwise op reach very different shares of a machine's peak, and
-//! their backward differently again ([`OpClass`]). [`Roofline::CPU_DEFAULT`] holds rates fitted
+//! their backward differently again ([`OpClass`]). [`Roofline::cpu_default`] holds rates fitted
 //! to remat's CPU executor on the 2-core development machine; [`Roofline::fit`] fits them to
 //! measured op times on any machine (`remat calibrate`), and they are read from and written as
 //! JSON. How much better than FLOPs it predicts what a plan costs: docs/cost-model.md.

@@ -626,7 +626,7 @@ fn run(
 
 /// Whether op `j` of region `r` may be kept: it allocates, its outputs are saved only by
 /// its region and never written in place, and the re-run reaches it.
-fn keepable(graph: &TorchGraph, r: usize, j: usize) -> bool {
+pub fn keepable(graph: &TorchGraph, r: usize, j: usize) -> bool {
     let op = &graph.ops[j];
     let Some(end) = graph.replay_end(r) else {
         return false;

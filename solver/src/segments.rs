@@ -530,7 +530,6 @@ fn pareto(mut options: Vec<KeepOption>) -> Vec<KeepOption> {
 /// equal for two runs whose stages have, one by one, the same parameters (costs, sizes, peaks,
 /// menus). The program solves each distinct run once: on a transformer, whose blocks repeat,
 /// a few per length instead of one per pair of stages, which pays for a finer memory grid.
-#[derive(Clone)]
 struct Runs {
     /// `offset[s]`: index of the pair `(s, s)`; `(s, t)` is `offset[s] + t - s`.
     offset: Vec<usize>,
@@ -795,16 +794,17 @@ pub fn solve_with(p: &Problem, seg: &Segments, budget: u64) -> Vec<Schedule> {
     let st = stages(p, seg);
     let median = median_output(&st);
     // The whole chain, on the grid its work allows.
-    let whole = tabled
+    let whole = match tabled
         .then(|| Runs::new(&st, usize::MAX))
-        .and_then(|runs| grid(&st, &runs, usize::MAX).map(|slots| (runs, slots)));
-    if let Some((runs, slots)) = &whole {
-        if fine(*slots, median) {
-            let tab = run_program(&st, runs.clone(), *slots, top, usize::MAX);
+        .and_then(|runs| grid(&st, &runs, usize::MAX).map(|slots| (runs, slots)))
+    {
+        Some((runs, slots)) if fine(slots, median) => {
+            let tab = run_program(&st, runs, slots, top, usize::MAX);
             read_levels(p, seg, &st, &tab, &needed, avail, budget, &mut out);
             return out;
         }
-    }
+        coarse => coarse,
+    };
     // Too coarse: the same stages with the chain choice over at most `span` stages, the
     // longest span whose grid is fine (at least MIN_SPAN): only the suffixes and the short runs
     // are solved, so the grid gets finer as the span gets shorter.

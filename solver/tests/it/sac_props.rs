@@ -264,20 +264,6 @@ proptest! {
     }
 }
 
-/// Whether op `j` of region `r` is one the planner may keep (the rule of `sac::keepable`, from
-/// the graph's public fields).
-fn keepable(g: &TorchGraph, r: usize, j: usize) -> bool {
-    let reg = &g.regions[r];
-    let op = &g.ops[j];
-    reg.stop_op
-        .is_some_and(|end| end >= reg.first_op && j <= end)
-        && op.cost > 0.0
-        && op.occurrence.is_some()
-        && !op.outputs.is_empty()
-        && op.outputs.iter().all(|&s| !g.storages[s].mutated)
-        && op.outputs.iter().any(|&s| !g.storages[s].saves.is_empty())
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -293,7 +279,7 @@ proptest! {
         let candidates = sac::Candidates::new(&g).unwrap();
         let reg = &g.regions[0];
         let offsets: Vec<usize> = (reg.first_op..=reg.last_op)
-            .filter(|&j| keepable(&g, 0, j))
+            .filter(|&j| sac::keepable(&g, 0, j))
             .map(|j| j - reg.first_op)
             .collect();
         let mut uniform = vec![SacPlan::default()];
