@@ -304,3 +304,71 @@ proptest! {
         }
     }
 }
+
+/// Every plan of the chain program's class on `g`: each region unwrapped, or wrapped keeping
+/// one subset of its keepable ops.
+fn per_region_plans(g: &TorchGraph) -> Vec<SacPlan> {
+    let mut plans = vec![SacPlan::default()];
+    for (r, reg) in g.regions.iter().enumerate() {
+        let ops: Vec<usize> = (reg.first_op..=reg.last_op)
+            .filter(|&j| sac::keepable(g, r, j))
+            .collect();
+        let mut next = Vec::new();
+        for p in &plans {
+            next.push(p.clone());
+            for mask in 0u32..(1 << ops.len()) {
+                let mut q = p.clone();
+                let keep = (0..ops.len())
+                    .filter(|b| mask & (1 << b) != 0)
+                    .map(|b| ops[b])
+                    .collect();
+                q.wrapped.insert(r, keep);
+                next.push(q);
+            }
+        }
+        plans = next;
+    }
+    plans
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The chain program on random chains: its bound is never below the simulated peak of
+    /// what it chooses, and where its figures have the exact shape, no plan giving each region
+    /// one of its options beats the planner at that plan's peak plus the program's rounding
+    /// (one slot per region): exact on its class.
+    #[test]
+    fn the_chain_program_is_exact_on_its_class(
+        blocks in prop::collection::vec(
+            prop::collection::vec((1u64..200, 0.0f64..10.0, prop::bool::weighted(0.7)), 2..5),
+            1..4,
+        ),
+        same in prop::bool::ANY,
+    ) {
+        let g = if same { build(&vec![blocks[0].clone(); blocks.len()]) } else { build(&blocks) };
+        let model = sac::ChainModel::build(&g).unwrap().expect("a chain of regions");
+        let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
+        for i in 0..=8u64 {
+            let budget = unplanned * i / 8;
+            if let Some(c) = model.solve(&g, budget) {
+                let s = sac::simulate(&g, &c.plan).unwrap();
+                prop_assert!(s.peak_bytes <= c.bound_bytes, "{} > bound {}", s.peak_bytes, c.bound_bytes);
+                prop_assert!((s.compute_cost - c.cost).abs() <= 1e-9 * c.cost.max(1.0));
+                prop_assert!(c.bound_bytes <= budget);
+            }
+        }
+        prop_assume!(model.exact_shape);
+        let candidates = sac::Candidates::new(&g).unwrap();
+        let slack = model.slot_bytes() * g.regions.len() as u64;
+        for plan in per_region_plans(&g) {
+            let s = sac::simulate(&g, &plan).unwrap();
+            let (_, report) = candidates.select(s.peak_bytes + slack).unwrap();
+            prop_assert!(
+                report.predicted.compute_cost <= s.compute_cost + 1e-9,
+                "{:?} (peak {}): {} against {}",
+                plan.wrapped, s.peak_bytes, report.predicted.compute_cost, s.compute_cost
+            );
+        }
+    }
+}

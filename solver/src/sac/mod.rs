@@ -1,0 +1,214 @@
+//! The `torch-sac` execution model: what PyTorch eager runs with non-reentrant
+//! `torch.utils.checkpoint` around regions and a selective-checkpoint policy inside each.
+//!
+//! The input is a [`TorchGraph`]: one training step as PyTorch ran it (`remat.torch.capture`
+//! records it; docs/torch.md documents the format). Every storage has the op that allocated it,
+//! when it died in the unplanned step (`free_after`), when it would die if autograd saved nothing
+//! (`natural_free_after`, set by the Python code's own references), and which region saved it.
+//!
+//! A [`SacPlan`] wraps some regions and keeps, in each, the outputs of some ops (`MUST_SAVE`);
+//! every other op of a wrapped region is `PREFER_RECOMPUTE`. [`simulate`] replays the step the
+//! way PyTorch runs it under that plan:
+//! - forward: a value saved only by its own wrapped region and not kept dies at its natural
+//!   death; everything else lives as in the unplanned step (kept values are held by the SAC
+//!   cache, region inputs by the checkpoint);
+//! - backward: at the region's trigger (the first unpack of a value it saved) the region's
+//!   forward re-runs from its first op through its stop op (the op after which its last value
+//!   was saved: early stop), skipping kept ops (their cached outputs are returned); a re-run
+//!   op's saved outputs live until their unplanned backward death, the others die at their
+//!   natural death within the re-run, or when it stops.
+//!
+//! [`plan`] chooses wrapped regions and keep sets under a byte budget: the cheapest plan that
+//! fits among candidates that do not depend on the budget (a [`path`] of moves from full
+//! checkpointing, the budgeted [`greedy`] at budgets taken from the path, and the
+//! [`block_plans`] of each class of identical regions), so a larger budget never costs more.
+//! The moves are "keep op j" (in every copy of a block, or in one region) and "do not wrap
+//! region r". The block plans give every copy of a block one of its options (each keep set of
+//! its keepable ops, or unwrapped) computed once for the block, or the first copies one
+//! option and the rest another. It is a heuristic, not an exact solver: the block plans are
+//! exhaustive only within that class.
+
+mod chain;
+mod document;
+mod model;
+mod planner;
+
+pub use chain::{ChainChoice, ChainModel};
+pub use document::*;
+pub use model::*;
+pub use planner::*;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two identical blocks `a_k = f(x_k)`, `x_{k+1} = g(a_k)` each saving `a_k` and its input,
+    /// then a loss and the backward in reverse.
+    fn two_blocks() -> TorchGraph {
+        // ops: 0 f0, 1 g0, 2 f1, 3 g1, 4 loss | 5 bg1, 6 bf1, 7 bg0, 8 bf0
+        let op = |name: &str,
+                  region: Option<usize>,
+                  occ: Option<usize>,
+                  cost: f64,
+                  outputs: Vec<usize>| TorchOp {
+            op: name.into(),
+            phase: String::new(),
+            module: String::new(),
+            region,
+            occurrence: occ,
+            cost,
+            outputs,
+        };
+        let st = |producer, free_after, natural, saves: Vec<(usize, Option<usize>)>| TorchStorage {
+            bytes: 100,
+            producer,
+            free_after,
+            natural_free_after: natural,
+            saves: saves
+                .into_iter()
+                .map(|(after_op, region)| TorchSave {
+                    after_op,
+                    region,
+                    released_after: free_after,
+                })
+                .collect(),
+            mutated: false,
+        };
+        TorchGraph {
+            format: FORMAT.into(),
+            version: VERSION,
+            name: "two".into(),
+            device: "cpu".into(),
+            cost_unit: "flop".into(),
+            fingerprint: String::new(),
+            signature: serde_json::Value::Null,
+            fixed_bytes: 10,
+            forward_ops: 5,
+            regions: vec![
+                TorchRegion {
+                    fqn: "b.0".into(),
+                    class_name: "B".into(),
+                    first_op: 0,
+                    last_op: 1,
+                    stop_op: Some(0),
+                    trigger_op: Some(7),
+                    inputs: vec![],
+                    rerun_extra_bytes: 0,
+                },
+                TorchRegion {
+                    fqn: "b.1".into(),
+                    class_name: "B".into(),
+                    first_op: 2,
+                    last_op: 3,
+                    stop_op: Some(2),
+                    trigger_op: Some(5),
+                    inputs: vec![1],
+                    rerun_extra_bytes: 0,
+                },
+            ],
+            ops: vec![
+                op("f", Some(0), Some(0), 5.0, vec![0]),
+                op("g", Some(0), Some(0), 1.0, vec![1]),
+                op("f", Some(1), Some(0), 5.0, vec![2]),
+                op("g", Some(1), Some(0), 1.0, vec![3]),
+                op("loss", None, None, 1.0, vec![4]),
+                op("bg", None, None, 1.0, vec![5]),
+                op("bf", None, None, 1.0, vec![6]),
+                op("bg", None, None, 1.0, vec![7]),
+                op("bf", None, None, 1.0, vec![8]),
+            ],
+            storages: vec![
+                st(0, Some(7), Some(1), vec![(0, Some(0))]), // a0: saved by g0
+                st(1, Some(6), Some(2), vec![(1, Some(1))]), // x1: saved by f1 (region 1's input)
+                st(2, Some(5), Some(3), vec![(2, Some(1))]), // a1: saved by g1
+                st(3, Some(4), Some(4), vec![]),             // x2: the loss reads it
+                st(4, Some(5), Some(4), vec![]),             // loss
+                st(5, Some(6), None, vec![]),                // grad of a1
+                st(6, Some(7), None, vec![]),                // grad of x1
+                st(7, Some(8), None, vec![]),                // grad of a0
+                st(8, Some(8), None, vec![]),                // grad of x0
+            ],
+        }
+    }
+
+    #[test]
+    fn unplanned_replays_the_captured_lifetimes() {
+        let g = two_blocks();
+        g.check().unwrap();
+        let s = simulate(&g, &SacPlan::default()).unwrap();
+        // After op 3: fixed 10 + a0, x1, a1, x2 = 410; op 4 adds the loss (510) and frees x2.
+        assert_eq!(s.peak_bytes, 510);
+        assert_eq!(s.compute_cost, g.base_cost());
+        assert!(s.rerun_cost.is_empty());
+    }
+
+    #[test]
+    fn full_checkpointing_frees_the_saved_values_and_reruns_up_to_the_last_save() {
+        let g = two_blocks();
+        let s = simulate(&g, &SacPlan::full(&g)).unwrap();
+        // a0 and a1 die at their natural deaths; x1 is held (region 1's input).
+        // Forward end: 10 + x1 + loss = 210 after op 4 frees x2.
+        assert_eq!(s.forward_end_bytes, 210);
+        // Each region re-runs f only (early stop after its last save): +5 each.
+        assert_eq!(s.rerun_cost.values().sum::<f64>(), 10.0);
+        assert_eq!(s.compute_cost, g.base_cost() + 10.0);
+        assert!(s.peak_bytes < simulate(&g, &SacPlan::default()).unwrap().peak_bytes);
+    }
+
+    #[test]
+    fn keeping_an_op_skips_its_rerun_and_holds_its_output() {
+        let g = two_blocks();
+        let mut p = SacPlan::full(&g);
+        p.wrapped.get_mut(&0).unwrap().insert(0);
+        let s = simulate(&g, &p).unwrap();
+        assert_eq!(s.rerun_cost[&0], 0.0);
+        assert_eq!(s.rerun_cost[&1], 5.0);
+        let kept_bytes = simulate(&g, &SacPlan::full(&g)).unwrap().forward_end_bytes + 100;
+        assert_eq!(s.forward_end_bytes, kept_bytes);
+    }
+
+    #[test]
+    fn plan_fits_the_budget_and_costs_less_with_more_memory() {
+        let g = two_blocks();
+        let unplanned = simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
+        let min = Candidates::new(&g).unwrap().least_peak();
+        assert!(min <= simulate(&g, &SacPlan::full(&g)).unwrap().peak_bytes);
+        let mut last = f64::INFINITY;
+        for budget in [min, (min + unplanned) / 2, unplanned] {
+            let (p, rep) = plan(&g, budget).unwrap();
+            assert_eq!(rep.status, "fits");
+            let s = simulate(&g, &p).unwrap();
+            assert!(s.peak_bytes <= budget);
+            assert_eq!(s, rep.predicted);
+            assert!(s.compute_cost <= last);
+            last = s.compute_cost;
+        }
+        let (p, rep) = plan(&g, min - 1).unwrap();
+        assert_eq!(rep.status, "infeasible");
+        assert_eq!(simulate(&g, &p).unwrap().peak_bytes, rep.min_peak_bytes);
+    }
+
+    #[test]
+    fn bad_documents_name_the_field() {
+        let mut g = two_blocks();
+        g.ops[3].outputs = vec![9];
+        let e = g.check().unwrap_err().to_string();
+        assert!(e.contains("ops[3] (g): output storage 9"), "{e}");
+        let mut g = two_blocks();
+        g.regions[1].first_op = 1;
+        let e = g.check().unwrap_err().to_string();
+        assert!(e.contains("regions[1] (b.1): op 1 (g)"), "{e}");
+        let mut g = two_blocks();
+        g.format = "x".into();
+        assert!(g
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("format is \"x\""));
+        let g = two_blocks();
+        let mut p = SacPlan::full(&g);
+        p.wrapped.get_mut(&1).unwrap().insert(0);
+        let e = simulate(&g, &p).unwrap_err().to_string();
+        assert!(e.contains("keeps op 0 in region 1 (b.1)"), "{e}");
+    }
+}

@@ -1,0 +1,625 @@
+//! The `torch-sac` model: a captured step ([`TorchGraph`]), a plan ([`SacPlan`]) and the
+//! simulator that replays the step as PyTorch runs it under the plan ([`simulate`]).
+
+use crate::error::{Result, SolverError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The document format name `remat.torch.capture` writes.
+pub const FORMAT: &str = "remat.torch-graph";
+/// The format version this module reads.
+pub const VERSION: u32 = 1;
+/// The format name of the plan documents this module writes (`remat.torch.apply` reads them).
+pub const PLAN_FORMAT: &str = "remat.torch-plan";
+
+/// One captured training step (docs/torch.md, "The captured graph").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchGraph {
+    pub format: String,
+    pub version: u32,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub device: String,
+    /// `"flop"` or `"second"`.
+    #[serde(default)]
+    pub cost_unit: String,
+    /// What the plan is for (parameters, inputs, regions), hashed.
+    #[serde(default)]
+    pub fingerprint: String,
+    /// The parameters', buffers' and inputs' shapes, passed through to the plan.
+    #[serde(default)]
+    pub signature: serde_json::Value,
+    /// Bytes of parameters, buffers and inputs: resident throughout.
+    pub fixed_bytes: u64,
+    /// Ops `0..forward_ops` are the forward (and the loss); the rest the backward.
+    pub forward_ops: usize,
+    pub regions: Vec<TorchRegion>,
+    pub ops: Vec<TorchOp>,
+    pub storages: Vec<TorchStorage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchRegion {
+    /// The module's fully qualified name (`transformer.h.3`).
+    pub fqn: String,
+    /// Its class (`GPT2Block`).
+    #[serde(default, rename = "class")]
+    pub class_name: String,
+    pub first_op: usize,
+    pub last_op: usize,
+    /// The op after which the region saved its last value; `None`: it saved nothing.
+    pub stop_op: Option<usize>,
+    /// The backward op before which a value the region saved was first unpacked.
+    pub trigger_op: Option<usize>,
+    /// Storages passed to the region's forward (the checkpoint holds them).
+    #[serde(default)]
+    pub inputs: Vec<usize>,
+    /// Bytes held only while the region re-runs (`remat.torch.apply` copies the region's
+    /// buffers so that BatchNorm's running statistics are updated once).
+    #[serde(default)]
+    pub rerun_extra_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchOp {
+    /// The aten overload (`aten.mm.default`): what the SAC policy sees.
+    pub op: String,
+    #[serde(default)]
+    pub phase: String,
+    /// The module that ran it.
+    #[serde(default)]
+    pub module: String,
+    pub region: Option<usize>,
+    /// Its index among the region's calls of the same op (SAC's key); `None` outside regions
+    /// and for the ops SAC ignores.
+    pub occurrence: Option<usize>,
+    pub cost: f64,
+    /// Storages it allocated (views and in-place results allocate none).
+    pub outputs: Vec<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchStorage {
+    pub bytes: u64,
+    pub producer: usize,
+    /// Dies after this op in the unplanned step; `None`: outlives the step.
+    pub free_after: Option<usize>,
+    /// Dies after this forward op when autograd keeps nothing; `None`: alive at the forward's end.
+    pub natural_free_after: Option<usize>,
+    #[serde(default)]
+    pub saves: Vec<TorchSave>,
+    /// Written in place after it was made (SAC's cache refuses such values).
+    #[serde(default)]
+    pub mutated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchSave {
+    pub after_op: usize,
+    /// The region whose forward saved it (the innermost on the module stack), if any.
+    pub region: Option<usize>,
+    /// The op after which autograd released this saved value in the unplanned step (its node
+    /// had run); `None`: not released within the step.
+    #[serde(default)]
+    pub released_after: Option<usize>,
+}
+
+impl TorchGraph {
+    /// Reads and checks a captured graph: every index in range, regions' ranges in the forward,
+    /// costs finite. Errors name the field.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let g: TorchGraph =
+            serde_json::from_str(text).map_err(|e| SolverError::Json(e.to_string()))?;
+        g.check()?;
+        Ok(g)
+    }
+
+    pub fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(SolverError::GraphFormat { what });
+        if self.format != FORMAT {
+            return bad(format!("format is {:?}, expected {FORMAT:?}", self.format));
+        }
+        if self.version != VERSION {
+            return bad(format!(
+                "version {} of {FORMAT}; this build reads version {VERSION}",
+                self.version
+            ));
+        }
+        let n = self.ops.len();
+        if self.forward_ops > n {
+            return bad(format!("forward_ops {} > {} ops", self.forward_ops, n));
+        }
+        for (i, op) in self.ops.iter().enumerate() {
+            if !op.cost.is_finite() || op.cost < 0.0 {
+                return bad(format!(
+                    "ops[{i}] ({}): cost {} is not a finite number ≥ 0",
+                    op.op, op.cost
+                ));
+            }
+            if let Some(r) = op.region {
+                if r >= self.regions.len() {
+                    return bad(format!("ops[{i}] ({}): region {r} does not exist", op.op));
+                }
+            }
+            for &s in &op.outputs {
+                match self.storages.get(s) {
+                    Some(st) if st.producer == i => {}
+                    Some(st) => {
+                        return bad(format!(
+                            "ops[{i}] ({}): output storage {s} names producer {}",
+                            op.op, st.producer
+                        ))
+                    }
+                    None => {
+                        return bad(format!(
+                            "ops[{i}] ({}): output storage {s} does not exist",
+                            op.op
+                        ))
+                    }
+                }
+            }
+        }
+        for (s, st) in self.storages.iter().enumerate() {
+            if st.producer >= n || !self.ops[st.producer].outputs.contains(&s) {
+                return bad(format!(
+                    "storages[{s}]: producer {} does not list it",
+                    st.producer
+                ));
+            }
+            for (field, at) in [
+                ("free_after", st.free_after),
+                ("natural_free_after", st.natural_free_after),
+            ] {
+                if let Some(at) = at {
+                    if at < st.producer || at >= n {
+                        return bad(format!(
+                            "storages[{s}]: {field} {at} is not between its producer {} and the last op {}",
+                            st.producer,
+                            n.saturating_sub(1)
+                        ));
+                    }
+                }
+            }
+            for save in &st.saves {
+                if save.after_op >= n
+                    || save.region.is_some_and(|r| r >= self.regions.len())
+                    || save.released_after.is_some_and(|a| a >= n)
+                {
+                    return bad(format!(
+                        "storages[{s}]: a save names op {} / region {:?}, out of range",
+                        save.after_op, save.region
+                    ));
+                }
+            }
+        }
+        for (r, reg) in self.regions.iter().enumerate() {
+            let in_forward = |x: usize| x < self.forward_ops;
+            if reg.first_op > reg.last_op || !in_forward(reg.last_op) {
+                return bad(format!(
+                    "regions[{r}] ({}): ops {}..={} are not a range in the forward (forward_ops {})",
+                    reg.fqn, reg.first_op, reg.last_op, self.forward_ops
+                ));
+            }
+            if let Some(stop) = reg.stop_op {
+                if stop + 1 < reg.first_op || stop > reg.last_op {
+                    return bad(format!(
+                        "regions[{r}] ({}): stop_op {stop} is outside its ops",
+                        reg.fqn
+                    ));
+                }
+            }
+            if reg
+                .trigger_op
+                .is_some_and(|t| t < self.forward_ops || t > n)
+            {
+                return bad(format!(
+                    "regions[{r}] ({}): trigger_op is not a backward position",
+                    reg.fqn
+                ));
+            }
+            if reg.stop_op.is_some() != reg.trigger_op.is_some() {
+                return bad(format!(
+                    "regions[{r}] ({}): stop_op and trigger_op must both be set or both null",
+                    reg.fqn
+                ));
+            }
+            for i in reg.first_op..=reg.last_op {
+                if self.ops[i].region != Some(r) {
+                    return bad(format!(
+                        "regions[{r}] ({}): op {i} ({}) inside its range belongs to region {:?}",
+                        reg.fqn, self.ops[i].op, self.ops[i].region
+                    ));
+                }
+            }
+            if let Some(&s) = reg.inputs.iter().find(|&&s| s >= self.storages.len()) {
+                return bad(format!(
+                    "regions[{r}] ({}): input storage {s} does not exist",
+                    reg.fqn
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes autograd saves for the backward in the unplanned step: every storage saved at
+    /// least once, counted once.
+    pub fn saved_bytes(&self) -> u64 {
+        self.storages
+            .iter()
+            .filter(|s| !s.saves.is_empty())
+            .map(|s| s.bytes)
+            .sum()
+    }
+
+    /// The cost of the unplanned step: every op once.
+    pub fn base_cost(&self) -> f64 {
+        self.ops.iter().map(|o| o.cost).sum()
+    }
+
+    /// The last op a region's re-run executes (early stop), if it re-runs at all.
+    fn replay_end(&self, r: usize) -> Option<usize> {
+        let reg = &self.regions[r];
+        reg.stop_op.filter(|&s| s >= reg.first_op)
+    }
+
+    /// Regions that are copies of one another: same class, same op sequence, costs and bytes.
+    pub fn classes(&self) -> Vec<Vec<usize>> {
+        let mut by_sig: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (r, reg) in self.regions.iter().enumerate() {
+            let mut sig = format!(
+                "{}|{:?}|",
+                reg.class_name,
+                reg.stop_op.map(|s| s as i64 - reg.first_op as i64)
+            );
+            for op in &self.ops[reg.first_op..=reg.last_op] {
+                let bytes: u64 = op.outputs.iter().map(|&s| self.storages[s].bytes).sum();
+                sig.push_str(&format!("{}:{}:{};", op.op, op.cost, bytes));
+            }
+            by_sig.entry(sig).or_default().push(r);
+        }
+        let mut classes: Vec<Vec<usize>> = by_sig.into_values().collect();
+        classes.sort();
+        classes
+    }
+
+    /// When storage `s` dies under `plan`: the last of its natural death and the releases of the
+    /// saves that still hold it. A save inside a wrapped region holds it only when SAC keeps it
+    /// (its producer is kept there) or when it is one of the region's inputs (the checkpoint
+    /// holds those); autograd holds every other save as in the unplanned step.
+    fn death(&self, s: usize, plan: &Resolved) -> Death {
+        let st = &self.storages[s];
+        let rp = self.ops[st.producer].region;
+        if let Some(r) = rp {
+            // SAC caches every output of a kept op, saved or not, until the re-run takes it
+            // back; an output no save of the region holds then lives as in the re-run.
+            let cached = plan.wrapped[r] && plan.keep[r].contains(&st.producer);
+            if cached && !st.saves.iter().any(|sv| sv.region == Some(r)) {
+                let outside = st
+                    .saves
+                    .iter()
+                    .map(|sv| sv.released_after.or(st.free_after));
+                if outside
+                    .clone()
+                    .all(|at| at.is_some_and(|a| Some(a) <= st.natural_free_after))
+                {
+                    return Death::InRerun;
+                }
+            }
+        }
+        let held = |sv: &TorchSave| match sv.region {
+            None => true,
+            Some(r) if !plan.wrapped[r] => true,
+            Some(r) => {
+                (rp == Some(r) && plan.keep[r].contains(&st.producer))
+                    || plan.inputs[r].contains(&s)
+            }
+        };
+        if st.saves.iter().all(held) {
+            return Death::At(st.free_after);
+        }
+        let Some(natural) = st.natural_free_after else {
+            return Death::At(None);
+        };
+        let mut at = Some(natural);
+        for sv in st.saves.iter().filter(|sv| held(sv)) {
+            at = match (at, sv.released_after.or(st.free_after)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+        }
+        Death::At(at)
+    }
+}
+
+/// When a storage dies under a plan.
+enum Death {
+    /// After this op (`None`: not within the step).
+    At(Option<usize>),
+    /// Held by the SAC cache until its region re-runs, then as a re-run output.
+    InRerun,
+}
+
+/// A plan in the `torch-sac` model: for each region whether it is wrapped and which of its ops
+/// are kept (by op index in the graph).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SacPlan {
+    /// Wrapped regions and their kept ops; a region not listed runs unwrapped.
+    pub wrapped: BTreeMap<usize, BTreeSet<usize>>,
+}
+
+impl SacPlan {
+    /// Every region wrapped, nothing kept: full checkpointing of every region.
+    pub fn full(graph: &TorchGraph) -> Self {
+        SacPlan {
+            wrapped: (0..graph.regions.len())
+                .map(|r| (r, BTreeSet::new()))
+                .collect(),
+        }
+    }
+}
+
+pub(super) struct Resolved {
+    wrapped: Vec<bool>,
+    keep: Vec<BTreeSet<usize>>,
+    /// The storages passed to each wrapped region (empty for the others).
+    inputs: Vec<BTreeSet<usize>>,
+}
+
+impl Resolved {
+    pub(super) fn new(graph: &TorchGraph, plan: &SacPlan) -> Result<Self> {
+        let mut wrapped = vec![false; graph.regions.len()];
+        let mut keep = vec![BTreeSet::new(); graph.regions.len()];
+        let mut inputs = vec![BTreeSet::new(); graph.regions.len()];
+        for (&r, ops) in &plan.wrapped {
+            let reg = graph.regions.get(r).ok_or_else(|| {
+                SolverError::InvalidArgument(format!("plan wraps region {r}, which does not exist"))
+            })?;
+            if let Some(&j) = ops.iter().find(|&&j| j < reg.first_op || j > reg.last_op) {
+                return Err(SolverError::InvalidArgument(format!(
+                    "plan keeps op {j} in region {} ({}), which runs ops {}..={}",
+                    r, reg.fqn, reg.first_op, reg.last_op
+                )));
+            }
+            wrapped[r] = true;
+            keep[r] = ops.clone();
+            inputs[r] = reg.inputs.iter().copied().collect();
+        }
+        Ok(Resolved {
+            wrapped,
+            keep,
+            inputs,
+        })
+    }
+}
+
+/// What [`simulate`] reports of a plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SacStats {
+    /// Largest resident bytes, fixed bytes included, after any op's allocations.
+    pub peak_bytes: u64,
+    /// The op at the peak, and the region re-running when it is inside a re-run.
+    pub peak_op: usize,
+    pub peak_in_rerun_of: Option<usize>,
+    /// Cost of the step: every op once plus the re-runs.
+    pub compute_cost: f64,
+    pub base_cost: f64,
+    /// Cost of each wrapped region's re-run.
+    pub rerun_cost: BTreeMap<usize, f64>,
+    /// Bytes resident when the forward ends (fixed bytes included).
+    pub forward_end_bytes: u64,
+}
+
+impl SacStats {
+    pub fn overhead(&self) -> f64 {
+        if self.base_cost > 0.0 {
+            self.compute_cost / self.base_cost - 1.0
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Replays the step as PyTorch runs it under `plan` and returns its peak and cost.
+pub fn simulate(graph: &TorchGraph, plan: &SacPlan) -> Result<SacStats> {
+    let res = Resolved::new(graph, plan)?;
+    Ok(run(graph, &res, None))
+}
+
+/// One point of the memory timeline: resident bytes right after an op's allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    pub op: usize,
+    /// The region whose re-run ran the op, if it is a re-run.
+    pub rerun_of: Option<usize>,
+    pub bytes: u64,
+}
+
+/// The memory timeline [`simulate`] walks: one point per op the step runs, re-runs included.
+pub fn timeline(graph: &TorchGraph, plan: &SacPlan) -> Result<Vec<TimelinePoint>> {
+    let res = Resolved::new(graph, plan)?;
+    let mut points = Vec::with_capacity(graph.ops.len());
+    run(graph, &res, Some(&mut points));
+    Ok(points)
+}
+
+pub(super) fn run(
+    graph: &TorchGraph,
+    res: &Resolved,
+    mut points: Option<&mut Vec<TimelinePoint>>,
+) -> SacStats {
+    let n = graph.ops.len();
+    // When each original storage dies in this plan.
+    let mut frees: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut in_rerun = vec![false; graph.storages.len()];
+    for (s, cached) in in_rerun.iter_mut().enumerate() {
+        match graph.death(s, res) {
+            Death::At(Some(at)) => frees[at].push(s),
+            Death::At(None) => {}
+            Death::InRerun => *cached = true,
+        }
+    }
+    let mut triggers: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (r, reg) in graph.regions.iter().enumerate() {
+        if res.wrapped[r] {
+            if let (Some(t), Some(_)) = (reg.trigger_op, graph.replay_end(r)) {
+                triggers.entry(t).or_default().push(r);
+            }
+        }
+    }
+    let mut live = graph.fixed_bytes;
+    let mut peak = live;
+    let mut peak_op = 0;
+    let mut peak_in = None;
+    let mut cost = graph.base_cost();
+    let mut rerun_cost = BTreeMap::new();
+    let mut forward_end_bytes = live;
+    // Re-run copies that die at a backward position.
+    let mut late_frees: Vec<Vec<u64>> = vec![Vec::new(); n + 1];
+    for i in 0..=n {
+        if let Some(rs) = triggers.get(&i) {
+            for &r in rs {
+                let reg = &graph.regions[r];
+                let end = graph.replay_end(r).expect("trigger only with a re-run");
+                let mut rc = 0.0;
+                live += reg.rerun_extra_bytes;
+                let mut local: Vec<Vec<u64>> = vec![Vec::new(); end + 2 - reg.first_op];
+                for j in reg.first_op..=end {
+                    if res.keep[r].contains(&j) {
+                        // The cached outputs come back; those no save holds die as re-run ones.
+                        for &s in &graph.ops[j].outputs {
+                            if in_rerun[s] {
+                                let st = &graph.storages[s];
+                                let at = st
+                                    .natural_free_after
+                                    .filter(|&a| a <= end)
+                                    .unwrap_or(end + 1);
+                                local[at.max(j) - reg.first_op].push(st.bytes);
+                            }
+                        }
+                        for b in local[j - reg.first_op].drain(..) {
+                            live -= b;
+                        }
+                        continue;
+                    }
+                    let op = &graph.ops[j];
+                    rc += op.cost;
+                    for &s in &op.outputs {
+                        let st = &graph.storages[s];
+                        live += st.bytes;
+                        let released = st
+                            .saves
+                            .iter()
+                            .filter(|sv| sv.region == Some(r))
+                            .map(|sv| sv.released_after)
+                            .max();
+                        if let Some(released) = released {
+                            // Saved again by the re-run: the copy lives until the region's
+                            // backward nodes that saved it have run.
+                            match released {
+                                Some(at) if at >= i => late_frees[at].push(st.bytes),
+                                Some(_) => local[end + 1 - reg.first_op].push(st.bytes),
+                                None => {}
+                            }
+                        } else {
+                            let at = st
+                                .natural_free_after
+                                .filter(|&a| a <= end)
+                                .unwrap_or(end + 1);
+                            local[at.max(j) - reg.first_op].push(st.bytes);
+                        }
+                    }
+                    if let Some(points) = points.as_deref_mut() {
+                        points.push(TimelinePoint {
+                            op: j,
+                            rerun_of: Some(r),
+                            bytes: live,
+                        });
+                    }
+                    if live > peak {
+                        peak = live;
+                        peak_op = j;
+                        peak_in = Some(r);
+                    }
+                    for b in local[j - reg.first_op].drain(..) {
+                        live -= b;
+                    }
+                }
+                for b in local[end + 1 - reg.first_op].drain(..) {
+                    live -= b;
+                }
+                live -= reg.rerun_extra_bytes;
+                cost += rc;
+                rerun_cost.insert(r, rc);
+            }
+        }
+        if i == n {
+            break;
+        }
+        for &s in &graph.ops[i].outputs {
+            live += graph.storages[s].bytes;
+        }
+        if let Some(points) = points.as_deref_mut() {
+            points.push(TimelinePoint {
+                op: i,
+                rerun_of: None,
+                bytes: live,
+            });
+        }
+        if live > peak {
+            peak = live;
+            peak_op = i;
+            peak_in = None;
+        }
+        for &s in &frees[i] {
+            live -= graph.storages[s].bytes;
+        }
+        for b in late_frees[i].drain(..) {
+            live -= b;
+        }
+        if i + 1 == graph.forward_ops {
+            forward_end_bytes = live;
+        }
+    }
+    for (r, reg) in graph.regions.iter().enumerate() {
+        if res.wrapped[r] && !rerun_cost.contains_key(&r) && reg.trigger_op.is_some() {
+            rerun_cost.insert(r, 0.0);
+        }
+    }
+    SacStats {
+        peak_bytes: peak,
+        peak_op,
+        peak_in_rerun_of: peak_in,
+        compute_cost: cost,
+        base_cost: graph.base_cost(),
+        rerun_cost,
+        forward_end_bytes,
+    }
+}
+
+/// Whether op `j` of region `r` may be kept: it allocates, its outputs are saved only by
+/// its region and never written in place, and the re-run reaches it.
+pub fn keepable(graph: &TorchGraph, r: usize, j: usize) -> bool {
+    let op = &graph.ops[j];
+    let Some(end) = graph.replay_end(r) else {
+        return false;
+    };
+    j <= end
+        && op.cost > 0.0
+        && op.occurrence.is_some()
+        && !op.outputs.is_empty()
+        && op.outputs.iter().all(|&s| !graph.storages[s].mutated)
+        && op
+            .outputs
+            .iter()
+            .any(|&s| !graph.storages[s].saves.is_empty())
+}
+
+/// Bytes a kept op holds: SAC caches every one of its outputs.
+pub(super) fn held_bytes(graph: &TorchGraph, j: usize) -> u64 {
+    graph.ops[j]
+        .outputs
+        .iter()
+        .map(|&s| graph.storages[s].bytes)
+        .sum()
+}
