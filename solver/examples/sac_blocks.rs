@@ -60,11 +60,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         if let Some(m) = &model {
             println!(
-                "<!-- {name}: {} regions, {} keepable ops per region enumerated, slot {} bytes, exact shape {} -->",
+                "<!-- {name}: {} regions, {} keepable ops per region enumerated, slot {} bytes, exact shape {}, additive {} -->",
                 m.regions(),
                 m.keepable_ops,
                 m.slot_bytes(),
-                m.exact_shape
+                m.exact_shape,
+                m.additive
             );
         }
     }

@@ -96,12 +96,15 @@ pub struct ChainModel {
     /// Per region: its least `held`, and each option's `held` above it in slots (rounded up).
     held_min: Vec<i64>,
     held_slots: Vec<Vec<usize>>,
+    /// Whether every storage's life depends on at most one region's option
+    /// ([`TorchGraph`]'s check): the additions of the regions then add up exactly.
+    pub additive: bool,
     /// Keepable ops per region whose keep sets are options (at most 8, fewer where the
     /// regions are so many or the step so long that the work limit requires).
     pub keepable_ops: usize,
     /// Whether every later region's addition at a region's points is zero and every region's
-    /// addition at later regions' points is one constant per option: then the bound is the
-    /// simulated peak whenever the additions add up.
+    /// addition at later regions' points is one constant per option: then, with `additive`,
+    /// the bound of every choice is its simulated peak.
     pub exact_shape: bool,
 }
 
@@ -347,6 +350,7 @@ impl ChainModel {
             held_slots,
             keepable_ops,
             exact_shape,
+            additive: graph.lives_depend_on_one_region_each(),
         }))
     }
 

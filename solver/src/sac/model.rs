@@ -283,6 +283,83 @@ impl TorchGraph {
         classes
     }
 
+    /// Whether the life of every storage under any plan depends on the option of at most one
+    /// region (its producer's or a saving one's): then the bytes a plan adds to full
+    /// checkpointing at any point of the step are the sum of what each region's option adds
+    /// alone, which the chain program's exactness rests on. Checked by trying, for each
+    /// storage that more than one region touches (its producer's, and the saving ones that do
+    /// not take it as an input), every state of those regions (unwrapped, wrapped, wrapped
+    /// keeping the producer); false when more than one region changes its death, or when more
+    /// than 6 regions touch one storage.
+    pub(super) fn lives_depend_on_one_region_each(&self) -> bool {
+        let n = self.regions.len();
+        let mut res = Resolved {
+            wrapped: vec![true; n],
+            keep: vec![BTreeSet::new(); n],
+            inputs: self
+                .regions
+                .iter()
+                .map(|r| r.inputs.iter().copied().collect())
+                .collect(),
+        };
+        let key = |d: Death| match d {
+            Death::At(at) => Some(at),
+            Death::InRerun => None,
+        };
+        for (s, st) in self.storages.iter().enumerate() {
+            // A region that takes the storage as an input holds it through its saves whether
+            // wrapped (the checkpoint holds its inputs) or not: its option cannot matter.
+            let rp = self.ops[st.producer].region;
+            let mut touching: BTreeSet<usize> = st
+                .saves
+                .iter()
+                .filter_map(|sv| sv.region)
+                .filter(|&r| Some(r) == rp || !self.regions[r].inputs.contains(&s))
+                .collect();
+            touching.extend(rp);
+            if touching.len() < 2 {
+                continue;
+            }
+            if touching.len() > 6 {
+                return false;
+            }
+            let regions: Vec<usize> = touching.into_iter().collect();
+            let states = 3usize.pow(regions.len() as u32);
+            let mut deaths = Vec::with_capacity(states);
+            for code in 0..states {
+                let mut c = code;
+                for &r in &regions {
+                    let state = c % 3;
+                    c /= 3;
+                    res.wrapped[r] = state > 0;
+                    res.keep[r].clear();
+                    if state == 2 {
+                        res.keep[r].insert(st.producer);
+                    }
+                }
+                deaths.push(key(self.death(s, &res)));
+            }
+            for &r in &regions {
+                res.wrapped[r] = true;
+                res.keep[r].clear();
+            }
+            // Region i matters when two states differing in its digit alone differ in death.
+            let matter = (0..regions.len())
+                .filter(|&i| {
+                    let step = 3usize.pow(i as u32);
+                    (0..states).any(|code| {
+                        let digit = (code / step) % 3;
+                        (digit + 1..3).any(|d| deaths[code] != deaths[code + (d - digit) * step])
+                    })
+                })
+                .count();
+            if matter > 1 {
+                return false;
+            }
+        }
+        true
+    }
+
     /// When storage `s` dies under `plan`: the last of its natural death and the releases of the
     /// saves that still hold it. A save inside a wrapped region holds it only when SAC keeps it
     /// (its producer is kept there) or when it is one of the region's inputs (the checkpoint

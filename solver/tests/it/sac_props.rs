@@ -358,6 +358,7 @@ proptest! {
                 prop_assert!(c.bound_bytes <= budget);
             }
         }
+        prop_assert!(model.additive, "a value of these chains is decided by one region");
         prop_assume!(model.exact_shape);
         let candidates = sac::Candidates::new(&g).unwrap();
         let slack = model.slot_bytes() * g.regions.len() as u64;
@@ -371,4 +372,22 @@ proptest! {
             );
         }
     }
+}
+
+/// The chain program's own check of what its exactness rests on: a value saved by two regions,
+/// neither taking it as an input, lives as long as either holds it, so its life depends on both
+/// regions' options and the regions' additions no longer add up.
+#[test]
+fn a_value_two_regions_decide_is_found_by_the_additivity_check() {
+    let mut g = build(&[vec![(10, 1.0, true); 3], vec![(10, 1.0, true); 3]]);
+    assert!(sac::ChainModel::build(&g).unwrap().unwrap().additive);
+    let s = g.ops[g.regions[0].first_op].outputs[0];
+    let release = g.regions[1].trigger_op.expect("block 1 saves");
+    g.storages[s].saves.push(TorchSave {
+        after_op: g.regions[1].first_op,
+        region: Some(1),
+        released_after: Some(release),
+    });
+    g.check().unwrap();
+    assert!(!sac::ChainModel::build(&g).unwrap().unwrap().additive);
 }

@@ -155,7 +155,7 @@ fn the_chain_program_bounds_its_peaks_and_finds_cheaper_plans() {
             let s = sac::simulate(&g, &c.plan).unwrap();
             assert!(s.peak_bytes <= c.bound_bytes, "{name} at {budget}");
             if name == "gpt2.torch.json" {
-                assert!(chain.exact_shape);
+                assert!(chain.exact_shape && chain.additive);
                 assert_eq!(s.peak_bytes, c.bound_bytes, "{name} at {budget}");
             }
         }
