@@ -2,15 +2,16 @@
 //! torch-sac planner's candidates without the block plans and the chain program, with the
 //! block plans ([`remat_solver::sac::block_plans`]), and with both ([`remat_solver::sac::ChainModel`])
 //! on captured steps, at 41 budgets from the least peak (0/40) to the unplanned peak (40/40):
-//! the predicted overhead of each, and the time to build the candidates. The graphs come from
+//! the predicted overhead of each, the lower bound where the chain program proves one, its
+//! bound on the peak against the simulated one, and the time to build the candidates. The graphs come from
 //! `python python/bench/torch_bench.py --graphs DIR` (docs/bench/torch.md, "Block plans").
 
 use remat_solver::sac::{simulate, Candidates, ChainModel, SacPlan, TorchGraph};
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("| graph | ops | regions | at | budget | neither | block plans | both | chain bound | candidates s (neither, blocks, both) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| graph | ops | regions | at | budget | neither | block plans | both | lower bound | chain bound | candidates s (neither, blocks, both) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for file in std::env::args().skip(1) {
         let g = TorchGraph::from_json(&std::fs::read_to_string(&file)?)?;
         let mut sets = Vec::new();
@@ -30,8 +31,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for i in 0..=40 {
             let budget = least + ((base.peak_bytes - least) as f64 * i as f64 / 40.0) as u64;
             let mut cells = Vec::new();
+            let mut lower = "none".to_string();
             for c in &sets {
                 let (_, r) = c.select(budget)?;
+                if let Some(b) = r.lower_bound {
+                    lower = pct(b);
+                }
                 cells.push(if r.status == "fits" {
                     pct(r.predicted.compute_cost)
                 } else {
@@ -47,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 None => "none".into(),
             };
             println!(
-                "| {name} | {} | {} | {i}/40 | {budget} | {} | {} | {} | {bound} | {:.2}, {:.2}, {:.2} |",
+                "| {name} | {} | {} | {i}/40 | {budget} | {} | {} | {} | {lower} | {bound} | {:.2}, {:.2}, {:.2} |",
                 g.ops.len(),
                 g.regions.len(),
                 cells[0],

@@ -128,6 +128,14 @@ pub fn summary(doc: &PlanDocument) -> String {
         doc.regions.len(),
         wrapped.iter().map(|r| r.keep.len()).sum::<usize>(),
     );
+    if let (Some(b), Some(gap)) = (&doc.lower_bound, doc.gap) {
+        out.push_str(&format!(
+            "  lower bound {:+.2}% ({}), gap {:.2}%\n",
+            b.overhead * 100.0,
+            b.source,
+            gap * 100.0
+        ));
+    }
     for r in wrapped {
         let keep: Vec<String> = r.keep.iter().map(|(op, i)| format!("{op}#{i}")).collect();
         out.push_str(&format!(

@@ -96,6 +96,11 @@ pub struct ChainModel {
     /// Per region: its least `held`, and each option's `held` above it in slots (rounded up).
     held_min: Vec<i64>,
     held_slots: Vec<Vec<usize>>,
+    /// The same, rounded down: the program's optimistic side, for the lower bound.
+    held_slots_down: Vec<Vec<usize>>,
+    /// Whether every keepable op of every region is enumerated: then the class is every plan
+    /// the torch-sac planner can express (any wrapped regions, any keep sets of keepable ops).
+    pub complete: bool,
     /// Whether every storage's life depends on at most one region's option
     /// ([`TorchGraph`]'s check): the additions of the regions then add up exactly.
     pub additive: bool,
@@ -201,6 +206,13 @@ impl ChainModel {
                 sims.saturating_mul(base_points.len()) <= CHAIN_WORK
             })
             .unwrap_or(0);
+        let complete = (0..n).all(|r| {
+            let reg = &graph.regions[r];
+            (reg.first_op..=reg.last_op)
+                .filter(|&j| keepable(graph, r, j))
+                .count()
+                <= keepable_ops
+        });
         let mut exact_shape = true;
         let mut options = Vec::with_capacity(n);
         let mut held = Vec::with_capacity(n);
@@ -251,7 +263,12 @@ impl ChainModel {
                             later = later.max(d);
                             later_min = later_min.min(d);
                         }
-                        std::cmp::Ordering::Less => most_early[t] = most_early[t].max(d),
+                        std::cmp::Ordering::Less => {
+                            most_early[t] = most_early[t].max(d);
+                            if d != 0 {
+                                exact_shape = false;
+                            }
+                        }
                     }
                 }
                 // Only the region's own points (its re-run's ops) may be missing.
@@ -339,6 +356,15 @@ impl ChainModel {
                     .collect()
             })
             .collect();
+        let held_slots_down = held
+            .iter()
+            .zip(&held_min)
+            .map(|(h, &lo)| {
+                h.iter()
+                    .map(|&x| (x - lo).div_euclid(slot) as usize)
+                    .collect()
+            })
+            .collect();
         Ok(Some(ChainModel {
             order,
             options,
@@ -348,7 +374,9 @@ impl ChainModel {
             slot,
             held_min,
             held_slots,
+            held_slots_down,
             keepable_ops,
+            complete,
             exact_shape,
             additive: graph.lives_depend_on_one_region_each(),
         }))
@@ -370,10 +398,10 @@ impl ChainModel {
     /// option that gave it.
     fn program(
         &self,
+        slots: &[Vec<usize>],
         step: impl Fn(f64, i64, usize, usize) -> Option<f64>,
     ) -> Option<(Vec<usize>, f64)> {
-        let width: usize = self
-            .held_slots
+        let width: usize = slots
             .iter()
             .map(|h| h.iter().copied().max().unwrap_or(0))
             .sum::<usize>()
@@ -383,8 +411,8 @@ impl ChainModel {
         let mut choice: Vec<Vec<u16>> = Vec::with_capacity(self.order.len());
         let mut reach = 1usize;
         let mut prefix_min = 0i64;
-        for k in 0..self.order.len() {
-            let top = self.held_slots[k].iter().copied().max().unwrap_or(0);
+        for (k, region_slots) in slots.iter().enumerate() {
+            let top = region_slots.iter().copied().max().unwrap_or(0);
             let mut next = vec![f64::INFINITY; width];
             let mut pick = vec![u16::MAX; width];
             for (p, &v) in value.iter().enumerate().take(reach) {
@@ -392,11 +420,11 @@ impl ChainModel {
                     continue;
                 }
                 let prefix = prefix_min + p as i64 * self.slot;
-                for o in 0..self.options[k].len() {
+                for (o, &held) in region_slots.iter().enumerate() {
                     let Some(w) = step(v, prefix, k, o) else {
                         continue;
                     };
-                    let q = p + self.held_slots[k][o];
+                    let q = p + held;
                     if w < next[q] {
                         next[q] = w;
                         pick[q] = o as u16;
@@ -418,7 +446,7 @@ impl ChainModel {
         for k in (0..self.order.len()).rev() {
             let o = choice[k][p] as usize;
             picks[k] = o;
-            p -= self.held_slots[k][o];
+            p -= slots[k][o];
         }
         Some((picks, best))
     }
@@ -446,17 +474,41 @@ impl ChainModel {
     /// The cheapest choice whose bound (with held bytes rounded up to the grid) fits `budget`.
     pub fn solve(&self, graph: &TorchGraph, budget: u64) -> Option<ChainChoice> {
         let budget = i64::try_from(budget).unwrap_or(i64::MAX);
-        let (picks, _) = self.program(|v, prefix, k, o| {
+        let (picks, _) = self.program(&self.held_slots, |v, prefix, k, o| {
             (prefix.saturating_add(self.active[k][o]) <= budget).then(|| v + self.cost[k][o])
         })?;
         Some(self.choice(graph, &picks))
     }
 
+    /// Whether the program is exact: the values are additive and the figures have the exact
+    /// shape, so every choice's bound is its simulated peak.
+    pub fn exact(&self) -> bool {
+        self.additive && self.exact_shape
+    }
+
+    /// A lower bound on the cost of every plan of the class whose peak fits `budget`: the
+    /// program with the held bytes rounded down, where it is exact and complete (`None`
+    /// otherwise, or when no plan of the class fits: then `Some(f64::INFINITY)`). Every plan the
+    /// torch-sac planner can express is then in the class, so it bounds the planner's answer.
+    pub fn lower_bound(&self, graph: &TorchGraph, budget: u64) -> Option<f64> {
+        if !(self.exact() && self.complete) {
+            return None;
+        }
+        let budget = i64::try_from(budget).unwrap_or(i64::MAX);
+        Some(
+            self.program(&self.held_slots_down, |v, prefix, k, o| {
+                (prefix.saturating_add(self.active[k][o]) <= budget).then(|| v + self.cost[k][o])
+            })
+            .map_or(f64::INFINITY, |(_, cost)| graph.base_cost() + cost),
+        )
+    }
+
     /// The least bound any choice has (held bytes rounded up to the grid), with the cheapest
     /// choice at that bound.
     pub fn least(&self, graph: &TorchGraph) -> Option<ChainChoice> {
-        let (picks, _) =
-            self.program(|v, prefix, k, o| Some(v.max((prefix + self.active[k][o]) as f64)))?;
+        let (picks, _) = self.program(&self.held_slots, |v, prefix, k, o| {
+            Some(v.max((prefix + self.active[k][o]) as f64))
+        })?;
         let least = self.choice(graph, &picks);
         // The cheapest at that bound (the program above ignores costs).
         let rounded = self.rounded_bound(&picks);

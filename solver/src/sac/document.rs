@@ -24,11 +24,29 @@ pub struct PlanDocument {
     pub min_peak_bytes: u64,
     pub unplanned_peak_bytes: u64,
     pub predicted: PredictedDoc,
+    /// A lower bound on the compute cost of every plan the torch-sac planner can express whose
+    /// peak fits the budget, where the chain program proves one (docs/torch.md, "The planner").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_bound: Option<SacLowerBound>,
+    /// `(compute_cost - lower_bound) / compute_cost`, with the bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap: Option<f64>,
     pub regions: Vec<RegionDoc>,
     /// What `remat.torch.measure` measured of this plan in PyTorch, once attached (`PUT
     /// /v1/plans/{id}/validation`, or set by the caller): the fields of a plan's `validation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<serde_json::Value>,
+}
+
+/// A torch-sac lower bound and where it comes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SacLowerBound {
+    pub compute_cost: f64,
+    /// `compute_cost / base_cost - 1`: the least overhead any plan fitting the budget has.
+    pub overhead: f64,
+    /// `chain_program`: the chain program with held bytes rounded down, exact (additive values,
+    /// exact shape) and complete (every keepable op of every region enumerated).
+    pub source: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,6 +111,7 @@ pub fn baseline_document(graph: &TorchGraph, name: &str) -> Result<PlanDocument>
         unplanned_peak_bytes: unplanned,
         predicted,
         moves: 0,
+        lower_bound: None,
     };
     Ok(document(graph, &p, &report))
 }
@@ -235,6 +254,22 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
             peak_op: s.peak_op,
             peak_in_rerun_of: s.peak_in_rerun_of.map(|r| graph.regions[r].fqn.clone()),
         },
+        lower_bound: report.lower_bound.map(|b| SacLowerBound {
+            compute_cost: b,
+            overhead: if s.base_cost > 0.0 {
+                b / s.base_cost - 1.0
+            } else {
+                0.0
+            },
+            source: "chain_program".into(),
+        }),
+        gap: report.lower_bound.map(|b| {
+            if s.compute_cost > 0.0 {
+                ((s.compute_cost - b) / s.compute_cost).max(0.0)
+            } else {
+                0.0
+            }
+        }),
         regions,
         validation: None,
     }

@@ -18,6 +18,9 @@ pub struct SacReport {
     pub predicted: SacStats,
     /// Accepted moves, in order.
     pub moves: usize,
+    /// A lower bound on the compute cost of every plan the planner can express whose peak fits
+    /// the budget ([`ChainModel::lower_bound`]), where the chain program is exact and complete.
+    pub lower_bound: Option<f64>,
 }
 
 /// Chooses wrapped regions and keep sets whose simulated peak fits `budget` at the least
@@ -142,13 +145,14 @@ impl Candidates {
     /// The cheapest candidate that fits `budget` (the least peak among equal costs), or the
     /// least-peak one with status `infeasible`.
     pub fn select(&self, budget: u64) -> Result<(SacPlan, SacReport)> {
-        let report = |status, predicted: &SacStats, moves| SacReport {
+        let report = |status, predicted: &SacStats, moves, lower_bound| SacReport {
             budget_bytes: budget,
             status,
             min_peak_bytes: self.least_peak(),
             unplanned_peak_bytes: self.unplanned().peak_bytes,
             predicted: predicted.clone(),
             moves,
+            lower_bound,
         };
         // The chain program at this budget, when the simulator confirms that it fits.
         let mut at_budget = None;
@@ -173,10 +177,18 @@ impl Candidates {
                     .unwrap_or(std::cmp::Ordering::Equal)
             });
         Ok(match best {
-            Some((p, s, moves)) => (p.clone(), report("fits", s, *moves)),
+            Some((p, s, moves)) => {
+                // A bound above the answer would call a worse plan optimal: never reported.
+                let bound = self
+                    .chain
+                    .as_ref()
+                    .and_then(|(m, g)| m.lower_bound(g, budget))
+                    .filter(|&b| b <= s.compute_cost * (1.0 + 1e-12));
+                (p.clone(), report("fits", s, *moves, bound))
+            }
             None => {
                 let (p, s, moves) = &self.plans[self.least];
-                (p.clone(), report("infeasible", s, *moves))
+                (p.clone(), report("infeasible", s, *moves, None))
             }
         })
     }

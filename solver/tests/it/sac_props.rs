@@ -337,7 +337,8 @@ proptest! {
     /// The chain program on random chains: its bound is never below the simulated peak of
     /// what it chooses, and where its figures have the exact shape, no plan giving each region
     /// one of its options beats the planner at that plan's peak plus the program's rounding
-    /// (one slot per region): exact on its class.
+    /// (one slot per region): exact on its class; and its lower bound at each such plan's peak
+    /// is at most that plan's cost.
     #[test]
     fn the_chain_program_is_exact_on_its_class(
         blocks in prop::collection::vec(
@@ -345,7 +346,13 @@ proptest! {
             1..4,
         ),
         same in prop::bool::ANY,
+        scale in prop::sample::select(vec![1u64, 4099, 1_000_003]),
     ) {
+        // Large sizes make the program's grid coarser than a byte (its rounding matters).
+        let blocks: Vec<Vec<(u64, f64, bool)>> = blocks
+            .iter()
+            .map(|b| b.iter().map(|&(bytes, c, sv)| (bytes * scale, c, sv)).collect())
+            .collect();
         let g = if same { build(&vec![blocks[0].clone(); blocks.len()]) } else { build(&blocks) };
         let model = sac::ChainModel::build(&g).unwrap().expect("a chain of regions");
         let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
@@ -364,6 +371,14 @@ proptest! {
         let slack = model.slot_bytes() * g.regions.len() as u64;
         for plan in per_region_plans(&g) {
             let s = sac::simulate(&g, &plan).unwrap();
+            // The lower bound holds for every plan of the class at its own peak.
+            if model.complete {
+                let bound = model.lower_bound(&g, s.peak_bytes).expect("exact and complete");
+                prop_assert!(
+                    bound <= s.compute_cost + 1e-9,
+                    "bound {bound} above {:?} at its peak {}: {}", plan.wrapped, s.peak_bytes, s.compute_cost
+                );
+            }
             let (_, report) = candidates.select(s.peak_bytes + slack).unwrap();
             prop_assert!(
                 report.predicted.compute_cost <= s.compute_cost + 1e-9,

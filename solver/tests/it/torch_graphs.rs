@@ -160,7 +160,24 @@ fn the_chain_program_bounds_its_peaks_and_finds_cheaper_plans() {
             }
         }
     }
+    // The lower bound, where the program is exact and complete (the GPT-2 step): every plan
+    // reports it, below its cost and within the program's rounding of it.
     let g = graph("gpt2.torch.json");
+    let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
+    let candidates = sac::Candidates::new(&g).unwrap();
+    for i in 0..=40u64 {
+        let budget = candidates.least_peak() + (unplanned - candidates.least_peak()) * i / 40;
+        let (p, report) = candidates.select(budget).unwrap();
+        let doc = sac::document(&g, &p, &report);
+        let bound = doc.lower_bound.as_ref().expect("a bound on the GPT-2 step");
+        assert_eq!(bound.source, "chain_program");
+        let gap = doc.gap.unwrap();
+        assert!(
+            bound.compute_cost <= doc.predicted.compute_cost,
+            "at {budget}"
+        );
+        assert!(gap <= 0.02, "gap {gap} at {budget}");
+    }
     let without = sac::Candidates::with_parts(&g, true, false).unwrap();
     let with = sac::Candidates::new(&g).unwrap();
     let (_, a) = without.select(2_199_688).unwrap();
