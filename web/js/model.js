@@ -281,6 +281,10 @@ export function normalizeTorchPlan(raw) {
       baseCost: num(pred.base_cost),
       peakInRerunOf: str(pred.peak_in_rerun_of),
     },
+    lowerBound: p.lower_bound && typeof p.lower_bound === 'object'
+      ? { overhead: num(p.lower_bound.overhead), computeCost: num(p.lower_bound.compute_cost), source: str(p.lower_bound.source) }
+      : null,
+    gap: num(p.gap),
     regions,
     validation: normalizeValidation(p.validation),
     wrapped: regions.filter((x) => x.wrapped).length,

@@ -356,6 +356,10 @@ try {
   const predictedText = await page.textContent('[data-testid="card-predicted"]');
   assert.ok(digits(predictedText).includes(digits(trec.plan.predicted.peak_bytes.toLocaleString('en-US'))), `captured graph: predicted card "${predictedText}" vs ${trec.plan.predicted.peak_bytes}`);
   assert.ok((await page.textContent('[data-testid="card-validation"]')).includes('not measured'), 'captured graph: no validation yet');
+  // The chain program proves a lower bound on this step (docs/torch.md): the overhead card says it.
+  assert.equal(trec.plan.lower_bound?.source, 'chain_program', 'captured graph: a lower bound');
+  const overheadText = await page.textContent('[data-testid="card-overhead"]');
+  assert.ok(overheadText.includes('lower bound') && overheadText.includes('gap'), `captured graph: overhead card "${overheadText}"`);
   // What remat.torch.measure returned, attached with a PUT: the card shows it.
   const measured = { ran: true, device: 'torch-cpu', ok: true, problems: [], predicted_peak_bytes: trec.plan.predicted.peak_bytes, measured_peak_bytes: trec.plan.predicted.peak_bytes, grad_max_rel_err: 0, measured_overhead: 0.083, fingerprint: trec.plan.fingerprint, budget_bytes: trec.plan.budget_bytes };
   const vres = await page.request.put(`${BASE}/v1/plans/${encodeURIComponent(trec.id)}/validation`, { data: JSON.stringify(measured), headers: { 'Content-Type': 'application/json' } });

@@ -27,6 +27,17 @@ test('a torch-sac plan record is told apart and normalizes', () => {
   assert.equal(t.kept, 2);
   assert.deepEqual(t.regions[0].keep, ['aten.mm.default#0', 'aten.mm.default#2']);
   assert.equal(t.regions[1].wrapped, false);
+  assert.equal(t.lowerBound, null);
+  assert.equal(t.gap, null);
+});
+
+test('a plan with the chain program\'s lower bound carries it and its gap', () => {
+  const bounded = structuredClone(record);
+  bounded.plan.lower_bound = { compute_cost: 10.9, overhead: 0.09, source: 'chain_program' };
+  bounded.plan.gap = 0.0091;
+  const t = normalizeTorchPlan(bounded);
+  assert.deepEqual(t.lowerBound, { overhead: 0.09, computeCost: 10.9, source: 'chain_program' });
+  assert.equal(t.gap, 0.0091);
 });
 
 test('missing fields read as nulls, not errors', () => {
