@@ -294,9 +294,6 @@ impl ChainModel {
             for (t, &w) in owner.iter().enumerate() {
                 if w < j {
                     ahead[t] += most[t];
-                    if most[t] != 0 {
-                        exact_shape = false;
-                    }
                 }
             }
         }
