@@ -1,19 +1,24 @@
 """How well the solver's cost models predict what a plan costs on remat's CPU executor
 (docs/cost-model.md).
 
-    python docs/bench/costmodel.py TARGET_DIR OUT_DIR [--validate]
+    python docs/bench/costmodel.py TARGET_DIR OUT_DIR [--validate] [--runs N] [--also LABEL=RATES]
 
 TARGET_DIR is the cargo target folder with release builds of `remat` and of the examples
 `optimes` (remat-exec) and `fit_rates` (remat-planner). For each model below, at batch 1:
 
-1. `optimes`: each training node's FLOPs, bytes moved and seconds (fastest of three store-all
-   steps after a warm-up) on this machine;
+1. `optimes`, N times (5 by default; OUT_DIR/run1 ... runN): each training node's FLOPs,
+   bytes moved and seconds (fastest of three store-all steps after a warm-up) on this machine;
+   an op's time is its least over the N runs, since this machine's speed comes and goes in
+   bursts that slow every op of a run alike (docs/cost-model.md);
 2. `fit_rates` on the other eleven models' op times (leave one out): rates that never saw
    this model;
 3. plans at 0.1, 0.25 and 0.5 of the way from the least peak to store-all's, with FLOPs, with
-   remat's default rates and with the left-out rates; each plan's predicted overhead against
+   remat's default rates, with the left-out rates and with the model's own rates (fitted to
+   its own op times alone, what `remat calibrate MODEL` gives); each plan's predicted overhead against
    the *op-time overhead*: the same schedule's recomputations priced at the measured op times
    (what the step would cost if only its ops took time);
+   `--also LABEL=RATES` (repeatable) adds plans with a rates file, e.g. an earlier version's
+   defaults, side by side in the same run;
 4. with `--validate`, `remat validate --plan` of the default-rates plan at 0.1: the executor's
    measured overhead (median of timed rounds against store-all, with their range).
 """
@@ -78,23 +83,49 @@ def main(argv: list[str]) -> int:
         return 2
     target, out = Path(argv[0]), Path(argv[1])
     validate = "--validate" in argv
+    runs = int(argv[argv.index("--runs") + 1]) if "--runs" in argv else 5
+    also = [
+        tuple(argv[i + 1].split("=", 1)) for i, a in enumerate(argv) if a == "--also"
+    ]
     out.mkdir(parents=True, exist_ok=True)
     remat = str(target / "release" / "remat")
     optimes = str(target / "release" / "examples" / "optimes")
     fit = str(target / "release" / "examples" / "fit_rates")
-    for name, file, dims in MODELS:
-        tsv = out / f"{name}.tsv"
-        if not tsv.exists():
-            tsv.write_text(run([optimes, str(FIXTURES / file), *dims]))
+    # The runs interleave the models, so a slow spell of the machine slows one run of each.
+    for i in range(1, runs + 1):
+        (out / f"run{i}").mkdir(exist_ok=True)
+        for name, file, dims in MODELS:
+            tsv = out / f"run{i}" / f"{name}.tsv"
+            if not tsv.exists():
+                tsv.write_text(run([optimes, str(FIXTURES / file), *dims]))
     print("| model | budget | plan | predicted | op-time | error |")
     print("|---|---|---|---|---|---|")
-    errors: dict[str, list[float]] = {"flops": [], "default rates": [], "left-out rates": []}
+    errors: dict[str, list[float]] = {
+        "flops": [],
+        "default rates": [],
+        "left-out rates": [],
+        "own rates": [],
+    }
+    for label, _ in also:
+        errors[label] = []
     for name, file, dims in MODELS:
-        rows = [line.split("\t") for line in (out / f"{name}.tsv").read_text().splitlines()]
-        seconds = {r[6]: float(r[5]) for r in rows}
-        others = [str(out / f"{n}.tsv") for n, _, _ in MODELS if n != name]
+        seconds: dict[str, float] = {}
+        for i in range(1, runs + 1):
+            for line in (out / f"run{i}" / f"{name}.tsv").read_text().splitlines():
+                r = line.split("\t")
+                seconds[r[6]] = min(seconds.get(r[6], float("inf")), float(r[5]))
+        others = [
+            str(out / f"run{i}" / f"{n}.tsv")
+            for n, _, _ in MODELS
+            if n != name
+            for i in range(1, runs + 1)
+        ]
         loo = out / f"{name}.rates.json"
         loo.write_text(run([fit, *others]))
+        own = out / f"{name}.own.rates.json"
+        own.write_text(
+            run([fit, *(str(out / f"run{i}" / f"{name}.tsv") for i in range(1, runs + 1))])
+        )
         model = FIXTURES / file
         low = plan(remat, model, dims, 1, [])
         least, full = low["min_feasible_budget_bytes"], low["store_all_peak_bytes"]
@@ -104,6 +135,8 @@ def main(argv: list[str]) -> int:
                 ("flops", ["--cost", "flops"]),
                 ("default rates", []),
                 ("left-out rates", ["--rates", str(loo)]),
+                ("own rates", ["--rates", str(own)]),
+                *((label, ["--rates", path]) for label, path in also),
             ):
                 doc = plan(remat, model, dims, budget, extra)
                 if doc.get("status") == "infeasible":

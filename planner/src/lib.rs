@@ -91,7 +91,7 @@ pub mod ops;
 pub mod tensor;
 pub mod training;
 
-pub use cost::{OpClass, Rates, Roofline, Sample};
+pub use cost::{op_key, OpClass, Rates, Roofline, Sample, MIN_OP_SAMPLES};
 pub use error::{PlannerError, Result, UnsupportedNode};
 pub use inspect::{InspectReport, TensorInfo, TrainingNodeInfo};
 pub use model::{ImportOptions, Model, ValueKind};

@@ -44,7 +44,7 @@ pub fn exec(args: CalibrateArgs) -> Result<(), Failure> {
         .model
         .file_name()
         .map_or_else(|| "the model".into(), |n| n.to_string_lossy().into_owned());
-    let fitted = Roofline::fit(
+    let mut fitted = Roofline::fit(
         &samples,
         format!(
             "remat calibrate: {} op times of {name} on the {} executor (fastest of {} store-all steps)",
@@ -53,6 +53,7 @@ pub fn exec(args: CalibrateArgs) -> Result<(), Failure> {
             args.runs
         ),
     );
+    fitted.device = device.name().to_string();
     println!("{}", summary(&fitted, &samples));
     let out = match args.out {
         Some(p) => p,
@@ -79,6 +80,11 @@ pub fn exec(args: CalibrateArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The roofline's seconds for one sample: its op's own rates, or its class's.
+fn seconds(r: &Roofline, x: &Sample) -> f64 {
+    r.op_rates(&x.op, x.kind).seconds(x.flops, x.bytes)
+}
+
 /// The fitted rates per class, with how well they and FLOPs account for where the time went.
 fn summary(r: &Roofline, samples: &[Sample]) -> String {
     let mut s = format!(
@@ -86,10 +92,10 @@ fn summary(r: &Roofline, samples: &[Sample]) -> String {
         "class", "ops", "GFLOP/s", "GB/s", "µs/op", "measured s", "roofline s"
     );
     for class in OpClass::ALL {
-        let mine: Vec<&Sample> = samples.iter().filter(|x| x.class == class).collect();
+        let mine: Vec<&Sample> = samples.iter().filter(|x| x.class() == class).collect();
         let rates = r.rates(class);
         let measured: f64 = mine.iter().map(|x| x.seconds).sum();
-        let predicted: f64 = mine.iter().map(|x| rates.seconds(x.flops, x.bytes)).sum();
+        let predicted: f64 = mine.iter().map(|x| seconds(r, x)).sum();
         let gb = rates.bytes_per_second / 1e9;
         s += &format!(
             "{:<16} {:>5} {:>10.1} {:>9} {:>8.0} {:>11.4} {:>11.4}\n",
@@ -121,8 +127,13 @@ fn summary(r: &Roofline, samples: &[Sample]) -> String {
             .sum::<f64>()
             / 2.0
     };
-    let roof = shares(&|x| r.rates(x.class).seconds(x.flops, x.bytes));
+    let roof = shares(&|x| seconds(r, x));
     let flops = shares(&|x| x.flops);
+    s += &format!(
+        "{} ops have rates of their own (the GFLOP/s, GB/s and µs/op above are the classes'; \
+         \"roofline s\" counts each op at its own rates)\n",
+        r.ops.len()
+    );
     s += &format!(
         "share of the step's time put on the wrong ops: {:.1}% by the roofline, {:.1}% by FLOPs",
         roof * 100.0,

@@ -22,7 +22,7 @@ pub fn roofline_costs(loaded: &Loaded) -> Option<CostModel> {
     Some(CostModel {
         kind: "roofline".to_string(),
         unit: "seconds".to_string(),
-        device: "cpu".to_string(),
+        device: super::rates::roofline().device.clone(),
         profiling_runs: 0,
         store_all_seconds: loaded.problem.base_cost(),
         rates: Some(super::rates::roofline().source.clone()),

@@ -379,8 +379,19 @@ fn plans_cost_by_the_roofline_and_calibrate_writes_rates_plans_read() {
         .as_str()
         .unwrap()
         .contains("tiny_cnn.onnx"));
+    assert_eq!(written["device"], "cpu", "{written}");
+    assert!(written["ops"].is_object(), "{written}");
+    assert!(t.contains("ops have rates of their own"), "{t}");
     let calibrated = plan(&["--rates", rates.to_str().unwrap()]);
     assert_eq!(calibrated["cost_model"]["rates"], written["source"]);
+    assert_eq!(calibrated["cost_model"]["device"], "cpu");
+    // The document names the device the rates were measured on, not the planner's.
+    let mut cuda = written.clone();
+    cuda["device"] = "cuda".into();
+    let cuda_rates = dir.path().join("rates-cuda.json");
+    std::fs::write(&cuda_rates, cuda.to_string()).unwrap();
+    let on_cuda = plan(&["--rates", cuda_rates.to_str().unwrap()]);
+    assert_eq!(on_cuda["cost_model"]["device"], "cuda", "{on_cuda}");
     let by_env = Command::new(env!("CARGO_BIN_EXE_remat"))
         .current_dir(root())
         .env("REMAT_RATES", &rates)
