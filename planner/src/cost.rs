@@ -180,6 +180,10 @@ impl Roofline {
         ("Clip:forward", rates(2.0, 20.0, 20.0)),
         ("Concat:backward", rates(2.0, 20.0, 10.0)),
         ("Concat:forward", rates(2.0, 20.0, 10.0)),
+        ("Conv.grouped:backward", rates(3.0, 2.0, 160.0)),
+        ("Conv.grouped:forward", rates(3.0, 2.0, 160.0)),
+        ("Conv:backward", rates(120.0, 3.0, 80.0)),
+        ("Conv:forward", rates(200.0, 5.0, 80.0)),
         ("Div:backward", rates(1.0, 40.0, 5.0)),
         ("Div:forward", rates(200.0, UNBOUND / G, 5.0)),
         ("Dropout.mask:forward", rates(1.0, 0.5, 10.0)),
@@ -269,7 +273,7 @@ impl Roofline {
     /// Seconds for one computation of node `i` of `tg`.
     pub fn node_seconds(&self, tg: &TrainingGraph, i: usize) -> f64 {
         let n = &tg.nodes[i];
-        self.op_rates(&n.op, n.kind)
+        self.op_rates(&tg.rate_ops[i], n.kind)
             .seconds(n.cost, tg.traffic[i] as f64)
     }
 
@@ -374,7 +378,7 @@ fn best_on_grid(samples: &[&Sample]) -> Option<Rates> {
 /// One measured op time for [`Roofline::fit`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
-    /// The training node's op, as the training graph names it.
+    /// The op the node's rates are looked up by ([`TrainingGraph::rate_ops`]).
     pub op: String,
     pub kind: NodeKind,
     pub flops: f64,
@@ -390,7 +394,7 @@ impl Sample {
             .zip(seconds)
             .enumerate()
             .map(|(i, (n, &s))| Sample {
-                op: n.op.clone(),
+                op: tg.rate_ops[i].clone(),
                 kind: n.kind,
                 flops: n.cost,
                 bytes: tg.traffic[i] as f64,

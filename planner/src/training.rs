@@ -54,6 +54,11 @@ pub struct TrainingGraph {
     /// parameters and constants) and its output; for a backward node also the weights it
     /// reads and the parameter gradients it writes. The roofline cost model's memory traffic.
     pub traffic: Vec<u64>,
+    /// Per node, the op its roofline rates are looked up by (`crate::Roofline::op_rates`):
+    /// its op, or a variant that runs at rates of its own: `Conv.grouped` (and
+    /// `ConvTranspose.grouped`) for a convolution of more than one group, whose depthwise
+    /// kernels run at a fraction of a dense convolution's FLOP rate.
+    pub rate_ops: Vec<String>,
     /// What the executor needs to run the graph: where each training node comes from.
     pub exec: ExecInfo,
 }
@@ -582,6 +587,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
         })
         .collect();
     let traffic = traffic(model, &nodes, &sources);
+    let rate_ops = rate_ops(model, &nodes, &sources);
     let fixed = params_bytes.saturating_mul(2).saturating_add(buffers_bytes);
     let problem = Problem::new(name, problem_nodes, fixed)
         .map_err(|e| PlannerError::Lowering(e.to_string()))?;
@@ -612,6 +618,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
     Ok(TrainingGraph {
         exec,
         traffic,
+        rate_ops,
         nodes,
         params_bytes,
         buffers_bytes,
@@ -666,6 +673,29 @@ fn traffic(model: &Model, nodes: &[TrainingNode], sources: &[Source]) -> Vec<u64
                 _ => deps(i).saturating_add(own),
             };
             io.max(own)
+        })
+        .collect()
+}
+
+/// [`TrainingGraph::rate_ops`].
+fn rate_ops(model: &Model, nodes: &[TrainingNode], sources: &[Source]) -> Vec<String> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let op_node = match sources.get(i) {
+                Some(Source::Forward(ix) | Source::Backward(ix)) => Some(&model.graph[*ix]),
+                _ => None,
+            };
+            // The importer has read `group` already; a value it refused never gets here.
+            let grouped = op_node.is_some_and(|o| {
+                o.op_type.starts_with("Conv") && o.attrs().int_or("group", 1).unwrap_or(1) > 1
+            });
+            if grouped && n.op.starts_with("Conv") {
+                format!("{}.grouped", n.op)
+            } else {
+                n.op.clone()
+            }
         })
         .collect()
 }

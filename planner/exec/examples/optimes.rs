@@ -1,5 +1,6 @@
 //! `cargo run --release -p remat-exec --example optimes -- MODEL.onnx [NAME=VALUE...]`: one
-//! line per training node (tab-separated: kind, op, FLOPs, bytes moved, output bytes, seconds, id),
+//! line per training node (tab-separated: kind, op (the one its roofline rates are looked up
+//! by: `TrainingGraph::rate_ops`), FLOPs, bytes moved, output bytes, seconds, id),
 //! the seconds the fastest of three store-all runs on the CPU. The data the roofline rates of
 //! `remat_planner::cost` were fitted to (docs/cost-model.md).
 
@@ -25,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (i, n) in tg.nodes.iter().enumerate() {
         println!(
             "{:?}\t{}\t{}\t{}\t{}\t{:.9}\t{}",
-            n.kind, n.op, n.cost, tg.traffic[i], n.bytes, secs[i], n.id
+            n.kind, tg.rate_ops[i], n.cost, tg.traffic[i], n.bytes, secs[i], n.id
         );
     }
     Ok(())

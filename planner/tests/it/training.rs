@@ -720,3 +720,42 @@ fn a_strided_slice_folded_by_matmul_is_kept_as_a_copy() {
     let one = ids_of(1);
     assert!(!one.iter().any(|(id, _)| id.contains("_copy")), "{one:?}");
 }
+
+/// A convolution of more than one group (depthwise) is priced at rates of its own
+/// (`Conv.grouped`), forward and backward; a dense one at `Conv`'s.
+#[test]
+fn grouped_convolutions_have_rates_of_their_own() {
+    let g = G::new(17)
+        .input("x", F32, &[D::V(1), D::V(8), D::V(16), D::V(16)])
+        .weight("wd", &[8, 1, 3, 3])
+        .weight("wp", &[8, 8, 1, 1])
+        .node(
+            "Conv",
+            "depthwise",
+            &["x", "wd"],
+            &["d"],
+            vec![a_int("group", 8), a_ints("pads", &[1, 1, 1, 1])],
+        )
+        .node("Conv", "pointwise", &["d", "wp"], &["p"], vec![])
+        .output("p");
+    let m = load(&g.bytes(), &dims(&[])).expect("imports");
+    let t = m.training_graph().expect("training graph");
+    let rate_op = |id: &str| {
+        let i = t.nodes.iter().position(|n| n.id == id).unwrap();
+        (t.rate_ops[i].as_str(), i)
+    };
+    assert_eq!(rate_op("f:depthwise").0, "Conv.grouped");
+    assert_eq!(rate_op("b:depthwise").0, "Conv.grouped");
+    assert_eq!(rate_op("f:pointwise").0, "Conv");
+    assert_eq!(rate_op("b:pointwise").0, "Conv");
+    assert_eq!(t.rate_ops.len(), t.nodes.len());
+    // The defaults price the depthwise kernel at its own (much lower) FLOP rate.
+    let r = remat_planner::Roofline::cpu_default();
+    let (_, i) = rate_op("f:depthwise");
+    let own = r.op_rates("Conv.grouped", NodeKind::Forward);
+    assert_eq!(
+        r.node_seconds(&t, i),
+        own.seconds(t.nodes[i].cost, t.traffic[i] as f64)
+    );
+    assert!(own.flops_per_second < r.op_rates("Conv", NodeKind::Forward).flops_per_second);
+}
