@@ -12,10 +12,11 @@
 //!
 //! The rates differ by op family and direction, since a convolution, a matrix product, a
 //! normalization and an elementwise op reach very different shares of a machine's peak, and
-//! their backward differently again ([`OpClass`]). Within a family ops differ again (an
-//! executor's `Tanh` or `HardSwish` runs at a tenth of its `Add`'s FLOP rate), so an op
-//! measured often enough has rates of its own ([`Roofline::ops`], keyed by [`op_key`]); any
-//! other op gets its class's. [`Roofline::cpu_default`] holds rates fitted
+//! their backward differently again ([`OpClass`]). Within a family ops differ again (remat's
+//! CPU executor moves a `Tanh`'s bytes at a thirtieth of an `Add`'s rate, and a depthwise
+//! convolution reaches a fiftieth of a dense one's FLOP rate), so an op measured often enough
+//! has rates of its own ([`Roofline::ops`], keyed by [`op_key`] over
+//! [`TrainingGraph::rate_ops`]); any other op gets its class's. [`Roofline::cpu_default`] holds rates fitted
 //! to remat's CPU executor on the 2-core development machine; [`Roofline::fit`] fits them to
 //! measured op times on any machine (`remat calibrate`), and they are read from and written as
 //! JSON. How much better than FLOPs it predicts what a plan costs: docs/cost-model.md.

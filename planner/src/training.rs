@@ -683,15 +683,16 @@ fn rate_ops(model: &Model, nodes: &[TrainingNode], sources: &[Source]) -> Vec<St
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            let op_node = match sources.get(i) {
-                Some(Source::Forward(ix) | Source::Backward(ix)) => Some(&model.graph[*ix]),
-                _ => None,
-            };
-            // The importer has read `group` already; a value it refused never gets here.
-            let grouped = op_node.is_some_and(|o| {
-                o.op_type.starts_with("Conv") && o.attrs().int_or("group", 1).unwrap_or(1) > 1
-            });
-            if grouped && n.op.starts_with("Conv") {
+            // A forward op and its backward carry the ONNX node's op type as their op.
+            let grouped = n.op.starts_with("Conv")
+                && match sources.get(i) {
+                    // The importer has read `group` already; a value it refused never gets here.
+                    Some(Source::Forward(ix) | Source::Backward(ix)) => {
+                        model.graph[*ix].attrs().int_or("group", 1).unwrap_or(1) > 1
+                    }
+                    _ => false,
+                };
+            if grouped {
                 format!("{}.grouped", n.op)
             } else {
                 n.op.clone()

@@ -1,7 +1,7 @@
 //! The plan documents of the `torch-sac` model: what `remat.torch.apply` reads, and the checks
 //! of what `remat.torch.measure` reports.
 
-use super::model::{simulate, SacPlan, TorchGraph, PLAN_FORMAT, VERSION};
+use super::model::{overhead, simulate, SacPlan, TorchGraph, PLAN_FORMAT, VERSION};
 use super::planner::{plan, Candidates, SacReport};
 use crate::error::{Result, SolverError};
 use serde::{Deserialize, Serialize};
@@ -256,11 +256,7 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
         },
         lower_bound: report.lower_bound.map(|b| SacLowerBound {
             compute_cost: b,
-            overhead: if s.base_cost > 0.0 {
-                b / s.base_cost - 1.0
-            } else {
-                0.0
-            },
+            overhead: overhead(b, s.base_cost),
             source: "chain_program".into(),
         }),
         gap: report.lower_bound.map(|b| {

@@ -489,11 +489,17 @@ pub struct SacStats {
 
 impl SacStats {
     pub fn overhead(&self) -> f64 {
-        if self.base_cost > 0.0 {
-            self.compute_cost / self.base_cost - 1.0
-        } else {
-            0.0
-        }
+        overhead(self.compute_cost, self.base_cost)
+    }
+}
+
+/// `cost / base - 1`: the extra compute of a step costing `cost` over the unplanned step
+/// (0 for a step that costs nothing).
+pub fn overhead(cost: f64, base: f64) -> f64 {
+    if base > 0.0 {
+        cost / base - 1.0
+    } else {
+        0.0
     }
 }
 
