@@ -24,6 +24,8 @@ fn exit_quietly_on_closed_pipe() {
 }
 
 fn main() -> ExitCode {
+    // Before any other thread allocates: glibc fixes its arena count then (see the function).
+    remat_exec::alloc::reuse_freed_pages();
     let parsed = cli::Cli::parse();
     if let Err(f) = parsed.install_rates() {
         eprintln!("error: {:#}", f.error);

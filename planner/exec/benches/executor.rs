@@ -102,6 +102,8 @@ impl Drop for Torch {
 }
 
 fn main() {
+    // First, as the `remat` binary does: glibc fixes its arena count when a second thread allocates.
+    remat_exec::alloc::reuse_freed_pages();
     let env = |k: &str, d: usize| -> usize {
         std::env::var(k)
             .ok()

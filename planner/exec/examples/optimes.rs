@@ -8,6 +8,8 @@ use remat_exec::{measured_costs, ExecDevice};
 use remat_planner::{load, ImportOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // First, as the `remat` binary does: glibc fixes its arena count when a second thread allocates.
+    remat_exec::alloc::reuse_freed_pages();
     let mut args = std::env::args().skip(1);
     let path = args
         .next()

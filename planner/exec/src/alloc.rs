@@ -140,20 +140,46 @@ impl Measurement {
 }
 
 /// Asks the C allocator to keep freed memory for reuse instead of handing it back to the
-/// kernel: blocks up to 32 MiB (glibc's largest mmap threshold) come from the heap rather
-/// than from fresh mappings, and the heap is not trimmed. A training step frees and
-/// reallocates the same tensor sizes over and over, and every fresh page costs a fault
-/// (docs/bench/executor.md, "Freed pages kept for reuse"). Process-wide, once;
-/// a no-op outside glibc. The counted heap (what reports show) is unaffected.
+/// kernel. A training step frees and reallocates the same tensor sizes over and over, and
+/// every fresh page costs a fault (docs/bench/executor.md, "Freed pages kept for reuse"):
+/// - blocks of any size up to 2 GiB come from the heap rather than from fresh mappings
+///   (`M_MMAP_THRESHOLD`; where glibc refuses that, its 32 MiB ceiling), and the heap is not
+///   trimmed after each free (`M_TRIM_THRESHOLD`);
+/// - every thread allocates from the one main heap (`M_ARENA_MAX` 1). A thread's own arena
+///   is a chain of 64 MiB mappings, so a larger block on the executor's pool threads (VGG-11's
+///   411 MB weight gradient) was mapped fresh and faulted in page by page on every step,
+///   whatever the thresholds: its store-all step measured 0.6–1.7 s from one run to the next
+///   and a plan's overhead anywhere from −70% to +116% (docs/cost-model.md, "The reference").
+///
+/// Process-wide and once; a no-op outside glibc. glibc fixes its arena count when the
+/// second thread first allocates, so a binary calls this first thing in `main` (the `remat`
+/// binary does); the executor calls it too, where it still sets the thresholds. The counted
+/// heap (what reports show) is unaffected. [`return_freed_pages`] gives the memory back once
+/// the executor is done.
 pub fn reuse_freed_pages() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: mallopt only changes glibc's allocation thresholds; it takes plain ints
+        // SAFETY: mallopt only changes glibc's allocation parameters; it takes plain ints
         // and is safe to call at any time, from any thread.
         unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+            if libc::mallopt(libc::M_MMAP_THRESHOLD, i32::MAX) == 0 {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            }
             libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
         }
     });
+}
+
+/// Hands the heap's free pages back to the kernel (glibc's `malloc_trim`): with
+/// [`reuse_freed_pages`] nothing is trimmed on its own, so a long-lived process (the service)
+/// calls this when an executor is dropped, and a validation's peak does not stay resident.
+/// A no-op outside glibc.
+pub fn return_freed_pages() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of glibc's heaps; safe from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

@@ -147,6 +147,18 @@ pub struct Executor<'m> {
     /// Op types that ran on the host while the executor was set up (folded constants); every
     /// run reports them with its own.
     setup_host_ops: Vec<String>,
+    /// Last, so that it drops after the tensors above: gives their pages back to the kernel.
+    _trim: TrimOnDrop,
+}
+
+/// Returns the heap's free pages to the kernel when dropped ([`crate::alloc::return_freed_pages`]):
+/// the executor keeps freed pages for reuse while it runs, not after.
+struct TrimOnDrop;
+
+impl Drop for TrimOnDrop {
+    fn drop(&mut self) {
+        crate::alloc::return_freed_pages();
+    }
 }
 
 fn exec_err(node: &str, op: &str, message: impl Into<String>) -> ExecError {
@@ -215,6 +227,7 @@ impl<'m> Executor<'m> {
             fixed_live_bytes: 0,
             grad_bytes: 0,
             setup_host_ops: vec![],
+            _trim: TrimOnDrop,
         };
         // Every op the run needs must have kernels: report all missing at once.
         let mut missing: Vec<String> = vec![];
