@@ -1,11 +1,12 @@
-"""Two `remat` binaries side by side on the executor: each validates the same plans, interleaved.
+"""`remat` binaries side by side on the executor: each validates the same plans, interleaved.
 
-    python3 docs/bench/validate_ab.py PLANS_DIR LABEL=REMAT LABEL=REMAT [--pairs N]
+    python3 docs/bench/validate_ab.py PLANS_DIR LABEL=REMAT [LABEL=REMAT ...] [--pairs N]
 
 PLANS_DIR is a `costmodel.py --validate` output folder (its `MODEL.plan.json`, the default-rates
 plans at 0.1). For each of costmodel.py's models that has a plan there, N times (default 2), each
 binary runs `remat validate MODEL --plan PLAN --json`, one after the other; a row per run: the
-predicted and measured overhead, the range of the timing rounds, their number, store-all's step,
+predicted and measured overhead, the range of the timing rounds, their number, the overhead of
+the steps' least times (`measured_step_overhead`, where the binary reports it), store-all's step,
 the run's wall time and the system time the process spent (page faults show there).
 """
 
@@ -26,16 +27,16 @@ def main(argv: list[str]) -> int:
         i = argv.index("--pairs")
         pairs = int(argv[i + 1])
         argv = argv[:i] + argv[i + 2 :]
-    if len(argv) < 3:
+    if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     plans = Path(argv[0])
     bins = [tuple(a.split("=", 1)) for a in argv[1:]]
     print(
-        "| model | binary | predicted | measured | rounds' range | rounds | "
+        "| model | binary | predicted | measured | rounds' range | rounds | least steps | "
         "store-all step | wall | system time |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, file, dims in MODELS:
         plan = plans / f"{name}.plan.json"
         if not plan.exists():
@@ -63,10 +64,12 @@ def main(argv: list[str]) -> int:
                 v = json.loads(out.stdout)
                 v = v.get("validation", v)
                 lo, hi = v["measured_overhead_range"]
+                step = v.get("measured_step_overhead")
+                steps = "" if step is None else f"{100 * step:+.2f}%"
                 print(
                     f"| {name} | {label} | {100 * v['predicted_overhead']:+.2f}% | "
                     f"{100 * v['measured_overhead']:+.2f}% | {100 * lo:+.1f}% to {100 * hi:+.1f}% | "
-                    f"{v['timing_rounds']} | {v['store_all_step_seconds']:.3f} s | {wall:.1f} s | "
+                    f"{v['timing_rounds']} | {steps} | {v['store_all_step_seconds']:.3f} s | {wall:.1f} s | "
                     f"{sys_s:.1f} s |",
                     flush=True,
                 )

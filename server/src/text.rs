@@ -165,7 +165,7 @@ pub fn validation_summary(v: &Validation) -> String {
         v.grad_max_rel_err, v.params_checked, v.store_all_loss, v.loss
     ));
     s.push_str(&format!(
-        "  time     step {:.3}s vs store-all {:.3}s: measured overhead {:+.2}% ({}; predicted {:+.2}%), {} recomputation(s)\n",
+        "  time     step {:.3}s vs store-all {:.3}s: measured overhead {:+.2}% ({}; steps at their least {:+.2}%; predicted {:+.2}%), {} recomputation(s)\n",
         v.step_seconds,
         v.store_all_step_seconds,
         100.0 * v.measured_overhead,
@@ -177,6 +177,7 @@ pub fn validation_summary(v: &Validation) -> String {
                 100.0 * v.measured_overhead_range[1]
             ),
         },
+        100.0 * v.measured_step_overhead,
         100.0 * v.predicted_overhead,
         v.recomputations
     ));

@@ -86,7 +86,9 @@ export function summaryCards(doc) {
       fmtOverhead(p.overhead),
       p.overhead,
       isNum(p.computeCost) ? `cost ${fmtCostIn(p.computeCost, doc.costUnit)} vs ${fmtCostIn(doc.storeAllCost, doc.costUnit)} store-all` : null,
-      v && isNum(v.measuredOverhead) ? `measured ${fmtOverhead(v.measuredOverhead)}` : null,
+      v && isNum(v.measuredOverhead)
+        ? `measured ${fmtOverhead(v.measuredOverhead)}${isNum(v.measuredStepOverhead) ? ` (steps at their least ${fmtOverhead(v.measuredStepOverhead)})` : ''}`
+        : null,
     ),
     card(
       'card-solver',

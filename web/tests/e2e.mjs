@@ -138,6 +138,7 @@ async function checkPlanPage(id, label) {
   const validated = doc.validation && doc.validation.ran !== false ? doc.validation : null;
   if (validated) {
     assert.ok(digits(measured).includes(String(doc.validation.measured_peak_bytes)), `${label}: measured card "${measured}"`);
+    if (typeof validated.measured_step_overhead === 'number') assert.ok(overhead.includes('steps at their least'), `${label}: overhead card "${overhead}" lacks the steps' least overhead`);
     assert.ok(verdict.includes(doc.validation.ok ? 'passed' : 'failed'), `${label}: validation card "${verdict}"`);
   } else {
     assert.ok(measured.includes('not measured'), `${label}: measured card "${measured}"`);

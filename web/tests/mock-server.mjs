@@ -165,6 +165,7 @@ function planDoc(p, budget, solver, { validate = false, model = null } = {}) {
       step_seconds: 0.0123 * (1 + overhead),
       store_all_step_seconds: 0.0123,
       measured_overhead: overhead * 0.9,
+      measured_step_overhead: overhead * 0.95,
       timeline: measured.map((m, step) => ({ step, predicted_bytes: best.memory[step], measured_bytes: m })),
     };
   }

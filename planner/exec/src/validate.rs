@@ -143,6 +143,13 @@ pub struct Validation {
     /// The lowest and highest of the rounds' overheads: how far the machine's noise moves it.
     pub measured_overhead_range: [f64; 2],
     pub timing_rounds: usize,
+    /// `Σ plan steps / Σ store-all steps − 1` over the same timing runs, each step (a node's
+    /// computation or a free) at its least seconds over the rounds: what the plan's steps
+    /// cost with the machine's slow spells left out, which slow whole rounds and move
+    /// `measured_overhead` by tens of points on a shared machine (docs/cost-model.md, "The
+    /// executor's measurement"). The time between steps (the run's own bookkeeping) is not
+    /// in it.
+    pub measured_step_overhead: f64,
     /// The simulator's overhead of the same schedule, in the plan's costs
     /// ([`ValidateOptions::costs`]; FLOPs without them).
     pub predicted_overhead: f64,
@@ -274,28 +281,28 @@ pub fn validate_with(
     // Timing rounds: store-all and the plans back to back, so that each plan's run is
     // compared with a store-all run taken moments from it: a machine's speed drifts within
     // minutes (docs/executor.md, "What a run checks", the time row).
-    let mut sa_secs = vec![sa1.seconds];
-    let mut plan_secs: Vec<Vec<f64>> = runs.iter().map(|r| vec![r.seconds]).collect();
+    let mut sa_secs = Timed::of(&sa1);
+    let mut plan_secs: Vec<Timed> = runs.iter().map(Timed::of).collect();
     if opts.repeat_reference {
-        sa_secs.clear();
-        plan_secs.iter_mut().for_each(Vec::clear);
+        sa_secs = Timed::default();
+        plan_secs.iter_mut().for_each(|t| *t = Timed::default());
         // Rounds go in pairs, store-all first in one and last in the other: the second run
         // of a round runs a few percent faster than the first (docs/bench/executor.md,
         // "Figures behind the code").
         let t0 = std::time::Instant::now();
-        while sa_secs.len() < 2
-            || (sa_secs.len() < MAX_TIMING_ROUNDS
+        while sa_secs.runs.len() < 2
+            || (sa_secs.runs.len() < MAX_TIMING_ROUNDS
                 && t0.elapsed().as_secs_f64() < opts.timing_seconds)
         {
             for store_all_first in [true, false] {
                 if store_all_first {
-                    sa_secs.push(timed(ex, &reference, "timing store-all", progress)?);
+                    sa_secs.add(&timed(ex, &reference, "timing store-all", progress)?);
                 }
                 for ((s, _), secs) in schedules.iter().zip(plan_secs.iter_mut()) {
-                    secs.push(timed(ex, s, "timing plan", progress)?);
+                    secs.add(&timed(ex, s, "timing plan", progress)?);
                 }
                 if !store_all_first {
-                    sa_secs.push(timed(ex, &reference, "timing store-all", progress)?);
+                    sa_secs.add(&timed(ex, &reference, "timing store-all", progress)?);
                 }
             }
         }
@@ -324,14 +331,50 @@ pub fn validate_with(
         .collect())
 }
 
-/// Seconds of one run of `s`.
+/// One run of `s`.
 fn timed(
     ex: &mut Executor,
     s: &Schedule,
     what: &str,
     progress: &mut (dyn FnMut(&str, usize, usize) + Send),
-) -> crate::error::Result<f64> {
-    Ok(ex.run(s, &mut |d, t| progress(what, d, t))?.seconds)
+) -> crate::error::Result<RunResult> {
+    ex.run(s, &mut |d, t| progress(what, d, t))
+}
+
+/// The timed runs of one schedule: each run's seconds, and each step's least seconds over
+/// the runs.
+#[derive(Default)]
+struct Timed {
+    runs: Vec<f64>,
+    least_steps: Vec<f64>,
+}
+
+impl Timed {
+    fn of(run: &RunResult) -> Timed {
+        let mut t = Timed::default();
+        t.add(run);
+        t
+    }
+
+    fn add(&mut self, run: &RunResult) {
+        self.add_seconds(run.seconds, run.steps.iter().map(|m| m.seconds));
+    }
+
+    fn add_seconds(&mut self, seconds: f64, steps: impl Iterator<Item = f64>) {
+        if self.runs.is_empty() {
+            self.least_steps = steps.collect();
+        } else {
+            for (least, s) in self.least_steps.iter_mut().zip(steps) {
+                *least = least.min(s);
+            }
+        }
+        self.runs.push(seconds);
+    }
+
+    /// The sum of the steps' least seconds.
+    fn least_step_total(&self) -> f64 {
+        self.least_steps.iter().sum()
+    }
 }
 
 /// A plan's timing rounds against store-all's.
@@ -343,10 +386,13 @@ struct Times {
     overhead: f64,
     range: [f64; 2],
     rounds: usize,
+    /// `Σ plan steps / Σ store-all steps − 1`, each step at its least over the runs.
+    step_overhead: f64,
 }
 
 impl Times {
-    fn of(plan: &[f64], store_all: &[f64]) -> Times {
+    fn of(plan_runs: &Timed, store_all_runs: &Timed) -> Times {
+        let (plan, store_all) = (&plan_runs.runs, &store_all_runs.runs);
         let mut ratios: Vec<f64> = plan
             .iter()
             .zip(store_all)
@@ -354,7 +400,13 @@ impl Times {
             .map(|(p, s)| p / s - 1.0)
             .collect();
         ratios.sort_by(f64::total_cmp);
+        let least_store_all = store_all_runs.least_step_total();
         Times {
+            step_overhead: if least_store_all > 0.0 {
+                plan_runs.least_step_total() / least_store_all - 1.0
+            } else {
+                0.0
+            },
             plan: median(plan),
             store_all: median(store_all),
             overhead: median(&ratios),
@@ -569,6 +621,7 @@ fn report(
         store_all_step_seconds: times.store_all,
         measured_overhead: times.overhead,
         measured_overhead_range: times.range,
+        measured_step_overhead: times.step_overhead,
         timing_rounds: times.rounds,
         predicted_overhead: stats.overhead(problem),
         recomputations: stats.recomputations,
@@ -626,4 +679,38 @@ pub fn with_costs(problem: &Problem, costs: &[f64]) -> crate::error::Result<Prob
         })
         .collect();
     Problem::new(problem.name.clone(), nodes, problem.fixed_bytes).map_err(|e| err(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Timed, Times};
+
+    fn timed(runs: &[&[f64]]) -> Timed {
+        let mut t = Timed::default();
+        for steps in runs {
+            t.add_seconds(steps.iter().sum(), steps.iter().copied());
+        }
+        t
+    }
+
+    #[test]
+    fn each_step_counts_at_its_least_over_the_rounds() {
+        // The plan's second step was slow in the first round, its first in the second: a
+        // slow spell in each round, which the median of the rounds' ratios keeps.
+        let plan = timed(&[&[1.0, 5.0], &[3.0, 2.0]]);
+        let store_all = timed(&[&[1.0, 1.0], &[2.0, 0.5]]);
+        assert_eq!(plan.least_steps, vec![1.0, 2.0]);
+        let t = Times::of(&plan, &store_all);
+        assert_eq!(t.step_overhead, 3.0 / 1.5 - 1.0);
+        // Round ratios 6/2 − 1 = 2 and 5/2.5 − 1 = 1: their median.
+        assert_eq!(t.overhead, 1.5);
+        assert_eq!(t.range, [1.0, 2.0]);
+        assert_eq!(t.rounds, 2);
+    }
+
+    #[test]
+    fn no_steps_no_step_overhead() {
+        let t = Times::of(&timed(&[&[]]), &timed(&[&[]]));
+        assert_eq!(t.step_overhead, 0.0);
+    }
 }

@@ -556,6 +556,12 @@ fn a_tight_plan_recomputes_and_keeps_gradients_identical() {
         "{lo} <= {} <= {hi}",
         v.measured_overhead
     );
+    // The steps' least times over the same rounds: a ratio of two positive sums.
+    assert!(
+        v.measured_step_overhead.is_finite() && v.measured_step_overhead > -1.0,
+        "{}",
+        v.measured_step_overhead
+    );
 }
 
 /// Without timing rounds, the times come from the measured run alone.
