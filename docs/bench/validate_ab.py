@@ -1,13 +1,15 @@
 """`remat` binaries side by side on the executor: each validates the same plans, interleaved.
 
     python3 docs/bench/validate_ab.py PLANS_DIR LABEL=REMAT [LABEL=REMAT ...] [--pairs N]
+        [--timing-rounds R]
 
 PLANS_DIR is a `costmodel.py --validate` output folder (its `MODEL.plan.json`, the default-rates
 plans at 0.1). For each of costmodel.py's models that has a plan there, N times (default 2), each
 binary runs `remat validate MODEL --plan PLAN --json`, one after the other; a row per run: the
 predicted and measured overhead, the range of the timing rounds, their number, the overhead of
 the steps' least times (`measured_step_overhead`, where the binary reports it), store-all's step,
-the run's wall time and the system time the process spent (page faults show there).
+the run's wall time and the system time the process spent (page faults show there). With
+`--timing-rounds R`, every run asks for at least R timing rounds.
 """
 
 import json
@@ -26,6 +28,11 @@ def main(argv: list[str]) -> int:
     if "--pairs" in argv:
         i = argv.index("--pairs")
         pairs = int(argv[i + 1])
+        argv = argv[:i] + argv[i + 2 :]
+    rounds: list[str] = []
+    if "--timing-rounds" in argv:
+        i = argv.index("--timing-rounds")
+        rounds = ["--timing-rounds", argv[i + 1]]
         argv = argv[:i] + argv[i + 2 :]
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -50,6 +57,7 @@ def main(argv: list[str]) -> int:
                     "--plan",
                     str(plan),
                     "--json",
+                    *rounds,
                 ]
                 for d in dims:
                     args += ["--dim", d]

@@ -31,12 +31,16 @@ pub struct ValidateOptions {
     pub repeat_reference: bool,
     /// Seconds of timing rounds to aim for (see `repeat_reference`).
     pub timing_seconds: f64,
+    /// Timing rounds at least (rounded up to a pair), whatever `timing_seconds` says and
+    /// beyond [`MAX_TIMING_ROUNDS`]: more rounds steady the median on a busy machine.
+    pub min_timing_rounds: usize,
     /// The solver's cost of each training node (the plan's cost model: roofline or measured
     /// seconds), for the predicted overhead; `None`: the importer's FLOPs.
     pub costs: Option<Vec<f64>>,
 }
 
-/// Timing rounds at most (see [`ValidateOptions::repeat_reference`]; they go in pairs).
+/// Timing rounds at most, unless [`ValidateOptions::min_timing_rounds`] asks for more (see
+/// [`ValidateOptions::repeat_reference`]; they go in pairs).
 pub const MAX_TIMING_ROUNDS: usize = 8;
 
 impl Default for ValidateOptions {
@@ -49,6 +53,7 @@ impl Default for ValidateOptions {
             peak_tolerance: 0.02,
             repeat_reference: true,
             timing_seconds: 2.0,
+            min_timing_rounds: 2,
             costs: None,
         }
     }
@@ -290,7 +295,7 @@ pub fn validate_with(
         // of a round runs a few percent faster than the first (docs/bench/executor.md,
         // "Figures behind the code").
         let t0 = std::time::Instant::now();
-        while sa_secs.runs.len() < 2
+        while sa_secs.runs.len() < opts.min_timing_rounds.max(2)
             || (sa_secs.runs.len() < MAX_TIMING_ROUNDS
                 && t0.elapsed().as_secs_f64() < opts.timing_seconds)
         {

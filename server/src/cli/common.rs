@@ -169,6 +169,11 @@ pub struct ExecArgs {
     /// running each op on the device
     #[arg(long, value_enum, default_value_t = CostArg::Roofline)]
     pub cost: CostArg,
+    /// When the plan is run: timing rounds at least (store-all and the plan side by side in
+    /// each; rounded up to a pair). The default takes 2 and up to 8 while they last under two
+    /// seconds; more steady the measured overhead on a busy machine
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=1000))]
+    pub timing_rounds: u16,
 }
 
 /// Prints a value as pretty JSON, its fields in their declared order.

@@ -104,6 +104,7 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
     let outcome = PlanJob::new(&bytes, &req)
         .costs(args.exec.cost.into())
         .device(args.exec.device.into())
+        .timing_rounds(args.exec.timing_rounds.into())
         .validate(args.validate)
         .progress(Bar)
         .run()?;

@@ -102,6 +102,7 @@ pub fn exec(args: ValidateArgs) -> Result<(), Failure> {
     let job = PlanJob::new(&bytes, &req)
         .costs(args.exec.cost.into())
         .device(args.exec.device.into())
+        .timing_rounds(args.exec.timing_rounds.into())
         .seed(args.seed)
         .validate(true)
         .progress(Bar);

@@ -125,6 +125,7 @@ pub struct PlanJob<'a, P = Quiet> {
     costs: Costs,
     device: ExecDevice,
     seed: u64,
+    timing_rounds: usize,
     validate: bool,
     on_phase: Option<&'a (dyn Fn(Phase) + 'a)>,
     progress: P,
@@ -141,6 +142,7 @@ impl<'a> PlanJob<'a> {
             costs: Costs::Roofline,
             device: ExecDevice::Cpu,
             seed: 0,
+            timing_rounds: ValidateOptions::default().min_timing_rounds,
             validate: request.validate == Some(true),
             on_phase: None,
             progress: Quiet,
@@ -175,6 +177,13 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         self
     }
 
+    /// Timing rounds at least when the plan is run ([`ValidateOptions::min_timing_rounds`]).
+    /// Default: 2.
+    pub fn timing_rounds(mut self, rounds: usize) -> Self {
+        self.timing_rounds = rounds;
+        self
+    }
+
     /// Whether to run the plan on the executor (feasible plans only). Default: the request's
     /// `validate` (no run when it is absent).
     pub fn validate(mut self, validate: bool) -> Self {
@@ -198,6 +207,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             costs: self.costs,
             device: self.device,
             seed: self.seed,
+            timing_rounds: self.timing_rounds,
             validate: self.validate,
             on_phase: self.on_phase,
             progress,
@@ -210,6 +220,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             device: self.device,
             seed: self.seed,
             budget_bytes,
+            min_timing_rounds: self.timing_rounds,
             ..ValidateOptions::default()
         }
     }

@@ -41,6 +41,41 @@ fn validate_passes_and_prints_the_measured_figures() {
 }
 
 #[test]
+fn timing_rounds_are_asked_for_and_reported() {
+    // More than the eight the time budget stops at, and odd: rounded up to a pair.
+    let o = remat(&[
+        "validate",
+        MODEL,
+        "--dim",
+        "batch=2",
+        "--budget",
+        "0.95x",
+        "--timing-rounds",
+        "11",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = &v["validation"];
+    assert_eq!(v["timing_rounds"], 12);
+    let steps = v["measured_step_overhead"]
+        .as_f64()
+        .expect("the steps' least overhead");
+    assert!(steps.is_finite() && steps > -1.0, "{steps}");
+    // Fewer than a pair is refused, naming the flag.
+    let o = remat(&[
+        "validate",
+        MODEL,
+        "--dim",
+        "batch=2",
+        "--timing-rounds",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--timing-rounds"), "{}", text(&o));
+}
+
+#[test]
 fn a_plan_json_round_trips_through_validate_and_a_foreign_plan_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let plan = dir.path().join("plan.json");
