@@ -5,7 +5,8 @@
 //! `remat_planner::cost` were fitted to (docs/cost-model.md).
 
 use remat_exec::{measured_costs, ExecDevice};
-use remat_planner::{load, ImportOptions};
+
+mod common;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // First, as the `remat` binary does: glibc fixes its arena count when a second thread allocates.
@@ -14,14 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = args
         .next()
         .ok_or("usage: optimes MODEL.onnx [NAME=VALUE...]")?;
-    let mut opts = ImportOptions::default();
-    for a in args {
-        let (k, v) = a.split_once('=').ok_or("dims are NAME=VALUE")?;
-        opts.dims.insert(k.to_string(), v.parse()?);
-    }
-    let bytes = std::fs::read(&path)?;
-    let model = load(&bytes, &opts)?;
-    let tg = model.training_graph()?;
+    let (bytes, model, tg) = common::load_model(&path, args)?;
     // A first run warms the threads' packing buffers; the next three are measured.
     measured_costs(&model, &tg, &bytes, ExecDevice::Cpu, 0, 1)?;
     let secs = measured_costs(&model, &tg, &bytes, ExecDevice::Cpu, 0, 3)?;
