@@ -58,10 +58,10 @@ async function request(method, path, { body, contentType, signal } = {}) {
   return { status: res.status, json };
 }
 
-/** Query string of plan options: {budget, dims: {NAME: VALUE}, solver, time_limit, bound_time, validate, name, wait, maximize, max_overhead, fraction: []}. */
+/** Query string of plan options: {budget, dims: {NAME: VALUE}, solver, time_limit, bound_time, validate, name, wait, maximize, max_overhead, timing_rounds, fraction: []}. */
 export function planQuery(opts) {
   const q = new URLSearchParams();
-  for (const key of ['budget', 'solver', 'time_limit', 'bound_time', 'validate', 'name', 'wait', 'maximize', 'max_overhead']) {
+  for (const key of ['budget', 'solver', 'time_limit', 'bound_time', 'validate', 'name', 'wait', 'maximize', 'max_overhead', 'timing_rounds']) {
     const v = opts[key];
     if (v !== undefined && v !== null && v !== '') q.append(key, String(v));
   }

@@ -52,6 +52,7 @@ export function renderUpload(root) {
   const timeInput = h('input', { type: 'number', id: 'time-limit', min: '1', max: '3600', step: '1', value: '30' });
   const boundInput = h('input', { type: 'number', id: 'bound-time', min: '0', max: '3600', step: '1', value: '0', title: 'Extra seconds after the schedule to prove how far it can be from optimal, on graphs too large for the exact MILP (0: none)' });
   const validateBox = h('input', { type: 'checkbox', id: 'validate' });
+  const roundsInput = h('input', { type: 'number', id: 'timing-rounds', min: '2', max: '64', step: '2', value: '2', title: 'With Validate: timing rounds at least (store-all and the plan side by side in each); more steady the measured overhead on a busy machine' });
   // The largest value of a dim that fits a device's memory (`maximize`): the plan is made at it.
   const maximizeSel = h('select', { id: 'maximize', 'data-testid': 'maximize', onchange: () => showMaximize() }, h('option', { value: '' }, 'no: plan at the dims above'));
   const deviceInput = h('input', { type: 'text', id: 'device-memory', placeholder: 'e.g. 24GiB', autocomplete: 'off', title: "The device's memory: bytes or a size (24GiB, 800MB)" });
@@ -219,6 +220,7 @@ export function renderUpload(root) {
         time_limit: timeInput.value,
         bound_time: Number(boundInput.value) > 0 ? boundInput.value : undefined,
         validate: validateBox.checked ? 'true' : undefined,
+        timing_rounds: validateBox.checked && Number(roundsInput.value) > 2 ? roundsInput.value : undefined,
         dims: dims(),
         name: nameInput.value || state.baseName,
         wait: 2,
@@ -261,6 +263,7 @@ export function renderUpload(root) {
           h('label', { class: 'field', for: 'time-limit' }, h('span', {}, 'Time limit (s)'), timeInput),
           h('label', { class: 'field', for: 'bound-time' }, h('span', {}, 'Bound time (s)'), boundInput),
           h('label', { class: 'field check', for: 'validate' }, validateBox, h('span', {}, 'Validate (run the plan on the executor)')),
+          h('label', { class: 'field', for: 'timing-rounds' }, h('span', {}, 'Timing rounds'), roundsInput),
         ),
         h('div', { class: 'actions' }, planBtn),
       ),

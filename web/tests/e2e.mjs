@@ -232,7 +232,10 @@ async function uploadAndPlan(file, { dims = {}, label, permille, validate = fals
     el.value = String(v);
     el.dispatchEvent(new Event('input', { bubbles: true }));
   }, permille);
-  if (validate) await page.check('#validate');
+  if (validate) {
+    await page.check('#validate');
+    await page.fill('#timing-rounds', '4');
+  }
   // The slider answers the keyboard.
   await page.focus('#budget');
   await page.keyboard.press('ArrowRight');
@@ -300,6 +303,12 @@ try {
   if (fs.existsSync(RESNET)) {
     const id = await uploadAndPlan(RESNET, { label: 'resnet18', dims: { batch: 2 }, permille: 600, validate: VALIDATE });
     await checkPlanPage(id, 'resnet18');
+    if (VALIDATE) {
+      // The form's timing rounds reached the executor.
+      const rounds = (await apiPlan(id)).plan.validation.timing_rounds;
+      assert.equal(rounds, 4, `resnet18: ${rounds} timing rounds, 4 asked for`);
+      check('resnet18: validated with the 4 timing rounds the form asked for');
+    }
     await page.click('.graph-toolbar button[title="Fit the whole graph"]');
     await page.screenshot({ path: path.join(OUT, 'resnet18-plan.png'), fullPage: true });
   } else console.log(`# skip resnet18: ${path.relative(REPO, RESNET)} is not there`);

@@ -70,7 +70,16 @@ pub struct PlanRequest {
     /// fraction (0.1 is 10%); absent: any overhead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_overhead: Option<f64>,
+    /// With `validate`: timing rounds at least (store-all and the plan side by side in each,
+    /// rounded up to a pair; 2 to [`MAX_REQUEST_TIMING_ROUNDS`]); absent: 2, and up to 8 while
+    /// they last under two seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing_rounds: Option<u32>,
 }
+
+/// The most timing rounds a request may ask for: a validation holds the executor, which one
+/// job at a time uses.
+pub const MAX_REQUEST_TIMING_ROUNDS: u32 = 64;
 
 /// Phases a job goes through, reported while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 
 use super::error::ApiError;
 use super::store::Kind;
-use crate::engine::PlanRequest;
+use crate::engine::{PlanRequest, MAX_REQUEST_TIMING_ROUNDS};
 use serde::Deserialize;
 use std::time::Duration;
 use utoipa::{IntoParams, ToSchema};
@@ -112,10 +112,17 @@ impl Query {
                 "fraction" => r.fractions.push(parse_f64(key, value)?),
                 "maximize" => r.maximize = Some(value.clone()),
                 "max_overhead" => r.max_overhead = Some(parse_f64(key, value)?),
+                "timing_rounds" => {
+                    r.timing_rounds = Some(value.parse::<u32>().map_err(|_| {
+                        invalid(format!(
+                            "query parameter `{key}`: expected a whole number, got {value:?}"
+                        ))
+                    })?)
+                }
                 other => {
                     return Err(invalid(format!(
                         "unknown query parameter `{other}`; known: budget, dim, solver, time_limit, bound_time, \
-                         validate, name, wait, refresh, param, input, fraction, maximize, max_overhead"
+                         validate, name, wait, refresh, param, input, fraction, maximize, max_overhead, timing_rounds"
                     )))
                 }
             }
@@ -174,7 +181,15 @@ pub fn resolve(
         fractions: b.fractions,
         maximize: q.maximize.or(b.maximize),
         max_overhead: q.max_overhead.or(b.max_overhead),
+        timing_rounds: q.timing_rounds.or(b.timing_rounds),
     };
+    if let Some(n) = request.timing_rounds {
+        if !(2..=MAX_REQUEST_TIMING_ROUNDS).contains(&n) {
+            return Err(invalid(format!(
+                "timing_rounds {n}: expected 2 to {MAX_REQUEST_TIMING_ROUNDS}"
+            )));
+        }
+    }
     for binding in &query.dims {
         let (name, value) = binding.split_once('=').ok_or_else(|| {
             invalid(format!(

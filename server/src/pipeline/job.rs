@@ -142,7 +142,9 @@ impl<'a> PlanJob<'a> {
             costs: Costs::Roofline,
             device: ExecDevice::Cpu,
             seed: 0,
-            timing_rounds: ValidateOptions::default().min_timing_rounds,
+            timing_rounds: request
+                .timing_rounds
+                .map_or(ValidateOptions::default().min_timing_rounds, |n| n as usize),
             validate: request.validate == Some(true),
             on_phase: None,
             progress: Quiet,

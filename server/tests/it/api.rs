@@ -509,6 +509,26 @@ async fn every_error_has_the_one_shape() {
             "NAME=VALUE",
         ),
         (
+            Request::post("/v1/plans?validate=true&timing_rounds=1")
+                .header("content-type", "application/json")
+                .body(Body::from("{}"))
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_option",
+            "timing_rounds 1: expected 2 to 64",
+        ),
+        (
+            Request::post("/v1/plans")
+                .header("content-type", "application/json")
+                .body(Body::from(
+                    r#"{"model": {}, "options": {"timing_rounds": 65}}"#,
+                ))
+                .unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_option",
+            "timing_rounds 65",
+        ),
+        (
             Request::post("/v1/plans?budgte=1")
                 .header("content-type", "application/json")
                 .body(Body::from("{}"))

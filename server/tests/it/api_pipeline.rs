@@ -224,7 +224,7 @@ async fn validate_true_runs_the_plan_and_reports_measured_figures() {
     let model = std::fs::read(&path).unwrap();
     let r = t
         .post(
-            "/v1/plans?dim=batch=2&budget=0.95x&validate=true&wait=120",
+            "/v1/plans?dim=batch=2&budget=0.95x&validate=true&timing_rounds=10&wait=120",
             "application/octet-stream",
             model.clone(),
         )
@@ -237,6 +237,9 @@ async fn validate_true_runs_the_plan_and_reports_measured_figures() {
     assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"], "{v}");
     assert!(v["grad_max_rel_err"].as_f64().unwrap() <= 1e-6);
     assert!(!v["timeline"].as_array().unwrap().is_empty());
+    // As many timing rounds as asked for, beyond the eight the time budget allows.
+    assert_eq!(v["timing_rounds"], 10, "{v}");
+    assert!(v["measured_step_overhead"].as_f64().is_some(), "{v}");
     // Not asked: the document says the figures are predictions, and why.
     let r = t
         .post(

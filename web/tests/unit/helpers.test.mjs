@@ -56,6 +56,7 @@ test('query strings and format detection', () => {
   assert.equal(planQuery({ budget: '0.6x', dims: { batch: 2, seq: 8 }, solver: 'dp', validate: undefined, wait: 0, fraction: [0.5] }), 'budget=0.6x&solver=dp&wait=0&dim=batch%3D2&dim=seq%3D8&fraction=0.5');
   assert.equal(planQuery({ budget: '1x', time_limit: '30', bound_time: '20' }), 'budget=1x&time_limit=30&bound_time=20');
   assert.equal(planQuery({ budget: '1x', bound_time: undefined }), 'budget=1x');
+  assert.equal(planQuery({ budget: '1x', validate: 'true', timing_rounds: '24' }), 'budget=1x&validate=true&timing_rounds=24');
   assert.equal(planQuery({ budget: '24GiB', maximize: 'batch', max_overhead: '0.1', dims: { batch: 4 } }), 'budget=24GiB&maximize=batch&max_overhead=0.1&dim=batch%3D4');
   const enc = (s) => new TextEncoder().encode(s).buffer;
   assert.equal(isGraphJson(enc('  \n{"nodes": []}')), true);
