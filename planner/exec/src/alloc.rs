@@ -148,7 +148,7 @@ impl Measurement {
 /// - every thread allocates from the one main heap (`M_ARENA_MAX` 1). A thread's own arena
 ///   is a chain of 64 MiB mappings, so a larger block on the executor's pool threads (VGG-11's
 ///   411 MB weight gradient) was mapped fresh and faulted in page by page on every step,
-///   whatever the thresholds: its store-all step measured 0.6–1.7 s from one run to the next
+///   whatever the thresholds: its store-all step measured 0.6–2.1 s from one run to the next
 ///   and a plan's overhead anywhere from −70% to +116% (docs/cost-model.md, "The reference").
 ///
 /// Process-wide and once; a no-op outside glibc. glibc fixes its arena count when the
