@@ -8,7 +8,7 @@
 //! measurement").
 
 use remat_exec::{ExecDevice, Executor};
-use remat_solver::schedule::{store_all, Schedule, Step};
+use remat_solver::schedule::{store_all, Schedule, Step, StepJson};
 use std::collections::HashMap;
 
 mod common;
@@ -22,29 +22,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = args.next().ok_or(USAGE)?.parse()?;
     let (bytes, model, tg) = common::load_model(&path, args)?;
     let problem = tg.to_problem();
-    let ids: HashMap<&str, usize> = tg
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.id.as_str(), i))
-        .collect();
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&plan)?)?;
-    let mut steps = vec![];
-    for s in doc["schedule"]
-        .as_array()
-        .ok_or("the plan has no schedule")?
-    {
-        let id = s["node"].as_str().ok_or("a step without a node")?;
-        let i = *ids
-            .get(id)
-            .ok_or_else(|| format!("node {id:?} is not in the model"))?;
-        steps.push(if s["op"] == "compute" {
-            Step::Compute(i)
-        } else {
-            Step::Free(i)
-        });
-    }
-    let plan = Schedule { steps };
+    let steps: Vec<StepJson> = serde_json::from_value(doc["schedule"].clone())?;
+    let plan = Schedule::from_json_steps(&problem, &steps)?;
     let sa = store_all(&problem);
     let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0)?;
     ex.run(&sa, &mut |_, _| {})?;
