@@ -7,6 +7,7 @@
 //! steps ran faster or slower than store-all's (docs/cost-model.md, "The executor's
 //! measurement").
 
+use remat_exec::validate::Timed;
 use remat_exec::{ExecDevice, Executor};
 use remat_solver::schedule::{store_all, Schedule, Step, StepJson};
 use std::collections::HashMap;
@@ -29,22 +30,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0)?;
     ex.run(&sa, &mut |_, _| {})?;
     ex.run(&plan, &mut |_, _| {})?;
-    let least = |acc: &mut Vec<f64>, r: &remat_exec::RunResult| {
-        if acc.is_empty() {
-            *acc = r.steps.iter().map(|m| m.seconds).collect();
-        } else {
-            for (a, m) in acc.iter_mut().zip(&r.steps) {
-                *a = a.min(m.seconds);
-            }
-        }
-    };
-    let (mut lsa, mut lpl) = (vec![], vec![]);
+    let (mut tsa, mut tpl) = (Timed::default(), Timed::default());
     for _ in 0..rounds {
-        let r = ex.run(&sa, &mut |_, _| {})?;
-        least(&mut lsa, &r);
-        let r = ex.run(&plan, &mut |_, _| {})?;
-        least(&mut lpl, &r);
+        tsa.add(&ex.run(&sa, &mut |_, _| {})?);
+        tpl.add(&ex.run(&plan, &mut |_, _| {})?);
     }
+    let (lsa, lpl) = (tsa.least_steps(), tpl.least_steps());
     // Per node: store-all's computation, the plan's first computation, the plan's recomputations.
     let n = tg.nodes.len();
     let mut sa_t = vec![0.0; n];
@@ -96,8 +87,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("frees\t\t{:.4}\t{:.4}", frees.0, frees.1);
     println!(
         "total\t\t{:.4}\t{:.4}",
-        lsa.iter().sum::<f64>(),
-        lpl.iter().sum::<f64>()
+        tsa.least_step_total(),
+        tpl.least_step_total()
     );
     Ok(())
 }

@@ -347,22 +347,29 @@ fn timed(
 }
 
 /// The timed runs of one schedule: each run's seconds, and each step's least seconds over
-/// the runs.
+/// the runs (`measured_step_overhead`; the example `plan_steps` reads the steps).
 #[derive(Default)]
-struct Timed {
+pub struct Timed {
     runs: Vec<f64>,
     least_steps: Vec<f64>,
 }
 
 impl Timed {
-    fn of(run: &RunResult) -> Timed {
+    /// The timing of one run.
+    pub fn of(run: &RunResult) -> Timed {
         let mut t = Timed::default();
         t.add(run);
         t
     }
 
-    fn add(&mut self, run: &RunResult) {
+    /// One more run of the same schedule.
+    pub fn add(&mut self, run: &RunResult) {
         self.add_seconds(run.seconds, run.steps.iter().map(|m| m.seconds));
+    }
+
+    /// Each step's least seconds over the runs, in schedule order.
+    pub fn least_steps(&self) -> &[f64] {
+        &self.least_steps
     }
 
     fn add_seconds(&mut self, seconds: f64, steps: impl Iterator<Item = f64>) {
@@ -377,7 +384,7 @@ impl Timed {
     }
 
     /// The sum of the steps' least seconds.
-    fn least_step_total(&self) -> f64 {
+    pub fn least_step_total(&self) -> f64 {
         self.least_steps.iter().sum()
     }
 }
