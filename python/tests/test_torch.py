@@ -252,3 +252,83 @@ def test_a_bad_document_is_refused_naming_the_field() -> None:
     g["version"] = 7
     with pytest.raises(ValueError, match="version 7 of remat.torch-graph"):
         rt.plan(g, "min")
+
+
+class Flaky(nn.Module):
+    """Runs one more op from its third call on: the capture's two passes agree, and its first
+    timing round after them does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        y = self.fc(x)
+        return torch.relu(y) if self.calls >= 3 else y
+
+
+def test_measured_costs_are_each_ops_least_over_the_timing_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from remat.torch import _capture
+
+    torch.manual_seed(0)
+    model = Stack(d=16, n=2)
+    x = torch.randn(2, 4, 16)
+    n = len(rt.capture(model, (x,))["ops"])
+    # A clock under which every op of round r takes durations[r] seconds: the capture times each
+    # op with two readings, and only its timed recordings read the clock.
+    durations = [3.0, 1.0, 2.0]
+    readings = {"count": 0}
+
+    def clock() -> float:
+        c = readings["count"]
+        readings["count"] += 1
+        op = c // 2
+        return 100.0 * op + (durations[op // n] if c % 2 else 0.0)
+
+    monkeypatch.setattr(_capture.time, "perf_counter", clock)
+    g = rt.capture(model, (x,), cost="measured", timing_rounds=3)
+    assert readings["count"] == 2 * 3 * n
+    assert [o["cost"] for o in g["ops"]] == [1.0] * n
+    readings["count"] = 0
+    g = rt.capture(model, (x,), cost="measured", timing_rounds=1)
+    assert [o["cost"] for o in g["ops"]] == [3.0] * n
+
+
+def test_timing_rounds_that_run_other_ops_are_refused() -> None:
+    with pytest.raises(rt.CaptureError, match="timing_rounds must be"):
+        rt.capture(Stack(), (torch.randn(2, 4, 32),), cost="measured", timing_rounds=0)
+    model = Flaky()
+    x = torch.randn(2, 8)
+    with pytest.raises(rt.CaptureError, match=r"different ops in two timing rounds .*op \d+ aten"):
+        rt.capture(model, (x,), cost="measured", timing_rounds=2)
+
+
+def test_measure_times_every_op_at_its_least() -> None:
+    from remat.torch._measure import _LeastOps
+
+    torch.manual_seed(0)
+    model = Stack(d=32, n=3)
+    x = torch.randn(4, 16, 32)
+    graph = rt.capture(model, (x,))
+    full = rt.baseline(graph, "full")
+    v = rt.measure(model, (x,), full, rounds=1, op_rounds=2)
+    assert v["op_rounds"] == 2
+    assert v["measured_step_overhead"] > -1.0
+    # Full checkpointing re-runs every block's forward: the planned step runs more ops.
+    assert v["ops_run"] > v["store_all_ops_run"] > 0
+    v = rt.measure(model, (x,), full, rounds=1, op_rounds=0)
+    assert "measured_step_overhead" not in v
+    with pytest.raises(rt.MeasureError, match="op_rounds must be"):
+        rt.measure(model, (x,), full, rounds=1, op_rounds=-1)
+    with pytest.raises(rt.MeasureError, match="rounds must be"):
+        rt.measure(model, (x,), full, rounds=0)
+    least = _LeastOps("planned")
+    least.add(["mm", "add"], [2.0, 5.0])
+    least.add(["mm", "add"], [3.0, 1.0])
+    assert least.seconds == [2.0, 1.0] and least.total() == 3.0
+    with pytest.raises(rt.MeasureError, match=r"planned step ran other ops .*op 1: add then relu"):
+        least.add(["mm", "relu"], [1.0, 1.0])

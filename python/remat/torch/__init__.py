@@ -9,7 +9,13 @@ region), and measure it in PyTorch.
 
 from ._apply import Applied, apply, load_plan
 from ._capture import capture, default_loss, find_regions
-from ._errors import CaptureError, OpMismatchError, PlanMismatchError, RematTorchError
+from ._errors import (
+    CaptureError,
+    MeasureError,
+    OpMismatchError,
+    PlanMismatchError,
+    RematTorchError,
+)
 from ._measure import measure
 from ._plan import baseline, checkpoint, plan, simulate
 from ._service import ServiceError, attach
@@ -17,6 +23,7 @@ from ._service import ServiceError, attach
 __all__ = [
     "Applied",
     "CaptureError",
+    "MeasureError",
     "OpMismatchError",
     "PlanMismatchError",
     "RematTorchError",

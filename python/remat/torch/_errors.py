@@ -17,3 +17,7 @@ class PlanMismatchError(RematTorchError):
 
 class OpMismatchError(RematTorchError):
     """A planned region ran an op sequence that differs from the captured one."""
+
+
+class MeasureError(RematTorchError):
+    """A measurement asked with bad settings, or steps that cannot be compared."""

@@ -10,9 +10,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._apply import Plan, apply, load_plan
 from ._capture import LossFn, _tensors, default_loss, model_device
+from ._errors import MeasureError
 
 
 def _peak_step(
@@ -68,6 +70,75 @@ def _timed_step(
     return dt
 
 
+class _OpTimer(TorchDispatchMode):
+    """Times every aten op a step runs (the kernel and the dispatcher below this mode; the modes
+    above it, such as checkpointing's own, and the Python between ops are not in it)."""
+
+    def __init__(self, cuda: bool) -> None:
+        super().__init__()
+        self.cuda = cuda
+        self.ops: list[Any] = []
+        self.seconds: list[float] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.seconds.append(time.perf_counter() - t0)
+        self.ops.append(func)
+        return out
+
+
+def _op_timed_step(
+    model: nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn, seed: int, device: torch.device
+) -> tuple[list[Any], list[float]]:
+    """One step with each of its ops timed: the ops in the order they ran, and their seconds."""
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    timer = _OpTimer(device.type == "cuda")
+    with timer:
+        loss = loss_fn(model(*inputs))
+        loss.backward()
+    del loss
+    for p in model.parameters():
+        p.grad = None
+    return timer.ops, timer.seconds
+
+
+class _LeastOps:
+    """Each op of a step at its least time over the rounds it was timed in; the rounds must run
+    the same ops in the same order (the same step, the same seed)."""
+
+    def __init__(self, which: str) -> None:
+        self.which = which
+        self.ops: list[Any] | None = None
+        self.seconds: list[float] = []
+
+    def add(self, ops: list[Any], seconds: list[float]) -> None:
+        if self.ops is None:
+            self.ops, self.seconds = ops, seconds
+            return
+        if ops != self.ops:
+            k = next(
+                (i for i, (a, b) in enumerate(zip(self.ops, ops, strict=False)) if a != b),
+                min(len(self.ops), len(ops)),
+            )
+            raise MeasureError(
+                f"the {self.which} step ran other ops in another round (op {k}: "
+                f"{self.ops[k] if k < len(self.ops) else '(end)'} then "
+                f"{ops[k] if k < len(ops) else '(end)'}); its ops cannot be timed against "
+                "each other"
+            )
+        self.seconds = [min(a, b) for a, b in zip(self.seconds, seconds, strict=True)]
+
+    def total(self) -> float:
+        return sum(self.seconds)
+
+
 def measure(
     model: nn.Module,
     example_inputs: Sequence[Any] | torch.Tensor,
@@ -75,11 +146,20 @@ def measure(
     loss_fn: LossFn | None = None,
     *,
     rounds: int = 5,
+    op_rounds: int | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Runs training steps with and without `plan` and reports, under the field names of a plan's
-    `validation`: measured and predicted peak, step times (medians of alternating pairs), the
-    gradient check, the measured and predicted overhead. The model is left as it was."""
+    `validation`: measured and predicted peak, step times (medians of `rounds` alternating pairs),
+    the gradient check, the measured and predicted overhead, and the overhead of the steps' ops at
+    their least (`measured_step_overhead`: every aten op timed in `op_rounds` more alternating
+    pairs, each at its least; default `rounds`, 0 leaves it out). The model is left as it was."""
+    for arg, given, fewest in (("rounds", rounds, 1), ("op_rounds", op_rounds, 0)):
+        if given is not None and (
+            isinstance(given, bool) or not isinstance(given, int) or given < fewest
+        ):
+            raise MeasureError(f"{arg} must be a whole number >= {fewest}, got {given!r}")
+    op_rounds = rounds if op_rounds is None else op_rounds
     plan = load_plan(plan)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -120,6 +200,19 @@ def measure(
             t_base.append(times["base"])
             t_plan.append(times["plan"])
             ratios.append(times["plan"] / times["base"] - 1.0)
+        # The same alternation with every op timed, apart from the pairs above so that the
+        # timer's own work is in none of their step times.
+        least = {"base": _LeastOps("unplanned"), "plan": _LeastOps("planned")}
+        for i in range(op_rounds + 1 if op_rounds else 0):
+            order = ("base", "plan") if i % 2 == 0 else ("plan", "base")
+            for which in order:
+                if which == "plan":
+                    with apply(model, plan, inputs):
+                        timed = _op_timed_step(model, inputs, loss_fn, seed, device)
+                else:
+                    timed = _op_timed_step(model, inputs, loss_fn, seed, device)
+                if i > 0:
+                    least[which].add(*timed)
     finally:
         restore_buffers()
 
@@ -176,6 +269,16 @@ def measure(
         "measured_overhead": statistics.median(ratios),
         "measured_overhead_range": [min(ratios), max(ratios)],
         "timing_rounds": rounds,
+        **(
+            {
+                "measured_step_overhead": least["plan"].total() / least["base"].total() - 1.0,
+                "op_rounds": op_rounds,
+                "ops_run": len(least["plan"].seconds),
+                "store_all_ops_run": len(least["base"].seconds),
+            }
+            if op_rounds and least["base"].total() > 0
+            else {}
+        ),
         "predicted_overhead": predicted["overhead"],
         "torch": torch.__version__,
     }

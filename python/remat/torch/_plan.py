@@ -60,10 +60,13 @@ def checkpoint(
     *,
     regions: RegionSpec = None,
     cost: str = "flops",
+    timing_rounds: int = 3,
 ) -> Applied:
     """Captures one step, plans it under `budget` and applies the plan; returns the handle
     (`.plan` is the plan it applied, `.remove()` undoes it)."""
-    graph = capture(model, example_inputs, loss_fn, regions=regions, cost=cost)
+    graph = capture(
+        model, example_inputs, loss_fn, regions=regions, cost=cost, timing_rounds=timing_rounds
+    )
     p = plan(graph, budget)
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
     return apply(model, p, inputs)

@@ -169,6 +169,9 @@ pub fn summary(doc: &PlanDocument) -> String {
         }
         if let Some(o) = num("measured_overhead") {
             out.push_str(&format!(", overhead {:+.2}%", o * 100.0));
+            if let Some(s) = num("measured_step_overhead") {
+                out.push_str(&format!(" (ops at their least {:+.2}%)", s * 100.0));
+            }
         }
         out.push('\n');
         for problem in v["problems"].as_array().into_iter().flatten() {
