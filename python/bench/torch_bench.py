@@ -182,7 +182,9 @@ def mib(b: float) -> str:
     return f"{b / 2**20:,.1f}"
 
 
-def run_model(name: str, rounds: int, cost: str) -> dict[str, Any]:
+def run_model(
+    name: str, rounds: int, cost: str, timing_rounds: int, op_rounds: int, compare_options: bool
+) -> dict[str, Any]:
     model, inputs, desc = build(name)
     loss = rt.default_loss
     print(f"\n## {name}: {desc}", flush=True)
@@ -194,7 +196,7 @@ def run_model(name: str, rounds: int, cost: str) -> dict[str, Any]:
     quick = time.perf_counter() - t0
     print(f"capture + plan + apply (cost=flops): {quick:.1f} s", flush=True)
     t0 = time.perf_counter()
-    graph = rt.capture(model, inputs, loss, cost=cost)
+    graph = rt.capture(model, inputs, loss, cost=cost, timing_rounds=timing_rounds)
     t_capture = time.perf_counter() - t0
     fwd = graph["forward_ops"]
     print(
@@ -211,7 +213,7 @@ def run_model(name: str, rounds: int, cost: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         plan = rt.plan(graph, budget)
         t_plan = time.perf_counter() - t0
-        v = rt.measure(model, inputs, plan, loss, rounds=rounds)
+        v = rt.measure(model, inputs, plan, loss, rounds=rounds, op_rounds=op_rounds)
         row = {
             "fraction": frac,
             "budget_bytes": budget,
@@ -228,13 +230,14 @@ def run_model(name: str, rounds: int, cost: str) -> dict[str, Any]:
             f"{v['grad_max_rel_err']:.1e}, overhead predicted {v['predicted_overhead']:+.1%} "
             f"measured {v['measured_overhead']:+.1%} "
             f"[{v['measured_overhead_range'][0]:+.1%}, {v['measured_overhead_range'][1]:+.1%}]"
+            f" ops at their least {v.get('measured_step_overhead', float('nan')):+.2%}"
             f", plan {t_plan * 1000:.0f} ms, {row['wrapped']} wrapped, {row['kept_ops']} kept",
             flush=True,
         )
     regions = [r["fqn"] for r in graph["regions"]]
     compare = []
     full = rt.baseline(graph, "full")
-    for label, meas in (
+    options = (
         (
             "full checkpointing of every block",
             lambda: rt.measure(model, inputs, full, loss, rounds=rounds),
@@ -243,7 +246,8 @@ def run_model(name: str, rounds: int, cost: str) -> dict[str, Any]:
             "torchtitan op-level SAC (save mm but every other, attention)",
             lambda: measure_custom(model, inputs, lambda: wrap_titan(model, regions), rounds),
         ),
-    ):
+    )
+    for label, meas in options if compare_options else ():
         theirs = meas()
         budget = theirs["measured_peak_bytes"]
         plan = rt.plan(graph, budget)
@@ -283,7 +287,17 @@ def run_model(name: str, rounds: int, cost: str) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", default="resnet18,resnet50,gpt2,llama,bert")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="timed pairs of steps per plan")
+    ap.add_argument(
+        "--op-rounds",
+        type=int,
+        default=None,
+        help="pairs of steps with every op timed, per plan (default: --rounds; 0: none)",
+    )
+    ap.add_argument(
+        "--timing-rounds", type=int, default=3, help="capture's rounds for cost=measured"
+    )
+    ap.add_argument("--no-compare", action="store_true", help="leave out PyTorch's own options")
     ap.add_argument("--cost", default="measured", choices=["measured", "flops"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--json", help="write the results here")
@@ -308,7 +322,11 @@ def main() -> None:
         f"python {sys.version.split()[0]}",
         flush=True,
     )
-    results = [run_model(m, args.rounds, args.cost) for m in args.models.split(",")]
+    op_rounds = args.rounds if args.op_rounds is None else args.op_rounds
+    results = [
+        run_model(m, args.rounds, args.cost, args.timing_rounds, op_rounds, not args.no_compare)
+        for m in args.models.split(",")
+    ]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -316,6 +334,8 @@ def main() -> None:
                     "torch": torch.__version__,
                     "threads": torch.get_num_threads(),
                     "rounds": args.rounds,
+                    "op_rounds": op_rounds,
+                    "timing_rounds": args.timing_rounds,
                     "cost": args.cost,
                     "results": results,
                 },

@@ -21,7 +21,8 @@ def main() -> None:
     data = json.load(open(sys.argv[1]))
     print(
         f"torch {data['torch']}, {data['threads']} thread(s), {data['rounds']} timed pairs, "
-        f"cost={data['cost']}\n"
+        f"{data.get('op_rounds', 0)} op-timed pairs, cost={data['cost']} "
+        f"({data.get('timing_rounds', 1)} capture rounds)\n"
     )
     print("| model | ops (fwd) | regions | capture+plan+apply | least peak MiB | unplanned MiB |")
     print("|---|---|---|---|---|---|")
@@ -33,20 +34,30 @@ def main() -> None:
         )
     print(
         "\n| model | at | budget MiB | predicted MiB | measured MiB | diff | grad err | "
-        "overhead predicted | measured (median) | range | plan |"
+        "overhead predicted | measured (median) | range | ops at their least | "
+        "predicted / least − 1 | plan |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    within = []
     for r in data["results"]:
         for row in r["rows"]:
             lo, hi = row["measured_overhead_range"]
+            least = row.get("measured_step_overhead")
+            rel = row["predicted_overhead"] / least - 1 if least else None
+            if rel is not None:
+                within.append(abs(rel) <= 0.25)
             print(
                 f"| {r['model']} | {row['fraction']} | {mib(row['budget_bytes'])} | "
                 f"{mib(row['predicted_peak_bytes'])} | {mib(row['measured_peak_bytes'])} | "
                 f"{row['peak_rel_diff'] * 100:+.2f}% | {row['grad_max_rel_err']:.1e} | "
                 f"{pct(row['predicted_overhead'])} | {pct(row['measured_overhead'])} | "
-                f"[{pct(lo)}, {pct(hi)}] | {row['plan_seconds'] * 1000:.0f} ms, "
+                f"[{pct(lo)}, {pct(hi)}] | {pct(least) if least is not None else '–'} | "
+                f"{f'{rel * 100:+.0f}%' if rel is not None else '–'} | "
+                f"{row['plan_seconds'] * 1000:.0f} ms, "
                 f"{row['wrapped']} wrapped, {row['kept_ops']} kept |"
             )
+    if within:
+        print(f"\npredicted within ±25% of the ops at their least: {sum(within)} of {len(within)}")
     print(
         "\n| model | PyTorch's option | its peak MiB | its overhead | remat's peak MiB | "
         "remat's overhead | remat / theirs |"
