@@ -353,7 +353,7 @@ fn measured(plan: &Value) -> Value {
         "ran": true, "device": "torch-cpu", "ok": true, "problems": [],
         "predicted_peak_bytes": predicted, "measured_peak_bytes": predicted,
         "peak_rel_diff": 0.0, "budget_bytes": plan["budget_bytes"], "fingerprint": plan["fingerprint"],
-        "grad_max_rel_err": 0.0, "measured_overhead": 0.071, "predicted_overhead": plan["predicted"]["overhead"],
+        "grad_max_rel_err": 0.0, "measured_overhead": 0.071, "measured_step_overhead": 0.052, "predicted_overhead": plan["predicted"]["overhead"],
         "step_seconds": 0.42, "store_all_step_seconds": 0.39, "torch": "2.15.0"
     })
 }
@@ -401,6 +401,8 @@ async fn a_measured_validation_attaches_to_its_torch_sac_plan_and_nothing_else()
         ("device", serde_json::json!("cuda")),
         ("grad_max_rel_err", serde_json::json!(-1.0)),
         ("ok", serde_json::json!("yes")),
+        ("measured_step_overhead", serde_json::json!("fast")),
+        ("measured_step_overhead", serde_json::json!(-1.5)),
     ] {
         let mut w = v.clone();
         w[field] = bad;

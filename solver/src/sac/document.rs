@@ -182,6 +182,12 @@ pub fn check_validation(doc: &PlanDocument, validation: &serde_json::Value) -> R
     {
         return bad("measured_overhead", "missing or not a number".into());
     }
+    // Optional (`measure` with `op_rounds=0` leaves it out); shown beside the overhead when given.
+    if let Some(x) = v.get("measured_step_overhead").filter(|x| !x.is_null()) {
+        if !x.as_f64().is_some_and(|o| o.is_finite() && o > -1.0) {
+            return bad("measured_step_overhead", "not a number above -1".into());
+        }
+    }
     if let Some(f) = v.get("fingerprint").filter(|f| !f.is_null()) {
         if f.as_str() != Some(doc.fingerprint.as_str()) {
             return bad(
