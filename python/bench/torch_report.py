@@ -1,6 +1,6 @@
 """Renders torch_bench.py's JSON as the Markdown tables of docs/bench/torch.md.
 
-python python/bench/torch_report.py out.json
+python python/bench/torch_report.py out.json [more.json ...]   # runs of the same settings, merged
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ def pct(x: float) -> str:
 
 def main() -> None:
     data = json.load(open(sys.argv[1]))
+    for more in sys.argv[2:]:
+        other = json.load(open(more))
+        keys = ("torch", "threads", "rounds", "op_rounds", "timing_rounds", "cost")
+        differ = [k for k in keys if other.get(k) != data.get(k)]
+        if differ:
+            sys.exit(f"{more}: other settings than {sys.argv[1]}: {', '.join(differ)}")
+        data["results"] += other["results"]
     print(
         f"torch {data['torch']}, {data['threads']} thread(s), {data['rounds']} timed pairs, "
         f"{data.get('op_rounds', 0)} op-timed pairs, cost={data['cost']} "
@@ -38,7 +45,8 @@ def main() -> None:
         "predicted / least − 1 | plan |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    within = []
+    within: list[bool] = []
+    within_median: list[bool] = []
     for r in data["results"]:
         for row in r["rows"]:
             lo, hi = row["measured_overhead_range"]
@@ -46,6 +54,8 @@ def main() -> None:
             rel = row["predicted_overhead"] / least - 1 if least else None
             if rel is not None:
                 within.append(abs(rel) <= 0.25)
+            median = row["measured_overhead"]
+            within_median.append(median > 0 and abs(row["predicted_overhead"] / median - 1) <= 0.25)
             print(
                 f"| {r['model']} | {row['fraction']} | {mib(row['budget_bytes'])} | "
                 f"{mib(row['predicted_peak_bytes'])} | {mib(row['measured_peak_bytes'])} | "
@@ -58,6 +68,10 @@ def main() -> None:
             )
     if within:
         print(f"\npredicted within ±25% of the ops at their least: {sum(within)} of {len(within)}")
+    print(
+        f"predicted within ±25% of the step-time median: {sum(within_median)} of "
+        f"{len(within_median)}"
+    )
     print(
         "\n| model | PyTorch's option | its peak MiB | its overhead | remat's peak MiB | "
         "remat's overhead | remat / theirs |"
