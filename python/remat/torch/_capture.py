@@ -442,9 +442,8 @@ def capture(
     """Record one training step of `model` on `example_inputs` as a `remat.torch-graph` document.
 
     `cost`: "flops" (torch.utils.flop_counter's formulas; ops without one cost 0) or "measured"
-    (each op's time on the model's device: its least over `timing_rounds` recorded steps, the
-    first of which also warms the kernels' caches). The model's gradients are left as they were
-    before the call.
+    (each op's time on the model's device: its least over `timing_rounds` recorded steps). The
+    model's gradients are left as they were before the call.
     """
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -467,8 +466,8 @@ def capture(
         a.register_external(externals)
         _run(model, example_inputs, loss_fn, a, cost, seed)
         # Pass B: the ordinary step; with measured costs, again until each op has been timed
-        # `timing_rounds` times, keeping its least time (the first run of a kernel pays for its
-        # caches and, on oneDNN, its code generation; a busy machine slows single runs).
+        # `timing_rounds` times, keeping its least time (a kernel's first call may pay for its
+        # setup, a page fault or a busy machine slows a single run).
         b = _pass_b(model, example_inputs, loss_fn, region_fqns, device, externals, cost, seed)
         if cost == "measured":
             for _ in range(timing_rounds - 1):
