@@ -481,6 +481,13 @@ def capture(
     return _document(a, b, sig, device, cost, name or type(model).__name__)
 
 
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """The first index where two sequences differ (the shorter one's length when one is the
+    other's start)."""
+    pairs = enumerate(zip(a, b, strict=False))
+    return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
+
+
 def _pass_b(
     model: nn.Module,
     example_inputs: tuple[Any, ...],
@@ -504,17 +511,9 @@ def _pass_b(
 def _least_times(b: _Recording, again: _Recording) -> None:
     """Each op of `b` gets the lesser of its time in `b` and in `again`, a recording of the same
     step; a step that ran other ops (data-dependent control flow) is refused, naming the op."""
-    if len(b.ops) != len(again.ops) or any(
-        x.op != y.op or x.module != y.module for x, y in zip(b.ops, again.ops, strict=True)
-    ):
-        k = next(
-            (
-                i
-                for i, (x, y) in enumerate(zip(b.ops, again.ops, strict=False))
-                if (x.op, x.module) != (y.op, y.module)
-            ),
-            min(len(b.ops), len(again.ops)),
-        )
+    ran = [(o.op, o.module) for o in b.ops]
+    if ran != [(o.op, o.module) for o in again.ops]:
+        k = first_difference(ran, [(o.op, o.module) for o in again.ops])
         where = (b.ops[k].op, b.ops[k].module) if k < len(b.ops) else ("(end)", "")
         raise CaptureError(
             f"the step ran different ops in two timing rounds with the same inputs and seed: op "
@@ -530,10 +529,7 @@ def _document(
     fwd_a = [(o.op, o.module) for o in a.ops[: a.forward_end]]
     fwd_b = [(o.op, o.module) for o in b.ops[: b.forward_end]]
     if fwd_a != fwd_b:
-        k = next(
-            (i for i, (x, y) in enumerate(zip(fwd_a, fwd_b, strict=False)) if x != y),
-            min(len(fwd_a), len(fwd_b)),
-        )
+        k = first_difference(fwd_a, fwd_b)
         where = fwd_b[k] if k < len(fwd_b) else ("(end)", "")
         raise CaptureError(
             f"the forward ran different ops in two runs with the same inputs and seed: op {k} "

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._apply import Plan, apply, load_plan
-from ._capture import LossFn, _tensors, default_loss, model_device
+from ._capture import LossFn, _tensors, default_loss, first_difference, model_device
 from ._errors import MeasureError
+
+_T = TypeVar("_T")
 
 
 def _peak_step(
@@ -96,16 +98,9 @@ def _op_timed_step(
     model: nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn, seed: int, device: torch.device
 ) -> tuple[list[Any], list[float]]:
     """One step with each of its ops timed: the ops in the order they ran, and their seconds."""
-    for p in model.parameters():
-        p.grad = None
-    torch.manual_seed(seed)
     timer = _OpTimer(device.type == "cuda")
     with timer:
-        loss = loss_fn(model(*inputs))
-        loss.backward()
-    del loss
-    for p in model.parameters():
-        p.grad = None
+        _timed_step(model, inputs, loss_fn, seed, device)
     return timer.ops, timer.seconds
 
 
@@ -123,10 +118,7 @@ class _LeastOps:
             self.ops, self.seconds = ops, seconds
             return
         if ops != self.ops:
-            k = next(
-                (i for i, (a, b) in enumerate(zip(self.ops, ops, strict=False)) if a != b),
-                min(len(self.ops), len(ops)),
-            )
+            k = first_difference(self.ops, ops)
             raise MeasureError(
                 f"the {self.which} step ran other ops in another round (op {k}: "
                 f"{self.ops[k] if k < len(self.ops) else '(end)'} then "
@@ -180,39 +172,36 @@ def measure(
         peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device)
         plan_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         restore_buffers()
-    # Alternating pairs, each one ratio; the order within a pair alternates too (the first step
-    # of a pair may find caches and the allocator in another state), after one warm-up of each.
-    ratios: list[float] = []
-    t_plan: list[float] = []
-    t_base: list[float] = []
-    try:
-        for i in range(rounds + 1):
-            order = ("base", "plan") if i % 2 == 0 else ("plan", "base")
-            times = {}
-            for which in order:
+
+    def alternating(pairs: int, step: Callable[[], _T]) -> dict[str, list[_T]]:
+        """`pairs` pairs of `step` without and with the plan, after a warm-up pair; the order
+        within a pair alternates too (the first step of a pair may find caches and the allocator
+        in another state)."""
+        out: dict[str, list[_T]] = {"base": [], "plan": []}
+        for i in range(pairs + 1 if pairs else 0):
+            for which in ("base", "plan") if i % 2 == 0 else ("plan", "base"):
                 if which == "plan":
                     with apply(model, plan, inputs):
-                        times[which] = _timed_step(model, inputs, loss_fn, seed, device)
+                        result = step()
                 else:
-                    times[which] = _timed_step(model, inputs, loss_fn, seed, device)
-            if i == 0:
-                continue  # warm-up
-            t_base.append(times["base"])
-            t_plan.append(times["plan"])
-            ratios.append(times["plan"] / times["base"] - 1.0)
+                    result = step()
+                if i > 0:
+                    out[which].append(result)
+        return out
+
+    least = {"base": _LeastOps("unplanned"), "plan": _LeastOps("planned")}
+    try:
+        times = alternating(rounds, lambda: _timed_step(model, inputs, loss_fn, seed, device))
+        t_base, t_plan = times["base"], times["plan"]
+        ratios = [p / b - 1.0 for p, b in zip(t_plan, t_base, strict=True)]
         # The same alternation with every op timed, apart from the pairs above so that the
         # timer's own work is in none of their step times.
-        least = {"base": _LeastOps("unplanned"), "plan": _LeastOps("planned")}
-        for i in range(op_rounds + 1 if op_rounds else 0):
-            order = ("base", "plan") if i % 2 == 0 else ("plan", "base")
-            for which in order:
-                if which == "plan":
-                    with apply(model, plan, inputs):
-                        timed = _op_timed_step(model, inputs, loss_fn, seed, device)
-                else:
-                    timed = _op_timed_step(model, inputs, loss_fn, seed, device)
-                if i > 0:
-                    least[which].add(*timed)
+        op_times = alternating(
+            op_rounds, lambda: _op_timed_step(model, inputs, loss_fn, seed, device)
+        )
+        for which, timed_steps in op_times.items():
+            for timed in timed_steps:
+                least[which].add(*timed)
     finally:
         restore_buffers()
 
