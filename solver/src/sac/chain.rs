@@ -64,10 +64,18 @@ fn option_offsets_up_to(graph: &TorchGraph, r: usize, limit: usize) -> Vec<usize
     offsets
 }
 
-/// A region's options as keep sets of offsets: `None` (unwrapped) first, then every subset
-/// of `offsets` (the empty one is full checkpointing of the region).
-pub(super) fn offset_options(offsets: &[usize]) -> Vec<Option<Vec<usize>>> {
+/// A region's options as keep sets of offsets: `None` (unwrapped) first, then, where the
+/// region may be wrapped, every subset of `offsets` (the empty one is full checkpointing of
+/// the region).
+pub(super) fn offset_options(
+    graph: &TorchGraph,
+    r: usize,
+    offsets: &[usize],
+) -> Vec<Option<Vec<usize>>> {
     let mut options: Vec<Option<Vec<usize>>> = vec![None];
+    if !graph.wrappable(r) {
+        return options;
+    }
     for mask in 0u32..(1u32 << offsets.len()) {
         options.push(Some(
             (0..offsets.len())
@@ -225,7 +233,7 @@ impl ChainModel {
         for (k, &r) in order.iter().enumerate() {
             let first = graph.regions[r].first_op;
             let opts: Vec<Option<BTreeSet<usize>>> =
-                offset_options(&option_offsets_up_to(graph, r, keepable_ops))
+                offset_options(graph, r, &option_offsets_up_to(graph, r, keepable_ops))
                     .into_iter()
                     .map(|o| o.map(|offs| offs.iter().map(|x| first + x).collect()))
                     .collect();

@@ -11,7 +11,8 @@
 //! way PyTorch runs it under that plan:
 //! - forward: a value saved only by its own wrapped region and not kept dies at its natural
 //!   death; everything else lives as in the unplanned step (kept values are held by the SAC
-//!   cache, region inputs by the checkpoint);
+//!   cache); a wrapped region's inputs are held by its checkpoint until autograd has released
+//!   the last value the region saved, whether or not one of its ops saves them;
 //! - backward: at the region's trigger (the first unpack of a value it saved) the region's
 //!   forward re-runs from its first op through its stop op (the op after which its last value
 //!   was saved: early stop), skipping kept ops (their cached outputs are returned); a re-run
@@ -41,6 +42,7 @@ pub use planner::*;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     /// Two identical blocks `a_k = f(x_k)`, `x_{k+1} = g(a_k)` each saving `a_k` and its input,
     /// then a loss and the backward in reverse.
@@ -94,6 +96,7 @@ mod tests {
                     trigger_op: Some(7),
                     inputs: vec![],
                     rerun_extra_bytes: 0,
+                    writes_input: None,
                 },
                 TorchRegion {
                     fqn: "b.1".into(),
@@ -104,6 +107,7 @@ mod tests {
                     trigger_op: Some(5),
                     inputs: vec![1],
                     rerun_extra_bytes: 0,
+                    writes_input: None,
                 },
             ],
             ops: vec![
@@ -153,6 +157,54 @@ mod tests {
         assert_eq!(s.rerun_cost.values().sum::<f64>(), 10.0);
         assert_eq!(s.compute_cost, g.base_cost() + 10.0);
         assert!(s.peak_bytes < simulate(&g, &SacPlan::default()).unwrap().peak_bytes);
+    }
+
+    #[test]
+    fn a_wrapped_region_holds_its_inputs_until_its_last_save_is_released() {
+        // x1 is region 1's input but none of its ops saves it (as a slice feeding a copy):
+        // unwrapped, it dies after f1 reads it; wrapped, the checkpoint holds it until autograd
+        // releases the last value region 1 saved (a1, after op 5).
+        let mut g = two_blocks();
+        g.storages[1].saves.clear();
+        g.storages[1].free_after = Some(2);
+        g.check().unwrap();
+        let only_1 = SacPlan {
+            wrapped: [(1, BTreeSet::new())].into(),
+        };
+        let s = simulate(&g, &only_1).unwrap();
+        // After op 4: fixed 10 + a0 (saved by the unwrapped region 0) + x1 + loss.
+        assert_eq!(s.forward_end_bytes, 310);
+        let t = timeline(&g, &only_1).unwrap();
+        let at = |op: usize| {
+            t.iter()
+                .find(|p| p.op == op && p.rerun_of.is_none())
+                .unwrap()
+        };
+        // Op 5 (bg1) allocates the gradient of a1 with x1 still held; op 6 (bf1) runs after it
+        // was let go with a1.
+        assert_eq!(at(5).bytes, 10 + 100 + 100 + 100 + 100 + 100);
+        assert_eq!(at(6).bytes, 10 + 100 + 100 + 100);
+    }
+
+    #[test]
+    fn a_region_that_writes_its_input_in_place_is_never_wrapped() {
+        let mut g = two_blocks();
+        g.regions[1].writes_input = Some("aten.relu_.default".into());
+        g.check().unwrap();
+        assert_eq!(SacPlan::full(&g).wrapped.keys().collect::<Vec<_>>(), [&0]);
+        let e = simulate(&g, &SacPlan::full(&two_blocks()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("region 1 (b.1), whose forward writes its input in place (aten.relu_"),
+            "{e}"
+        );
+        let unplanned = simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
+        let cands = Candidates::new(&g).unwrap();
+        for budget in [cands.least_peak(), unplanned] {
+            let (p, _) = cands.select(budget).unwrap();
+            assert!(!p.wrapped.contains_key(&1), "{p:?}");
+        }
     }
 
     #[test]

@@ -48,7 +48,8 @@ pub struct TorchRegion {
     pub class_name: String,
     pub first_op: usize,
     pub last_op: usize,
-    /// The op after which the region saved its last value; `None`: it saved nothing.
+    /// The op after which the region saved its last value; `None`: its re-run runs no op (it
+    /// saved nothing, or only the inputs of its first op, which the checkpoint holds).
     pub stop_op: Option<usize>,
     /// The backward op before which a value the region saved was first unpacked.
     pub trigger_op: Option<usize>,
@@ -59,6 +60,11 @@ pub struct TorchRegion {
     /// buffers so that BatchNorm's running statistics are updated once).
     #[serde(default)]
     pub rerun_extra_bytes: u64,
+    /// The in-place op by which the region's forward writes one of its inputs
+    /// (`aten.relu_.default` of a lone `nn.ReLU(inplace=True)`), if it does: a re-run would
+    /// write the checkpoint's saved input again, so the region is never wrapped.
+    #[serde(default)]
+    pub writes_input: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -218,9 +224,10 @@ impl TorchGraph {
                     reg.fqn
                 ));
             }
-            if reg.stop_op.is_some() != reg.trigger_op.is_some() {
+            if reg.stop_op.is_some() && reg.trigger_op.is_none() {
                 return bad(format!(
-                    "regions[{r}] ({}): stop_op and trigger_op must both be set or both null",
+                    "regions[{r}] ({}): stop_op is set and trigger_op is null: a region that \
+                     re-runs needs the backward op that starts it",
                     reg.fqn
                 ));
             }
@@ -257,6 +264,11 @@ impl TorchGraph {
         self.ops.iter().map(|o| o.cost).sum()
     }
 
+    /// Whether checkpointing may wrap region `r`: not when its forward writes an input in place.
+    pub fn wrappable(&self, r: usize) -> bool {
+        self.regions[r].writes_input.is_none()
+    }
+
     /// The last op a region's re-run executes (early stop), if it re-runs at all.
     fn replay_end(&self, r: usize) -> Option<usize> {
         let reg = &self.regions[r];
@@ -268,9 +280,10 @@ impl TorchGraph {
         let mut by_sig: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (r, reg) in self.regions.iter().enumerate() {
             let mut sig = format!(
-                "{}|{:?}|",
+                "{}|{:?}|{:?}|",
                 reg.class_name,
-                reg.stop_op.map(|s| s as i64 - reg.first_op as i64)
+                reg.stop_op.map(|s| s as i64 - reg.first_op as i64),
+                reg.writes_input
             );
             for op in &self.ops[reg.first_op..=reg.last_op] {
                 let bytes: u64 = op.outputs.iter().map(|&s| self.storages[s].bytes).sum();
@@ -287,35 +300,29 @@ impl TorchGraph {
     /// region (its producer's or a saving one's): then the bytes a plan adds to full
     /// checkpointing at any point of the step are the sum of what each region's option adds
     /// alone, which the chain program's exactness rests on. Checked by trying, for each
-    /// storage that more than one region touches (its producer's, and the saving ones that do
-    /// not take it as an input), every state of those regions (unwrapped, wrapped, wrapped
-    /// keeping the producer); false when more than one region changes its death, or when more
+    /// storage that more than one region touches (its producer's, the saving ones and the ones
+    /// that take it as an input), every state of those regions (unwrapped, wrapped, wrapped
+    /// keeping the producer where it is keepable); false when more than one region changes its death, or when more
     /// than 6 regions touch one storage.
     pub(super) fn lives_depend_on_one_region_each(&self) -> bool {
         let n = self.regions.len();
         let mut res = Resolved {
             wrapped: vec![true; n],
             keep: vec![BTreeSet::new(); n],
-            inputs: self
-                .regions
-                .iter()
-                .map(|r| r.inputs.iter().copied().collect())
-                .collect(),
+            input_of: self.input_of(),
+            frame_ends: self.frame_ends(),
         };
         let key = |d: Death| match d {
             Death::At(at) => Some(at),
             Death::InRerun => None,
         };
         for (s, st) in self.storages.iter().enumerate() {
-            // A region that takes the storage as an input holds it through its saves whether
-            // wrapped (the checkpoint holds its inputs) or not: its option cannot matter.
+            // A region that takes the storage as an input may hold it longer wrapped (until its
+            // checkpoint's frame ends) than unwrapped (through its saves, if any).
             let rp = self.ops[st.producer].region;
-            let mut touching: BTreeSet<usize> = st
-                .saves
-                .iter()
-                .filter_map(|sv| sv.region)
-                .filter(|&r| Some(r) == rp || !self.regions[r].inputs.contains(&s))
-                .collect();
+            let mut touching: BTreeSet<usize> =
+                st.saves.iter().filter_map(|sv| sv.region).collect();
+            touching.extend(res.input_of.get(&s).into_iter().flatten());
             touching.extend(rp);
             if touching.len() < 2 {
                 continue;
@@ -333,7 +340,8 @@ impl TorchGraph {
                     c /= 3;
                     res.wrapped[r] = state > 0;
                     res.keep[r].clear();
-                    if state == 2 {
+                    // Keeping the producer is a state only of its region, where it may be kept.
+                    if state == 2 && rp == Some(r) && keepable(self, r, st.producer) {
                         res.keep[r].insert(st.producer);
                     }
                 }
@@ -360,10 +368,46 @@ impl TorchGraph {
         true
     }
 
+    /// The regions each storage is an input of (storages that are none's left out).
+    fn input_of(&self) -> HashMap<usize, Vec<usize>> {
+        let mut input_of: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (r, reg) in self.regions.iter().enumerate() {
+            for &s in &reg.inputs {
+                input_of.entry(s).or_default().push(r);
+            }
+        }
+        input_of
+    }
+
+    /// When a wrapped region's checkpoint lets go of its inputs. The checkpoint saves them
+    /// (`_NoopSaveInputs`) in a node that never runs, which lives as long as the checkpoint's
+    /// frame; the frame lives while any value the region saved is still held by autograd, so
+    /// until the last of the region's saves is released (`None`: not within the step). A region
+    /// that saves nothing lets go when its forward ends.
+    pub(super) fn frame_ends(&self) -> Vec<Option<usize>> {
+        let mut ends: Vec<Option<Option<usize>>> = vec![None; self.regions.len()];
+        for st in &self.storages {
+            for sv in &st.saves {
+                if let Some(r) = sv.region {
+                    let at = sv.released_after.or(st.free_after);
+                    ends[r] = Some(match ends[r] {
+                        None => at,
+                        Some(prev) => prev.zip(at).map(|(a, b)| a.max(b)),
+                    });
+                }
+            }
+        }
+        ends.iter()
+            .zip(&self.regions)
+            .map(|(end, reg)| end.unwrap_or(Some(reg.last_op)))
+            .collect()
+    }
+
     /// When storage `s` dies under `plan`: the last of its natural death and the releases of the
     /// saves that still hold it. A save inside a wrapped region holds it only when SAC keeps it
-    /// (its producer is kept there) or when it is one of the region's inputs (the checkpoint
-    /// holds those); autograd holds every other save as in the unplanned step.
+    /// (its producer is kept there); autograd holds every other save as in the unplanned step.
+    /// A wrapped region that takes `s` as an input holds it until its checkpoint's frame ends
+    /// ([`TorchGraph::frame_ends`]), whether or not one of its ops saves it.
     fn death(&self, s: usize, plan: &Resolved) -> Death {
         let st = &self.storages[s];
         let rp = self.ops[st.producer].region;
@@ -387,23 +431,25 @@ impl TorchGraph {
         let held = |sv: &TorchSave| match sv.region {
             None => true,
             Some(r) if !plan.wrapped[r] => true,
-            Some(r) => {
-                (rp == Some(r) && plan.keep[r].contains(&st.producer))
-                    || plan.inputs[r].contains(&s)
-            }
+            Some(r) => rp == Some(r) && plan.keep[r].contains(&st.producer),
         };
+        let later = |a: Option<usize>, b: Option<usize>| a.zip(b).map(|(a, b)| a.max(b));
+        // The frames of the wrapped regions that take it as an input.
+        let mut frames = Some(0);
+        for &r in plan.input_of.get(&s).into_iter().flatten() {
+            if plan.wrapped[r] {
+                frames = later(frames, plan.frame_ends[r]);
+            }
+        }
         if st.saves.iter().all(held) {
-            return Death::At(st.free_after);
+            return Death::At(later(st.free_after, frames));
         }
         let Some(natural) = st.natural_free_after else {
             return Death::At(None);
         };
-        let mut at = Some(natural);
+        let mut at = later(Some(natural), frames);
         for sv in st.saves.iter().filter(|sv| held(sv)) {
-            at = match (at, sv.released_after.or(st.free_after)) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                _ => None,
-            };
+            at = later(at, sv.released_after.or(st.free_after));
         }
         Death::At(at)
     }
@@ -426,10 +472,12 @@ pub struct SacPlan {
 }
 
 impl SacPlan {
-    /// Every region wrapped, nothing kept: full checkpointing of every region.
+    /// Every region wrapped, nothing kept: full checkpointing of every region (that may be
+    /// wrapped: [`TorchGraph::wrappable`]).
     pub fn full(graph: &TorchGraph) -> Self {
         SacPlan {
             wrapped: (0..graph.regions.len())
+                .filter(|&r| graph.wrappable(r))
                 .map(|r| (r, BTreeSet::new()))
                 .collect(),
         }
@@ -439,19 +487,27 @@ impl SacPlan {
 pub(super) struct Resolved {
     wrapped: Vec<bool>,
     keep: Vec<BTreeSet<usize>>,
-    /// The storages passed to each wrapped region (empty for the others).
-    inputs: Vec<BTreeSet<usize>>,
+    /// The regions each storage is passed to (wrapped or not).
+    input_of: HashMap<usize, Vec<usize>>,
+    /// When each region's checkpoint would let go of its inputs ([`TorchGraph::frame_ends`]).
+    frame_ends: Vec<Option<usize>>,
 }
 
 impl Resolved {
     pub(super) fn new(graph: &TorchGraph, plan: &SacPlan) -> Result<Self> {
         let mut wrapped = vec![false; graph.regions.len()];
         let mut keep = vec![BTreeSet::new(); graph.regions.len()];
-        let mut inputs = vec![BTreeSet::new(); graph.regions.len()];
         for (&r, ops) in &plan.wrapped {
             let reg = graph.regions.get(r).ok_or_else(|| {
                 SolverError::InvalidArgument(format!("plan wraps region {r}, which does not exist"))
             })?;
+            if let Some(op) = &reg.writes_input {
+                return Err(SolverError::InvalidArgument(format!(
+                    "plan wraps region {r} ({}), whose forward writes its input in place ({op}): \
+                     checkpointing would write the saved input again when the region re-runs",
+                    reg.fqn
+                )));
+            }
             if let Some(&j) = ops.iter().find(|&&j| j < reg.first_op || j > reg.last_op) {
                 return Err(SolverError::InvalidArgument(format!(
                     "plan keeps op {j} in region {} ({}), which runs ops {}..={}",
@@ -460,12 +516,12 @@ impl Resolved {
             }
             wrapped[r] = true;
             keep[r] = ops.clone();
-            inputs[r] = reg.inputs.iter().copied().collect();
         }
         Ok(Resolved {
             wrapped,
             keep,
-            inputs,
+            input_of: graph.input_of(),
+            frame_ends: graph.frame_ends(),
         })
     }
 }

@@ -212,7 +212,8 @@ pub fn block_plans(graph: &TorchGraph, full: &SacPlan) -> Result<Vec<(SacPlan, S
     let mut out = Vec::new();
     for class in graph.classes() {
         // An option: None (unwrapped) or the offsets kept.
-        let options = chain::offset_options(&chain::option_offsets(graph, class[0]));
+        let options =
+            chain::offset_options(graph, class[0], &chain::option_offsets(graph, class[0]));
         let with = |choice: &dyn Fn(usize) -> usize| -> SacPlan {
             let mut plan = full.clone();
             for (i, &r) in class.iter().enumerate() {
