@@ -157,6 +157,133 @@ def test_gpt2_from_transformers() -> None:
     check_plans(model, (ids,), lambda out: out.logits.mean())
 
 
+class Merge(nn.Module):
+    """Halves the sequence as Swin's patch merging does: slices of its input, copied by `cat`,
+    so that none of its ops saves the input itself."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(torch.cat([x[:, 0::2], x[:, 1::2]], -1))
+
+
+def test_a_checkpoint_holds_the_inputs_its_region_does_not_save() -> None:
+    # Checkpointing saves a region's inputs for the re-run until autograd has released every
+    # value the region saved, whether or not one of the region's ops saves them.
+    torch.manual_seed(0)
+    d = 48
+    model = nn.Sequential(Block(d), Merge(d), Block(d), Merge(d), Block(d))
+    x = torch.randn(4, 64, d)
+    graph = rt.capture(model, (x,))
+    assert [r["class"] for r in graph["regions"]] == ["Block", "Merge"] * 2 + ["Block"]
+    merges = rt.baseline(graph, "full")
+    for r in merges["regions"]:
+        r["wrapped"] = r["class"] == "Merge" if "class" in r else r["fqn"] in ("1", "3")
+    predicted = rt.simulate(graph, merges)["peak_bytes"]
+    v = rt.measure(model, (x,), merges, rounds=1, op_rounds=0)
+    assert v["measured_peak_bytes"] == predicted, v
+    assert v["grad_max_rel_err"] <= 1e-6
+    for v in check_plans(model, (x,)):
+        # Never above; below by at most a bias gradient: a re-run value dies once its backward
+        # node has used it, a saved one when the node ends (the simulator's rule for both).
+        assert 0 <= v["predicted_peak_bytes"] - v["measured_peak_bytes"] <= 4 * d, v
+
+
+def test_a_model_with_frozen_parameters_is_measured_storage_by_storage() -> None:
+    # MemTracker hooks every parameter's gradient and refuses one without (a frozen embedding,
+    # LoRA's base weights); the storage meter takes over, and agrees with MemTracker where both
+    # run.
+    from remat.torch._measure import _StorageMeter
+
+    torch.manual_seed(0)
+    model = Stack(d=48, n=4)
+    x = torch.randn(8, 32, 48)
+    plan = rt.plan(rt.capture(model, (x,)), "0.7x")
+    weight = dict(model.named_parameters())["blocks.1.fc1.weight"]
+    for frozen in (False, True):
+        weight.requires_grad_(not frozen)
+        with rt.apply(model, plan, (x,)):
+            for p in model.parameters():
+                p.grad = None
+            with _StorageMeter([*model.parameters(), x]) as meter:
+                model(x).mean().backward()
+        v = rt.measure(model, (x,), plan, rounds=1, op_rounds=0)
+        assert v["peak_meter"] == ("storages" if frozen else "MemTracker")
+        if not frozen:
+            assert meter.peak == v["measured_peak_bytes"], v
+    graph = rt.capture(model, (x,))
+    assert graph["fixed_bytes"] == sum(p.numel() * 4 for p in model.parameters()) + x.numel() * 4
+    for v in check_plans(model, (x,)):
+        assert v["peak_meter"] == "storages"
+        assert v["measured_peak_bytes"] == v["predicted_peak_bytes"], v
+        assert v["params_checked"] == sum(1 for p in model.parameters()) - 1
+
+
+class DenseLayer(nn.Module):
+    """Takes the list of all earlier features, as torchvision's DenseNet layers do."""
+
+    def __init__(self, d_in: int, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d_in, d)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        return torch.tanh(self.lin(torch.cat(features, -1)))
+
+
+class DenseBlock(nn.ModuleDict):
+    def __init__(self, d: int, n: int) -> None:
+        super().__init__({f"layer{i}": DenseLayer(d * (i + 1), d) for i in range(n)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.values():
+            features.append(layer(features))  # the list each layer was given grows
+        return torch.cat(features, -1)
+
+
+def test_a_region_given_a_list_its_caller_appends_to_re_runs_on_what_it_was_given() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 24), DenseBlock(24, 4), nn.Linear(120, 8))
+    x = torch.randn(8, 32, 16)
+    graph = rt.capture(model, (x,))
+    assert [r["fqn"] for r in graph["regions"]] == [f"1.layer{i}" for i in range(4)]
+    full = rt.baseline(graph, "full")
+    v = rt.measure(model, (x,), full, rounds=1, op_rounds=0)
+    assert v["ok"], v["problems"]
+    check_plans(model, (x,))
+
+
+def test_layers_are_regions_only_without_blocks_and_never_wrapped_when_writing_their_input() -> (
+    None
+):
+    torch.manual_seed(0)
+    layers = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.ReLU(inplace=True), nn.Conv2d(8, 8, 3), nn.ReLU(inplace=True)
+    )
+    assert rt.find_regions(nn.Sequential(Block(32), Block(32), nn.Linear(32, 8))) == ["0", "1"]
+    assert rt.find_regions(layers) == ["0", "1", "2", "3"]
+    x = torch.randn(2, 3, 16, 16)
+    graph = rt.capture(layers, (x,))
+    # The first convolution saves only what it was given (before its first op ran): nothing of
+    # it re-runs. (Its stop op was -1, which no plan could read.)
+    assert graph["regions"][0]["stop_op"] is None
+    assert graph["regions"][0]["trigger_op"] is not None
+    writes = {r["fqn"]: r["writes_input"] for r in graph["regions"]}
+    assert writes == {"0": None, "1": "aten.relu_.default", "2": None, "3": "aten.relu_.default"}
+    assert [r["fqn"] for r in rt.baseline(graph, "full")["regions"] if r["wrapped"]] == ["0", "2"]
+    wrapping = rt.baseline(graph, "full")
+    for r in wrapping["regions"]:
+        r["wrapped"] = True
+    with pytest.raises(ValueError, match=r"region 1 \(1\), whose forward writes its input"):
+        rt.simulate(graph, wrapping)
+    lo = rt.plan(graph, "min")
+    assert not any(r["wrapped"] for r in lo["regions"] if r["fqn"] in ("1", "3"))
+    v = rt.measure(layers, (x,), lo, rounds=1, op_rounds=0)
+    assert v["ok"], v["problems"]
+
+
 def test_checkpoint_captures_plans_and_applies_in_one_call() -> None:
     torch.manual_seed(0)
     model = Stack()

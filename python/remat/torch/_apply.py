@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -176,6 +177,10 @@ def apply(
                 and not any(p.requires_grad for p in _orig.__self__.parameters())
             ):
                 return _orig(*args, **kwargs)
+            # The re-run must see what the forward saw: a list the caller appends to later
+            # (DenseNet's layers take the block's growing list of features) is copied, every
+            # container level, keeping the tensors.
+            args, kwargs = tree_map(lambda x: x, (args, kwargs))
             return checkpoint(
                 _orig,
                 *args,

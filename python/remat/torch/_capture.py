@@ -72,9 +72,13 @@ def _tensors(x: Any) -> list[torch.Tensor]:
 def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
     """The modules a user would checkpoint.
 
-    Default: the repeated blocks, i.e. the children of an `nn.ModuleList` / `nn.Sequential` that
-    share one class with at least one sibling (GPT2Block, LlamaDecoderLayer, BasicBlock), outermost
-    first and never nested. `regions` may name FQNs instead, or be a predicate on (fqn, module).
+    Default: the repeated blocks, i.e. the children of an `nn.ModuleList` / `nn.Sequential` /
+    `nn.ModuleDict` that share one class with at least one sibling (GPT2Block, LlamaDecoderLayer,
+    BasicBlock), outermost first and never nested; where no container has any, the children of
+    any module that share a class (Inception's blocks, held as attributes). PyTorch's own layers
+    without submodules (`nn.Linear`, `nn.BatchNorm2d`, `nn.ReLU`) are layers, not blocks: regions
+    only in a model that has no blocks at all (VGG's `features`). `regions` may name FQNs
+    instead, or be a predicate on (fqn, module).
     """
     modules = dict(model.named_modules())
     if regions is not None and not callable(regions):
@@ -88,17 +92,11 @@ def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
     elif callable(regions):
         chosen = [fqn for fqn, m in modules.items() if fqn and regions(fqn, m)]
     else:
-        chosen = []
-        for fqn, m in modules.items():
-            if not isinstance(m, nn.ModuleList | nn.Sequential):
-                continue
-            kids = list(m.named_children())
-            by_class: dict[type, int] = defaultdict(int)
-            for _, c in kids:
-                by_class[type(c)] += 1
-            for name, c in kids:
-                if by_class[type(c)] >= 2 and not isinstance(c, nn.ModuleList | nn.Sequential):
-                    chosen.append(f"{fqn}.{name}" if fqn else name)
+        chosen = (
+            _repeated_children(modules, containers_only=True, layers=False)
+            or _repeated_children(modules, containers_only=False, layers=False)
+            or _repeated_children(modules, containers_only=True, layers=True)
+        )
     # Outermost only: a region inside another region is dropped.
     chosen_set = set(chosen)
     out = []
@@ -108,6 +106,33 @@ def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
             continue
         out.append(fqn)
     return out
+
+
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
+def _repeated_children(
+    modules: dict[str, nn.Module], containers_only: bool, layers: bool
+) -> list[str]:
+    """The children (of containers, or of any module) that share a class with a sibling and
+    are not containers; PyTorch's own layers without submodules only when `layers`."""
+    chosen = []
+    for fqn, m in modules.items():
+        if containers_only and not isinstance(m, _CONTAINERS):
+            continue
+        kids = [
+            (name, c)
+            for name, c in m.named_children()
+            if not isinstance(c, _CONTAINERS)
+            and (
+                layers or not (type(c).__module__.startswith("torch.nn.") and not any(c.children()))
+            )
+        ]
+        by_class: dict[type, int] = defaultdict(int)
+        for _, c in kids:
+            by_class[type(c)] += 1
+        chosen += [f"{fqn}.{name}" if fqn else name for name, c in kids if by_class[type(c)] >= 2]
+    return chosen
 
 
 def signature(model: nn.Module, example_inputs: Sequence[Any], regions: Iterable[str]) -> dict:
@@ -217,6 +242,10 @@ class _Recording:
         self.region_last: dict[int, int] = {}
         self.region_counter: dict[int, dict[str, int]] = {}
         self.region_inputs: dict[int, set[int]] = defaultdict(set)
+        # storage -> the regions it was passed to (parameters and the model's inputs included)
+        self.input_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # region -> the first in-place op of its forward that wrote one of its inputs
+        self.region_writes: dict[int, str] = {}
         self.region_stop: dict[int, int] = {}
         self.region_trigger: dict[int, int] = {}
         self.fixed_bytes = 0
@@ -278,6 +307,9 @@ class _Recording:
                 i = self.index_of(a)
                 if i is not None and i not in outputs:
                     self.storages[i].mutated = True
+                st = _storage(a)
+                if region is not None and st is not None and region in self.input_of.get(st, ()):
+                    self.region_writes.setdefault(region, name)
         cost = seconds
         if cost_kind == "flops":
             cost = float(_flops(func, args, kwargs, out))
@@ -352,6 +384,9 @@ class _Recording:
                     i = self.index_of(t)
                     if i is not None:
                         self.region_inputs[r].add(i)
+                    st = _storage(t)
+                    if st is not None:
+                        self.input_of[st] = self.input_of.get(st, frozenset()) | {r}
 
         return hook
 
@@ -366,6 +401,10 @@ class _Recording:
                 self.region_stack.pop()
 
         return hook
+
+
+def _stop_op(stop: int | None, first: int) -> int | None:
+    return None if stop is None or stop < first else stop
 
 
 def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
@@ -566,12 +605,16 @@ def _document(
                 "class": type(module).__name__,
                 "first_op": b.region_first[r],
                 "last_op": b.region_last[r],
-                "stop_op": b.region_stop.get(r),
+                # A region whose saves all came before its first op (the inputs of that op)
+                # re-runs nothing: its checkpoint holds those values already.
+                "stop_op": _stop_op(b.region_stop.get(r), b.region_first[r]),
                 "trigger_op": b.region_trigger.get(r),
                 "inputs": sorted(b.region_inputs[r]),
                 # remat.torch.apply copies the region's buffers while it re-runs (BatchNorm's
                 # running statistics are put back after it).
                 "rerun_extra_bytes": sum(x.untyped_storage().nbytes() for x in module.buffers()),
+                # A re-run would write the checkpoint's saved input again: never wrapped.
+                "writes_input": b.region_writes.get(r),
             }
         )
     ops = [

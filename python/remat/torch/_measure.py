@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ._apply import Plan, apply, load_plan
 from ._capture import LossFn, _tensors, default_loss, first_difference, model_device
@@ -19,22 +21,73 @@ from ._errors import MeasureError
 _T = TypeVar("_T")
 
 
+class _StorageMeter(TorchDispatchMode):
+    """Live bytes of a step on CPU, storage by storage: the parameters', buffers' and inputs'
+    storages from the start, every storage an op allocates (views allocate none) from that op
+    until it is freed; the peak is taken after each op. Where MemTracker cannot run: it hooks
+    every parameter's gradient, which a parameter without one refuses (a frozen embedding,
+    the base weights under LoRA)."""
+
+    def __init__(self, external: Iterable[torch.Tensor]) -> None:
+        super().__init__()
+        self.seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.live = 0
+        for t in external:
+            self._add(t)
+        self.peak = self.live
+
+    def _add(self, t: torch.Tensor) -> None:
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if st in self.seen:
+            return
+        self.seen[st] = True
+        self.live += st.nbytes()
+        weakref.finalize(st, self._freed, st.nbytes())
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in _tensors(out):
+            self._add(t)
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def peak_meter(model: nn.Module, device: torch.device) -> str:
+    """What `measure` takes the peak with: `cuda` (the allocator's peak), `MemTracker`
+    (torch.distributed._tools), or `storages` (`_StorageMeter`) for a model with a parameter
+    that takes no gradient, or where MemTracker is missing."""
+    if device.type == "cuda":
+        return "cuda"
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker  # noqa: F401
+    except ImportError:
+        return "storages"
+    return "MemTracker" if all(p.requires_grad for p in model.parameters()) else "storages"
+
+
 def _peak_step(
     model: nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn, seed: int, device: torch.device
 ) -> tuple[int, float, dict[str, torch.Tensor]]:
-    """One step with its peak: CPU, MemTracker (torch.distributed._tools); CUDA,
-    torch.cuda.max_memory_allocated reset before the step."""
+    """One step with its peak, by the meter `peak_meter` names: CUDA,
+    torch.cuda.max_memory_allocated reset before the step; CPU, MemTracker or the storages."""
     for p in model.parameters():
         p.grad = None
     torch.manual_seed(seed)
-    if device.type == "cuda":
+    meter = peak_meter(model, device)
+    if meter == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         loss = loss_fn(model(*inputs))
         loss.backward()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
-    else:
+    elif meter == "MemTracker":
         from torch.distributed._tools.mem_tracker import MemTracker
 
         mt = MemTracker()
@@ -44,6 +97,12 @@ def _peak_step(
             loss.backward()
         snap = mt.get_tracker_snapshot("peak")
         peak = max((d.get("Total", 0) for d in snap.values()), default=0)
+    else:
+        external = [*model.parameters(), *model.buffers(), *_tensors(list(inputs))]
+        with _StorageMeter(external) as sm:
+            loss = loss_fn(model(*inputs))
+            loss.backward()
+        peak = sm.peak
     value = float(loss.detach())
     del loss
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -269,5 +328,6 @@ def measure(
             else {}
         ),
         "predicted_overhead": predicted["overhead"],
+        "peak_meter": peak_meter(model, device),
         "torch": torch.__version__,
     }
