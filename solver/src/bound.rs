@@ -518,23 +518,38 @@ fn solve(
     }
     out.columns = 2 * nv + w.len() + 2 * (k_len - first_row);
     out.rows = rows;
-    let mut model = lp.optimise(Sense::Minimise);
-    model.make_quiet();
-    let limit = time_limit.max(Duration::from_millis(10));
     let opt = |name: &str| SolverError::Ilp(format!("HiGHS rejected option {name}"));
-    model
-        .try_set_option("time_limit", limit.as_secs_f64())
-        .map_err(|_| opt("time_limit"))?;
-    model
-        .try_set_option("threads", 1)
-        .map_err(|_| opt("threads"))?;
-    if let Run::Done(solved, _) = highs_run::solve(model, limit)? {
-        match solved.status() {
-            HighsModelStatus::Optimal => {
-                out.bound = Some(base + solved.objective_value() * cost_unit);
+    // HiGHS 1.16's presolve has called a feasible model infeasible (`ilp::run`): "infeasible"
+    // stands only once HiGHS gives it without presolve too.
+    for presolve in [true, false] {
+        let limit = time_limit
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_millis(10));
+        let mut model = lp.clone().optimise(Sense::Minimise);
+        model.make_quiet();
+        model
+            .try_set_option("time_limit", limit.as_secs_f64())
+            .map_err(|_| opt("time_limit"))?;
+        model
+            .try_set_option("threads", 1)
+            .map_err(|_| opt("threads"))?;
+        if !presolve {
+            model
+                .try_set_option("presolve", "off")
+                .map_err(|_| opt("presolve"))?;
+        }
+        out.infeasible = false;
+        if let Run::Done(solved, _) = highs_run::solve(model, limit)? {
+            match solved.status() {
+                HighsModelStatus::Optimal => {
+                    out.bound = Some(base + solved.objective_value() * cost_unit);
+                }
+                HighsModelStatus::Infeasible => out.infeasible = true,
+                _ => {}
             }
-            HighsModelStatus::Infeasible => out.infeasible = true,
-            _ => {}
+        }
+        if !out.infeasible {
+            break;
         }
     }
     out.seconds = start.elapsed().as_secs_f64();

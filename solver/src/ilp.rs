@@ -518,25 +518,30 @@ fn run(p: &Problem, opts: &IlpOptions, relax: bool, model: Model) -> Result<IlpO
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let remaining = opts.time_limit.saturating_sub(start.elapsed());
         let warm_ok = warm
             .as_ref()
             .filter(|(_, peak)| *peak <= cap)
             .map(|(x, _)| x);
-        let mut out = solve_once(
-            &layout,
-            SolveParams {
-                cap,
-                unit,
-                cost_unit,
-                base,
-                relax,
-                time_limit: remaining,
-                threads: opts.threads.max(1),
-                mip_gap: opts.mip_gap,
-                warm: warm_ok,
-            },
-        )?;
+        let params = |presolve: bool| SolveParams {
+            cap,
+            unit,
+            cost_unit,
+            base,
+            relax,
+            time_limit: opts.time_limit.saturating_sub(start.elapsed()),
+            threads: opts.threads.max(1),
+            mip_gap: opts.mip_gap,
+            warm: warm_ok,
+            presolve,
+        };
+        let mut out = solve_once(&layout, params(true))?;
+        if out.status == IlpStatus::Infeasible {
+            // HiGHS 1.16's presolve has called a feasible model infeasible: a training chain
+            // whose exact DP fits 40 bytes in a budget of 43 (a proptest case, saved in
+            // tests/proptest-regressions/ilp.txt). An infeasible answer stands only once HiGHS
+            // gives it without presolve too.
+            out = solve_once(&layout, params(false))?;
+        }
         out.seconds = start.elapsed().as_secs_f64();
         if relax || model != Model::Full {
             return Ok(out.finish(None));
@@ -572,6 +577,8 @@ struct SolveParams<'a> {
     threads: usize,
     mip_gap: f64,
     warm: Option<&'a Vec<f64>>,
+    /// Whether HiGHS presolves the model (see `run`).
+    presolve: bool,
 }
 
 struct Raw {
@@ -809,7 +816,7 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
         }
     }
     let mut warm_started = false;
-    if sp.warm.is_some() && !layout.memory() && !sp.relax {
+    if !sp.presolve || (sp.warm.is_some() && !layout.memory() && !sp.relax) {
         // HiGHS 1.16's presolve mishandles a start for this model now and then: it ended a
         // boundary MILP "optimal" at 0 where its own LP relaxation is 375 (a proptest case,
         // saved). The bound stayed valid but weak; without presolve it is right.
