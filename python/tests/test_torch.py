@@ -284,6 +284,41 @@ def test_layers_are_regions_only_without_blocks_and_never_wrapped_when_writing_t
     assert v["ok"], v["problems"]
 
 
+class SelfCheckpointing(nn.Module):
+    """Checkpoints its own blocks, as a model with its own activation checkpointing does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(32) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False)
+        return x
+
+
+def test_a_model_that_checkpoints_itself_is_refused_and_one_without_blocks_warned() -> None:
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=100, use_cache=False)
+    )
+    gpt2.gradient_checkpointing_enable()
+    ids = torch.randint(0, 100, (2, 16))
+    with pytest.raises(
+        rt.CaptureError, match=r"model\.(activation|gradient)_checkpointing_disable\(\)"
+    ):
+        rt.capture(gpt2, (ids,), lambda out: out.logits.mean())
+    x = torch.randn(2, 8, 32)
+    if hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"):
+        with pytest.raises(rt.CaptureError, match=r"module 'blocks\.0\.ln' ran under saved-tensor"):
+            rt.capture(SelfCheckpointing(), (x,))
+    else:  # torch 2.5 cannot tell whose saved-tensor hooks are innermost
+        rt.capture(SelfCheckpointing(), (x,))
+    with pytest.warns(UserWarning, match="no repeated blocks found in Sequential"):
+        g = rt.capture(nn.Sequential(Block(32)), (x,))
+    assert g["regions"] == []
+
+
 def test_checkpoint_captures_plans_and_applies_in_one_call() -> None:
     torch.manual_seed(0)
     model = Stack()

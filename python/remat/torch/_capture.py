@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -206,6 +207,16 @@ class _Tracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if self.rec.phase == "forward" and _top_saved_tensors_hooks is not None:
+            top = _top_saved_tensors_hooks(False)
+            if top is None or top[0] != self.rec.pack:
+                module = self.rec.module_stack[-1] if self.rec.module_stack else "(top level)"
+                raise CaptureError(
+                    f"{func} in module {module!r} ran under saved-tensor hooks of the model's "
+                    "own: it checkpoints or offloads activations itself (torch.utils.checkpoint, "
+                    "torch.autograd.graph.save_on_cpu), so what autograd saves is hidden from "
+                    "the capture; turn that off and let remat plan the checkpointing"
+                )
         timed = self.cost == "measured" and not self.rec.forward_only
         if timed:
             if self.rec.cuda:
@@ -407,6 +418,10 @@ def _stop_op(stop: int | None, first: int) -> int | None:
     return None if stop is None or stop < first else stop
 
 
+# Which saved-tensor hooks are innermost (torch >= 2.6; the check is skipped before).
+_top_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
 def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
     """The tensor arguments an op writes in place (`add_`'s self, an `out=`)."""
     written: list[torch.Tensor] = []
@@ -493,7 +508,30 @@ def capture(
         raise CaptureError(f"timing_rounds must be a whole number >= 1, got {timing_rounds!r}")
     loss_fn = loss_fn or default_loss
     device = model_device(model, example_inputs)
+    hf = [
+        n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
+    ]
+    if hf:
+        # transformers 5 renamed it; the attribute on the modules is the same.
+        off = next(
+            f
+            for f in ("activation_checkpointing_disable", "gradient_checkpointing_disable", "")
+            if not f or hasattr(model, f)
+        )
+        raise CaptureError(
+            f"module {hf[0] or '(top level)'!r} has Hugging Face's gradient checkpointing on, "
+            f"which hides what autograd saves from the capture: call model.{off or '…_disable'}() "
+            "and let remat plan the checkpointing"
+        )
     region_fqns = find_regions(model, regions)
+    if not region_fqns and regions is None:
+        warnings.warn(
+            f"no repeated blocks found in {type(model).__name__}: nothing to checkpoint, the plan "
+            "can only run the step as it is; name the modules to checkpoint (regions=[fqn, ...] "
+            "or a predicate). A block that runs more than once per step (shared layers, as in "
+            "ALBERT) cannot be a region.",
+            stacklevel=2,
+        )
     sig = signature(model, example_inputs, region_fqns)
     saved_grads = {n: p.grad for n, p in model.named_parameters()}
     for p in model.parameters():
