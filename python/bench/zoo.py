@@ -1,7 +1,8 @@
 """Architectures beyond the benchmark's five, as a new user would bring them: small configs with
 random weights of Hugging Face decoders (Mistral, Qwen2, Gemma, Phi, GPT-NeoX, the mixtures of
-experts Mixtral and Qwen2-MoE), encoders and encoder-decoders (DistilBERT, ViT, T5, Whisper with
-its frozen positional embedding) and torchvision's image models. For each: one step captured
+experts Mixtral and Qwen2-MoE), GPT-2 fine-tuned with LoRA adapters in bfloat16 autocast,
+encoders and encoder-decoders (DistilBERT, ViT, T5, Whisper with its frozen positional
+embedding) and torchvision's image models. For each: one step captured
 (FLOPs costs), its default regions, plans at ¼, ½ and ¾ of the way from the least peak to the
 unplanned one, each measured in PyTorch (`remat.torch.measure`, one pair): measured against
 predicted peak, the largest gradient error, `ok`. A line per model and a JSON line per plan.
@@ -103,6 +104,46 @@ def distilbert() -> tuple[nn.Module, tuple]:
     return Logits(hf.DistilBertForMaskedLM(config), ("input_ids",), False), (ids(2, 32),)
 
 
+class LoRA(nn.Module):
+    """A rank-4 adapter beside a frozen GPT-2 `Conv1D` (weight stored in × out)."""
+
+    def __init__(self, base: nn.Module, rank: int = 4) -> None:
+        super().__init__()
+        self.base = base
+        d_in, d_out = base.weight.shape
+        self.a = nn.Parameter(torch.randn(d_in, rank) * 0.01)
+        self.b = nn.Parameter(torch.zeros(rank, d_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.a) @ self.b
+
+
+class Bf16(nn.Module):
+    """The forward under CPU autocast to bfloat16, logits back in float32."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.model(input_ids=ids).logits.float()
+
+
+def gpt2_lora_bf16() -> tuple[nn.Module, tuple]:
+    """Fine-tuning as many do it: base weights frozen, adapters on the attention's input
+    projection, the step in bfloat16 autocast."""
+    config = hf.GPT2Config(
+        n_layer=4, n_embd=128, n_head=4, n_positions=128, vocab_size=1000, use_cache=False
+    )
+    model = hf.GPT2LMHeadModel(config)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for block in model.transformer.h:
+        block.attn.c_attn = LoRA(block.attn.c_attn)
+    return Bf16(model), (ids(2, 64),)
+
+
 MODELS: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
     "mistral": decoder(
         hf.MistralForCausalLM, hf.MistralConfig, num_key_value_heads=2, sliding_window=16
@@ -127,6 +168,7 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
         moe_intermediate_size=64,
         shared_expert_intermediate_size=64,
     ),
+    "gpt2_lora_bf16": gpt2_lora_bf16,
     "distilbert": distilbert,
     "vit": vit,
     "t5": t5,
