@@ -521,9 +521,10 @@ fn solve(
     let opt = |name: &str| SolverError::Ilp(format!("HiGHS rejected option {name}"));
     // HiGHS 1.16's presolve has called a feasible model infeasible (`ilp::run`): "infeasible"
     // stands only once HiGHS gives it without presolve too.
+    let solving = Instant::now();
     for presolve in [true, false] {
         let limit = time_limit
-            .saturating_sub(start.elapsed())
+            .saturating_sub(solving.elapsed())
             .max(Duration::from_millis(10));
         let mut model = lp.clone().optimise(Sense::Minimise);
         model.make_quiet();
