@@ -319,6 +319,50 @@ def test_a_model_that_checkpoints_itself_is_refused_and_one_without_blocks_warne
     assert g["regions"] == []
 
 
+class Branches(nn.Module):
+    """An Inception-like block: branches of two blocks each, in Sequentials."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.left = nn.Sequential(Block(d), Block(d))
+        self.right = nn.Sequential(Block(d), Block(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.left(x) + self.right(x)
+
+
+class Towers(nn.Module):
+    """Blocks held as attributes: two Branches; and two Stacks (each a ModuleList of blocks)."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.first = Branches(d)
+        self.second = Branches(d)
+        self.encoder = Stack(d, n=2)
+        self.decoder = Stack(d, n=2)
+        self.encoder.head = nn.Linear(d, d)
+        self.decoder.head = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.encoder(self.second(self.first(x))))
+
+
+def test_default_regions_are_blocks_in_containers_or_held_as_attributes() -> None:
+    # The Branches are blocks held as attributes (their inner blocks are not regions: outermost
+    # only); the Stacks hold a ModuleList of blocks, which are the regions, as T5's blocks are
+    # rather than its encoder and decoder.
+    assert rt.find_regions(Towers()) == [
+        "encoder.blocks.0",
+        "encoder.blocks.1",
+        "decoder.blocks.0",
+        "decoder.blocks.1",
+        "first",
+        "second",
+    ]
+    torch.manual_seed(0)
+    check_plans(Towers(), (torch.randn(4, 16, 32),))
+
+
 def test_checkpoint_captures_plans_and_applies_in_one_call() -> None:
     torch.manual_seed(0)
     model = Stack()

@@ -75,11 +75,12 @@ def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
 
     Default: the repeated blocks, i.e. the children of an `nn.ModuleList` / `nn.Sequential` /
     `nn.ModuleDict` that share one class with at least one sibling (GPT2Block, LlamaDecoderLayer,
-    BasicBlock), outermost first and never nested; where no container has any, the children of
-    any module that share a class (Inception's blocks, held as attributes). PyTorch's own layers
-    without submodules (`nn.Linear`, `nn.BatchNorm2d`, `nn.ReLU`) are layers, not blocks: regions
-    only in a model that has no blocks at all (VGG's `features`). `regions` may name FQNs
-    instead, or be a predicate on (fqn, module).
+    BasicBlock), and the children of any other module that share a class and hold no
+    `nn.ModuleList` (Inception's blocks, held as attributes; not T5's encoder and decoder, which
+    hold the blocks), outermost only. PyTorch's own layers without submodules (`nn.Linear`,
+    `nn.BatchNorm2d`, `nn.ReLU`) are layers, not blocks: regions only in a model that has no
+    blocks at all (VGG's `features`). `regions` may name FQNs instead, or be a predicate on
+    (fqn, module).
     """
     modules = dict(model.named_modules())
     if regions is not None and not callable(regions):
@@ -93,10 +94,16 @@ def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
     elif callable(regions):
         chosen = [fqn for fqn, m in modules.items() if fqn and regions(fqn, m)]
     else:
-        chosen = (
-            _repeated_children(modules, containers_only=True, layers=False)
-            or _repeated_children(modules, containers_only=False, layers=False)
-            or _repeated_children(modules, containers_only=True, layers=True)
+        # Blocks: repeated children of containers, and repeated children of any module that
+        # hold no stack of layers themselves (Inception's blocks; not T5's encoder and decoder,
+        # two T5Stacks each holding its blocks in a ModuleList). Layers only without blocks.
+        blocks = _repeated_children(modules, containers_only=True, layers=False) + [
+            fqn
+            for fqn in _repeated_children(modules, containers_only=False, layers=False)
+            if not any(isinstance(m, nn.ModuleList) for m in modules[fqn].modules())
+        ]
+        chosen = list(dict.fromkeys(blocks)) or _repeated_children(
+            modules, containers_only=True, layers=True
         )
     # Outermost only: a region inside another region is dropped.
     chosen_set = set(chosen)
