@@ -425,7 +425,7 @@ def _stop_op(stop: int | None, first: int) -> int | None:
     return None if stop is None or stop < first else stop
 
 
-# Which saved-tensor hooks are innermost (torch >= 2.6; the check is skipped before).
+# Which saved-tensor hooks are innermost, where torch tells (2.15 does, 2.5 does not: no check).
 _top_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 
 
