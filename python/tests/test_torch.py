@@ -67,7 +67,7 @@ def budgets(graph: dict) -> list[int]:
     return [int(lo + f * (hi - lo)) for f in (0.25, 0.5, 0.75)]
 
 
-def check_plans(model: nn.Module, inputs: tuple, loss_fn=None) -> list[dict]:
+def check_plans(model: nn.Module, inputs: tuple | dict, loss_fn=None) -> list[dict]:
     graph = rt.capture(model, inputs, loss_fn)
     unplanned = rt.simulate(graph)
     results = []
@@ -361,6 +361,27 @@ def test_default_regions_are_blocks_in_containers_or_held_as_attributes() -> Non
     ]
     torch.manual_seed(0)
     check_plans(Towers(), (torch.randn(4, 16, 32),))
+
+
+def test_keyword_inputs_as_hugging_face_takes_them() -> None:
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=3, n_embd=64, n_head=2, n_positions=64, vocab_size=500, use_cache=False)
+    )
+    ids = torch.randint(0, 500, (2, 32))
+    mask = torch.ones(2, 32, dtype=torch.long)
+    mask[1, 24:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask, "labels": ids}
+    loss = lambda out: out.loss  # noqa: E731
+    for v in check_plans(model, inputs, loss):
+        assert v["loss"] == v["store_all_loss"]
+    graph = rt.capture(model, inputs, loss)
+    plan = rt.plan(graph, "0.8x")
+    with pytest.raises(rt.PlanMismatchError, match=r"input 1 is \[2, 16\] int64"):
+        rt.apply(model, plan, {**inputs, "attention_mask": mask[:, :16]})
+    with rt.checkpoint(model, inputs, "0.8x", loss) as handle:
+        assert handle.plan["fingerprint"] == plan["fingerprint"]
+        model(**inputs).loss.backward()
 
 
 def test_checkpoint_captures_plans_and_applies_in_one_call() -> None:

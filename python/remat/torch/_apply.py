@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from ._capture import _tensors, fingerprint, signature
+from ._capture import ExampleInputs, Inputs, _tensors, as_inputs, fingerprint, signature
 from ._errors import OpMismatchError, PlanMismatchError
 
 Plan = dict[str, Any]
@@ -32,7 +31,7 @@ def load_plan(plan: Plan | str) -> Plan:
     return plan
 
 
-def check_fingerprint(model: nn.Module, example_inputs: Sequence[Any] | None, plan: Plan) -> None:
+def check_fingerprint(model: nn.Module, inputs: Inputs | None, plan: Plan) -> None:
     """Refuses a plan made for another model, other shapes or other regions, naming what differs."""
     want = plan.get("signature") or {}
     regions = want.get("regions", [])
@@ -42,8 +41,8 @@ def check_fingerprint(model: nn.Module, example_inputs: Sequence[Any] | None, pl
     diffs = _diff("parameter", want.get("parameters", []), have_params)
     modules = dict(model.named_modules())
     diffs += [f"region {r!r} is not a module of this model" for r in regions if r not in modules]
-    if example_inputs is not None:
-        sig = signature(model, example_inputs, regions)
+    if inputs is not None:
+        sig = signature(model, inputs, regions)
         diffs += _diff(
             "input",
             [[str(i), *d] for i, d in enumerate(want.get("inputs", []))],
@@ -142,15 +141,14 @@ class Applied:
 
 
 def apply(
-    model: nn.Module, plan: Plan | str, example_inputs: Sequence[Any] | None = None
+    model: nn.Module, plan: Plan | str, example_inputs: ExampleInputs | Inputs | None = None
 ) -> Applied:
     """Wraps every region the plan wraps with `torch.utils.checkpoint(use_reentrant=False)` and
     its selective-checkpoint policy. Refuses a plan made for another model (or, given
     `example_inputs`, other shapes). Returns a handle whose `remove()` undoes it."""
     plan = load_plan(plan)
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    check_fingerprint(model, example_inputs, plan)
+    inputs = None if example_inputs is None else as_inputs(example_inputs)
+    check_fingerprint(model, inputs, plan)
     modules = dict(model.named_modules())
     wrapped: dict[str, nn.Module] = {}
     for region in plan["regions"]:

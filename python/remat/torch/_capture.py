@@ -22,9 +22,9 @@ import time
 import warnings
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -40,6 +40,32 @@ VERSION = 1
 
 RegionSpec = Sequence[str] | Callable[[str, nn.Module], bool] | None
 LossFn = Callable[[Any], torch.Tensor]
+
+
+class Inputs(NamedTuple):
+    """A step's inputs: the positional and keyword arguments of the model's forward."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+# A tensor, a sequence (positional arguments) or a mapping (keyword arguments: Hugging Face's
+# `{"input_ids": ..., "attention_mask": ..., "labels": ...}`).
+ExampleInputs = torch.Tensor | Sequence[Any] | Mapping[str, Any]
+
+
+def as_inputs(example_inputs: ExampleInputs | Inputs) -> Inputs:
+    if isinstance(example_inputs, Inputs):
+        return example_inputs
+    if isinstance(example_inputs, torch.Tensor):
+        return Inputs((example_inputs,), {})
+    if isinstance(example_inputs, Mapping):
+        return Inputs((), dict(example_inputs))
+    return Inputs(tuple(example_inputs), {})
+
+
+def call(model: nn.Module, inputs: Inputs) -> Any:
+    return model(*inputs.args, **inputs.kwargs)
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -143,8 +169,9 @@ def _repeated_children(
     return chosen
 
 
-def signature(model: nn.Module, example_inputs: Sequence[Any], regions: Iterable[str]) -> dict:
-    """What a plan is made for: parameter and buffer shapes, the inputs' shapes, the regions."""
+def signature(model: nn.Module, inputs: Inputs, regions: Iterable[str]) -> dict:
+    """What a plan is made for: parameter and buffer shapes, the inputs' shapes (positional, then
+    keyword), the regions."""
 
     def desc(t: torch.Tensor) -> list[Any]:
         return [list(t.shape), str(t.dtype).removeprefix("torch.")]
@@ -152,7 +179,7 @@ def signature(model: nn.Module, example_inputs: Sequence[Any], regions: Iterable
     return {
         "parameters": [[n, *desc(p)] for n, p in model.named_parameters()],
         "buffers": [[n, *desc(b)] for n, b in model.named_buffers()],
-        "inputs": [desc(t) for t in _tensors(list(example_inputs))],
+        "inputs": [desc(t) for t in _tensors(inputs)],
         "regions": list(regions),
     }
 
@@ -161,9 +188,9 @@ def fingerprint(sig: dict) -> str:
     return hashlib.sha256(json.dumps(sig, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def model_device(model: nn.Module, example_inputs: Sequence[Any]) -> torch.device:
+def model_device(model: nn.Module, inputs: Inputs) -> torch.device:
     devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
-    devices |= {t.device for t in _tensors(list(example_inputs))}
+    devices |= {t.device for t in _tensors(inputs)}
     if len(devices) > 1:
         names = ", ".join(sorted(str(d) for d in devices))
         raise CaptureError(
@@ -455,7 +482,7 @@ def _flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
 
 def _run(
     model: nn.Module,
-    example_inputs: Sequence[Any],
+    inputs: Inputs,
     loss_fn: LossFn,
     rec: _Recording,
     cost: str,
@@ -471,7 +498,7 @@ def _run(
             ),
             _Tracer(rec, cost),
         ):
-            out = model(*example_inputs)
+            out = call(model, inputs)
             loss = loss_fn(out)
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                 raise CaptureError("loss_fn must return a one-element tensor")
@@ -491,7 +518,7 @@ def _run(
 
 def capture(
     model: nn.Module,
-    example_inputs: Sequence[Any] | torch.Tensor,
+    example_inputs: ExampleInputs,
     loss_fn: LossFn | None = None,
     *,
     regions: RegionSpec = None,
@@ -502,19 +529,19 @@ def capture(
 ) -> dict:
     """Record one training step of `model` on `example_inputs` as a `remat.torch-graph` document.
 
+    `example_inputs`: a tensor, a sequence of positional arguments or a mapping of keyword ones.
+
     `cost`: "flops" (torch.utils.flop_counter's formulas; ops without one cost 0) or "measured"
     (each op's time on the model's device: its least over `timing_rounds` recorded steps). The
     model's gradients are left as they were before the call.
     """
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
+    inputs = as_inputs(example_inputs)
     if cost not in ("flops", "measured"):
         raise CaptureError(f"cost must be 'flops' or 'measured', got {cost!r}")
     if isinstance(timing_rounds, bool) or not isinstance(timing_rounds, int) or timing_rounds < 1:
         raise CaptureError(f"timing_rounds must be a whole number >= 1, got {timing_rounds!r}")
     loss_fn = loss_fn or default_loss
-    device = model_device(model, example_inputs)
+    device = model_device(model, inputs)
     hf = [
         n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
     ]
@@ -539,25 +566,23 @@ def capture(
             "ALBERT) cannot be a region.",
             stacklevel=2,
         )
-    sig = signature(model, example_inputs, region_fqns)
+    sig = signature(model, inputs, region_fqns)
     saved_grads = {n: p.grad for n, p in model.named_parameters()}
     for p in model.parameters():
         p.grad = None
-    externals = [*model.parameters(), *model.buffers(), *_tensors(list(example_inputs))]
+    externals = [*model.parameters(), *model.buffers(), *_tensors(inputs)]
     try:
         # Pass A: natural lifetimes (autograd keeps nothing).
         a = _Recording(model, region_fqns, device, forward_only=True)
         a.register_external(externals)
-        _run(model, example_inputs, loss_fn, a, cost, seed)
+        _run(model, inputs, loss_fn, a, cost, seed)
         # Pass B: the ordinary step; with measured costs, again until each op has been timed
         # `timing_rounds` times, keeping its least time (a kernel's first call may pay for its
         # setup, a page fault or a busy machine slows a single run).
-        b = _pass_b(model, example_inputs, loss_fn, region_fqns, device, externals, cost, seed)
+        b = _pass_b(model, inputs, loss_fn, region_fqns, device, externals, cost, seed)
         if cost == "measured":
             for _ in range(timing_rounds - 1):
-                again = _pass_b(
-                    model, example_inputs, loss_fn, region_fqns, device, externals, cost, seed
-                )
+                again = _pass_b(model, inputs, loss_fn, region_fqns, device, externals, cost, seed)
                 _least_times(b, again)
     finally:
         for n, p in model.named_parameters():
@@ -574,7 +599,7 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
 
 def _pass_b(
     model: nn.Module,
-    example_inputs: tuple[Any, ...],
+    inputs: Inputs,
     loss_fn: LossFn,
     region_fqns: list[str],
     device: torch.device,
@@ -584,7 +609,7 @@ def _pass_b(
 ) -> _Recording:
     b = _Recording(model, region_fqns, device, forward_only=False)
     b.register_external(externals)
-    loss = _run(model, example_inputs, loss_fn, b, cost, seed)
+    loss = _run(model, inputs, loss_fn, b, cost, seed)
     del loss
     b.phase = "done"
     for p in model.parameters():

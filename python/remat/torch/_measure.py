@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch
@@ -15,7 +15,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ._apply import Plan, apply, load_plan
-from ._capture import LossFn, _tensors, default_loss, first_difference, model_device
+from ._capture import (
+    ExampleInputs,
+    Inputs,
+    LossFn,
+    _tensors,
+    as_inputs,
+    call,
+    default_loss,
+    first_difference,
+    model_device,
+)
 from ._errors import MeasureError
 
 _T = TypeVar("_T")
@@ -72,10 +82,15 @@ def peak_meter(model: nn.Module, device: torch.device) -> str:
 
 
 def _peak_step(
-    model: nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn, seed: int, device: torch.device
+    model: nn.Module,
+    inputs: ExampleInputs | Inputs,
+    loss_fn: LossFn,
+    seed: int,
+    device: torch.device,
 ) -> tuple[int, float, dict[str, torch.Tensor]]:
     """One step with its peak, by the meter `peak_meter` names: CUDA,
     torch.cuda.max_memory_allocated reset before the step; CPU, MemTracker or the storages."""
+    inputs = as_inputs(inputs)
     for p in model.parameters():
         p.grad = None
     torch.manual_seed(seed)
@@ -83,7 +98,7 @@ def _peak_step(
     if meter == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        loss = loss_fn(model(*inputs))
+        loss = loss_fn(call(model, inputs))
         loss.backward()
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
@@ -91,16 +106,16 @@ def _peak_step(
         from torch.distributed._tools.mem_tracker import MemTracker
 
         mt = MemTracker()
-        mt.track_external(model, *_tensors(list(inputs)))
+        mt.track_external(model, *_tensors(inputs))
         with mt:
-            loss = loss_fn(model(*inputs))
+            loss = loss_fn(call(model, inputs))
             loss.backward()
         snap = mt.get_tracker_snapshot("peak")
         peak = max((d.get("Total", 0) for d in snap.values()), default=0)
     else:
-        external = [*model.parameters(), *model.buffers(), *_tensors(list(inputs))]
+        external = [*model.parameters(), *model.buffers(), *_tensors(inputs)]
         with _StorageMeter(external) as sm:
-            loss = loss_fn(model(*inputs))
+            loss = loss_fn(call(model, inputs))
             loss.backward()
         peak = sm.peak
     value = float(loss.detach())
@@ -112,15 +127,20 @@ def _peak_step(
 
 
 def _timed_step(
-    model: nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn, seed: int, device: torch.device
+    model: nn.Module,
+    inputs: ExampleInputs | Inputs,
+    loss_fn: LossFn,
+    seed: int,
+    device: torch.device,
 ) -> float:
+    inputs = as_inputs(inputs)
     for p in model.parameters():
         p.grad = None
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    loss = loss_fn(model(*inputs))
+    loss = loss_fn(call(model, inputs))
     loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -154,7 +174,11 @@ class _OpTimer(TorchDispatchMode):
 
 
 def _op_timed_step(
-    model: nn.Module, inputs: tuple[Any, ...], loss_fn: LossFn, seed: int, device: torch.device
+    model: nn.Module,
+    inputs: ExampleInputs | Inputs,
+    loss_fn: LossFn,
+    seed: int,
+    device: torch.device,
 ) -> tuple[list[Any], list[float]]:
     """One step with each of its ops timed: the ops in the order they ran, and their seconds."""
     timer = _OpTimer(device.type == "cuda")
@@ -192,7 +216,7 @@ class _LeastOps:
 
 def measure(
     model: nn.Module,
-    example_inputs: Sequence[Any] | torch.Tensor,
+    example_inputs: ExampleInputs,
     plan: Plan | str,
     loss_fn: LossFn | None = None,
     *,
@@ -212,9 +236,7 @@ def measure(
             raise MeasureError(f"{arg} must be a whole number >= {fewest}, got {given!r}")
     op_rounds = rounds if op_rounds is None else op_rounds
     plan = load_plan(plan)
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    inputs = tuple(example_inputs)
+    inputs = as_inputs(example_inputs)
     loss_fn = loss_fn or default_loss
     device = model_device(model, inputs)
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}

@@ -4,15 +4,13 @@ captures, plans and applies."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from .. import _remat
 from ._apply import Applied, Plan, apply
-from ._capture import LossFn, RegionSpec, capture
+from ._capture import ExampleInputs, LossFn, RegionSpec, capture
 
 
 def _budget(budget: int | str) -> str:
@@ -54,7 +52,7 @@ def simulate(graph: dict[str, Any] | str, plan: Plan | str | None = None) -> dic
 
 def checkpoint(
     model: nn.Module,
-    example_inputs: Sequence[Any] | torch.Tensor,
+    example_inputs: ExampleInputs,
     budget: int | str,
     loss_fn: LossFn | None = None,
     *,
@@ -68,5 +66,4 @@ def checkpoint(
         model, example_inputs, loss_fn, regions=regions, cost=cost, timing_rounds=timing_rounds
     )
     p = plan(graph, budget)
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else example_inputs
-    return apply(model, p, inputs)
+    return apply(model, p, example_inputs)
