@@ -180,7 +180,7 @@ def test_a_checkpoint_holds_the_inputs_its_region_does_not_save() -> None:
     assert [r["class"] for r in graph["regions"]] == ["Block", "Merge"] * 2 + ["Block"]
     merges = rt.baseline(graph, "full")
     for r in merges["regions"]:
-        r["wrapped"] = r["class"] == "Merge" if "class" in r else r["fqn"] in ("1", "3")
+        r["wrapped"] = r["class"] == "Merge"
     predicted = rt.simulate(graph, merges)["peak_bytes"]
     v = rt.measure(model, (x,), merges, rounds=1, op_rounds=0)
     assert v["measured_peak_bytes"] == predicted, v

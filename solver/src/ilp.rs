@@ -817,9 +817,10 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
     }
     let mut warm_started = false;
     if !sp.presolve || (sp.warm.is_some() && !layout.memory() && !sp.relax) {
-        // HiGHS 1.16's presolve mishandles a start for this model now and then: it ended a
-        // boundary MILP "optimal" at 0 where its own LP relaxation is 375 (a proptest case,
-        // saved). The bound stayed valid but weak; without presolve it is right.
+        // Off when asked (`run`: confirming an infeasible answer), and for a boundary MILP with
+        // a start: HiGHS 1.16's presolve mishandles a start for this model now and then: it
+        // ended one "optimal" at 0 where its own LP relaxation is 375 (a proptest case, saved).
+        // The bound stayed valid but weak; without presolve it is right.
         hm.try_set_option("presolve", "off")
             .map_err(|_| opt("presolve"))?;
     }

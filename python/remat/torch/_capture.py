@@ -546,15 +546,15 @@ def capture(
         n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
     ]
     if hf:
-        # transformers 5 renamed it; the attribute on the modules is the same.
-        off = next(
-            f
-            for f in ("activation_checkpointing_disable", "gradient_checkpointing_disable", "")
-            if not f or hasattr(model, f)
+        # transformers 5 renamed the call; the attribute on the modules is the same.
+        off = (
+            "activation_checkpointing_disable"
+            if hasattr(model, "activation_checkpointing_disable")
+            else "gradient_checkpointing_disable"
         )
         raise CaptureError(
             f"module {hf[0] or '(top level)'!r} has Hugging Face's gradient checkpointing on, "
-            f"which hides what autograd saves from the capture: call model.{off or '…_disable'}() "
+            f"which hides what autograd saves from the capture: call model.{off}() "
             "and let remat plan the checkpointing"
         )
     region_fqns = find_regions(model, regions)

@@ -3,6 +3,7 @@ parameter gradient against the unplanned run on the same weights, inputs and see
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 import weakref
@@ -95,29 +96,28 @@ def _peak_step(
         p.grad = None
     torch.manual_seed(seed)
     meter = peak_meter(model, device)
+    tracker: Any = contextlib.nullcontext()
     if meter == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        loss = loss_fn(call(model, inputs))
-        loss.backward()
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device)
     elif meter == "MemTracker":
         from torch.distributed._tools.mem_tracker import MemTracker
 
-        mt = MemTracker()
-        mt.track_external(model, *_tensors(inputs))
-        with mt:
-            loss = loss_fn(call(model, inputs))
-            loss.backward()
-        snap = mt.get_tracker_snapshot("peak")
+        tracker = MemTracker()
+        tracker.track_external(model, *_tensors(inputs))
+    else:
+        tracker = _StorageMeter([*model.parameters(), *model.buffers(), *_tensors(inputs)])
+    with tracker:
+        loss = loss_fn(call(model, inputs))
+        loss.backward()
+    if meter == "cuda":
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+    elif meter == "MemTracker":
+        snap = tracker.get_tracker_snapshot("peak")
         peak = max((d.get("Total", 0) for d in snap.values()), default=0)
     else:
-        external = [*model.parameters(), *model.buffers(), *_tensors(inputs)]
-        with _StorageMeter(external) as sm:
-            loss = loss_fn(call(model, inputs))
-            loss.backward()
-        peak = sm.peak
+        peak = tracker.peak
     value = float(loss.detach())
     del loss
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}

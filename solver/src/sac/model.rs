@@ -302,8 +302,8 @@ impl TorchGraph {
     /// alone, which the chain program's exactness rests on. Checked by trying, for each
     /// storage that more than one region touches (its producer's, the saving ones and the ones
     /// that take it as an input), every state of those regions (unwrapped, wrapped, wrapped
-    /// keeping the producer where it is keepable); false when more than one region changes its death, or when more
-    /// than 6 regions touch one storage.
+    /// keeping the producer where it is keepable); false when more than one region changes its
+    /// death, or when more than 6 regions touch one storage.
     pub(super) fn lives_depend_on_one_region_each(&self) -> bool {
         let n = self.regions.len();
         let mut res = Resolved {
