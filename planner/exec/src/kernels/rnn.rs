@@ -4,9 +4,21 @@
 //! The forward runs the recurrence step by step on candle ops (the input projection of all
 //! steps is one matmul). The `workspace` extra holds, per direction and time step, the gate
 //! activations and the hidden (and cell) state the step started from, in the input's dtype:
-//! `[dirs, seq, batch, (gates + states) · hidden]`. The outputs are an elementwise function
-//! of the workspace, so a forward given the workspace reproduces the first one exactly, and
-//! the backward is back-propagation through time without recomputing the recurrence.
+//! `[dirs, seq, batch, (gates + states) · hidden]`. A GRU with `linear_before_reset` (the form
+//! PyTorch exports) keeps three more per step, as PyTorch's CPU cell does (`gru_cell`: its
+//! in-place products save copies of their inputs): u = h·Rhᵀ + Rbh and h − h̃, which the
+//! backward reads instead of recomputing a matmul and a difference, and r ⊙ u, which PyTorch
+//! keeps because it shares storage with the gates and the backward does not read: 7 units of
+//! `batch · hidden` per step, the bytes PyTorch keeps (`fixtures/README.md`, "LSTM and GRU").
+//! The outputs are an elementwise function of the workspace, so a forward given the
+//! workspace reproduces the first one exactly, and the backward is back-propagation through
+//! time without recomputing the recurrence.
+//!
+//! A float32 LSTM's saved workspace is padded with zeros, per direction, to the bytes
+//! PyTorch's CPU LSTM keeps (oneDNN's workspace, the output and the final states:
+//! `remat_planner::ops::rnn::pytorch_cpu_lstm_bytes`, about 3× the six units read here): the
+//! planner's rule declares those bytes so that a plan sized for PyTorch holds there, and the
+//! executor holds what the rule declares so that its measured peak checks that prediction.
 //!
 //! Supported: every direction, layouts 0 and 1, optional B, initial states and peepholes,
 //! partial `sequence_lens` (an entry past its length keeps its state and outputs zeros),
@@ -19,6 +31,8 @@ use crate::kernel::{
     BwdArgs, Extras, Inputs, KResult, Kernel, KernelCtx, KernelError, KernelRegistry,
 };
 use candle_core::{DType, Tensor, D};
+use remat_planner::ops::rnn::pytorch_cpu_lstm_bytes;
+use remat_planner::tensor::DType as PDType;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Cell {
@@ -107,6 +121,8 @@ struct Spec {
     /// Activations of each direction (f, g, h as ONNX names them).
     acts: Vec<Vec<Act>>,
     linear_before_reset: bool,
+    /// Elements per direction the saved workspace is padded to (float32 LSTM), 0 for none.
+    reserve: usize,
 }
 
 impl Spec {
@@ -122,8 +138,16 @@ impl Spec {
             (0..self.seq).collect()
         }
     }
+    /// Values per step in the workspace, in units of `hidden`: the gates and the states the
+    /// step started from; a GRU with `linear_before_reset` also keeps what PyTorch's CPU cell
+    /// keeps beside them (see `workspace`).
     fn width(&self) -> usize {
-        (self.cell.gates() + self.cell.states()) * self.hidden
+        let extra = if self.linear_before_reset { 3 } else { 0 };
+        (self.cell.gates() + self.cell.states() + extra) * self.hidden
+    }
+    /// Elements of one direction's workspace, `seq · batch · width`.
+    fn content(&self) -> usize {
+        self.seq * self.batch * self.width()
     }
     fn act(&self, d: usize, k: usize) -> KResult<Act> {
         self.acts
@@ -207,6 +231,13 @@ fn spec(cx: &KernelCtx) -> KResult<Spec> {
         }
     };
     let linear_before_reset = cell == Cell::Gru && cx.attrs.int_or("linear_before_reset", 0)? != 0;
+    let reserve = if cell == Cell::Lstm && cx.input(0)?.dtype == PDType::F32 {
+        let bytes = pytorch_cpu_lstm_bytes(seq as u64, batch as u64, x[2] as u64, hidden as u64);
+        usize::try_from(bytes / 4)
+            .map_err(|_| KernelError::new(format!("an LSTM workspace of {bytes} bytes")))?
+    } else {
+        0
+    };
     Ok(Spec {
         cell,
         seq,
@@ -217,6 +248,7 @@ fn spec(cx: &KernelCtx) -> KResult<Spec> {
         layout1,
         acts,
         linear_before_reset,
+        reserve,
     })
 }
 
@@ -364,19 +396,24 @@ fn workspace(cx: &KernelCtx, sp: &Spec, xs: &[Option<Tensor>]) -> KResult<Tensor
                     let z = f.apply(&azr.narrow(1, 0, h)?)?;
                     let rg = f.apply(&azr.narrow(1, h, h)?)?;
                     let rh = rt.narrow(1, 2 * h, h)?.contiguous()?;
-                    let ah = if sp.linear_before_reset {
+                    let xh = xt.narrow(1, 2 * h, h)?;
+                    if sp.linear_before_reset {
                         let mut u = hp.matmul(&rh)?;
                         if let Some(rbh) = &rbh {
                             u = u.broadcast_add(rbh)?;
                         }
-                        (xt.narrow(1, 2 * h, h)? + (&rg * u)?)?
+                        let ru = (&rg * &u)?;
+                        let hh = g.apply(&(xh + &ru)?)?;
+                        let diff = (&hp - &hh)?;
+                        let hn = (&hh + (&z * &diff)?)?;
+                        let ws = Tensor::cat(&[&z, &rg, &hh, &hp, &u, &diff, &ru], 1)?;
+                        (ws, hn, None)
                     } else {
-                        (xt.narrow(1, 2 * h, h)? + (&rg * &hp)?.matmul(&rh)?)?
-                    };
-                    let hh = g.apply(&ah)?;
-                    let hn = (&hh + (&z * (&hp - &hh)?)?)?;
-                    let ws = Tensor::cat(&[&z, &rg, &hh, &hp], 1)?;
-                    (ws, hn, None)
+                        let hh = g.apply(&(xh + (&rg * &hp)?.matmul(&rh)?)?)?;
+                        let hn = (&hh + (&z * (&hp - &hh)?)?)?;
+                        let ws = Tensor::cat(&[&z, &rg, &hh, &hp], 1)?;
+                        (ws, hn, None)
+                    }
                 }
                 Cell::Rnn => {
                     let hn = sp.act(d, 0)?.apply(&(xt + hp.matmul(&rt)?)?)?;
@@ -412,6 +449,43 @@ fn workspace(cx: &KernelCtx, sp: &Spec, xs: &[Option<Tensor>]) -> KResult<Tensor
     Ok(Tensor::stack(&per_dir, 0)?)
 }
 
+/// The workspace as saved: each direction flattened and padded with zeros to `reserve`
+/// elements (`[dirs, reserve]`) when the spec has one, unchanged otherwise.
+fn padded(sp: &Spec, ws: Tensor) -> KResult<Tensor> {
+    let content = sp.content();
+    if sp.reserve <= content {
+        return Ok(ws);
+    }
+    let flat = ws.reshape((sp.dirs, content))?;
+    let fill = Tensor::zeros((sp.dirs, sp.reserve - content), ws.dtype(), ws.device())?;
+    Ok(Tensor::cat(&[&flat, &fill], 1)?)
+}
+
+/// Direction `d`'s workspace `[seq, batch, width]`, from a workspace as `workspace` or
+/// `padded` returns it (a view, no copy).
+fn ws_dir(sp: &Spec, ws: &Tensor, d: usize) -> KResult<Tensor> {
+    let full = [sp.dirs, sp.seq, sp.batch, sp.width()];
+    if ws.dims() == full {
+        return Ok(ws.get(d)?);
+    }
+    if sp.reserve > sp.content() && ws.dims() == [sp.dirs, sp.reserve] {
+        return Ok(ws.get(d)?.narrow(0, 0, sp.content())?.reshape((
+            sp.seq,
+            sp.batch,
+            sp.width(),
+        ))?);
+    }
+    kbail!(
+        "the workspace has shape {:?}, expected {full:?}{}",
+        ws.dims(),
+        if sp.reserve > sp.content() {
+            format!(" or [{}, {}]", sp.dirs, sp.reserve)
+        } else {
+            String::new()
+        }
+    )
+}
+
 /// Hidden states `[seq, batch, hidden]` and cell states (LSTM) of direction `d`, from its
 /// workspace `[seq, batch, width]`.
 fn states_of(sp: &Spec, d: usize, ws: &Tensor) -> KResult<(Tensor, Option<Tensor>)> {
@@ -445,7 +519,7 @@ fn rnn_forward(cx: &KernelCtx, xs: &[Option<Tensor>], ex: &Extras) -> KResult<Ve
     let mut cl = vec![];
     let (h, g) = (sp.hidden, sp.cell.gates());
     for d in 0..sp.dirs {
-        let wsd = ws.get(d)?;
+        let wsd = ws_dir(&sp, &ws, d)?;
         let (hs, cs) = states_of(&sp, d, &wsd)?;
         let last = if sp.backwards(d) { 0 } else { sp.seq - 1 };
         match &mask {
@@ -504,7 +578,7 @@ fn rnn_extra(cx: &KernelCtx, tag: &str, xs: &[Option<Tensor>]) -> KResult<Vec<Te
         kbail!("{} has no extra value {tag:?}", cx.op);
     }
     let sp = spec(cx)?;
-    Ok(vec![workspace(cx, &sp, xs)?])
+    Ok(vec![padded(&sp, workspace(cx, &sp, xs)?)?])
 }
 
 /// Sum of `a` over its leading dims, as `[last]`.
@@ -541,7 +615,6 @@ fn backward_dir(
     x: &Tensor,
     w: &Tensor,
     r: &Tensor,
-    b: Option<&Tensor>,
     p: Option<&Tensor>,
     mask: Option<&Tensor>,
     dy: &Tensor,
@@ -560,10 +633,6 @@ fn backward_dir(
         Some(r.narrow(0, 2 * h, h)?)
     } else {
         None
-    };
-    let rbh = match b {
-        Some(b) if sp.linear_before_reset => Some(b.narrow(0, gh + 2 * h, h)?),
-        _ => None,
     };
     let mut order = sp.order(d);
     order.reverse();
@@ -638,18 +707,19 @@ fn backward_dir(
                 let rh = rh
                     .as_ref()
                     .ok_or_else(|| KernelError::new("GRU without its candidate weights"))?;
-                let dz = (&dh * (&hp - &hh)?)?;
+                // With linear_before_reset the workspace holds hp − hh and u = hp·Rhᵀ + Rbh.
+                let dz = if sp.linear_before_reset {
+                    (&dh * g(5)?)?
+                } else {
+                    (&dh * (&hp - &hh)?)?
+                };
                 let dhh = (&dh * z.affine(-1.0, 1.0)?)?;
                 let mut dhp = (&dh * &z)?;
                 let dah = (dhh * ga.deriv(&hh)?)?;
                 let (dr, dah_r) = if sp.linear_before_reset {
-                    let mut u = hp.matmul(&rh.t()?.contiguous()?)?;
-                    if let Some(rbh) = &rbh {
-                        u = u.broadcast_add(rbh)?;
-                    }
                     let du = (&dah * &rg)?;
                     dhp = (dhp + du.matmul(rh)?)?;
-                    ((&dah * u)?, du)
+                    ((&dah * g(4)?)?, du)
                 } else {
                     let drh = dah.matmul(rh)?;
                     dhp = (dhp + (&drh * &rg)?)?;
@@ -745,10 +815,7 @@ fn rnn_backward(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         .extra("workspace")?
         .first()
         .ok_or_else(|| KernelError::new("the workspace extra is empty"))?;
-    let want = [sp.dirs, sp.seq, sp.batch, sp.width()];
-    if ws.dims() != want {
-        kbail!("the workspace has shape {:?}, expected {want:?}", ws.dims());
-    }
+    ws_dir(&sp, ws, 0)?;
     let x = a.input(0)?;
     let x = if sp.layout1 {
         x.transpose(0, 1)?.contiguous()?
@@ -758,7 +825,6 @@ fn rnn_backward(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     let w = a.input(1)?;
     let r = a.input(2)?;
     let has = |i: usize| cx.inputs.get(i).is_some_and(|f| f.is_some());
-    let b = if has(3) { Some(a.input(3)?) } else { None };
     let p = if sp.cell == Cell::Lstm && has(7) {
         Some(a.input(7)?)
     } else {
@@ -808,10 +874,6 @@ fn rnn_backward(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
     let (mut dw, mut dr, mut db, mut dh0, mut dc0, mut dp) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     for d in 0..sp.dirs {
-        let bd = match b {
-            Some(b) => Some(b.get(d)?),
-            None => None,
-        };
         let pd = match p {
             Some(p) => Some(p.get(d)?),
             None => None,
@@ -824,11 +886,10 @@ fn rnn_backward(cx: &KernelCtx, a: &BwdArgs) -> KResult<Vec<Option<Tensor>>> {
         let g = backward_dir(
             &sp,
             d,
-            &ws.get(d)?,
+            &ws_dir(&sp, ws, d)?,
             &x,
             &w.get(d)?,
             &r.get(d)?,
-            bd.as_ref(),
             pd.as_ref(),
             mask.as_ref(),
             &dy.narrow(1, d, 1)?.squeeze(1)?,
