@@ -128,7 +128,8 @@ fn units_per_step(cx: &Ctx) -> Result<u64> {
 /// states and their gradients, each of its parts starting on a 4096-byte boundary, with
 /// oneDNN's leading dimension `ld` (a multiple of 16 floats, plus 16 when a multiple of 256).
 /// Measured to the byte against `MkldnnRnnLayerBackward0`'s saved workspace on 720 shapes
-/// (torch 2.15, oneDNN 3.13; `fixtures/README.md`, "LSTM and GRU").
+/// (`fixtures/lstm_workspace.py`; torch 2.15, oneDNN 3.13; `fixtures/README.md`, "LSTM and
+/// GRU").
 pub fn pytorch_cpu_lstm_bytes(seq: u64, batch: u64, input: u64, hidden: u64) -> u64 {
     const PAGE: u64 = 4096;
     let ld = |x: u64| {
