@@ -149,10 +149,13 @@ fn declared(v: &ValueInfoProto) -> Declared {
                     .map(|(axis, d)| match &d.value {
                         // -1 (Paddle's way of saying dynamic) is a dynamic dim, like one
                         // with neither a value nor a name: both are bound as
-                        // `<input>:<axis>`. Other negative values are rejected below.
+                        // `<input>:<axis>`. Other negative values are rejected below. So is
+                        // the name "?", which Paddle writes for every unknown dim (a
+                        // classifier's `x` is [-1, 3, ?, ?], height and width independent),
+                        // not a symbol the axes share.
                         Some(DimValue::DimValue(-1)) => Err(unnamed_dim(&v.name, axis)),
                         Some(DimValue::DimValue(x)) => Ok(*x),
-                        Some(DimValue::DimParam(p)) if !p.is_empty() => Err(p.clone()),
+                        Some(DimValue::DimParam(p)) if !p.is_empty() && p != "?" => Err(p.clone()),
                         _ => Err(unnamed_dim(&v.name, axis)),
                     })
                     .collect()
@@ -707,8 +710,9 @@ pub fn with_ctx<R>(model: &Model, ix: NodeIndex, f: impl FnOnce(&OpSpec, &Ctx) -
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImportOptions {
     /// Values of the model's symbolic dims (`dim_param` names), e.g. `batch=8`. A dynamic
-    /// dim without a name (no value and no name, or the value -1, as Paddle writes it) is
-    /// called `<input>:<axis>` (e.g. `x:0=6`); the older `<input>.<axis>` is read too.
+    /// dim without a name (no value and no name, or the value -1 or the name "?", as Paddle
+    /// writes them) is called `<input>:<axis>` (e.g. `x:0=6`); the older `<input>.<axis>` is
+    /// read too.
     pub dims: BTreeMap<String, u64>,
     /// Graph inputs to treat as parameters (`--param NAME`).
     pub params: Vec<String>,

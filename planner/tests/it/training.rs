@@ -326,6 +326,34 @@ fn negative_dims_are_dynamic_and_bound_by_input_and_axis() {
 }
 
 #[test]
+fn paddles_question_mark_dims_are_bound_by_input_and_axis() {
+    // PaddleOCR's classifier declares `x` as [-1, 3, "?", "?"]: "?" marks each unknown dim,
+    // so height and width are bound apart.
+    let g = G::new(11)
+        .input("x", F32, &[D::V(-1), D::V(3), D::P("?"), D::P("?")])
+        .weight("w", &[192, 4])
+        .node("MatMul", "mm", &["x", "w"], &["y"], vec![])
+        .output("y");
+    match load(&g.bytes(), &ImportOptions::default()) {
+        Err(remat_planner::PlannerError::UnboundDims { names }) => {
+            assert_eq!(names, vec!["x:0", "x:2", "x:3"])
+        }
+        other => panic!("expected UnboundDims, got {other:?}"),
+    }
+    let m = load(&g.bytes(), &dims(&[("x:0", 2), ("x:2", 48), ("x:3", 192)])).expect("binds");
+    let t = m.training_graph().expect("training graph");
+    // MatMul keeps x for its weight's gradient: 2·3·48·192 floats.
+    assert_eq!(t.saved_activation_bytes, 2 * 3 * 48 * 192 * 4);
+    match load(&g.bytes(), &dims(&[("x:0", 2), ("?", 48)])) {
+        Err(remat_planner::PlannerError::UnknownDim { name, known }) => {
+            assert_eq!(name, "?");
+            assert_eq!(known, vec!["x:0", "x:2", "x:3"]);
+        }
+        other => panic!("expected UnknownDim, got {other:?}"),
+    }
+}
+
+#[test]
 fn dropout_with_ratio_zero_is_a_view_and_positive_ratio_keeps_a_mask() {
     for (ratio, mask) in [(0.0f32, false), (0.1, true)] {
         let g = G::new(13)

@@ -64,7 +64,7 @@ pub struct ModelArgs {
     /// ONNX model (.onnx) or node-link graph JSON
     pub model: PathBuf,
     /// Bind a symbolic dimension: NAME=VALUE (NAME is the model's own dim_param; a dim without a
-    /// name, or with the value -1, is INPUT:AXIS, e.g. --dim x:0=8)
+    /// name, with the value -1 or named "?", is INPUT:AXIS, e.g. --dim x:0=8)
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
     pub dims: Vec<(String, u64)>,
     /// Treat this graph input as a parameter (overrides the importer's rule)
