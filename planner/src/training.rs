@@ -125,6 +125,45 @@ impl TrainingGraph {
     }
 }
 
+/// The loss outputs whose mean is the same whatever the inputs and parameters: a `Softmax`'s
+/// output (every slice along its axis sums to 1, so the mean is 1 / the axis's length), read
+/// directly or through ops that only move or regroup its elements. When every loss output is
+/// one, the loss (the sum of their means) is constant and every gradient is zero up to
+/// rounding: a gradient check on it compares rounding noise (classifiers exported for
+/// inference end in one, PaddleOCR's among them).
+pub fn constant_mean_outputs(model: &Model, loss_outputs: &[ValueId]) -> Vec<ValueId> {
+    const MOVES: &[&str] = &[
+        "Reshape",
+        "Flatten",
+        "Squeeze",
+        "Unsqueeze",
+        "Transpose",
+        "Identity",
+    ];
+    loss_outputs
+        .iter()
+        .copied()
+        .filter(|&out| {
+            let mut v = out;
+            // Bounded by the graph's size: each step goes to an earlier node.
+            for _ in 0..=model.graph.node_count() {
+                let Some((ix, 0)) = model.values.get(v).and_then(|x| x.producer) else {
+                    return false;
+                };
+                let node = &model.graph[ix];
+                if node.op_type == "Softmax" {
+                    return true;
+                }
+                match node.inputs.first().copied().flatten() {
+                    Some(input) if MOVES.contains(&node.op_type.as_str()) => v = input,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
 fn fact_bytes(model: &Model, v: ValueId) -> u64 {
     model.values[v].fact.as_ref().map(Fact::bytes).unwrap_or(0)
 }

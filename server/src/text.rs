@@ -164,6 +164,9 @@ pub fn validation_summary(v: &Validation) -> String {
         "  grads    max relative error {:.2e} over {} parameters (store-all loss {:.6}, plan loss {:.6})\n",
         v.grad_max_rel_err, v.params_checked, v.store_all_loss, v.loss
     ));
+    if let Some(note) = &v.grad_note {
+        s.push_str(&format!("           {note}\n"));
+    }
     s.push_str(&format!(
         "  time     step {:.3}s vs store-all {:.3}s: measured overhead {:+.2}% ({}; steps at their least {:+.2}%; predicted {:+.2}%), {} recomputation(s)\n",
         v.step_seconds,

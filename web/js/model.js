@@ -61,6 +61,8 @@ export function normalizeValidation(raw) {
     predictedPeakBytes: num(validation.predicted_peak_bytes),
     heapPeakBytes: num(validation.heap_peak_bytes),
     gradMaxRelErr: num(validation.grad_max_rel_err),
+    // Set when the loss is constant (Softmax outputs): the gradient check shows nothing.
+    gradNote: str(validation.grad_note),
     stepSeconds: num(validation.step_seconds),
     storeAllStepSeconds: num(validation.store_all_step_seconds),
     measuredOverhead: num(validation.measured_overhead),

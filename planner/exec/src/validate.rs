@@ -137,6 +137,11 @@ pub struct Validation {
     pub grad_max_rel_err: f64,
     pub grad_tolerance: f64,
     pub params_checked: usize,
+    /// Present when the gradient check cannot show anything: the loss is constant (every
+    /// loss output is a `Softmax`'s, whose mean does not depend on the parameters), so every
+    /// gradient is zero up to rounding. Says which outputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_note: Option<String>,
     pub loss: f64,
     pub store_all_loss: f64,
     pub step_seconds: f64,
@@ -508,6 +513,18 @@ fn report(
             ));
         }
     }
+    let constant =
+        remat_planner::training::constant_mean_outputs(ex.model(), &tg.exec.loss_outputs);
+    let grad_note = (!constant.is_empty() && constant.len() == tg.exec.loss_outputs.len()).then(|| {
+        let names: Vec<&str> = constant
+            .iter()
+            .map(|&v| ex.model().values[v].name.as_str())
+            .collect();
+        format!(
+            "the loss is constant: it is the sum of the means of the outputs, and {names:?} {} a Softmax's output, whose mean is the same whatever the parameters; every gradient is zero up to rounding, so the gradient check compares rounding noise (the peak and time figures stand)",
+            if names.len() == 1 { "is" } else { "are each" }
+        )
+    });
     let fixed = ex.fixed_live_bytes();
     // The heap and the device are measured from the run's start: add what was held before it.
     let before = ex.held_before_run_bytes();
@@ -627,6 +644,7 @@ fn report(
         grad_max_rel_err: grad_err,
         grad_tolerance: opts.grad_tolerance,
         params_checked,
+        grad_note,
         loss: plan.loss,
         store_all_loss: reference.loss,
         step_seconds: times.plan,

@@ -326,6 +326,33 @@ fn negative_dims_are_dynamic_and_bound_by_input_and_axis() {
 }
 
 #[test]
+fn softmax_outputs_read_through_moves_have_a_constant_mean() {
+    use remat_planner::training::constant_mean_outputs;
+    // p = Softmax(x·w) read through a Transpose and a Reshape; q = LogSoftmax(x·w); r = p·2.
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4)])
+        .weight("w", &[4, 3])
+        .ints("shape", &[6])
+        .node("MatMul", "mm", &["x", "w"], &["h"], vec![])
+        .node("Softmax", "sm", &["h"], &["p0"], vec![a_int("axis", -1)])
+        .node("Transpose", "t", &["p0"], &["p1"], vec![])
+        .node("Reshape", "flat", &["p1", "shape"], &["p"], vec![])
+        .node("LogSoftmax", "lsm", &["h"], &["q"], vec![a_int("axis", -1)])
+        .node("Add", "twice", &["p0", "p0"], &["r"], vec![])
+        .output("p")
+        .output("q")
+        .output("r");
+    let m = load(&g.bytes(), &ImportOptions::default()).expect("loads");
+    let t = m.training_graph().expect("training graph");
+    let constant: Vec<&str> = constant_mean_outputs(&m, &t.exec.loss_outputs)
+        .iter()
+        .map(|&v| m.values[v].name.as_str())
+        .collect();
+    assert_eq!(constant, vec!["p"]);
+    assert_eq!(t.exec.loss_outputs.len(), 3);
+}
+
+#[test]
 fn paddles_question_mark_dims_are_bound_by_input_and_axis() {
     // PaddleOCR's classifier declares `x` as [-1, 3, "?", "?"]: "?" marks each unknown dim,
     // so height and width are bound apart.

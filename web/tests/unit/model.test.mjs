@@ -47,6 +47,8 @@ test('empty and malformed answers give empty shapes, never throw', () => {
 test('validation fields and the measured timeline', () => {
   const d = normalizeDoc({ ...doc, validation: { device: 'cpu', ok: true, measured_peak_bytes: 99, measured_step_overhead: 0.07, timeline: [{ step: 1, predicted_bytes: 50, measured_bytes: 52 }, { step: 9, measured_bytes: 1 }] } });
   assert.equal(d.validation.ok, true);
+  assert.equal(d.validation.gradNote, null);
+  assert.equal(normalizeDoc({ ...doc, validation: { grad_note: 'the loss is constant' } }).validation.gradNote, 'the loss is constant');
   assert.equal(d.validation.measuredStepOverhead, 0.07);
   assert.equal(d.validation.measuredPeakBytes, 99);
   assert.deepEqual(measuredSeries(d.validation, 4), [null, 52, null, null]);

@@ -360,6 +360,11 @@ impl<'m> Executor<'m> {
             .collect()
     }
 
+    /// The model this executor runs.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
     /// Bytes of parameters, their gradients and buffers as held by the executor.
     pub fn fixed_live_bytes(&self) -> u64 {
         self.fixed_live_bytes

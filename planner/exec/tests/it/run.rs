@@ -479,6 +479,36 @@ fn a_budget_the_run_exceeds_fails_the_validation() {
     assert!(v.grad_max_rel_err <= 1e-6);
 }
 
+/// The validation of store-all's schedule with the default options.
+fn validate_store_all(bytes: &[u8], model: &Model, tg: &TrainingGraph) -> Validation {
+    let s = store_all(&tg.to_problem());
+    let opts = ValidateOptions::default();
+    validate(model, tg, bytes, &s, &opts, &mut |_, _, _| {}).expect("runs")
+}
+
+/// A model whose every loss output is a Softmax's (PaddleOCR's classifier: the mean of its
+/// class probabilities is 1/2 whatever the weights) has a constant loss: the validation says
+/// its gradient check compares rounding noise. A model with another output says nothing.
+#[test]
+fn a_constant_loss_is_named_in_the_validation() {
+    let bytes = std::fs::read(fixtures_dir().join("models/thirdparty/ppocr_cls.opset11.onnx"))
+        .expect("onnx");
+    let (model, tg) = import(&bytes, &[("x:0", 1), ("x:2", 48), ("x:3", 192)]);
+    let v = validate_store_all(&bytes, &model, &tg);
+    assert!(
+        (v.store_all_loss - 0.5).abs() < 1e-6,
+        "{}",
+        v.store_all_loss
+    );
+    let note = v.grad_note.expect("a note on the constant loss");
+    assert!(
+        note.contains("save_infer_model/scale_0.tmp_1") && note.contains("constant"),
+        "{note}"
+    );
+    let (bytes, model, tg) = tiny_cnn();
+    assert_eq!(validate_store_all(&bytes, &model, &tg).grad_note, None);
+}
+
 #[test]
 fn cuda_without_the_feature_says_so() {
     match ExecDevice::Cuda.open() {
