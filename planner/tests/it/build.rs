@@ -12,21 +12,23 @@ pub const F32: i32 = 1;
 pub const I64: i32 = 7;
 pub const BOOL: i32 = 9;
 
-/// A dim of a declared input: fixed or symbolic.
-#[derive(Clone, Copy)]
+/// A dim of a declared input: fixed, symbolic, or neither (no value and no name).
+#[derive(Clone, Copy, Debug)]
 pub enum D {
     V(i64),
     P(&'static str),
+    U,
 }
 
 pub fn value_info(name: &str, elem: i32, dims: &[D]) -> ValueInfoProto {
     let mut shape = TensorShapeProto::new();
     for d in dims {
         let mut dim = Dimension::new();
-        dim.value = Some(match d {
-            D::V(v) => dimension::Value::DimValue(*v),
-            D::P(p) => dimension::Value::DimParam(p.to_string()),
-        });
+        dim.value = match d {
+            D::V(v) => Some(dimension::Value::DimValue(*v)),
+            D::P(p) => Some(dimension::Value::DimParam(p.to_string())),
+            D::U => None,
+        };
         shape.dim.push(dim);
     }
     let mut tt = TypeTensor::new();

@@ -14,10 +14,15 @@ fn seeds() -> Vec<(Vec<u8>, ImportOptions)> {
         ("models/resnet18.legacy.onnx", vec![("batch", 1)]),
         ("models/gpt2.dynamo.onnx", vec![("batch", 1), ("seq", 4)]),
         ("models/light/light_squeezenet.onnx", vec![]),
+        // Paddle's dims: x is [-1, 3, ?, ?], bound per axis.
+        (
+            "models/thirdparty/ppocr_cls.opset11.onnx",
+            vec![("x:0", 1), ("x:2", 48), ("x:3", 192)],
+        ),
     ] {
-        if let Ok(b) = std::fs::read(dir.join(file)) {
-            out.push((b, crate::build::dims(&dims)));
-        }
+        let b = std::fs::read(dir.join(file))
+            .unwrap_or_else(|e| panic!("fixture {file} (a seed of this test): {e}"));
+        out.push((b, crate::build::dims(&dims)));
     }
     out
 }
@@ -72,7 +77,7 @@ fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
     #[test]
-    fn mutated_models_never_panic(seed in 0usize..4, muts in proptest::collection::vec(mutation(), 1..4)) {
+    fn mutated_models_never_panic(seed in 0usize..5, muts in proptest::collection::vec(mutation(), 1..4)) {
         let seeds = seeds();
         let (bytes, opts) = &seeds[seed % seeds.len()];
         let mut bytes = bytes.clone();

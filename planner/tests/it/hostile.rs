@@ -4,7 +4,7 @@
 use crate::build::*;
 use onnx_protobuf::AttributeProto;
 use proptest::prelude::*;
-use remat_planner::inspect;
+use remat_planner::{inspect, ImportOptions};
 
 const OPS: &[&str] = &[
     "Relu",
@@ -212,5 +212,77 @@ proptest! {
         let bytes = build(&dims, &nodes, opset).bytes();
         let result = std::panic::catch_unwind(|| inspect(&bytes, &Default::default()).map(|r| r.nodes));
         prop_assert!(result.is_ok(), "import panicked on {:?}", nodes);
+    }
+}
+
+/// A declared dim in each way exporters write one: fixed, -1 (Paddle), neither value nor
+/// name, `?` (Paddle), a name, or an invalid negative value.
+fn dim() -> impl Strategy<Value = D> {
+    prop_oneof![
+        (1i64..6).prop_map(D::V),
+        Just(D::V(-1)),
+        Just(D::U),
+        Just(D::P("?")),
+        Just(D::P("")),
+        Just(D::P("batch")),
+        (-4i64..-1).prop_map(D::V),
+    ]
+}
+
+/// The name remat binds a declared dim of input `x` by, if it is dynamic.
+fn bound_name(axis: usize, d: &D) -> Option<String> {
+    match d {
+        D::V(-1) | D::U | D::P("?") | D::P("") => Some(format!("x:{axis}")),
+        D::P(p) => Some(p.to_string()),
+        D::V(_) => None,
+    }
+}
+
+/// A stray binding as a user might type it: `INPUT:AXIS` (in range or not), the older
+/// `INPUT.AXIS`, a name, `?`, or something malformed.
+fn stray() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (0usize..6).prop_map(|a| format!("x:{a}")),
+        (0usize..3).prop_map(|a| format!("x.{a}")),
+        Just("batch".to_string()),
+        Just("?".to_string()),
+        Just("x:".to_string()),
+        Just(":0".to_string()),
+        Just("x:-1".to_string()),
+        Just("y:0".to_string()),
+        Just("x:99999999999999999999".to_string()),
+        Just("x:0:1".to_string()),
+    ]
+}
+
+/// A bound value: mostly small, sometimes 0 or huge.
+fn dim_value() -> impl Strategy<Value = u64> {
+    prop_oneof![8 => 1u64..6, 1 => Just(0u64), 1 => Just(u64::MAX), 1 => Just(1u64 << 40)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    /// Dynamic dims of every kind, each bound (by its own name, mostly) or not, plus stray
+    /// bindings now and then, under random graphs: `Ok` or a `PlannerError`, never a panic.
+    #[test]
+    fn dynamic_dims_and_their_bindings_never_panic(
+        dims in proptest::collection::vec((dim(), proptest::bool::weighted(0.9), dim_value()), 0..5),
+        strays in proptest::collection::vec((stray(), dim_value()), 0..2),
+        nodes in proptest::collection::vec(node(), 1..4),
+        opset in 9i64..29,
+    ) {
+        let declared: Vec<D> = dims.iter().map(|(d, _, _)| *d).collect();
+        let mut g = build(&[], &nodes, opset);
+        g.graph.input[0] = value_info("x", F32, &declared);
+        let bytes = g.bytes();
+        let mut opts = ImportOptions::default();
+        for (axis, (d, bind, value)) in dims.iter().enumerate() {
+            if let (Some(name), true) = (bound_name(axis, d), *bind) {
+                opts.dims.insert(name, *value);
+            }
+        }
+        opts.dims.extend(strays);
+        let result = std::panic::catch_unwind(|| inspect(&bytes, &opts).map(|r| r.nodes));
+        prop_assert!(result.is_ok(), "import panicked on dims {:?}, nodes {:?}", declared, nodes);
     }
 }
