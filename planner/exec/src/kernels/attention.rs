@@ -1117,10 +1117,7 @@ mod tests {
             ("llama.legacy17.onnx", &[("batch", 2), ("seq", 32)]),
             ("logmel_cnn.dynamo18.onnx", &[("batch", 2)]),
             ("logmel_cnn.legacy17.onnx", &[("batch", 2)]),
-            (
-                "paddle_ocr_like.opset11.onnx",
-                &[("batch", 2), ("width", 128)],
-            ),
+            ("paddle_ocr_like.opset11.onnx", &[("x:0", 2), ("x:3", 128)]),
         ];
         let dev = Device::Cpu;
         let mut rng = Rng::new(3);
