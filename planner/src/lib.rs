@@ -47,7 +47,9 @@
 //!
 //! # The loss
 //! The sum of the means of all floating-point graph outputs. Backward nodes exist for the
-//! ops on a path from a parameter to the loss.
+//! ops on a path from a parameter to the loss. (A `Softmax`'s output has a constant mean, so
+//! the executor weights its elements for the gradient check: `training::constant_mean_outputs`;
+//! the plan is the same for any scalar loss of the same outputs.)
 //!
 //! # The training graph
 //! - Nodes, in order: `i:<input>` for data inputs the forward reads; per forward op its

@@ -127,10 +127,10 @@ impl TrainingGraph {
 
 /// The loss outputs whose mean is the same whatever the inputs and parameters: a `Softmax`'s
 /// output (every slice along its axis sums to 1, so the mean is 1 / the axis's length), read
-/// directly or through ops that only move or regroup its elements. When every loss output is
-/// one, the loss (the sum of their means) is constant and every gradient is zero up to
-/// rounding: a gradient check on it compares rounding noise (classifiers exported for
-/// inference end in one, PaddleOCR's among them).
+/// directly or through ops that only move or regroup its elements. Its gradient is zero up
+/// to rounding, and when every loss output is one the loss is constant (classifiers exported
+/// for inference end in one, PaddleOCR's among them): the executor weights these outputs'
+/// elements so that its gradient check compares real gradients (`remat_exec::Executor::loss_weights`).
 pub fn constant_mean_outputs(model: &Model, loss_outputs: &[ValueId]) -> Vec<ValueId> {
     const MOVES: &[&str] = &[
         "Reshape",

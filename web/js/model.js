@@ -61,7 +61,7 @@ export function normalizeValidation(raw) {
     predictedPeakBytes: num(validation.predicted_peak_bytes),
     heapPeakBytes: num(validation.heap_peak_bytes),
     gradMaxRelErr: num(validation.grad_max_rel_err),
-    // Set when the loss is constant (Softmax outputs): the gradient check shows nothing.
+    // Set when the loss weights Softmax outputs (their plain mean has no gradient).
     gradNote: str(validation.grad_note),
     stepSeconds: num(validation.step_seconds),
     storeAllStepSeconds: num(validation.store_all_step_seconds),

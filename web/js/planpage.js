@@ -64,7 +64,7 @@ export function summaryCards(doc) {
       null,
       v.device ? `on ${v.device}` : null,
       isNum(v.gradMaxRelErr) ? `max gradient error ${v.gradMaxRelErr.toExponential(2)}` : null,
-      v.gradNote ? h('span', { 'data-testid': 'grad-note', title: v.gradNote }, 'gradient check empty: the loss is constant') : null,
+      v.gradNote ? h('span', { 'data-testid': 'grad-note', title: v.gradNote }, 'Softmax outputs weighted in the loss') : null,
       isNum(v.stepSeconds) ? `step ${fmtSeconds(v.stepSeconds)}${isNum(v.storeAllStepSeconds) ? ` (store-all ${fmtSeconds(v.storeAllStepSeconds)})` : ''}` : null,
     );
   }

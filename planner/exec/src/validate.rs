@@ -137,9 +137,10 @@ pub struct Validation {
     pub grad_max_rel_err: f64,
     pub grad_tolerance: f64,
     pub params_checked: usize,
-    /// Present when the gradient check cannot show anything: the loss is constant (every
-    /// loss output is a `Softmax`'s, whose mean does not depend on the parameters), so every
-    /// gradient is zero up to rounding. Says which outputs.
+    /// Present when the loss is not the plain sum of the outputs' means: a `Softmax`'s
+    /// output has a mean that does not depend on the parameters (its gradient is zero), so the
+    /// loss weights its elements by fixed pseudo-random factors for the gradient check to have
+    /// gradients to compare. Names those outputs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_note: Option<String>,
     pub loss: f64,
@@ -513,16 +514,16 @@ fn report(
             ));
         }
     }
-    let constant =
-        remat_planner::training::constant_mean_outputs(ex.model(), &tg.exec.loss_outputs);
-    let grad_note = (!constant.is_empty() && constant.len() == tg.exec.loss_outputs.len()).then(|| {
-        let names: Vec<&str> = constant
+    let weighted = ex.weighted_loss_outputs();
+    let grad_note = (!weighted.is_empty()).then(|| {
+        let names: Vec<&str> = weighted
             .iter()
             .map(|&v| ex.model().values[v].name.as_str())
             .collect();
         format!(
-            "the loss is constant: it is the sum of the means of the outputs, and {names:?} {} a Softmax's output, whose mean is the same whatever the parameters; every gradient is zero up to rounding, so the gradient check compares rounding noise (the peak and time figures stand)",
-            if names.len() == 1 { "is" } else { "are each" }
+            "{names:?} {} a Softmax's output, whose mean is the same whatever the parameters (its gradient is zero): the loss weights {} elements by fixed pseudo-random factors in [0.5, 1.5) from the seed, so that the gradient check compares real gradients (the plan does not depend on the loss)",
+            if names.len() == 1 { "is" } else { "are each" },
+            if names.len() == 1 { "its" } else { "their" }
         )
     });
     let fixed = ex.fixed_live_bytes();

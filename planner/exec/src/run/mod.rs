@@ -150,6 +150,9 @@ pub struct Executor<'m> {
     /// Op types that ran on the host while the executor was set up (folded constants); every
     /// run reports them with its own.
     setup_host_ops: Vec<String>,
+    /// Loss outputs whose mean is constant (a Softmax's): the loss weights their elements by
+    /// [`Executor::loss_weights`], so that gradients flow for the gradient check.
+    weighted: HashSet<ValueId>,
     /// Last, so that it drops after the tensors above: gives their pages back to the kernel.
     _trim: TrimOnDrop,
 }
@@ -230,6 +233,9 @@ impl<'m> Executor<'m> {
             fixed_live_bytes: 0,
             grad_bytes: 0,
             setup_host_ops: vec![],
+            weighted: remat_planner::training::constant_mean_outputs(model, &tg.exec.loss_outputs)
+                .into_iter()
+                .collect(),
             _trim: TrimOnDrop,
         };
         // Every op the run needs must have kernels: report all missing at once.
@@ -363,6 +369,29 @@ impl<'m> Executor<'m> {
     /// The model this executor runs.
     pub fn model(&self) -> &'m Model {
         self.model
+    }
+
+    /// The loss outputs the loss weights (their mean is constant), in value order.
+    pub fn weighted_loss_outputs(&self) -> Vec<ValueId> {
+        let mut v: Vec<ValueId> = self.weighted.iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The factors the loss weights loss output `v`'s elements by, when its mean is constant
+    /// (a Softmax's, whose plain mean has a zero gradient): fixed pseudo-random values in
+    /// [0.5, 1.5) from the run's seed and the value, f32 on the run's device; `None` for
+    /// the other outputs, whose mean the loss takes as it is. Made when needed (at the loss
+    /// and at its gradient), like the constant gradient a plain mean seeds, so a run holds no
+    /// more than the memory model counts.
+    pub(crate) fn loss_weights(&self, v: ValueId, shape: &[usize]) -> KResult<Option<Tensor>> {
+        if !self.weighted.contains(&v) {
+            return Ok(None);
+        }
+        let n: usize = shape.iter().product();
+        let mut rng = crate::kernel::Rng::new(seed_for(self.seed, &format!("loss:{v}")));
+        let w: Vec<f32> = (0..n).map(|_| rng.uniform(0.5, 1.5) as f32).collect();
+        Ok(Some(Tensor::from_vec(w, shape, &self.device)?))
     }
 
     /// Bytes of parameters, their gradients and buffers as held by the executor.

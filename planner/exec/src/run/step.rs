@@ -181,9 +181,15 @@ impl Executor<'_> {
             let shape: Vec<usize> = f.shape.iter().map(|&d| d as usize).collect();
             let n = f.numel().max(1) as f64;
             let dt = crate::kernel::to_candle(f.dtype).map_err(|e| exec_err("", "", e.0))?;
-            let g = Tensor::full(1.0 / n, shape, &self.device)
-                .and_then(|t| t.to_dtype(dt))
-                .map_err(|e| exec_err("", "loss", e.to_string()))?;
+            let weights = self
+                .loss_weights(v, &shape)
+                .map_err(|e| exec_err("loss", "SumOfMeans", e.0))?;
+            let g = match weights {
+                Some(w) => w.affine(1.0 / n, 0.0),
+                None => Tensor::full(1.0 / n, shape, &self.device),
+            }
+            .and_then(|t| t.to_dtype(dt))
+            .map_err(|e| exec_err("", "loss", e.to_string()))?;
             add(&mut acc, g)?;
         }
         let Some(users) = self.consumers.get(&v) else {
@@ -292,8 +298,15 @@ impl Executor<'_> {
                 let mut total: Option<Tensor> = None;
                 for &v in &self.tg.exec.loss_outputs {
                     let t = self.value(st, v, step)?;
+                    let weights = self
+                        .loss_weights(v, t.dims())
+                        .map_err(|e| exec_err("loss", "SumOfMeans", e.0))?;
                     let m = t
                         .to_dtype(candle_core::DType::F32)
+                        .and_then(|t| match &weights {
+                            Some(w) => t * w,
+                            None => Ok(t),
+                        })
                         .and_then(|t| t.mean_all())
                         .map_err(|e| exec_err("loss", "SumOfMeans", e.to_string()))?;
                     total = Some(match total {
