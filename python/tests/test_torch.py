@@ -127,6 +127,65 @@ def test_dropout_is_replayed_exactly() -> None:
     check_plans(model, (torch.randn(4, 16, 32),))
 
 
+class TwoDropouts(nn.Module):
+    """Two dropouts whose masks are ops of their own (`aten.bernoulli.default` allocates its
+    output, as CUDA's fused `native_dropout` does; CPU's `nn.Dropout` fills a fresh tensor in
+    place, which is never kept anyway)."""
+
+    def __init__(self, d: int, p: float = 0.3) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+        self.drop = nn.Dropout(p)
+        self.keep = 1.0 - p
+
+    def mask(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.bernoulli(torch.full_like(h, self.keep)) / self.keep
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        h = self.drop(h * self.mask(h))
+        return x + self.fc2(h) * self.mask(x)
+
+
+def test_random_ops_are_never_kept_since_a_kept_one_shifts_the_rerun_draws() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[TwoDropouts(32) for _ in range(3)])
+    x = torch.randn(4, 16, 32)
+    graph = rt.capture(model, (x,), cost="measured", timing_rounds=1)
+    fwd = graph["ops"][: graph["forward_ops"]]
+    masks = [o for o in fwd if o["op"] == "aten.bernoulli.default"]
+    assert len(masks) == 6 and all(o.get("random") for o in masks)
+    # nn.Dropout on the CPU: bernoulli_ fills a fresh tensor in place.
+    random = {o["op"] for o in fwd if o.get("random")}
+    assert random == {"aten.bernoulli.default", "aten.bernoulli_.float"}, random
+    # The hazard: keep each region's first mask. SAC does not run a kept op again, so the
+    # second mask draws the first one's numbers in the re-run: another mask, wrong gradients.
+    plan = rt.plan(graph, "min")
+    for r in plan["regions"]:
+        r["wrapped"] = True
+        r["keep"] = [["aten.bernoulli.default", 0]]
+    v = rt.measure(model, (x,), plan, rounds=1, op_rounds=0)
+    assert v["grad_max_rel_err"] > 1e-2, v["grad_max_rel_err"]
+    # remat's plans never keep one: every budget replays the masks exactly.
+    for budget in budgets(graph):
+        plan = rt.plan(graph, budget)
+        kept = {tuple(k) for r in plan["regions"] for k in r["keep"]}
+        assert not any(op.startswith("aten.bernoulli") for op, _ in kept), kept
+        v = rt.measure(model, (x,), plan, rounds=1, op_rounds=0)
+        assert v["grad_max_rel_err"] <= 1e-6, v
+
+
+def test_dropout_with_p_zero_or_in_eval_mode_is_not_random() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block(16, dropout=0.0) for _ in range(2)])
+    graph = rt.capture(model, (torch.randn(2, 4, 16),))
+    assert not any(o.get("random") for o in graph["ops"])
+    model = nn.Sequential(*[Block(16, dropout=0.5) for _ in range(2)]).eval()
+    graph = rt.capture(model, (torch.randn(2, 4, 16),))
+    assert not any(o.get("random") for o in graph["ops"])
+
+
 def test_resnet_with_batchnorm_and_inplace_relu() -> None:
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10)

@@ -219,6 +219,7 @@ class _Op:
     occurrence: int | None
     cost: float
     outputs: list[int]
+    random: bool = False
 
 
 class _Saved:
@@ -367,6 +368,7 @@ class _Recording:
                 occurrence=occurrence,
                 cost=cost,
                 outputs=outputs,
+                random=_draws_random(func, args, kwargs),
             )
         )
         if region is not None:
@@ -454,6 +456,30 @@ def _stop_op(stop: int | None, first: int) -> int | None:
 
 # Which saved-tensor hooks are innermost, where torch tells (2.15 does, 2.5 does not: no check).
 _top_saved_tensors_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def _draws_random(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether the op draws from a random generator: aten tags it `nondeterministic_seeded`,
+    unless its dropout probability is 0 or it runs in eval mode (`native_dropout(x, 0.1,
+    train=False)`, an attention kernel with `dropout_p` 0). Such an op is never kept: a kept
+    op is not run again in the re-run, so a random op after it would draw other numbers."""
+    tags = getattr(func, "tags", ())
+    if torch.Tag.nondeterministic_seeded not in tags:
+        return False
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return True
+    for i, arg in enumerate(schema.arguments):
+        if arg.name not in ("p", "dropout_p", "train"):
+            continue
+        if arg.name == "p" and "dropout" not in schema.name:
+            continue
+        value = kwargs.get(arg.name, args[i] if i < len(args) else arg.default_value)
+        if arg.name == "train" and value is False:
+            return False
+        if arg.name != "train" and isinstance(value, (int, float)) and value == 0:
+            return False
+    return True
 
 
 def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
@@ -696,6 +722,7 @@ def _document(
             "occurrence": o.occurrence,
             "cost": o.cost,
             "outputs": o.outputs,
+            **({"random": True} if o.random else {}),
         }
         for o in b.ops
     ]

@@ -120,7 +120,13 @@ def _peak_step(
         peak = tracker.peak
     value = float(loss.detach())
     del loss
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    # On the host: a copy left on the device would count in the next step's CUDA peak (the
+    # allocator's peak is the whole device's), the plan's step after the unplanned one's.
+    grads = {
+        n: p.grad.detach().to("cpu", copy=True)
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
     for p in model.parameters():
         p.grad = None
     return int(peak), value, grads
@@ -214,6 +220,11 @@ class _LeastOps:
         return sum(self.seconds)
 
 
+def _host_copies(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's buffers, copied to the host (see `_peak_step`'s gradients)."""
+    return {n: b.detach().to("cpu", copy=True) for n, b in model.named_buffers()}
+
+
 def measure(
     model: nn.Module,
     example_inputs: ExampleInputs,
@@ -239,7 +250,7 @@ def measure(
     inputs = as_inputs(example_inputs)
     loss_fn = loss_fn or default_loss
     device = model_device(model, inputs)
-    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    buffers = _host_copies(model)
 
     def restore_buffers() -> None:
         with torch.no_grad():
@@ -247,11 +258,11 @@ def measure(
                 b.copy_(buffers[n])
 
     base_peak, base_loss, base_grads = _peak_step(model, inputs, loss_fn, seed, device)
-    base_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    base_buffers = _host_copies(model)
     restore_buffers()
     with apply(model, plan, inputs):
         peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device)
-        plan_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+        plan_buffers = _host_copies(model)
         restore_buffers()
 
     def alternating(pairs: int, step: Callable[[], _T]) -> dict[str, list[_T]]:

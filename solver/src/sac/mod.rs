@@ -60,6 +60,7 @@ mod tests {
             occurrence: occ,
             cost,
             outputs,
+            random: false,
         };
         let st = |producer, free_after, natural, saves: Vec<(usize, Option<usize>)>| TorchStorage {
             bytes: 100,
@@ -132,6 +133,23 @@ mod tests {
                 st(7, Some(8), None, vec![]),                // grad of a0
                 st(8, Some(8), None, vec![]),                // grad of x0
             ],
+        }
+    }
+
+    #[test]
+    fn a_random_op_is_never_kept() {
+        let mut g = two_blocks();
+        assert!(keepable(&g, 0, 0));
+        g.ops[0].random = true;
+        assert!(!keepable(&g, 0, 0));
+        // Nor by any plan the planner makes, at any budget.
+        let least = plan(&g, 0).unwrap().1.min_peak_bytes;
+        for budget in [least, least + 50, least + 100, u64::MAX] {
+            let (p, _) = plan(&g, budget).unwrap();
+            assert!(
+                p.wrapped.values().all(|keep| !keep.contains(&0)),
+                "{budget}: {p:?}"
+            );
         }
     }
 

@@ -83,6 +83,10 @@ pub struct TorchOp {
     pub cost: f64,
     /// Storages it allocated (views and in-place results allocate none).
     pub outputs: Vec<usize>,
+    /// It draws random numbers (a dropout with p > 0, an attention kernel with dropout, a
+    /// sampler): never kept, see [`keepable`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub random: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -743,7 +747,13 @@ pub fn keepable(graph: &TorchGraph, r: usize, j: usize) -> bool {
     let Some(end) = graph.replay_end(r) else {
         return false;
     };
+    // A kept op is not run again in the re-run, so it draws nothing there: a random op after
+    // it would draw what it drew in the forward, another dropout mask, and the gradients
+    // would be wrong (seen on CUDA: GPT-2's attention with dropout kept, gradients off by
+    // 66-95% of their size). Random ops are recomputed, in their order, from the restored
+    // generator state.
     j <= end
+        && !op.random
         && op.cost > 0.0
         && op.occurrence.is_some()
         && !op.outputs.is_empty()

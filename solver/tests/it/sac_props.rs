@@ -25,6 +25,7 @@ fn build(blocks: &[Vec<(u64, f64, bool)>]) -> TorchGraph {
         occurrence,
         cost,
         outputs: vec![],
+        random: false,
     };
     for (b, block) in blocks.iter().enumerate() {
         let first = ops.len();
