@@ -1,5 +1,5 @@
-"""remat.torch on real models, in PyTorch (CPU, float32, random weights): the table of
-docs/bench/torch.md.
+"""remat.torch on real models, in PyTorch (float32, random weights; CPU, or CUDA with
+--device cuda): the tables of docs/bench/torch.md.
 
 For each model: capture one step (cost="measured"), plan at ¼, ½ and ¾ of the way from the least
 reachable peak to the unplanned peak, apply each plan and measure it in PyTorch (MemTracker peak,
@@ -8,12 +8,19 @@ full checkpointing of every block, torchtitan's op-level SAC policy — are meas
 planned at each one's measured peak and measured too: overheads at equal peak, one run.
 
     python python/bench/torch_bench.py --models resnet18,gpt2 --rounds 3 --json out.json
+
+On CUDA the peak is `torch.cuda.max_memory_allocated` (rt.measure's meter there), and the run is
+made deterministic (`torch.use_deterministic_algorithms(True)`, cuDNN's deterministic algorithms,
+a small cuBLAS workspace) so that the gradients of a plan can equal the unplanned run's; a model
+with an op that has no deterministic CUDA kernel (ResNet's pooling backwards) runs again with
+`warn_only=True`, and its row says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -100,7 +107,11 @@ _TITAN_SAVE = {
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
     torch.ops.aten.max.default,
-}
+} | (
+    {torch.ops.aten._scaled_dot_product_cudnn_attention.default}
+    if hasattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention")
+    else set()
+)
 
 
 def titan_policy() -> Callable[..., Any]:
@@ -148,7 +159,7 @@ def measure_custom(
     model: nn.Module, inputs: tuple, wrap: Callable[[], Callable[[], None]], rounds: int
 ) -> dict[str, Any]:
     """Peak and overhead of a policy remat did not make (same accounting as rt.measure)."""
-    device = torch.device("cpu")
+    device = inputs[0].device
     loss = rt.default_loss
     base_peak, _, base_grads = _peak_step(model, inputs, loss, 0, device)
     remove = wrap()
@@ -183,9 +194,17 @@ def mib(b: float) -> str:
 
 
 def run_model(
-    name: str, rounds: int, cost: str, timing_rounds: int, op_rounds: int, compare_options: bool
+    name: str,
+    rounds: int,
+    cost: str,
+    timing_rounds: int,
+    op_rounds: int,
+    compare_options: bool,
+    device: torch.device,
 ) -> dict[str, Any]:
     model, inputs, desc = build(name)
+    model = model.to(device)
+    inputs = tuple(x.to(device) for x in inputs)
     loss = rt.default_loss
     print(f"\n## {name}: {desc}", flush=True)
     t0 = time.perf_counter()
@@ -300,12 +319,20 @@ def main() -> None:
     ap.add_argument("--no-compare", action="store_true", help="leave out PyTorch's own options")
     ap.add_argument("--cost", default="measured", choices=["measured", "flops"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--json", help="write the results here (after every model)")
     ap.add_argument(
         "--graphs",
         help="only capture each model's step (cost=flops) into DIR/NAME.torch.json, and stop",
     )
     args = ap.parse_args()
+    if args.device.startswith("cuda"):
+        # Deterministic kernels, so that a plan's gradients can equal the unplanned run's
+        # (cuBLAS needs its workspace setting before its first use).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.graphs:
@@ -322,26 +349,51 @@ def main() -> None:
         f"python {sys.version.split()[0]}",
         flush=True,
     )
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        print(f"device {torch.cuda.get_device_name(device)}", flush=True)
     op_rounds = args.rounds if args.op_rounds is None else args.op_rounds
-    results = [
-        run_model(m, args.rounds, args.cost, args.timing_rounds, op_rounds, not args.no_compare)
-        for m in args.models.split(",")
-    ]
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "torch": torch.__version__,
-                    "threads": torch.get_num_threads(),
-                    "rounds": args.rounds,
-                    "op_rounds": op_rounds,
-                    "timing_rounds": args.timing_rounds,
-                    "cost": args.cost,
-                    "results": results,
-                },
-                f,
-                indent=1,
+    results = []
+    for m in args.models.split(","):
+
+        def run(m: str = m) -> dict[str, Any]:
+            compare = not args.no_compare
+            return run_model(
+                m, args.rounds, args.cost, args.timing_rounds, op_rounds, compare, device
             )
+
+        try:
+            result = run()
+            result["deterministic"] = torch.are_deterministic_algorithms_enabled()
+        except RuntimeError as err:
+            if device.type != "cuda" or "deterministic" not in str(err):
+                raise
+            print(f"{m}: {str(err).splitlines()[0]}; again with warn_only=True", flush=True)
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            try:
+                result = run()
+            finally:
+                torch.use_deterministic_algorithms(True)
+            result["deterministic"] = "warn_only"
+        results.append(result)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(
+                    {
+                        "torch": torch.__version__,
+                        "device": torch.cuda.get_device_name(device)
+                        if device.type == "cuda"
+                        else platform.processor(),
+                        "threads": torch.get_num_threads(),
+                        "rounds": args.rounds,
+                        "op_rounds": op_rounds,
+                        "timing_rounds": args.timing_rounds,
+                        "cost": args.cost,
+                        "results": results,
+                    },
+                    f,
+                    indent=1,
+                )
 
 
 if __name__ == "__main__":
