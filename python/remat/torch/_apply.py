@@ -179,9 +179,27 @@ def apply(
             # (DenseNet's layers take the block's growing list of features) is copied, every
             # container level, keeping the tensors.
             args, kwargs = tree_map(lambda x: x, (args, kwargs))
+            # Checkpointing stashes an accelerator's generator state for the re-run only for
+            # the devices of its positional tensors: a region given its tensors as keyword
+            # arguments alone would re-run its dropouts with other masks on CUDA. A zero-size
+            # tensor on each such device, passed positionally and dropped before the call,
+            # makes it stash them.
+            on = {t.device for t in _tensors(args) if t.device.type != "cpu"}
+            anchors = [
+                torch.empty(0, device=d)
+                for d in sorted({t.device for t in _tensors(kwargs)} - on, key=str)
+                if d.type != "cpu"
+            ]
+            run, n = _orig, len(args)
+            if anchors:
+
+                def run(*a: Any, **k: Any) -> Any:
+                    return _orig(*a[:n], **k)
+
             return checkpoint(
-                _orig,
+                run,
                 *args,
+                *anchors,
                 use_reentrant=False,
                 preserve_rng_state=True,
                 context_fn=_policy.contexts,
