@@ -220,6 +220,7 @@ class _Op:
     cost: float
     outputs: list[int]
     random: bool = False
+    transient: int = 0
 
 
 class _Saved:
@@ -253,6 +254,13 @@ class _Tracer(TorchDispatchMode):
                     "the capture; turn that off and let remat plan the checkpointing"
                 )
         timed = self.cost == "measured" and not self.rec.forward_only
+        # On CUDA, what the kernel allocates for itself and frees before it returns (cuDNN's
+        # and cuBLAS's workspaces, the attention kernels'): the allocator's peak during the op
+        # above what it holds after it. No op outputs it, and it counts in a measured peak.
+        watch = self.rec.cuda and not self.rec.forward_only
+        if watch:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         if timed:
             if self.rec.cuda:
                 torch.cuda.synchronize()
@@ -263,7 +271,11 @@ class _Tracer(TorchDispatchMode):
             if self.rec.cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
-        self.rec.on_op(func, args, kwargs, out, seconds, self.cost)
+        transient = 0
+        if watch:
+            torch.cuda.synchronize()
+            transient = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
+        self.rec.on_op(func, args, kwargs, out, seconds, self.cost, transient)
         return out
 
 
@@ -322,7 +334,14 @@ class _Recording:
 
     # -- ops ------------------------------------------------------------------------------
     def on_op(
-        self, func: Any, args: Any, kwargs: Any, out: Any, seconds: float, cost_kind: str
+        self,
+        func: Any,
+        args: Any,
+        kwargs: Any,
+        out: Any,
+        seconds: float,
+        cost_kind: str,
+        transient: int = 0,
     ) -> None:
         index = len(self.ops)
         region = self.region_stack[-1] if self.region_stack and self.phase == "forward" else None
@@ -369,6 +388,7 @@ class _Recording:
                 cost=cost,
                 outputs=outputs,
                 random=_draws_random(func, args, kwargs),
+                transient=transient,
             )
         )
         if region is not None:
@@ -723,6 +743,7 @@ def _document(
             "cost": o.cost,
             "outputs": o.outputs,
             **({"random": True} if o.random else {}),
+            **({"transient": o.transient} if o.transient else {}),
         }
         for o in b.ops
     ]

@@ -61,6 +61,7 @@ mod tests {
             cost,
             outputs,
             random: false,
+            transient: 0,
         };
         let st = |producer, free_after, natural, saves: Vec<(usize, Option<usize>)>| TorchStorage {
             bytes: 100,
@@ -134,6 +135,26 @@ mod tests {
                 st(8, Some(8), None, vec![]),                // grad of x0
             ],
         }
+    }
+
+    #[test]
+    fn a_kernels_transient_bytes_count_at_its_op_wherever_it_runs() {
+        let mut g = two_blocks();
+        let before = simulate(&g, &SacPlan::full(&g)).unwrap();
+        // f1's kernel takes 1000 bytes while it runs: in the forward and in region 1's re-run.
+        g.ops[2].transient = 1000;
+        let s = simulate(&g, &SacPlan::full(&g)).unwrap();
+        assert!(s.peak_bytes >= 1000 + 110, "{}", s.peak_bytes);
+        assert_ne!(s.peak_bytes, before.peak_bytes);
+        let points = timeline(&g, &SacPlan::full(&g)).unwrap();
+        let at_f1: Vec<u64> = points
+            .iter()
+            .filter(|p| p.op == 2)
+            .map(|p| p.bytes)
+            .collect();
+        assert_eq!(at_f1.len(), 2, "the forward's and the re-run's");
+        assert!(at_f1.iter().all(|&b| b >= 1000));
+        assert_eq!(s.peak_bytes, points.iter().map(|p| p.bytes).max().unwrap());
     }
 
     #[test]

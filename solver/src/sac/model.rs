@@ -87,6 +87,15 @@ pub struct TorchOp {
     /// sampler): never kept, see [`keepable`].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub random: bool,
+    /// Bytes its kernel allocates for itself while it runs and frees before it returns (a
+    /// workspace; measured by the capture on CUDA, 0 elsewhere): they count in the peak at
+    /// the op, wherever it runs (forward, re-run, backward).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub transient: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -575,6 +584,7 @@ pub struct TimelinePoint {
     pub op: usize,
     /// The region whose re-run ran the op, if it is a re-run.
     pub rerun_of: Option<usize>,
+    /// Bytes live after the op, plus its kernel's transient bytes (its highest point).
     pub bytes: u64,
 }
 
@@ -676,11 +686,11 @@ pub(super) fn run(
                         points.push(TimelinePoint {
                             op: j,
                             rerun_of: Some(r),
-                            bytes: live,
+                            bytes: live + op.transient,
                         });
                     }
-                    if live > peak {
-                        peak = live;
+                    if live + op.transient > peak {
+                        peak = live + op.transient;
                         peak_op = j;
                         peak_in = Some(r);
                     }
@@ -706,11 +716,11 @@ pub(super) fn run(
             points.push(TimelinePoint {
                 op: i,
                 rerun_of: None,
-                bytes: live,
+                bytes: live + graph.ops[i].transient,
             });
         }
-        if live > peak {
-            peak = live;
+        if live + graph.ops[i].transient > peak {
+            peak = live + graph.ops[i].transient;
             peak_op = i;
             peak_in = None;
         }

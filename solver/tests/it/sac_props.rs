@@ -26,6 +26,7 @@ fn build(blocks: &[Vec<(u64, f64, bool)>]) -> TorchGraph {
         cost,
         outputs: vec![],
         random: false,
+        transient: 0,
     };
     for (b, block) in blocks.iter().enumerate() {
         let first = ops.len();
