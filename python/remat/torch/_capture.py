@@ -255,12 +255,14 @@ class _Tracer(TorchDispatchMode):
                 )
         timed = self.cost == "measured" and not self.rec.forward_only
         # On CUDA, what the kernel allocates for itself and frees before it returns (cuDNN's
-        # and cuBLAS's workspaces, the attention kernels'): the allocator's peak during the op
-        # above what it holds after it. No op outputs it, and it counts in a measured peak.
+        # convolution workspaces, the attention kernels'): the allocator's peak during the op
+        # above what it holds after it, on the model's device. No op outputs it, and it counts
+        # in a measured peak. (This resets the device's peak statistics at every op.)
         watch = self.rec.cuda and not self.rec.forward_only
+        dev = self.rec.device
         if watch:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
         if timed:
             if self.rec.cuda:
                 torch.cuda.synchronize()
@@ -273,8 +275,9 @@ class _Tracer(TorchDispatchMode):
             seconds = time.perf_counter() - t0
         transient = 0
         if watch:
-            torch.cuda.synchronize()
-            transient = max(0, torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
+            torch.cuda.synchronize(dev)
+            top = torch.cuda.max_memory_allocated(dev)
+            transient = max(0, top - torch.cuda.memory_allocated(dev))
         self.rec.on_op(func, args, kwargs, out, seconds, self.cost, transient)
         return out
 
@@ -287,6 +290,7 @@ class _Recording:
         self.region_fqns = region_fqns
         self.region_index = {f: i for i, f in enumerate(region_fqns)}
         self.cuda = device.type == "cuda"
+        self.device = device
         self.forward_only = forward_only
         self.ops: list[_Op] = []
         self.storages: list[_Storage] = []
