@@ -7,6 +7,7 @@ the predicted peak within 2%, and every parameter gradient must equal the unplan
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -184,6 +185,22 @@ def test_dropout_with_p_zero_or_in_eval_mode_is_not_random() -> None:
     model = nn.Sequential(*[Block(16, dropout=0.5) for _ in range(2)]).eval()
     graph = rt.capture(model, (torch.randn(2, 4, 16),))
     assert not any(o.get("random") for o in graph["ops"])
+
+
+def test_a_default_loss_that_is_constant_is_warned_about() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    classifier = nn.Sequential(nn.Linear(8, 3), nn.Softmax(dim=-1))
+    with pytest.warns(UserWarning, match="constant"):
+        rt.capture(classifier, (x,))
+    # Through a reshape too; a model with other outputs, or a loss_fn, is not warned about.
+    reshaped = nn.Sequential(nn.Linear(8, 6), nn.Softmax(dim=-1), nn.Flatten(0))
+    with pytest.warns(UserWarning, match="constant"):
+        rt.capture(reshaped, (x,))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*default loss")
+        rt.capture(nn.Sequential(nn.Linear(8, 3), nn.LogSoftmax(dim=-1)), (x,))
+        rt.capture(classifier, (x,), lambda out: out[:, 0].mean())
 
 
 def test_resnet_with_batchnorm_and_inplace_relu() -> None:

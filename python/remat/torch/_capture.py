@@ -79,10 +79,48 @@ def default_loss(output: Any) -> torch.Tensor:
         raise CaptureError(
             "the model's output has no floating-point tensor that requires grad; pass loss_fn"
         )
+    if all(_softmax_output(t) for t in leaves):
+        warnings.warn(
+            "remat.torch: the default loss (the sum of the outputs' means) is constant for this "
+            "model: its outputs are Softmax outputs, whose mean is the same whatever the "
+            "parameters, so every gradient is zero and measure's gradient check compares zeros; "
+            "pass loss_fn (the executor weights such outputs instead: docs/executor.md)",
+            stacklevel=2,
+        )
     total = leaves[0].mean()
     for t in leaves[1:]:
         total = total + t.mean()
     return total
+
+
+# Autograd nodes of ops that only move or regroup their input's elements.
+_MOVES = {
+    "ViewBackward0",
+    "UnsafeViewBackward0",
+    "ReshapeAliasBackward0",
+    "TransposeBackward0",
+    "PermuteBackward0",
+    "SqueezeBackward0",
+    "SqueezeBackward1",
+    "UnsqueezeBackward0",
+    "CloneBackward0",
+}
+
+
+def _softmax_output(t: torch.Tensor) -> bool:
+    """Whether `t` is a Softmax's output, read directly or through moves: its mean is
+    constant (every slice along the softmax's axis sums to 1)."""
+    node = t.grad_fn
+    for _ in range(64):
+        if node is None:
+            return False
+        name = type(node).__name__
+        if name.startswith("SoftmaxBackward"):
+            return True
+        if name not in _MOVES or not node.next_functions:
+            return False
+        node = node.next_functions[0][0]
+    return False
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
