@@ -296,24 +296,19 @@ class _Tracer(TorchDispatchMode):
         # convolution workspaces, the attention kernels'): the allocator's peak during the op
         # above what it holds after it, on the model's device. No op outputs it, and it counts
         # in a measured peak. (This resets the device's peak statistics at every op.)
+        # One synchronization before and one after serve the timer and the peak alike.
         watch = self.rec.cuda and not self.rec.forward_only
         dev = self.rec.device
         if watch:
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
-        if timed:
-            if self.rec.cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
+        t0 = time.perf_counter() if timed else 0.0
         out = func(*args, **kwargs)
-        seconds = 0.0
-        if timed:
-            if self.rec.cuda:
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - t0
-        transient = 0
         if watch:
             torch.cuda.synchronize(dev)
+        seconds = time.perf_counter() - t0 if timed else 0.0
+        transient = 0
+        if watch:
             top = torch.cuda.max_memory_allocated(dev)
             transient = max(0, top - torch.cuda.memory_allocated(dev))
         self.rec.on_op(func, args, kwargs, out, seconds, self.cost, transient)

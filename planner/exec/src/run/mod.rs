@@ -152,7 +152,7 @@ pub struct Executor<'m> {
     setup_host_ops: Vec<String>,
     /// Loss outputs whose mean is constant (a Softmax's): the loss weights their elements by
     /// [`Executor::loss_weights`], so that gradients flow for the gradient check.
-    weighted: HashSet<ValueId>,
+    weighted: Vec<ValueId>,
     /// Last, so that it drops after the tensors above: gives their pages back to the kernel.
     _trim: TrimOnDrop,
 }
@@ -233,9 +233,7 @@ impl<'m> Executor<'m> {
             fixed_live_bytes: 0,
             grad_bytes: 0,
             setup_host_ops: vec![],
-            weighted: remat_planner::training::constant_mean_outputs(model, &tg.exec.loss_outputs)
-                .into_iter()
-                .collect(),
+            weighted: remat_planner::training::constant_mean_outputs(model, &tg.exec.loss_outputs),
             _trim: TrimOnDrop,
         };
         // Every op the run needs must have kernels: report all missing at once.
@@ -371,11 +369,9 @@ impl<'m> Executor<'m> {
         self.model
     }
 
-    /// The loss outputs the loss weights (their mean is constant), in value order.
-    pub fn weighted_loss_outputs(&self) -> Vec<ValueId> {
-        let mut v: Vec<ValueId> = self.weighted.iter().copied().collect();
-        v.sort_unstable();
-        v
+    /// The loss outputs the loss weights (their mean is constant), in the loss's order.
+    pub fn weighted_loss_outputs(&self) -> &[ValueId] {
+        &self.weighted
     }
 
     /// The factors the loss weights loss output `v`'s elements by, when its mean is constant
