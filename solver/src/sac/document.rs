@@ -56,6 +56,10 @@ pub struct PredictedDoc {
     pub base_cost: f64,
     /// `compute_cost / base_cost - 1`.
     pub overhead: f64,
+    /// The part of `compute_cost` that is checkpointing's own work, where the captured graph
+    /// prices it (`wrap_cost`); 0 otherwise.
+    #[serde(default)]
+    pub wrap_cost: f64,
     pub forward_end_bytes: u64,
     pub peak_op: usize,
     pub peak_in_rerun_of: Option<String>,
@@ -256,6 +260,7 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
             compute_cost: s.compute_cost,
             base_cost: s.base_cost,
             overhead: s.overhead(),
+            wrap_cost: s.wrap_cost,
             forward_end_bytes: s.forward_end_bytes,
             peak_op: s.peak_op,
             peak_in_rerun_of: s.peak_in_rerun_of.map(|r| graph.regions[r].fqn.clone()),

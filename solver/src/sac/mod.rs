@@ -134,6 +134,7 @@ mod tests {
                 st(7, Some(8), None, vec![]),                // grad of a0
                 st(8, Some(8), None, vec![]),                // grad of x0
             ],
+            wrap_cost: None,
         }
     }
 
@@ -244,6 +245,37 @@ mod tests {
             let (p, _) = cands.select(budget).unwrap();
             assert!(!p.wrapped.contains_key(&1), "{p:?}");
         }
+    }
+
+    #[test]
+    fn wrapping_costs_its_dispatched_ops_where_the_graph_prices_it() {
+        let mut g = two_blocks();
+        g.wrap_cost = Some(WrapCost {
+            per_op: 0.5,
+            step: 20.0,
+            source: String::new(),
+            pairs: vec![],
+        });
+        g.check().unwrap();
+        let none = simulate(&g, &SacPlan::default()).unwrap();
+        assert_eq!(
+            (none.compute_cost, none.base_cost, none.wrap_cost),
+            (20.0, 20.0, 0.0)
+        );
+        // Each region: 2 forward ops and a re-run of 1 (early stop after f), 3 dispatched.
+        assert_eq!((g.wrapped_ops(0), g.wrapped_ops(1)), (3, 3));
+        let full = simulate(&g, &SacPlan::full(&g)).unwrap();
+        assert_eq!(full.wrap_cost, 3.0);
+        assert_eq!(full.rerun_cost[&0], 5.0 + 1.5);
+        assert_eq!(full.compute_cost, 20.0 + 10.0 + 3.0);
+        assert!((full.overhead() - 13.0 / 20.0).abs() < 1e-12);
+        // Keeping f spares its kernel, not its dispatch: the cache serves it through the mode.
+        let mut p = SacPlan::full(&g);
+        p.wrapped.get_mut(&0).unwrap().insert(0);
+        assert_eq!(simulate(&g, &p).unwrap().rerun_cost[&0], 1.5);
+        g.wrap_cost.as_mut().unwrap().per_op = f64::NAN;
+        let e = g.check().unwrap_err().to_string();
+        assert!(e.contains("wrap_cost.per_op NaN"), "{e}");
     }
 
     #[test]

@@ -37,6 +37,29 @@ pub struct TorchGraph {
     pub regions: Vec<TorchRegion>,
     pub ops: Vec<TorchOp>,
     pub storages: Vec<TorchStorage>,
+    /// What checkpointing's own work costs, where the capture priced it (`cost="measured"`:
+    /// docs/torch.md, "What wrapping costs"); `None`: only the re-run ops are priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrap_cost: Option<WrapCost>,
+}
+
+/// The price of checkpointing's own work, in the graph's cost unit: per op that runs through
+/// its dispatch modes (every op of a wrapped region's forward, every op of its re-run, the
+/// ones its cache serves included) the Python of the policy, the modes, the saved-tensor hooks
+/// and the module's own code between ops, which the op times do not hold; and the unplanned
+/// step's own time, the base an overhead is measured against.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WrapCost {
+    /// Cost per op run through checkpointing's modes.
+    pub per_op: f64,
+    /// The unplanned step's cost (its measured time): the base of every overhead.
+    pub step: f64,
+    /// How it was measured (steps, pairs, the plan it was measured on).
+    #[serde(default)]
+    pub source: String,
+    /// The measured pairs, `[unplanned, full checkpointing]` seconds, kept as evidence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pairs: Vec<[f64; 2]>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -144,6 +167,13 @@ impl TorchGraph {
                 "version {} of {FORMAT}; this build reads version {VERSION}",
                 self.version
             ));
+        }
+        if let Some(w) = &self.wrap_cost {
+            for (field, x) in [("per_op", w.per_op), ("step", w.step)] {
+                if !x.is_finite() || x < 0.0 {
+                    return bad(format!("wrap_cost.{field} {x} is not a finite number ≥ 0"));
+                }
+            }
         }
         let n = self.ops.len();
         if self.forward_ops > n {
@@ -272,9 +302,32 @@ impl TorchGraph {
             .sum()
     }
 
-    /// The cost of the unplanned step: every op once.
+    /// The cost of the unplanned step: its measured time where the graph has one
+    /// ([`WrapCost::step`]), else every op once.
     pub fn base_cost(&self) -> f64 {
-        self.ops.iter().map(|o| o.cost).sum()
+        match &self.wrap_cost {
+            Some(w) if w.step > 0.0 => w.step,
+            _ => self.ops.iter().map(|o| o.cost).sum(),
+        }
+    }
+
+    /// The ops a wrapped region runs through checkpointing's dispatch modes: its forward's, and
+    /// its re-run's up to the early stop (the ops the cache serves are dispatched too).
+    pub fn wrapped_ops(&self, r: usize) -> usize {
+        let reg = &self.regions[r];
+        let rerun = match (reg.trigger_op, self.replay_end(r)) {
+            (Some(_), Some(end)) => end + 1 - reg.first_op,
+            _ => 0,
+        };
+        reg.last_op + 1 - reg.first_op + rerun
+    }
+
+    /// What wrapping region `r` costs beyond its re-run's ops ([`WrapCost::per_op`] for each of
+    /// [`Self::wrapped_ops`]); 0 where the graph does not price it.
+    pub fn wrap_cost_of(&self, r: usize) -> f64 {
+        self.wrap_cost
+            .as_ref()
+            .map_or(0.0, |w| w.per_op * self.wrapped_ops(r) as f64)
     }
 
     /// Whether checkpointing may wrap region `r`: not when its forward writes an input in place.
@@ -550,8 +603,14 @@ pub struct SacStats {
     /// Cost of the step: every op once plus the re-runs.
     pub compute_cost: f64,
     pub base_cost: f64,
-    /// Cost of each wrapped region's re-run.
+    /// Cost of each wrapped region: its re-run's ops, plus checkpointing's own work
+    /// ([`TorchGraph::wrap_cost_of`]) where the graph prices it.
     pub rerun_cost: BTreeMap<usize, f64>,
+    /// The part of `compute_cost` that is checkpointing's own work (0 where not priced).
+    pub wrap_cost: f64,
+    /// Ops run through checkpointing's dispatch modes ([`TorchGraph::wrapped_ops`] of every
+    /// wrapped region): what `remat.torch.capture` divides the measured price by.
+    pub wrapped_ops: usize,
     /// Bytes resident when the forward ends (fixed bytes included).
     pub forward_end_bytes: u64,
 }
@@ -734,11 +793,23 @@ pub(super) fn run(
             forward_end_bytes = live;
         }
     }
+    let mut wrap_cost = 0.0;
+    let mut wrapped_ops = 0;
     for (r, reg) in graph.regions.iter().enumerate() {
-        if res.wrapped[r] && !rerun_cost.contains_key(&r) && reg.trigger_op.is_some() {
+        if !res.wrapped[r] {
+            continue;
+        }
+        if !rerun_cost.contains_key(&r) && reg.trigger_op.is_some() {
             rerun_cost.insert(r, 0.0);
         }
+        wrapped_ops += graph.wrapped_ops(r);
+        let w = graph.wrap_cost_of(r);
+        if w > 0.0 {
+            *rerun_cost.entry(r).or_insert(0.0) += w;
+            wrap_cost += w;
+        }
     }
+    cost += wrap_cost;
     SacStats {
         peak_bytes: peak,
         peak_op,
@@ -746,6 +817,8 @@ pub(super) fn run(
         compute_cost: cost,
         base_cost: graph.base_cost(),
         rerun_cost,
+        wrap_cost,
+        wrapped_ops,
         forward_end_bytes,
     }
 }

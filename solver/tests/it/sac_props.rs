@@ -173,18 +173,29 @@ fn build(blocks: &[Vec<(u64, f64, bool)>]) -> TorchGraph {
         regions,
         ops,
         storages,
+        wrap_cost: None,
     }
 }
 
 fn arb_graph() -> impl Strategy<Value = TorchGraph> {
     let block = prop::collection::vec((1u64..200, 0.0f64..10.0, prop::bool::weighted(0.7)), 2..6);
-    (prop::collection::vec(block, 1..6), prop::bool::ANY).prop_map(|(blocks, same)| {
-        if same {
+    // Half the graphs price checkpointing's own work, as a `cost="measured"` capture does:
+    // a price per dispatched op, and the unplanned step's time a little above its ops'.
+    let wrap = prop::option::of((0.0f64..3.0, 0.0f64..20.0));
+    (prop::collection::vec(block, 1..6), prop::bool::ANY, wrap).prop_map(|(blocks, same, wrap)| {
+        let mut g = if same {
             let first = blocks[0].clone();
             build(&vec![first; blocks.len()])
         } else {
             build(&blocks)
-        }
+        };
+        g.wrap_cost = wrap.map(|(per_op, python)| sac::WrapCost {
+            per_op,
+            step: g.base_cost() + python,
+            source: "test".into(),
+            pairs: vec![],
+        });
+        g
     })
 }
 
