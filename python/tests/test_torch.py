@@ -593,12 +593,104 @@ def test_measured_costs_are_each_ops_least_over_the_timing_rounds(
         return 100.0 * op + (durations[op // n] if c % 2 else 0.0)
 
     monkeypatch.setattr(_capture.time, "perf_counter", clock)
-    g = rt.capture(model, (x,), cost="measured", timing_rounds=3)
+    # wrap_rounds=0: pricing checkpointing's work would read the clock too.
+    g = rt.capture(model, (x,), cost="measured", timing_rounds=3, wrap_rounds=0)
     assert readings["count"] == 2 * 3 * n
     assert [o["cost"] for o in g["ops"]] == [1.0] * n
     readings["count"] = 0
-    g = rt.capture(model, (x,), cost="measured", timing_rounds=1)
+    g = rt.capture(model, (x,), cost="measured", timing_rounds=1, wrap_rounds=0)
     assert [o["cost"] for o in g["ops"]] == [3.0] * n
+
+
+def test_wrapping_is_priced_per_dispatched_op_against_full_checkpointing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from remat.torch import _wrapcost
+    from remat.torch._capture import as_inputs
+
+    torch.manual_seed(0)
+    model = Stack(d=16, n=3)
+    x = torch.randn(2, 4, 16)
+    g = rt.capture(model, (x,), cost="measured", timing_rounds=1, wrap_rounds=0)
+    assert "wrap_cost" not in g
+    full = rt.baseline(g, "full")
+    st = rt.simulate(g, full)
+    rerun, n = st["compute_cost"] - st["base_cost"], st["wrapped_ops"]
+    # Each wrapped block dispatches its forward's ops and its re-run's (up to the early stop).
+    assert n > sum(r["last_op"] - r["first_op"] + 1 for r in g["regions"])
+    calls = {"unplanned": 0, "full": 0}
+
+    def step(*prices: float) -> object:
+        def timed(model: nn.Module, *_: object) -> float:
+            wrapped = any("forward" in m.__dict__ for m in model.modules())
+            which = "full" if wrapped else "unplanned"
+            calls[which] += 1
+            # The unplanned step takes 1 s; full checkpointing its re-run ops more, and a price
+            # per dispatched op (the prices in turn, one per full step).
+            price = prices[(calls["full"] - 1) % len(prices)]
+            return 1.0 + (rerun + price * n if wrapped else 0.0)
+
+        return timed
+
+    cpu = torch.device("cpu")
+
+    def price(*prices: float, rounds: int = 5) -> dict:
+        calls.update(unplanned=0, full=0)
+        monkeypatch.setattr(_wrapcost, "_timed_step", step(*prices))
+        return _wrapcost.price_wrapping(
+            model, as_inputs((x,)), g, rt.default_loss, rounds=rounds, seed=0, device=cpu
+        )
+
+    w = price(2e-6)
+    assert calls == {"unplanned": 6, "full": 6}  # a warm-up pair and five timed ones
+    assert w["step"] == 1.0
+    assert w["per_op"] == pytest.approx(2e-6, rel=1e-6)
+    assert f"{n} ops dispatched; above them in 5 of 5 pairs (5 needed): priced" in w["source"]
+    assert len(w["pairs"]) == 5
+    # The price enters every prediction: full checkpointing costs what was measured.
+    priced = {**g, "wrap_cost": w}
+    p = rt.baseline(priced, "full")["predicted"]
+    assert p["base_cost"] == 1.0
+    assert p["wrap_cost"] == pytest.approx(2e-6 * n, rel=1e-6)
+    assert p["overhead"] == pytest.approx(rerun + 2e-6 * n, rel=1e-6)
+    # A plan that wraps fewer regions pays for fewer.
+    plan = rt.plan(priced, "0.5x")
+    wrapped = sum(r["wrapped"] for r in plan["regions"])
+    assert plan["predicted"]["wrap_cost"] <= p["wrap_cost"] * wrapped / len(g["regions"]) + 1e-12
+    # Not priced: a difference that is noise (either way across the pairs, even with a positive
+    # median), full checkpointing faster than its captured re-run ops, too few pairs to tell.
+    w = price(3e-6, -1e-6, 2e-6, 4e-6, -2e-6)
+    assert w["per_op"] == 0.0 and "above them in 3 of 5 pairs (5 needed): not priced" in w["source"]
+    assert price(-1e-6)["per_op"] == 0.0
+    w = price(2e-6, rounds=4)
+    assert w["per_op"] == 0.0 and "(too few pairs to tell): not priced" in w["source"]
+
+
+def test_a_region_that_runs_other_ops_fails_the_pricing_naming_it() -> None:
+    # From their third call on, the blocks run one more op: pricing runs them under full
+    # checkpointing, whose policy refuses the op the capture did not see.
+    model = nn.Sequential(Flaky(), Flaky())
+    with pytest.raises(rt.CaptureError, match=r"pricing checkpointing's own work .*region '0'"):
+        rt.capture(model, (torch.randn(2, 8),), cost="measured", timing_rounds=1, wrap_rounds=1)
+
+
+def test_a_measured_capture_prices_wrapping() -> None:
+    torch.manual_seed(0)
+    model = Stack(d=16, n=2)
+    x = torch.randn(2, 4, 16)
+    before = [p.detach().clone() for p in model.parameters()]
+    g = rt.capture(model, (x,), cost="measured", timing_rounds=1, wrap_rounds=2)
+    w = g["wrap_cost"]
+    assert w["step"] > 0 and w["per_op"] == 0.0  # two pairs cannot show a price
+    assert "2 alternating pairs" in w["source"] and len(w["pairs"]) == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(p.grad is None for p in model.parameters())
+    assert "wrap_cost" not in rt.capture(model, (x,))  # FLOPs: not in seconds, not priced
+    with pytest.raises(rt.CaptureError, match="wrap_rounds must be a whole number >= 0"):
+        rt.capture(model, (x,), cost="measured", wrap_rounds=-1)
+    bad = {**g, "wrap_cost": {**w, "per_op": -1.0}}
+    with pytest.raises(ValueError, match=r"wrap_cost.per_op -1 is not a finite number"):
+        rt.plan(bad, "0.5x")
 
 
 def test_timing_rounds_that_run_other_ops_are_refused() -> None:

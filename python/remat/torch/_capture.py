@@ -609,20 +609,28 @@ def capture(
     name: str | None = None,
     seed: int = 0,
     timing_rounds: int = 3,
+    wrap_rounds: int = 5,
 ) -> dict:
     """Record one training step of `model` on `example_inputs` as a `remat.torch-graph` document.
 
     `example_inputs`: a tensor, a sequence of positional arguments or a mapping of keyword ones.
 
     `cost`: "flops" (torch.utils.flop_counter's formulas; ops without one cost 0) or "measured"
-    (each op's time on the model's device: its least over `timing_rounds` recorded steps). The
-    model's gradients are left as they were before the call.
+    (each op's time on the model's device: its least over `timing_rounds` recorded steps).
+    With measured costs, what checkpointing's own work costs is priced too (`wrap_cost`: the
+    unplanned step against full checkpointing, medians of `wrap_rounds` alternating pairs; 0
+    leaves it out and only the re-run ops are priced). The model's gradients are left as they
+    were before the call.
     """
     inputs = as_inputs(example_inputs)
     if cost not in ("flops", "measured"):
         raise CaptureError(f"cost must be 'flops' or 'measured', got {cost!r}")
-    if isinstance(timing_rounds, bool) or not isinstance(timing_rounds, int) or timing_rounds < 1:
-        raise CaptureError(f"timing_rounds must be a whole number >= 1, got {timing_rounds!r}")
+    for arg, given, fewest in (
+        ("timing_rounds", timing_rounds, 1),
+        ("wrap_rounds", wrap_rounds, 0),
+    ):
+        if isinstance(given, bool) or not isinstance(given, int) or given < fewest:
+            raise CaptureError(f"{arg} must be a whole number >= {fewest}, got {given!r}")
     loss_fn = loss_fn or default_loss
     device = model_device(model, inputs)
     hf = [
@@ -667,10 +675,17 @@ def capture(
             for _ in range(timing_rounds - 1):
                 again = _pass_b(model, inputs, loss_fn, region_fqns, device, externals, cost, seed)
                 _least_times(b, again)
+        doc = _document(a, b, sig, device, cost, name or type(model).__name__)
+        if cost == "measured" and wrap_rounds:
+            from ._wrapcost import price_wrapping  # it plans and applies: imported late
+
+            doc["wrap_cost"] = price_wrapping(
+                model, inputs, doc, loss_fn, rounds=wrap_rounds, seed=seed, device=device
+            )
     finally:
         for n, p in model.named_parameters():
             p.grad = saved_grads[n]
-    return _document(a, b, sig, device, cost, name or type(model).__name__)
+    return doc
 
 
 def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:

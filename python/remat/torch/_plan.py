@@ -59,11 +59,18 @@ def checkpoint(
     regions: RegionSpec = None,
     cost: str = "flops",
     timing_rounds: int = 3,
+    wrap_rounds: int = 5,
 ) -> Applied:
     """Captures one step, plans it under `budget` and applies the plan; returns the handle
     (`.plan` is the plan it applied, `.remove()` undoes it)."""
     graph = capture(
-        model, example_inputs, loss_fn, regions=regions, cost=cost, timing_rounds=timing_rounds
+        model,
+        example_inputs,
+        loss_fn,
+        regions=regions,
+        cost=cost,
+        timing_rounds=timing_rounds,
+        wrap_rounds=wrap_rounds,
     )
     p = plan(graph, budget)
     return apply(model, p, example_inputs)
