@@ -201,6 +201,7 @@ def run_model(
     op_rounds: int,
     compare_options: bool,
     device: torch.device,
+    wrap_rounds: int = 5,
 ) -> dict[str, Any]:
     model, inputs, desc = build(name)
     model = model.to(device)
@@ -215,8 +216,14 @@ def run_model(
     quick = time.perf_counter() - t0
     print(f"capture + plan + apply (cost=flops): {quick:.1f} s", flush=True)
     t0 = time.perf_counter()
-    graph = rt.capture(model, inputs, loss, cost=cost, timing_rounds=timing_rounds)
+    graph = rt.capture(
+        model, inputs, loss, cost=cost, timing_rounds=timing_rounds, wrap_rounds=wrap_rounds
+    )
     t_capture = time.perf_counter() - t0
+    # The same graph without checkpointing's own work priced: the prediction before it was.
+    ops_only = {k: v for k, v in graph.items() if k != "wrap_cost"}
+    if "wrap_cost" in graph:
+        print(f"wrap cost: {graph['wrap_cost']}", flush=True)
     fwd = graph["forward_ops"]
     print(
         f"capture (cost={cost}): {t_capture:.1f} s, {len(graph['ops'])} ops ({fwd} forward), "
@@ -240,6 +247,7 @@ def run_model(
             "status": plan["status"],
             "wrapped": sum(r["wrapped"] for r in plan["regions"]),
             "kept_ops": sum(len(r["keep"]) for r in plan["regions"]),
+            "predicted_overhead_ops_only": rt.simulate(ops_only, plan)["overhead"],
             **v,
         }
         rows.append(row)
@@ -247,6 +255,7 @@ def run_model(
             f"  {frac:.2f}: budget {mib(budget)} MiB, predicted {mib(v['predicted_peak_bytes'])}"
             f", measured {mib(v['measured_peak_bytes'])} ({v['peak_rel_diff']:+.2%}), grad err "
             f"{v['grad_max_rel_err']:.1e}, overhead predicted {v['predicted_overhead']:+.1%} "
+            f"(ops only {row['predicted_overhead_ops_only']:+.1%}) "
             f"measured {v['measured_overhead']:+.1%} "
             f"[{v['measured_overhead_range'][0]:+.1%}, {v['measured_overhead_range'][1]:+.1%}]"
             f" ops at their least {v.get('measured_step_overhead', float('nan')):+.2%}"
@@ -292,6 +301,7 @@ def run_model(
         "description": desc,
         "capture_plan_apply_seconds_flops": quick,
         "capture_seconds": t_capture,
+        "wrap_cost": graph.get("wrap_cost"),
         "ops": len(graph["ops"]),
         "forward_ops": fwd,
         "storages": len(graph["storages"]),
@@ -315,6 +325,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--timing-rounds", type=int, default=3, help="capture's rounds for cost=measured"
+    )
+    ap.add_argument(
+        "--wrap-rounds",
+        type=int,
+        default=5,
+        help="capture's pairs pricing checkpointing's own work (cost=measured; 0: not priced)",
     )
     ap.add_argument("--no-compare", action="store_true", help="leave out PyTorch's own options")
     ap.add_argument("--cost", default="measured", choices=["measured", "flops"])
@@ -359,7 +375,14 @@ def main() -> None:
         def run(m: str = m) -> dict[str, Any]:
             compare = not args.no_compare
             return run_model(
-                m, args.rounds, args.cost, args.timing_rounds, op_rounds, compare, device
+                m,
+                args.rounds,
+                args.cost,
+                args.timing_rounds,
+                op_rounds,
+                compare,
+                device,
+                args.wrap_rounds,
             )
 
         try:
@@ -388,6 +411,7 @@ def main() -> None:
                         "rounds": args.rounds,
                         "op_rounds": op_rounds,
                         "timing_rounds": args.timing_rounds,
+                        "wrap_rounds": args.wrap_rounds,
                         "cost": args.cost,
                         "results": results,
                     },

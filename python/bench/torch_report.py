@@ -42,11 +42,14 @@ def main() -> None:
     print(
         "\n| model | at | budget MiB | predicted MiB | measured MiB | diff | grad err | "
         "overhead predicted | measured (median) | range | ops at their least | "
-        "predicted / least − 1 | plan |"
+        "predicted / least − 1 | predicted / median − 1 | without the wrap price: predicted, "
+        "/ median − 1 | plan |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     within: list[bool] = []
     within_median: list[bool] = []
+    within_median_ops_only: list[bool] = []
+    priced = any(r.get("wrap_cost") for r in data["results"])
     for r in data["results"]:
         for row in r["rows"]:
             lo, hi = row["measured_overhead_range"]
@@ -55,7 +58,12 @@ def main() -> None:
             if rel is not None:
                 within.append(abs(rel) <= 0.25)
             median = row["measured_overhead"]
-            within_median.append(median > 0 and abs(row["predicted_overhead"] / median - 1) <= 0.25)
+            vs_median = row["predicted_overhead"] / median - 1 if median > 0 else None
+            within_median.append(vs_median is not None and abs(vs_median) <= 0.25)
+            ops_only = row.get("predicted_overhead_ops_only")
+            old = ops_only / median - 1 if median > 0 and ops_only is not None else None
+            if priced and ops_only is not None:
+                within_median_ops_only.append(old is not None and abs(old) <= 0.25)
             print(
                 f"| {r['model']} | {row['fraction']} | {mib(row['budget_bytes'])} | "
                 f"{mib(row['predicted_peak_bytes'])} | {mib(row['measured_peak_bytes'])} | "
@@ -63,6 +71,9 @@ def main() -> None:
                 f"{pct(row['predicted_overhead'])} | {pct(row['measured_overhead'])} | "
                 f"[{pct(lo)}, {pct(hi)}] | {pct(least) if least is not None else '–'} | "
                 f"{f'{rel * 100:+.0f}%' if rel is not None else '–'} | "
+                f"{f'{vs_median * 100:+.0f}%' if vs_median is not None else '–'} | "
+                f"{pct(ops_only) if ops_only is not None else '–'}, "
+                f"{f'{old * 100:+.0f}%' if old is not None else '–'} | "
                 f"{row['plan_seconds'] * 1000:.0f} ms, "
                 f"{row['wrapped']} wrapped, {row['kept_ops']} kept |"
             )
@@ -72,6 +83,20 @@ def main() -> None:
         f"predicted within ±25% of the step-time median: {sum(within_median)} of "
         f"{len(within_median)}"
     )
+    if within_median_ops_only:
+        print(
+            "without the wrap price (the captured ops only), within ±25% of the median: "
+            f"{sum(within_median_ops_only)} of {len(within_median_ops_only)}"
+        )
+        print("\n| model | wrap price per op | unplanned step | how it was measured |")
+        print("|---|---|---|---|")
+        for r in data["results"]:
+            w = r.get("wrap_cost") or {}
+            if w:
+                print(
+                    f"| {r['model']} | {w['per_op'] * 1e6:.1f} µs | {w['step'] * 1e3:.2f} ms | "
+                    f"{w['source']} |"
+                )
     print(
         "\n| model | PyTorch's option | its peak MiB | its overhead | remat's peak MiB | "
         "remat's overhead | remat / theirs |"
