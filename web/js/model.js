@@ -283,6 +283,8 @@ export function normalizeTorchPlan(raw) {
       overhead: num(pred.overhead),
       computeCost: num(pred.compute_cost),
       baseCost: num(pred.base_cost),
+      // The part of the cost that is checkpointing's own work, where the capture priced it.
+      wrapCost: num(pred.wrap_cost) ?? 0,
       peakInRerunOf: str(pred.peak_in_rerun_of),
     },
     lowerBound: p.lower_bound && typeof p.lower_bound === 'object'

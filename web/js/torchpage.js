@@ -71,6 +71,7 @@ export function renderTorchPlan(root, raw) {
           'Compute overhead',
           fmtOverhead(p.overhead),
           isNum(p.computeCost) ? `cost ${fmtCost(p.computeCost)} vs ${fmtCost(p.baseCost)} (${t.costUnit ?? 'cost'})` : null,
+          p.wrapCost > 0 && isNum(p.baseCost) && p.baseCost > 0 ? `of which ${fmtOverhead(p.wrapCost / p.baseCost)} is checkpointing's own work (priced at capture)` : null,
           t.lowerBound && isNum(t.lowerBound.overhead) ? `lower bound ${fmtOverhead(t.lowerBound.overhead)} (${t.lowerBound.source ?? 'bound'}), gap ${isNum(t.gap) ? fmtPct(t.gap) : '?'}` : null,
         ),
         card('card-least', 'Least reachable peak', fmtBytes(t.minPeakBytes), `${t.wrapped} of ${t.regions.length} regions checkpointed, ${t.kept} ops kept`),

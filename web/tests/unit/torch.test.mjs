@@ -29,6 +29,14 @@ test('a torch-sac plan record is told apart and normalizes', () => {
   assert.equal(t.regions[1].wrapped, false);
   assert.equal(t.lowerBound, null);
   assert.equal(t.gap, null);
+  assert.equal(t.predicted.wrapCost, 0);
+});
+
+test('a plan of a measured capture carries the price of checkpointing\'s own work', () => {
+  const priced = structuredClone(record);
+  priced.plan.cost_unit = 'second';
+  priced.plan.predicted.wrap_cost = 0.4;
+  assert.equal(normalizeTorchPlan(priced).predicted.wrapCost, 0.4);
 });
 
 test('a plan with the chain program\'s lower bound carries it and its gap', () => {
