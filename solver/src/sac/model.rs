@@ -341,7 +341,10 @@ impl TorchGraph {
         reg.stop_op.filter(|&s| s >= reg.first_op)
     }
 
-    /// Regions that are copies of one another: same class, same op sequence, costs and bytes.
+    /// Regions that are copies of one another: same class, same op sequence, costs, bytes,
+    /// transient bytes, and the same ops keepable ([`keepable`]: a copy's keep set is given to
+    /// every copy, so an op drawing random numbers in one copy only, or written in place in one
+    /// only, makes them different blocks).
     pub fn classes(&self) -> Vec<Vec<usize>> {
         let mut by_sig: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (r, reg) in self.regions.iter().enumerate() {
@@ -351,9 +354,22 @@ impl TorchGraph {
                 reg.stop_op.map(|s| s as i64 - reg.first_op as i64),
                 reg.writes_input
             );
-            for op in &self.ops[reg.first_op..=reg.last_op] {
+            for (j, op) in self
+                .ops
+                .iter()
+                .enumerate()
+                .take(reg.last_op + 1)
+                .skip(reg.first_op)
+            {
                 let bytes: u64 = op.outputs.iter().map(|&s| self.storages[s].bytes).sum();
-                sig.push_str(&format!("{}:{}:{};", op.op, op.cost, bytes));
+                sig.push_str(&format!(
+                    "{}:{}:{}:{}:{};",
+                    op.op,
+                    op.cost,
+                    bytes,
+                    op.transient,
+                    keepable(self, r, j)
+                ));
             }
             by_sig.entry(sig).or_default().push(r);
         }

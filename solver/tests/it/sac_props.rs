@@ -265,6 +265,35 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
+    /// The ops the planner keeps at some budgets, marked as drawing random numbers, are kept
+    /// by no plan at those budgets (SAC does not run a kept op again: a random op after it
+    /// would draw other numbers in the re-run). Cases where nothing is kept are rejected, so
+    /// the property is checked on graphs where keeping pays.
+    #[test]
+    fn a_random_op_is_never_kept(g in arb_graph(), fracs in prop::collection::vec(0.0f64..1.0, 1..4)) {
+        let lo = sac::Candidates::new(&g).unwrap().least_peak();
+        let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap().peak_bytes;
+        let budgets: Vec<u64> = fracs.iter().map(|f| lo + ((unplanned - lo) as f64 * f) as u64).collect();
+        let kept: std::collections::BTreeSet<usize> = budgets
+            .iter()
+            .flat_map(|&b| sac::plan(&g, b).unwrap().0.wrapped.into_values().flatten())
+            .collect();
+        prop_assume!(!kept.is_empty());
+        let mut g = g;
+        for &j in &kept {
+            g.ops[j].random = true;
+        }
+        for &b in &budgets {
+            let (p, _) = sac::plan(&g, b).unwrap();
+            let again: Vec<usize> = p.wrapped.values().flatten().filter(|j| kept.contains(j)).copied().collect();
+            prop_assert!(again.is_empty(), "budget {b}: kept random ops {again:?}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
     /// `remat gate`'s `best_peak_within_overhead_bytes` for captured graphs: between the least
     /// peak and the unplanned one, never larger for a larger cap, and a plan at that budget
     /// stays within the cap (the planner picks the cheapest candidate that fits).
