@@ -225,6 +225,32 @@ def _host_copies(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: b.detach().to("cpu", copy=True) for n, b in model.named_buffers()}
 
 
+def _put_back(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    """Writes `_host_copies` back into the model's buffers."""
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            b.copy_(buffers[n])
+
+
+def alternating(
+    model: nn.Module, plan: Plan, inputs: Inputs, pairs: int, step: Callable[[], _T]
+) -> dict[str, list[_T]]:
+    """`pairs` pairs of `step` without (`base`) and with `plan` applied (`plan`), after a
+    warm-up pair; the order within a pair alternates too (the first step of a pair may find
+    caches and the allocator in another state)."""
+    out: dict[str, list[_T]] = {"base": [], "plan": []}
+    for i in range(pairs + 1 if pairs else 0):
+        for which in ("base", "plan") if i % 2 == 0 else ("plan", "base"):
+            if which == "plan":
+                with apply(model, plan, inputs):
+                    result = step()
+            else:
+                result = step()
+            if i > 0:
+                out[which].append(result)
+    return out
+
+
 def measure(
     model: nn.Module,
     example_inputs: ExampleInputs,
@@ -253,9 +279,7 @@ def measure(
     buffers = _host_copies(model)
 
     def restore_buffers() -> None:
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                b.copy_(buffers[n])
+        _put_back(model, buffers)
 
     base_peak, base_loss, base_grads = _peak_step(model, inputs, loss_fn, seed, device)
     base_buffers = _host_copies(model)
@@ -265,31 +289,21 @@ def measure(
         plan_buffers = _host_copies(model)
         restore_buffers()
 
-    def alternating(pairs: int, step: Callable[[], _T]) -> dict[str, list[_T]]:
-        """`pairs` pairs of `step` without and with the plan, after a warm-up pair; the order
-        within a pair alternates too (the first step of a pair may find caches and the allocator
-        in another state)."""
-        out: dict[str, list[_T]] = {"base": [], "plan": []}
-        for i in range(pairs + 1 if pairs else 0):
-            for which in ("base", "plan") if i % 2 == 0 else ("plan", "base"):
-                if which == "plan":
-                    with apply(model, plan, inputs):
-                        result = step()
-                else:
-                    result = step()
-                if i > 0:
-                    out[which].append(result)
-        return out
-
     least = {"base": _LeastOps("unplanned"), "plan": _LeastOps("planned")}
     try:
-        times = alternating(rounds, lambda: _timed_step(model, inputs, loss_fn, seed, device))
+        times = alternating(
+            model, plan, inputs, rounds, lambda: _timed_step(model, inputs, loss_fn, seed, device)
+        )
         t_base, t_plan = times["base"], times["plan"]
         ratios = [p / b - 1.0 for p, b in zip(t_plan, t_base, strict=True)]
         # The same alternation with every op timed, apart from the pairs above so that the
         # timer's own work is in none of their step times.
         op_times = alternating(
-            op_rounds, lambda: _op_timed_step(model, inputs, loss_fn, seed, device)
+            model,
+            plan,
+            inputs,
+            op_rounds,
+            lambda: _op_timed_step(model, inputs, loss_fn, seed, device),
         )
         for which, timed_steps in op_times.items():
             for timed in timed_steps:

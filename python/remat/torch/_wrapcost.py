@@ -10,10 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._apply import apply
 from ._capture import Inputs, LossFn
 from ._errors import CaptureError, RematTorchError
-from ._measure import _host_copies, _timed_step
+from ._measure import _host_copies, _put_back, _timed_step, alternating
 from ._plan import baseline, simulate
 
 
@@ -49,39 +48,27 @@ def price_wrapping(
     rerun = stats["compute_cost"] - stats["base_cost"]
     n_ops = int(stats["wrapped_ops"])
     buffers = _host_copies(model)
-    times: dict[str, list[float]] = {"unplanned": [], "full": []}
     try:
-        for i in range(rounds + 1):
-            order = ("unplanned", "full") if i % 2 == 0 else ("full", "unplanned")
-            for which in order:
-                if which == "full" and not n_ops:
-                    continue
-                if which == "full":
-                    try:
-                        with apply(model, full, inputs):
-                            t = _timed_step(model, inputs, loss_fn, seed, device)
-                    except (RematTorchError, RuntimeError) as e:
-                        raise CaptureError(
-                            "pricing checkpointing's own work runs the step under full "
-                            f"checkpointing, which failed (wrap_rounds=0 skips it; a plan that "
-                            f"wraps a region would fail alike): {e}"
-                        ) from e
-                else:
-                    t = _timed_step(model, inputs, loss_fn, seed, device)
-                if i > 0:
-                    times[which].append(t)
+        # A graph without a wrappable region times the unplanned step in both (nothing to wrap).
+        times = alternating(
+            model, full, inputs, rounds, lambda: _timed_step(model, inputs, loss_fn, seed, device)
+        )
+    except (RematTorchError, RuntimeError) as e:
+        raise CaptureError(
+            "pricing checkpointing's own work runs the step unplanned and under full "
+            "checkpointing, which failed (wrap_rounds=0 skips it; a plan that wraps a region "
+            f"would fail alike): {e}"
+        ) from e
     finally:
-        with torch.no_grad():
-            for n, b in model.named_buffers():
-                b.copy_(buffers[n])
-    step = statistics.median(times["unplanned"])
+        _put_back(model, buffers)
+    step = statistics.median(times["base"])
     if not n_ops:
         return {
             "per_op": 0.0,
             "step": step,
             "source": f"unplanned step: median of {rounds} steps; no region can be wrapped",
         }
-    pairs = list(zip(times["unplanned"], times["full"], strict=True))
+    pairs = list(zip(times["base"], times["plan"], strict=True))
     ratio = statistics.median(f / u - 1.0 for u, f in pairs)
     extra = ratio * step - rerun
     # Each pair's time beyond the re-run ops: priced only where it is there in enough pairs
