@@ -1,5 +1,6 @@
 //! Prometheus metrics: requests by route and status, request latency, job queue depth, jobs
-//! running, and histograms of solve and validation seconds; on PostgreSQL also the shared
+//! running, histograms of solve and validation seconds, job reads by where the answer came from
+//! (the response cache or the store); on PostgreSQL also the shared
 //! queue, per kind, as the database has it at the scrape (waiting, running, the oldest lease's
 //! age) and whether the database answers.
 
@@ -17,6 +18,9 @@ pub struct Metrics {
     pub jobs: IntCounterVec,
     pub solve_seconds: HistogramVec,
     pub validation_seconds: Histogram,
+    /// `GET` of a job by how it was answered: `hit` (the rendered-response cache), `joined`
+    /// (waited for another request's read of the same job, then the cache), `read` (the store).
+    pub job_reads: IntCounterVec,
     /// Shared queue (PostgreSQL): jobs waiting, by kind.
     pub shared_queued: IntGaugeVec,
     /// Shared queue: jobs a worker (of any process) holds, by kind.
@@ -77,6 +81,18 @@ impl Metrics {
         registry.register(Box::new(jobs.clone()))?;
         registry.register(Box::new(solve_seconds.clone()))?;
         registry.register(Box::new(validation_seconds.clone()))?;
+        let job_reads = IntCounterVec::new(
+            Opts::new(
+                "job_reads_total",
+                "GET of a plan or sweep job by where its answer came from (hit, joined, read)",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(job_reads.clone()))?;
+        // Every outcome shows from the start (at 0), so a ratio of them is defined at once.
+        for outcome in ["hit", "joined", "read"] {
+            job_reads.with_label_values(&[outcome]);
+        }
         let shared_queued = IntGaugeVec::new(
             Opts::new(
                 "shared_queue_depth",
@@ -115,6 +131,7 @@ impl Metrics {
             jobs,
             solve_seconds,
             validation_seconds,
+            job_reads,
             shared_queued,
             shared_running,
             shared_oldest_lease,

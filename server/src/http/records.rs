@@ -1,6 +1,7 @@
 //! A plan or sweep job as the API returns it ([`PlanRecord`]), read from the store or from the
 //! rendered-response cache, and the helpers every resource answers with.
 
+use super::cache::Fill;
 use super::error::{ApiError, ErrorObject};
 use super::state::AppState;
 use super::store::{JobStatus, Kind, Record, Row, Store, StoreError};
@@ -150,25 +151,28 @@ pub fn store_error(e: StoreError) -> ApiError {
 /// `GET` of one job: from the rendered-response cache when it finished before, else from the
 /// store (a finished job's response is cached). On PostgreSQL, where another replica may
 /// delete it, the cache answers by itself only while this replica hears of every deletion
-/// (`deletions.rs`), and after the database says the job is still there otherwise.
+/// (`deletions.rs`), and after the database says the job is still there otherwise. Concurrent
+/// misses of one job make one read of the store (`cache::Fill`).
 pub async fn get_record(state: &AppState, kind: Kind, id: &str) -> Result<Response, ApiError> {
     let key = format!("{}/{id}", kind.as_str());
-    let json = [(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    )];
-    let rendered = &state.inner.rendered;
-    if let Some(body) = rendered.get(&key) {
-        let still_there = match &state.inner.store {
-            Store::Sqlite(_) => true,
-            Store::Postgres(_) if rendered.trusted() => true,
-            Store::Postgres(pg) => pg.status(kind, id).await.map_err(store_error)?.is_some(),
-        };
-        if still_there {
-            return Ok((json, body).into_response());
-        }
-        rendered.invalidate(&key);
+    let reads = &state.inner.metrics.job_reads;
+    if let Some(hit) = cached(state, kind, id, &key).await? {
+        reads.with_label_values(&["hit"]).inc();
+        return Ok(hit);
     }
+    let rendered = &state.inner.rendered;
+    let _lead = match rendered.fill(&key) {
+        Fill::Lead(guard) => Some(guard),
+        Fill::Follow(mut done) => {
+            Fill::wait(&mut done).await;
+            if let Some(hit) = cached(state, kind, id, &key).await? {
+                reads.with_label_values(&["joined"]).inc();
+                return Ok(hit);
+            }
+            None
+        }
+    };
+    reads.with_label_values(&["read"]).inc();
     let generation = rendered.generation();
     let Some(Record { row, result }) =
         state.inner.store.get(kind, id).await.map_err(store_error)?
@@ -185,7 +189,42 @@ pub async fn get_record(state: &AppState, kind: Kind, id: &str) -> Result<Respon
     if finished {
         rendered.put_if(generation, key, body.clone());
     }
-    Ok((json, body).into_response())
+    Ok(json_body(body))
+}
+
+/// A JSON body already serialized.
+fn json_body(body: Bytes) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// The cached response of job `key`, if there is one that may be answered.
+async fn cached(
+    state: &AppState,
+    kind: Kind,
+    id: &str,
+    key: &str,
+) -> Result<Option<Response>, ApiError> {
+    let rendered = &state.inner.rendered;
+    let Some(body) = rendered.get(key) else {
+        return Ok(None);
+    };
+    let still_there = match &state.inner.store {
+        Store::Sqlite(_) => true,
+        Store::Postgres(_) if rendered.trusted() => true,
+        Store::Postgres(pg) => pg.status(kind, id).await.map_err(store_error)?.is_some(),
+    };
+    if still_there {
+        return Ok(Some(json_body(body)));
+    }
+    rendered.invalidate(key);
+    Ok(None)
 }
 
 /// `DELETE` of one job.

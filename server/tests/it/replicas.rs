@@ -234,6 +234,39 @@ async fn two_replicas_and_a_worker_serve_one_store() {
         "{done}"
     );
 
+    // Many reads of that plan at once on the replica that has not read it yet make one read of
+    // the database; the others wait for it and answer from the cache (a cold replica under load
+    // would otherwise queue one query per request on its pool).
+    let job_reads = |text: &str, outcome: &str| -> u64 {
+        let name = format!("remat_job_reads_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    let metrics_of_b = || async {
+        let reply = must("GET", &format!("{}/metrics", b.url), None).await;
+        reply.body.as_str().unwrap().to_string()
+    };
+    let before = metrics_of_b().await;
+    let on_b = format!("{}/v1/plans/{}", b.url, ids[0]);
+    let reads: Vec<_> = (0..32)
+        .map(|_| {
+            let url = on_b.clone();
+            tokio::spawn(async move { must("GET", &url, None).await })
+        })
+        .collect();
+    for r in reads {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        assert_eq!(r.body, done);
+    }
+    let after = metrics_of_b().await;
+    let delta = |outcome| job_reads(&after, outcome) - job_reads(&before, outcome);
+    assert_eq!(delta("read"), 1, "{after}");
+    assert_eq!(delta("hit") + delta("joined"), 31, "{after}");
+
     // Health and metrics speak of the shared queue; no log line shows the password.
     let health = must("GET", &format!("{}/healthz", b.url), None).await;
     assert_eq!(health.status, StatusCode::OK);
