@@ -114,6 +114,10 @@ struct Tally {
     by_status: Mutex<std::collections::BTreeMap<u16, u64>>,
     errors: AtomicU64,
     rejected: AtomicU64,
+    /// Posts answered with their finished job (201): microseconds from the job's `updated_at`
+    /// (when its worker stored it) to the answer's arrival, the time a waiting post takes to
+    /// hear of the result.
+    after_finish_us: Mutex<Vec<u64>>,
 }
 
 impl Tally {
@@ -378,6 +382,11 @@ fn main() {
                                         if let Some(id) = v["id"].as_str() {
                                             created.lock().unwrap().push(id.to_string());
                                         }
+                                        let finished = v["updated_at"].as_str().and_then(|t| humantime::parse_rfc3339(t).ok());
+                                        if let (201, Some(finished)) = (status, finished) {
+                                            let after = std::time::SystemTime::now().duration_since(finished).unwrap_or_default();
+                                            tally.after_finish_us.lock().unwrap().push(after.as_micros() as u64);
+                                        }
                                     }
                                 }
                                 200 => {}
@@ -410,6 +419,15 @@ fn main() {
         let w_ok = report("POST /v1/plans (graph JSON)", &writes, seconds);
         println!();
         println!("deliberate 503s (queue full): {}", writes.rejected.load(Ordering::SeqCst));
+        let mut after = writes.after_finish_us.lock().unwrap().clone();
+        after.sort_unstable();
+        println!(
+            "posts answered with their finished job (201): {}, from the job's end to the answer p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms",
+            after.len(),
+            percentile(&after, 50.0),
+            percentile(&after, 90.0),
+            after.last().map_or(f64::NAN, |m| *m as f64 / 1000.0),
+        );
         // Solves completed: the jobs the writers created that are done now.
         let created = created.lock().unwrap().clone();
         let mut done = 0;
