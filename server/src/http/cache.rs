@@ -4,7 +4,7 @@
 //! entry would pass the bound the cache starts over (simple, and reads refill it).
 //!
 //! On PostgreSQL another replica may delete a job: the cache is *trusted* (answers without
-//! asking the database) only while this replica hears of every deletion (`deletions.rs`); a
+//! asking the database) only while this replica hears of every deletion (`notices.rs`); a
 //! deletion heard bumps the generation, so a response read from the database before it is not
 //! cached after it.
 //!

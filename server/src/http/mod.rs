@@ -8,13 +8,13 @@
 //! share.
 
 pub mod cache;
-mod deletions;
 pub mod error;
 pub mod failure;
 pub mod jobs;
 pub mod metrics;
 mod middleware;
 pub mod models;
+mod notices;
 pub mod openapi;
 pub mod options;
 pub mod plans;

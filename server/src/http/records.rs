@@ -151,7 +151,7 @@ pub fn store_error(e: StoreError) -> ApiError {
 /// `GET` of one job: from the rendered-response cache when it finished before, else from the
 /// store (a finished job's response is cached). On PostgreSQL, where another replica may
 /// delete it, the cache answers by itself only while this replica hears of every deletion
-/// (`deletions.rs`), and after the database says the job is still there otherwise. Concurrent
+/// (`notices.rs`), and after the database says the job is still there otherwise. Concurrent
 /// misses of one job make one read of the store (`cache::Fill`).
 pub async fn get_record(state: &AppState, kind: Kind, id: &str) -> Result<Response, ApiError> {
     let key = format!("{}/{id}", kind.as_str());

@@ -9,6 +9,7 @@ use super::cache::Rendered;
 use super::failure::ServerError;
 use super::jobs::Jobs;
 use super::metrics::Metrics;
+use super::notices::Ended;
 use super::options::Caps;
 use super::store::Store;
 use super::workers::{WorkerConfig, Workers};
@@ -97,6 +98,8 @@ pub(super) struct Inner {
     pub(super) caps: Caps,
     pub(super) cors: Vec<HeaderValue>,
     pub(super) rendered: Arc<Rendered>,
+    /// Jobs that ended on any process (PostgreSQL; heard by `notices::follow`).
+    pub(super) ended: Arc<Ended>,
     pub(super) shutting_down: tokio::sync::watch::Sender<bool>,
 }
 
@@ -157,9 +160,14 @@ impl AppState {
             },
         };
         let rendered = Arc::new(Rendered::new(64 * 1024 * 1024));
+        let ended = Arc::new(Ended::new());
         if let (Store::Postgres(pg), Ok(runtime)) = (&store, tokio::runtime::Handle::try_current())
         {
-            runtime.spawn(super::deletions::follow(pg.clone(), Arc::clone(&rendered)));
+            runtime.spawn(super::notices::follow(
+                pg.clone(),
+                Arc::clone(&rendered),
+                Arc::clone(&ended),
+            ));
         }
         let caps = Caps {
             max_time_limit: config.max_time_limit,
@@ -178,6 +186,7 @@ impl AppState {
                 caps,
                 cors,
                 rendered,
+                ended,
                 shutting_down: tokio::sync::watch::channel(false).0,
             }),
         })

@@ -4,6 +4,7 @@
 
 use super::error::{code_for_status, ApiError, ErrorObject};
 use super::jobs::{Job, Rejected};
+use super::notices::Ended;
 use super::options::{canonical, query_pairs, resolve, Caps, EnvelopeOptions, Query, Resolved};
 use super::records::{
     json_response, record_out, store_error, stored_error, with_location, Accepted,
@@ -184,14 +185,19 @@ async fn wait_for(
 }
 
 /// Waits, on the shared queue, until job `id` is done or failed (or gone), `wait` passes, or
-/// the server shuts down: the database is polled, every 20 ms at first, then less often.
+/// the server shuts down. The worker's last write is heard at once while this replica follows
+/// the database's notices (`notices.rs`); the database is looked at too, every 20 ms at first,
+/// then less often: up to every 2 s while the notices are followed, every 250 ms while they are
+/// not (the listener reconnecting).
 async fn poll_for(state: &AppState, kind: Kind, id: &str, wait: Duration) -> Result<(), ApiError> {
     let Store::Postgres(pg) = &state.inner.store else {
         return Ok(());
     };
+    let key = format!("{}/{id}", kind.as_str());
+    let mut ended = state.inner.ended.subscribe();
     let end = tokio::time::Instant::now() + wait;
     let mut pause = Duration::from_millis(20);
-    let shutdown = state.inner.shutting_down.subscribe();
+    let mut shutdown = state.inner.shutting_down.subscribe();
     loop {
         match pg.status(kind, id).await.map_err(store_error)? {
             Some(status) if !status.is_terminal() => {}
@@ -201,8 +207,18 @@ async fn poll_for(state: &AppState, kind: Kind, id: &str, wait: Duration) -> Res
         if now >= end || *shutdown.borrow() {
             return Ok(());
         }
-        tokio::time::sleep(pause.min(end - now)).await;
-        pause = (pause * 2).min(Duration::from_millis(250));
+        tokio::select! {
+            _ = tokio::time::sleep(pause.min(end - now)) => {}
+            _ = Ended::of(&mut ended, &key) => {}
+            _ = shutdown.wait_for(|down| *down) => return Ok(()),
+        }
+        // The cache is trusted exactly while the listener is connected (`notices::listen`).
+        let most = if state.inner.rendered.trusted() {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_millis(250)
+        };
+        pause = (pause * 2).min(most);
     }
 }
 

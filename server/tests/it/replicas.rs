@@ -165,6 +165,35 @@ async fn count_jobs(db: &str) -> i64 {
         .get(0)
 }
 
+/// The payloads notified on `channel` from now on (`LISTEN` on a connection of its own, open
+/// while the client returned lives).
+async fn listen(
+    db: &str,
+    channel: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (client, mut connection) = tokio_postgres::connect(db, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                if tx.send(n.payload().to_string()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {channel}"))
+        .await
+        .unwrap();
+    (client, rx)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_and_a_worker_serve_one_store() {
     let db = pg::database().await;
@@ -196,6 +225,7 @@ async fn two_replicas_and_a_worker_serve_one_store() {
     assert_eq!(again.body["id"], posted.body["id"]);
 
     // Identical posts to both replicas at the same moment make one job.
+    let (_listening, mut finished) = listen(&db, "remat_finished").await;
     let jobs_before = count_jobs(&db).await;
     let mut posts = vec![];
     for round in 0..6 {
@@ -233,6 +263,12 @@ async fn two_replicas_and_a_worker_serve_one_store() {
         plan["predicted"]["peak_bytes"].as_u64().unwrap() <= plan["budget_bytes"].as_u64().unwrap(),
         "{done}"
     );
+    // The worker's last write told every listener (the replicas' waiting requests hear it at
+    // once, `http/notices.rs`).
+    let heard = tokio::time::timeout(Duration::from_secs(10), finished.recv())
+        .await
+        .expect("the job's end is notified on remat_finished");
+    assert_eq!(heard.as_deref(), Some(format!("plan/{}", ids[0]).as_str()));
 
     // Many reads of that plan at once on the replica that has not read it yet make one read of
     // the database; the others wait for it and answer from the cache (a cold replica under load

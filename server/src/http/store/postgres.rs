@@ -26,6 +26,10 @@ const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("migrations/0001_jobs.sql"
 /// Where a deletion is notified (the payload: `<kind>/<id>`, the responses cache's key).
 pub const DELETED_CHANNEL: &str = "remat_deleted";
 
+/// Where a job's end is notified (done or failed; the payload: `<kind>/<id>`), so that the
+/// requests waiting for it on any replica hear it at once (`http/notices.rs`).
+pub const FINISHED_CHANNEL: &str = "remat_finished";
+
 /// The advisory lock the migrations take (any constant; the same in every process).
 const MIGRATION_LOCK: i64 = 0x7265_6d61_7431;
 
@@ -395,7 +399,7 @@ impl PgStore {
 
     /// Replaces the document of a finished job of `kind` (a validation attached to it); false
     /// when there is no such job done. Every replica drops its cached response when this
-    /// commits, as for a deletion (`http/deletions.rs`): its next read asks the database.
+    /// commits, as for a deletion (`http/notices.rs`): its next read asks the database.
     pub async fn replace_result(
         &self,
         kind: Kind,
@@ -463,10 +467,13 @@ impl PgStore {
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         client
             .execute(
-                "UPDATE jobs SET status = 'failed', error = $1, error_status = 500, active_key = NULL,
-                                 lease_owner = NULL, lease_until = NULL, updated_at = $2
-                 WHERE status IN ('solving', 'validating') AND lease_until < now() AND attempts >= $3",
-                &[&exhausted, &stamp, &max_attempts],
+                "WITH lost AS (
+                     UPDATE jobs SET status = 'failed', error = $1, error_status = 500, active_key = NULL,
+                                     lease_owner = NULL, lease_until = NULL, updated_at = $2
+                     WHERE status IN ('solving', 'validating') AND lease_until < now() AND attempts >= $3
+                     RETURNING kind, id)
+                 SELECT pg_notify($4, kind || '/' || id) FROM lost",
+                &[&exhausted, &stamp, &max_attempts, &FINISHED_CHANNEL],
             )
             .await?;
         let tx = client.transaction().await?;
@@ -541,8 +548,9 @@ impl PgStore {
         Ok(n > 0)
     }
 
-    /// Stores the result of a job `owner` holds, once; false when it does not hold it (the
-    /// result is then not stored: another worker's is, or will be).
+    /// Stores the result of a job `owner` holds, once, and notifies its end on
+    /// [`FINISHED_CHANNEL`]; false when it does not hold it (the result is then not stored:
+    /// another worker's is, or will be).
     pub async fn finish(
         &self,
         id: &str,
@@ -550,19 +558,18 @@ impl PgStore {
         result: &str,
         summary: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let n = client
-            .execute(
-                "UPDATE jobs SET status = 'done', result = $3, summary = $4, updated_at = $5,
-                                 active_key = NULL, lease_owner = NULL, lease_until = NULL
-                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
-                &[&id, &owner, &result, &summary, &now()],
-            )
-            .await?;
-        Ok(n > 0)
+        self.end_held(
+            "status = 'done', result = $3, summary = $4",
+            id,
+            owner,
+            &result,
+            &summary,
+        )
+        .await
     }
 
-    /// Stores the error of a job `owner` holds, once; false when it does not hold it.
+    /// Stores the error of a job `owner` holds, once, and notifies its end on
+    /// [`FINISHED_CHANNEL`]; false when it does not hold it.
     pub async fn fail(
         &self,
         id: &str,
@@ -571,13 +578,40 @@ impl PgStore {
         error: &ErrorObject,
     ) -> Result<bool, StoreError> {
         let text = serde_json::to_string(error).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.end_held(
+            "status = 'failed', error = $3, error_status = $4",
+            id,
+            owner,
+            &text,
+            &i32::from(status),
+        )
+        .await
+    }
+
+    /// Ends job `id` if `owner` holds it: `set` (its columns from `$3` and `$4`), the lease
+    /// released, and its key notified on [`FINISHED_CHANNEL`] when the update commits; false
+    /// when `owner` does not hold it (nothing is written or notified).
+    async fn end_held(
+        &self,
+        set: &str,
+        id: &str,
+        owner: &str,
+        third: &(dyn tokio_postgres::types::ToSql + Sync),
+        fourth: &(dyn tokio_postgres::types::ToSql + Sync),
+    ) -> Result<bool, StoreError> {
         let client = self.client().await?;
+        let statement = format!(
+            "WITH ended AS (
+                 UPDATE jobs SET {set}, updated_at = $5,
+                                 active_key = NULL, lease_owner = NULL, lease_until = NULL
+                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')
+                 RETURNING kind, id)
+             SELECT pg_notify($6, kind || '/' || id) FROM ended"
+        );
         let n = client
             .execute(
-                "UPDATE jobs SET status = 'failed', error = $3, error_status = $4, updated_at = $5,
-                                 active_key = NULL, lease_owner = NULL, lease_until = NULL
-                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
-                &[&id, &owner, &text, &i32::from(status), &now()],
+                &statement,
+                &[&id, &owner, third, fourth, &now(), &FINISHED_CHANNEL],
             )
             .await?;
         Ok(n > 0)
@@ -623,7 +657,7 @@ pub fn worker_lost_error(attempts: i32) -> ErrorObject {
 }
 
 /// Commits `tx` with a notice on [`DELETED_CHANNEL`] of the job's cache key: every replica drops
-/// its cached response to the job when the change commits (`http/deletions.rs`).
+/// its cached response to the job when the change commits (`http/notices.rs`).
 async fn commit_with_notice(
     tx: deadpool_postgres::Transaction<'_>,
     kind: Kind,
