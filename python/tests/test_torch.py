@@ -363,13 +363,14 @@ def test_layers_are_regions_only_without_blocks_and_never_wrapped_when_writing_t
 class SelfCheckpointing(nn.Module):
     """Checkpoints its own blocks, as a model with its own activation checkpointing does."""
 
-    def __init__(self) -> None:
+    def __init__(self, reentrant: bool = False) -> None:
         super().__init__()
         self.blocks = nn.ModuleList([Block(32) for _ in range(2)])
+        self.reentrant = reentrant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for b in self.blocks:
-            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=False)
+            x = torch.utils.checkpoint.checkpoint(b, x, use_reentrant=self.reentrant)
         return x
 
 
@@ -388,8 +389,14 @@ def test_a_model_that_checkpoints_itself_is_refused_and_one_without_blocks_warne
     if hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"):
         with pytest.raises(rt.CaptureError, match=r"module 'blocks\.0\.ln' ran under saved-tensor"):
             rt.capture(SelfCheckpointing(), (x,))
-    else:  # torch 2.5 cannot tell whose saved-tensor hooks are innermost
-        rt.capture(SelfCheckpointing(), (x,))
+    else:  # torch 2.5 cannot tell whose saved-tensor hooks are innermost; the re-run tells
+        with pytest.raises(rt.CaptureError, match=r"module 'blocks\.1' ran its forward again"):
+            rt.capture(SelfCheckpointing(), (x,))
+    # The reentrant kind saves nothing in the forward and runs the block again in the backward.
+    with pytest.raises(
+        rt.CaptureError, match=r"module 'blocks\.1' ran its forward again during the backward"
+    ):
+        rt.capture(SelfCheckpointing(reentrant=True), (x.clone().requires_grad_(),))
     with pytest.warns(UserWarning, match="no repeated blocks found in Sequential"):
         g = rt.capture(nn.Sequential(Block(32)), (x,))
     assert g["regions"] == []

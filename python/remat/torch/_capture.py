@@ -345,6 +345,8 @@ class _Recording:
         self.region_trigger: dict[int, int] = {}
         self.fixed_bytes = 0
         self.forward_end = 0
+        # The first module whose forward ran during the backward pass (checkpointing's re-run)
+        self.rerun_in_backward: str | None = None
 
     # -- storages -------------------------------------------------------------------------
     def register_external(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -471,6 +473,8 @@ class _Recording:
 
     def _pre(self, fqn: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if self.phase == "backward" and self.rerun_in_backward is None:
+                self.rerun_in_backward = fqn
             if self.phase != "forward":
                 return
             self.module_stack.append(fqn)
@@ -710,6 +714,14 @@ def _pass_b(
     loss = _run(model, inputs, loss_fn, b, cost, seed)
     del loss
     b.phase = "done"
+    if b.rerun_in_backward is not None:
+        # Raised after the step, not in the hook, which runs inside autograd's backward.
+        raise CaptureError(
+            f"module {b.rerun_in_backward or '(top level)'!r} ran its forward again during the "
+            "backward pass: the model checkpoints activations itself (torch.utils.checkpoint, "
+            "reentrant or not), so the capture sees its recomputation instead of what autograd "
+            "would save; turn that off and let remat plan the checkpointing"
+        )
     for p in model.parameters():
         p.grad = None  # the step's gradients die here: after the last op
     return b
