@@ -1,7 +1,7 @@
 //! Load test of the planning service on loopback.
 //!
 //! Starts the service as `remat serve` processes on 127.0.0.1: one on a temporary SQLite store
-//! (`--store sqlite`, `--workers` threads), or `--replicas` replicas that only serve plus
+//! (`--store sqlite`, `--workers` threads: by default one per core, as `remat serve` has), or `--replicas` replicas that only serve plus
 //! `--pg-workers` `remat worker` processes on one throwaway PostgreSQL cluster
 //! (`--store postgres`; the tests' cluster code, `tests/it/pg.rs`). Clients spread their
 //! requests over the replicas as a load balancer would. It seeds it with plans of the training graphs in `../shared/bench/graphs`, then runs `--readers`
@@ -53,7 +53,8 @@ fn parse_options() -> Result<Options, String> {
         writers: 10,
         interval_ms: 100,
         write_interval_ms: 200,
-        workers: 1,
+        // As `remat serve` starts one replica: a worker per core.
+        workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
         queue: 16,
         max_requests: 10_000_000,
         graphs: std::path::PathBuf::from(
