@@ -213,6 +213,17 @@ def test_resnet_with_batchnorm_and_inplace_relu() -> None:
         assert v["buffers_max_rel_err"] == 0.0
 
 
+def test_capture_leaves_the_models_buffers_as_they_were() -> None:
+    # Its steps run in training mode, where each BatchNorm updates its running statistics.
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    x = torch.randn(2, 3, 64, 64)
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    rt.capture(model, (x,), cost="measured", timing_rounds=1, wrap_rounds=0)
+    changed = [n for n, b in model.named_buffers() if not torch.equal(b, before[n])]
+    assert changed == []
+
+
 def test_gpt2_from_transformers() -> None:
     torch.manual_seed(0)
     cfg = GPT2Config(

@@ -623,8 +623,8 @@ def capture(
     (each op's time on the model's device: its least over `timing_rounds` recorded steps).
     With measured costs, what checkpointing's own work costs is priced too (`wrap_cost`: the
     unplanned step against full checkpointing, medians of `wrap_rounds` alternating pairs; 0
-    leaves it out and only the re-run ops are priced). The model's gradients are left as they
-    were before the call.
+    leaves it out and only the re-run ops are priced). The model's gradients and buffers
+    (BatchNorm's running statistics) are left as they were before the call.
     """
     inputs = as_inputs(example_inputs)
     if cost not in ("flops", "measured"):
@@ -663,6 +663,9 @@ def capture(
         )
     sig = signature(model, inputs, region_fqns)
     saved_grads = {n: p.grad for n, p in model.named_parameters()}
+    # The captured steps run in training mode: BatchNorm's running statistics (and any other
+    # buffer a step updates) go back to what they were, as the gradients do.
+    saved_buffers = host_copies(model)
     for p in model.parameters():
         p.grad = None
     externals = [*model.parameters(), *model.buffers(), *_tensors(inputs)]
@@ -689,7 +692,20 @@ def capture(
     finally:
         for n, p in model.named_parameters():
             p.grad = saved_grads[n]
+        put_back(model, saved_buffers)
     return doc
+
+
+def host_copies(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's buffers (BatchNorm's running statistics, ...), copied to the host."""
+    return {n: b.detach().to("cpu", copy=True) for n, b in model.named_buffers()}
+
+
+def put_back(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    """Writes `host_copies` back into the model's buffers, in place."""
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            b.copy_(buffers[n])
 
 
 def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:

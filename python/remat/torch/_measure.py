@@ -25,7 +25,9 @@ from ._capture import (
     call,
     default_loss,
     first_difference,
+    host_copies,
     model_device,
+    put_back,
 )
 from ._errors import MeasureError
 
@@ -220,18 +222,6 @@ class _LeastOps:
         return sum(self.seconds)
 
 
-def _host_copies(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's buffers, copied to the host (see `_peak_step`'s gradients)."""
-    return {n: b.detach().to("cpu", copy=True) for n, b in model.named_buffers()}
-
-
-def _put_back(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
-    """Writes `_host_copies` back into the model's buffers."""
-    with torch.no_grad():
-        for n, b in model.named_buffers():
-            b.copy_(buffers[n])
-
-
 def alternating(
     model: nn.Module, plan: Plan, inputs: Inputs, pairs: int, step: Callable[[], _T]
 ) -> dict[str, list[_T]]:
@@ -276,17 +266,17 @@ def measure(
     inputs = as_inputs(example_inputs)
     loss_fn = loss_fn or default_loss
     device = model_device(model, inputs)
-    buffers = _host_copies(model)
+    buffers = host_copies(model)
 
     def restore_buffers() -> None:
-        _put_back(model, buffers)
+        put_back(model, buffers)
 
     base_peak, base_loss, base_grads = _peak_step(model, inputs, loss_fn, seed, device)
-    base_buffers = _host_copies(model)
+    base_buffers = host_copies(model)
     restore_buffers()
     with apply(model, plan, inputs):
         peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device)
-        plan_buffers = _host_copies(model)
+        plan_buffers = host_copies(model)
         restore_buffers()
 
     least = {"base": _LeastOps("unplanned"), "plan": _LeastOps("planned")}

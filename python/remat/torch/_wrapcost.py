@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._capture import Inputs, LossFn
+from ._capture import Inputs, LossFn, host_copies, put_back
 from ._errors import CaptureError, RematTorchError
-from ._measure import _host_copies, _put_back, _timed_step, alternating
+from ._measure import _timed_step, alternating
 from ._plan import baseline, simulate
 
 
@@ -47,7 +47,7 @@ def price_wrapping(
     stats = simulate(bare, full)
     rerun = stats["compute_cost"] - stats["base_cost"]
     n_ops = int(stats["wrapped_ops"])
-    buffers = _host_copies(model)
+    buffers = host_copies(model)
     try:
         # A graph without a wrappable region times the unplanned step in both (nothing to wrap).
         times = alternating(
@@ -60,7 +60,7 @@ def price_wrapping(
             f"would fail alike): {e}"
         ) from e
     finally:
-        _put_back(model, buffers)
+        put_back(model, buffers)
     step = statistics.median(times["base"])
     if not n_ops:
         return {
