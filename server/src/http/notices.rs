@@ -63,7 +63,7 @@ pub async fn follow(store: PgStore, rendered: Arc<Rendered>, ended: Arc<Ended>) 
             Ok(()) => complained = false,
             Err(e) => {
                 if !complained {
-                    tracing::warn!(db = %redact(store.url()), error = %e, "cannot follow deletions; cached plans are checked against the database until it can");
+                    tracing::warn!(db = %redact(store.url()), error = %e, "cannot follow deletions and job ends; cached plans are checked against the database, and waiting posts look at it, until it can");
                     complained = true;
                 }
             }
@@ -115,7 +115,7 @@ async fn listen(
             }
             ended.heard(key);
         }
-        tracing::warn!("lost the connection that follows deletions; reconnecting");
+        tracing::warn!("lost the connection that follows deletions and job ends; reconnecting");
     }
     driver.abort();
     listening

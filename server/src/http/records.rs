@@ -105,15 +105,7 @@ pub fn record_out(kind: Kind, row: Row, result: Option<String>) -> Result<PlanRe
 /// A JSON response.
 pub fn json_response(status: StatusCode, value: &impl Serialize) -> Response {
     match serde_json::to_vec(value) {
-        Ok(body) => (
-            status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            body,
-        )
-            .into_response(),
+        Ok(body) => json_body(status, Bytes::from(body)),
         Err(e) => ApiError::internal(format!("cannot serialize a response: {e}")).into_response(),
     }
 }
@@ -189,12 +181,13 @@ pub async fn get_record(state: &AppState, kind: Kind, id: &str) -> Result<Respon
     if finished {
         rendered.put_if(generation, key, body.clone());
     }
-    Ok(json_body(body))
+    Ok(json_body(StatusCode::OK, body))
 }
 
 /// A JSON body already serialized.
-fn json_body(body: Bytes) -> Response {
+fn json_body(status: StatusCode, body: Bytes) -> Response {
     (
+        status,
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -221,7 +214,7 @@ async fn cached(
         Store::Postgres(pg) => pg.status(kind, id).await.map_err(store_error)?.is_some(),
     };
     if still_there {
-        return Ok(Some(json_body(body)));
+        return Ok(Some(json_body(StatusCode::OK, body)));
     }
     rendered.invalidate(key);
     Ok(None)
