@@ -168,6 +168,10 @@ def test_random_ops_are_never_kept_since_a_kept_one_shifts_the_rerun_draws() -> 
         r["keep"] = [["aten.bernoulli.default", 0]]
     v = rt.measure(model, (x,), plan, rounds=1, op_rounds=0)
     assert v["grad_max_rel_err"] > 1e-2, v["grad_max_rel_err"]
+    # The unplanned step repeats itself exactly on the CPU: no allowance beyond the tolerance.
+    assert v["grad_reference_rel_err"] == 0.0
+    assert not v["ok"]
+    assert any(p.startswith(f"gradient of {v['grad_worst_param']} ") for p in v["problems"]), v
     # remat's plans never keep one: every budget replays the masks exactly.
     for budget in budgets(graph):
         plan = rt.plan(graph, budget)
@@ -745,3 +749,79 @@ def test_measure_times_every_op_at_its_least() -> None:
     assert least.seconds == [2.0, 1.0] and least.total() == 3.0
     with pytest.raises(rt.MeasureError, match=r"planned step ran other ops .*op 1: add then relu"):
         least.add(["mm", "relu"], [1.0, 1.0])
+
+
+class _Jitter(torch.autograd.Function):
+    """The identity, whose backward perturbs the gradient at rounding level with a generator that
+    no seed resets: a nondeterministic kernel, as CUDA's atomic sums are."""
+
+    generator = torch.Generator().manual_seed(1234)
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(g.shape, generator=_Jitter.generator, dtype=g.dtype)
+        return g * (1.0 + 1e-7 * noise)
+
+
+class SoftmaxBlock(nn.Module):
+    """A block with a parameter whose gradient is zero but for rounding: a shift along the axis a
+    softmax normalizes (as a key projection's bias is to attention)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.shift = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + _Jitter.apply(torch.softmax(self.fc(x) + self.shift, dim=-1))
+
+
+def test_gradients_under_nondeterministic_kernels_are_judged_by_the_unplanned_runs_spread() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[SoftmaxBlock(32) for _ in range(3)])
+    x = torch.randn(4, 16, 32)
+    graph = rt.capture(model, (x,))
+    plan = rt.plan(graph, budgets(graph)[0])
+    assert any(r["wrapped"] for r in plan["regions"])
+    v = rt.measure(model, (x,), plan, rounds=1, op_rounds=0)
+    # The shifts' gradients are rounding noise, which the jitter changes from run to run: by the
+    # tolerance alone the plan would fail; the unplanned run differs from itself as much.
+    assert v["grad_reference_rel_err"] > 1e-6, v
+    assert v["grad_max_rel_err"] > 1e-6, v
+    assert v["ok"], v["problems"]
+
+
+def test_a_gradient_off_by_more_than_its_own_runs_differ_is_named() -> None:
+    from remat.torch._measure import SPREAD_FACTOR, grad_check
+
+    ref = {"w": torch.tensor([1.0, -2.0]), "shift": torch.tensor([1e-9]), "b": torch.tensor([3.0])}
+    # Deterministic: the tolerance alone, and every failing parameter named.
+    same = grad_check({**ref, "w": torch.tensor([1.0, -2.001])}, ref, ref, 1e-6)
+    assert same.spread == 0.0 and same.worst_param == "w"
+    assert same.problems == [
+        "gradient of w differs from the unplanned run's: relative error 0.0005 > 1e-06"
+    ]
+    assert grad_check(dict(ref), ref, ref, 1e-6).problems == []
+    # Nondeterministic: the noise-only shift moves by its own size between unplanned runs, so it
+    # may move that much in the plan; w repeated itself exactly and is held to the tolerance.
+    again = {**ref, "shift": torch.tensor([-1e-9])}
+    noisy = grad_check({**ref, "shift": torch.tensor([3e-9])}, ref, again, 1e-6)
+    assert noisy.spread == pytest.approx(2.0) and noisy.problems == [], noisy
+    wrong = grad_check(
+        {**ref, "shift": torch.tensor([3e-9]), "w": torch.tensor([1.0, -2.001])}, ref, again, 1e-6
+    )
+    assert wrong.worst_param == "w" and len(wrong.problems) == 1, wrong
+    far = grad_check(
+        {**ref, "shift": torch.tensor([1e-9 + 2e-9 * SPREAD_FACTOR * 1.5])}, ref, again, 1e-6
+    )
+    assert far.worst_param == "shift"
+    assert "the 2 by which the unplanned run differs from itself there" in far.problems[0], far
+    # A NaN fails; a parameter with a gradient on one side only is named.
+    nan = grad_check({**ref, "b": torch.tensor([float("nan")])}, ref, ref, 1e-6)
+    assert nan.worst != nan.worst and nan.worst_param == "b"
+    gone = grad_check({k: v for k, v in ref.items() if k != "b"}, ref, ref, 1e-6)
+    assert gone.problems == ["gradients of b differ in presence"]

@@ -61,6 +61,9 @@ export function normalizeValidation(raw) {
     predictedPeakBytes: num(validation.predicted_peak_bytes),
     heapPeakBytes: num(validation.heap_peak_bytes),
     gradMaxRelErr: num(validation.grad_max_rel_err),
+    // PyTorch's measure: what the unplanned step's gradients differ from themselves by, run
+    // twice (0 with deterministic kernels); each gradient is judged against it.
+    gradReferenceRelErr: num(validation.grad_reference_rel_err),
     // Set when the loss weights Softmax outputs (their plain mean has no gradient).
     gradNote: str(validation.grad_note),
     stepSeconds: num(validation.step_seconds),

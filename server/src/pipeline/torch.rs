@@ -166,6 +166,10 @@ pub fn summary(doc: &PlanDocument) -> String {
         }
         if let Some(e) = num("grad_max_rel_err") {
             out.push_str(&format!(", max gradient error {e:.1e}"));
+            // Nondeterministic kernels: what the unplanned step differs from itself by.
+            if let Some(r) = num("grad_reference_rel_err").filter(|r| *r > 0.0) {
+                out.push_str(&format!(" (the unplanned step against itself {r:.1e})"));
+            }
         }
         if let Some(o) = num("measured_overhead") {
             out.push_str(&format!(", overhead {:+.2}%", o * 100.0));

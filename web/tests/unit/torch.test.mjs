@@ -65,6 +65,7 @@ test('a validation measured in PyTorch normalizes with the plan', () => {
       validation: {
         ran: true, device: 'torch-cpu', ok: false, problems: ['measured peak differs'],
         measured_peak_bytes: 97, predicted_peak_bytes: 95, grad_max_rel_err: 0, measured_overhead: 0.12, predicted_overhead: 0.1,
+        grad_reference_rel_err: 0.25,
       },
     },
   };
@@ -74,6 +75,7 @@ test('a validation measured in PyTorch normalizes with the plan', () => {
   assert.equal(v.measuredPeakBytes, 97);
   assert.equal(v.predictedPeakBytes, 95);
   assert.equal(v.measuredOverhead, 0.12);
+  assert.equal(v.gradReferenceRelErr, 0.25);
   assert.deepEqual(v.problems, ['measured peak differs']);
   assert.deepEqual(v.timeline, []);
 });
