@@ -49,6 +49,21 @@ pub struct ServeArgs {
     /// Seconds a request may take before it is answered 408.
     #[arg(long, default_value_t = 600)]
     pub request_timeout: u64,
+    /// On PostgreSQL, seconds between a waiting POST's looks at its job while this replica
+    /// hears job ends (a worker's last write wakes it at once; the looks catch an end missed
+    /// while the listener reconnects, when they are every 0.25 s).
+    #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
+    pub wait_poll: f64,
+}
+
+/// Parses a positive, finite number of seconds.
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(s),
+        _ => Err(format!(
+            "{text:?} is not a number of seconds above 0 (at most a day)"
+        )),
+    }
 }
 
 /// How workers of a shared (PostgreSQL) queue hold their jobs; `remat serve` and `remat worker`.
@@ -125,6 +140,7 @@ impl ServeArgs {
                 request_timeout: Duration::from_secs(self.request_timeout),
                 max_time_limit: self.max_time_limit,
                 default_wait: defaults.default_wait,
+                wait_poll: Duration::from_secs_f64(self.wait_poll),
                 shared_workers: self.lease.worker_config(workers, Takes::ALL),
             },
         }

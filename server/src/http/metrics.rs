@@ -21,6 +21,10 @@ pub struct Metrics {
     /// `GET` of a job by how it was answered: `hit` (the rendered-response cache), `joined`
     /// (waited for another request's read of the same job, then the cache), `read` (the store).
     pub job_reads: IntCounterVec,
+    /// PostgreSQL: POSTs that waited for their job, by what ended the wait: `notice` (the job's
+    /// end, heard), `look` (a look at the database found it ended), `timeout` (the wait ran
+    /// out: 202), `shutdown`.
+    pub waits: IntCounterVec,
     /// Shared queue (PostgreSQL): jobs waiting, by kind.
     pub shared_queued: IntGaugeVec,
     /// Shared queue: jobs a worker (of any process) holds, by kind.
@@ -93,6 +97,17 @@ impl Metrics {
         for outcome in ["hit", "joined", "read"] {
             job_reads.with_label_values(&[outcome]);
         }
+        let waits = IntCounterVec::new(
+            Opts::new(
+                "shared_waits_total",
+                "POSTs that waited for their job on the shared queue, by what ended the wait (notice, look, timeout, shutdown)",
+            ),
+            &["ended_by"],
+        )?;
+        registry.register(Box::new(waits.clone()))?;
+        for ended_by in ["notice", "look", "timeout", "shutdown"] {
+            waits.with_label_values(&[ended_by]);
+        }
         let shared_queued = IntGaugeVec::new(
             Opts::new(
                 "shared_queue_depth",
@@ -132,6 +147,7 @@ impl Metrics {
             solve_seconds,
             validation_seconds,
             job_reads,
+            waits,
             shared_queued,
             shared_running,
             shared_oldest_lease,

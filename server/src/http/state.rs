@@ -32,6 +32,10 @@ pub struct Config {
     pub max_time_limit: f64,
     /// How long a POST waits for its job when the request does not say.
     pub default_wait: Duration,
+    /// On PostgreSQL, while this replica hears job ends (`notices.rs`): the pause between a
+    /// waiting POST's looks at its job. The notice wakes it at once; the looks are for an end
+    /// the listener missed while it reconnected.
+    pub wait_poll: Duration,
     /// How this process's workers of a shared queue run (PostgreSQL only).
     pub shared_workers: WorkerConfig,
 }
@@ -47,6 +51,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(600),
             max_time_limit: 300.0,
             default_wait: Duration::from_secs(30),
+            wait_poll: Duration::from_secs(2),
             shared_workers: WorkerConfig::default(),
         }
     }
@@ -69,6 +74,12 @@ impl Config {
                     "{} is not a positive number of seconds",
                     self.max_time_limit
                 ),
+            });
+        }
+        if self.wait_poll.is_zero() {
+            return Err(ServerError::Config {
+                option: "wait-poll",
+                message: "must be more than 0 seconds".to_string(),
             });
         }
         if self.request_timeout.is_zero() {

@@ -186,40 +186,56 @@ async fn wait_for(
 
 /// Waits, on the shared queue, until job `id` is done or failed (or gone), `wait` passes, or
 /// the server shuts down. The worker's last write is heard at once while this replica follows
-/// the database's notices (`notices.rs`); the database is looked at too, every 20 ms at first,
-/// then less often: up to every 2 s while the notices are followed, every 250 ms while they are
-/// not (the listener reconnecting).
+/// the database's notices (`notices.rs`); the database is looked at too: every `wait_poll`
+/// (2 s by default) while the notices are followed, every 20 ms at first and then up to every
+/// 250 ms while they are not (the listener reconnecting). Counted by what ended the wait
+/// (`remat_shared_waits_total`).
 async fn poll_for(state: &AppState, kind: Kind, id: &str, wait: Duration) -> Result<(), ApiError> {
     let Store::Postgres(pg) = &state.inner.store else {
         return Ok(());
     };
+    if wait.is_zero() {
+        return Ok(());
+    }
     let key = format!("{}/{id}", kind.as_str());
     let mut ended = state.inner.ended.subscribe();
     let end = tokio::time::Instant::now() + wait;
-    let mut pause = Duration::from_millis(20);
+    let mut unheard_pause = Duration::from_millis(20);
     let mut shutdown = state.inner.shutting_down.subscribe();
-    loop {
+    let mut heard = false;
+    let ended_by = loop {
         match pg.status(kind, id).await.map_err(store_error)? {
             Some(status) if !status.is_terminal() => {}
-            _ => return Ok(()),
+            _ => break if heard { "notice" } else { "look" },
         }
         let now = tokio::time::Instant::now();
-        if now >= end || *shutdown.borrow() {
-            return Ok(());
+        if *shutdown.borrow() {
+            break "shutdown";
         }
-        tokio::select! {
-            _ = tokio::time::sleep(pause.min(end - now)) => {}
-            _ = Ended::of(&mut ended, &key) => {}
-            _ = shutdown.wait_for(|down| *down) => return Ok(()),
+        if now >= end {
+            break "timeout";
         }
         // The cache is trusted exactly while the listener is connected (`notices::listen`).
-        let most = if state.inner.rendered.trusted() {
-            Duration::from_secs(2)
+        let pause = if state.inner.rendered.trusted() {
+            state.inner.config.wait_poll
         } else {
-            Duration::from_millis(250)
+            let pause = unheard_pause;
+            unheard_pause = (unheard_pause * 2).min(Duration::from_millis(250));
+            pause
         };
-        pause = (pause * 2).min(most);
-    }
+        heard = tokio::select! {
+            _ = tokio::time::sleep(pause.min(end - now)) => false,
+            _ = Ended::of(&mut ended, &key) => true,
+            _ = shutdown.wait_for(|down| *down) => break "shutdown",
+        };
+    };
+    state
+        .inner
+        .metrics
+        .waits
+        .with_label_values(&[ended_by])
+        .inc();
+    Ok(())
 }
 
 /// The answer to a submission once the wait is over: the plan (`done_status`), the job's

@@ -194,6 +194,66 @@ async fn listen(
     (client, rx)
 }
 
+/// The value of counter `name` (with its labels) in a `/metrics` text.
+fn counter(text: &str, name: &str) -> u64 {
+    let name = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&name))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_post_is_answered_when_its_jobs_end_is_heard() {
+    let db = pg::database().await;
+    // Looks at the job an hour apart while the replica hears job ends: within the post's wait
+    // only the notice of the job's end can answer it.
+    let a = Proc::serve(&db, 0, &["--wait-poll", "3600"]);
+    let start = Instant::now();
+    while !a.output().contains("following deletions") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the replica's listener did not connect: {}",
+            a.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waits = |text: &str, by: &str| {
+        counter(
+            text,
+            &format!("remat_shared_waits_total{{ended_by=\"{by}\"}}"),
+        )
+    };
+    let metrics = || async {
+        let reply = must("GET", &format!("{}/metrics", a.url), None).await;
+        reply.body.as_str().unwrap().to_string()
+    };
+    let before = metrics().await;
+    let url = format!("{}/v1/plans?budget=0.9x&time_limit=5&wait=120", a.url);
+    let post = tokio::spawn(async move { must("POST", &url, Some(&vgg16())).await });
+    // Nobody takes the job until it waits in the queue; then a worker solves it.
+    let start = Instant::now();
+    while count_jobs(&db).await == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the post made no job"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _worker = Proc::worker(&db, &[]);
+    let posted = post.await.unwrap();
+    assert_eq!(posted.status, StatusCode::CREATED, "{}", posted.body);
+    assert_eq!(posted.body["status"], "done", "{}", posted.body);
+    let after = metrics().await;
+    let delta = |by| waits(&after, by) - waits(&before, by);
+    assert_eq!(
+        (delta("notice"), delta("look"), delta("timeout")),
+        (1, 0, 0),
+        "{after}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_and_a_worker_serve_one_store() {
     let db = pg::database().await;
@@ -274,12 +334,10 @@ async fn two_replicas_and_a_worker_serve_one_store() {
     // the database; the others wait for it and answer from the cache (a cold replica under load
     // would otherwise queue one query per request on its pool).
     let job_reads = |text: &str, outcome: &str| -> u64 {
-        let name = format!("remat_job_reads_total{{outcome=\"{outcome}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&name))
-            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-            .parse()
-            .unwrap()
+        counter(
+            text,
+            &format!("remat_job_reads_total{{outcome=\"{outcome}\"}}"),
+        )
     };
     let metrics_of_b = || async {
         let reply = must("GET", &format!("{}/metrics", b.url), None).await;
@@ -664,4 +722,14 @@ fn bad_databases_and_devices_are_refused_with_the_reason_and_no_password() {
     ]);
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("--workers"), "{text}");
+    // A pause between looks that is no pause, or not a number, is refused naming the flag.
+    for bad in ["0", "-1", "soon", "inf"] {
+        let flag = format!("--wait-poll={bad}");
+        let (code, text) = run(&["serve", "--addr", "127.0.0.1:0", &flag]);
+        assert_eq!(code, Some(2), "{bad}: {text}");
+        assert!(
+            text.contains("--wait-poll") && text.contains("not a number of seconds above 0"),
+            "{bad}: {text}"
+        );
+    }
 }
