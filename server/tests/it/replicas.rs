@@ -194,6 +194,12 @@ async fn listen(
     (client, rx)
 }
 
+/// The replica's `/metrics` text.
+async fn metrics(base: &str) -> String {
+    let reply = must("GET", &format!("{base}/metrics"), None).await;
+    reply.body.as_str().unwrap().to_string()
+}
+
 /// The value of counter `name` (with its labels) in a `/metrics` text.
 fn counter(text: &str, name: &str) -> u64 {
     let name = format!("{name} ");
@@ -225,11 +231,7 @@ async fn a_waiting_post_is_answered_when_its_jobs_end_is_heard() {
             &format!("remat_shared_waits_total{{ended_by=\"{by}\"}}"),
         )
     };
-    let metrics = || async {
-        let reply = must("GET", &format!("{}/metrics", a.url), None).await;
-        reply.body.as_str().unwrap().to_string()
-    };
-    let before = metrics().await;
+    let before = metrics(&a.url).await;
     let url = format!("{}/v1/plans?budget=0.9x&time_limit=5&wait=120", a.url);
     let post = tokio::spawn(async move { must("POST", &url, Some(&vgg16())).await });
     // Nobody takes the job until it waits in the queue; then a worker solves it.
@@ -245,7 +247,7 @@ async fn a_waiting_post_is_answered_when_its_jobs_end_is_heard() {
     let posted = post.await.unwrap();
     assert_eq!(posted.status, StatusCode::CREATED, "{}", posted.body);
     assert_eq!(posted.body["status"], "done", "{}", posted.body);
-    let after = metrics().await;
+    let after = metrics(&a.url).await;
     let delta = |by| waits(&after, by) - waits(&before, by);
     assert_eq!(
         (delta("notice"), delta("look"), delta("timeout")),
@@ -339,11 +341,7 @@ async fn two_replicas_and_a_worker_serve_one_store() {
             &format!("remat_job_reads_total{{outcome=\"{outcome}\"}}"),
         )
     };
-    let metrics_of_b = || async {
-        let reply = must("GET", &format!("{}/metrics", b.url), None).await;
-        reply.body.as_str().unwrap().to_string()
-    };
-    let before = metrics_of_b().await;
+    let before = metrics(&b.url).await;
     let on_b = format!("{}/v1/plans/{}", b.url, ids[0]);
     let reads: Vec<_> = (0..32)
         .map(|_| {
@@ -356,7 +354,7 @@ async fn two_replicas_and_a_worker_serve_one_store() {
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
         assert_eq!(r.body, done);
     }
-    let after = metrics_of_b().await;
+    let after = metrics(&b.url).await;
     let delta = |outcome| job_reads(&after, outcome) - job_reads(&before, outcome);
     assert_eq!(delta("read"), 1, "{after}");
     assert_eq!(delta("hit") + delta("joined"), 31, "{after}");
