@@ -429,6 +429,20 @@ fn main() {
             percentile(&after, 90.0),
             after.last().map_or(f64::NAN, |m| *m as f64 / 1000.0),
         );
+        if o.postgres {
+            // What ended each waiting post's wait, over every replica (the seeding posts too).
+            let mut ended_by = [("already", 0u64), ("notice", 0), ("look", 0), ("timeout", 0), ("shutdown", 0)];
+            for b in bases.iter() {
+                let (_, m) = request(&client, "GET", &format!("{b}/metrics"), None).await.expect("metrics");
+                let text = String::from_utf8_lossy(&m);
+                for (by, n) in ended_by.iter_mut() {
+                    let name = format!("remat_shared_waits_total{{ended_by=\"{by}\"}} ");
+                    *n += text.lines().find_map(|l| l.strip_prefix(&name)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+                }
+            }
+            let parts: Vec<String> = ended_by.iter().map(|(by, n)| format!("{by} {n}")).collect();
+            println!("waiting posts ended by (every replica, the seeding posts included): {}", parts.join(", "));
+        }
         // Solves completed: the jobs the writers created that are done now.
         let created = created.lock().unwrap().clone();
         let mut done = 0;

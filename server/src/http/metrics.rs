@@ -21,9 +21,9 @@ pub struct Metrics {
     /// `GET` of a job by how it was answered: `hit` (the rendered-response cache), `joined`
     /// (waited for another request's read of the same job, then the cache), `read` (the store).
     pub job_reads: IntCounterVec,
-    /// PostgreSQL: POSTs that waited for their job, by what ended the wait: `notice` (the job's
-    /// end, heard), `look` (a look at the database found it ended), `timeout` (the wait ran
-    /// out: 202), `shutdown`.
+    /// PostgreSQL: POSTs that waited for their job, by what ended the wait: `already` (it had
+    /// ended before the post looked), `notice` (its end, heard), `look` (a later look at the
+    /// database found it ended: a notice missed), `timeout` (the wait ran out: 202), `shutdown`.
     pub waits: IntCounterVec,
     /// Shared queue (PostgreSQL): jobs waiting, by kind.
     pub shared_queued: IntGaugeVec,
@@ -100,12 +100,12 @@ impl Metrics {
         let waits = IntCounterVec::new(
             Opts::new(
                 "shared_waits_total",
-                "POSTs that waited for their job on the shared queue, by what ended the wait (notice, look, timeout, shutdown)",
+                "POSTs that waited for their job on the shared queue, by what ended the wait (already, notice, look, timeout, shutdown)",
             ),
             &["ended_by"],
         )?;
         registry.register(Box::new(waits.clone()))?;
-        for ended_by in ["notice", "look", "timeout", "shutdown"] {
+        for ended_by in ["already", "notice", "look", "timeout", "shutdown"] {
             waits.with_label_values(&[ended_by]);
         }
         let shared_queued = IntGaugeVec::new(

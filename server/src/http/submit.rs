@@ -202,11 +202,12 @@ async fn poll_for(state: &AppState, kind: Kind, id: &str, wait: Duration) -> Res
     let end = tokio::time::Instant::now() + wait;
     let mut unheard_pause = Duration::from_millis(20);
     let mut shutdown = state.inner.shutting_down.subscribe();
-    let mut heard = false;
+    // What woke the wait before this look: none yet, a notice, or the timer.
+    let mut woken_by = "already";
     let ended_by = loop {
         match pg.status(kind, id).await.map_err(store_error)? {
             Some(status) if !status.is_terminal() => {}
-            _ => break if heard { "notice" } else { "look" },
+            _ => break woken_by,
         }
         let now = tokio::time::Instant::now();
         if *shutdown.borrow() {
@@ -223,9 +224,9 @@ async fn poll_for(state: &AppState, kind: Kind, id: &str, wait: Duration) -> Res
             unheard_pause = (unheard_pause * 2).min(Duration::from_millis(250));
             pause
         };
-        heard = tokio::select! {
-            _ = tokio::time::sleep(pause.min(end - now)) => false,
-            _ = Ended::of(&mut ended, &key) => true,
+        woken_by = tokio::select! {
+            _ = tokio::time::sleep(pause.min(end - now)) => "look",
+            _ = Ended::of(&mut ended, &key) => "notice",
             _ = shutdown.wait_for(|down| *down) => break "shutdown",
         };
     };
