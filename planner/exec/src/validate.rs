@@ -190,12 +190,14 @@ fn err(message: impl Into<String>) -> ExecError {
     ExecError::new(ExecFault::Failed, message)
 }
 
-/// Max over parameters of max|a − b| / max|b|, and how many were compared.
+/// Max over parameters of max|a − b| / max|b|, how many were compared, and the value whose
+/// difference is that max (`None` when none differs).
 pub fn grad_rel_err(
     a: &std::collections::HashMap<usize, Tensor>,
     b: &std::collections::HashMap<usize, Tensor>,
-) -> crate::error::Result<(f64, usize)> {
+) -> crate::error::Result<(f64, usize, Option<usize>)> {
     let mut worst: f64 = 0.0;
+    let mut worst_value = None;
     let mut n = 0;
     for (v, tb) in b {
         let ta = a
@@ -215,10 +217,14 @@ pub fn grad_rel_err(
             }
         });
         let rel = if scale > 0.0 { diff / scale } else { diff };
-        worst = worst.max(rel);
+        // Ties go to the smaller value id, so the name reported does not follow the map's order.
+        if rel > worst || (rel == worst && rel > 0.0 && worst_value.is_some_and(|w| *v < w)) {
+            worst = rel;
+            worst_value = Some(*v);
+        }
         n += 1;
     }
-    Ok((worst, n))
+    Ok((worst, n, worst_value))
 }
 
 /// A tensor's values as f64 on the host.
@@ -461,21 +467,24 @@ fn report(
     opts: &ValidateOptions,
 ) -> Validation {
     let mut problems = vec![];
-    let (grad_err, params_checked) = match grad_rel_err(&plan.grads, &reference.grads) {
+    let (grad_err, params_checked, worst) = match grad_rel_err(&plan.grads, &reference.grads) {
         Ok(x) => x,
         Err(e) => {
             problems.push(e.to_string());
-            (f64::INFINITY, 0)
+            (f64::INFINITY, 0, None)
         }
     };
     if grad_err.is_nan() || grad_err > opts.grad_tolerance {
+        let of = worst.map_or(String::new(), |v| {
+            format!(" (parameter {})", ex.model().values[v].name)
+        });
         problems.push(format!(
-            "gradients differ from the store-all run's: max relative error {grad_err:.3e} > {:.0e}",
+            "gradients differ from the store-all run's: max relative error {grad_err:.3e}{of} > {:.0e}",
             opts.grad_tolerance
         ));
     }
     let running_err = match grad_rel_err(&plan.running_stats, &reference.running_stats) {
-        Ok((e, _)) => e,
+        Ok((e, _, _)) => e,
         Err(e) => {
             problems.push(format!("running statistics: {e}"));
             f64::INFINITY
@@ -737,6 +746,30 @@ mod tests {
         assert_eq!(t.overhead, 1.5);
         assert_eq!(t.range, [1.0, 2.0]);
         assert_eq!(t.rounds, 2);
+    }
+
+    #[test]
+    fn the_gradient_error_names_the_value_that_differs_most() {
+        let t = |v: &[f32]| candle_core::Tensor::new(v, &candle_core::Device::Cpu).unwrap();
+        let reference: std::collections::HashMap<usize, _> =
+            [(3, t(&[1.0, -2.0])), (7, t(&[4.0])), (9, t(&[0.0]))].into();
+        let same = super::grad_rel_err(&reference.clone(), &reference).unwrap();
+        assert_eq!(same, (0.0, 3, None));
+        let mut plan = reference.clone();
+        plan.insert(3, t(&[1.0, -2.5])); // 0.25 of 2
+        plan.insert(7, t(&[4.5])); // 0.125 of 4
+        assert_eq!(
+            super::grad_rel_err(&plan, &reference).unwrap(),
+            (0.25, 3, Some(3))
+        );
+        plan.insert(9, t(&[f32::NAN]));
+        let (err, _, worst) = super::grad_rel_err(&plan, &reference).unwrap();
+        assert!(err.is_infinite() && worst == Some(9), "{err} {worst:?}");
+        plan.remove(&7);
+        let missing = super::grad_rel_err(&plan, &reference)
+            .unwrap_err()
+            .to_string();
+        assert!(missing.contains("no gradient for value 7"), "{missing}");
     }
 
     #[test]
