@@ -274,7 +274,8 @@ class GradCheck:
     """The largest relative difference between the two unplanned runs (`grad_reference_rel_err`):
     0 where the step's kernels are deterministic."""
     worst_param: str | None
-    """The parameter nearest to failing (or failing worst): its error over what it is allowed."""
+    """The parameter nearest to failing (or failing worst): its error over what it is allowed;
+    `None` when every gradient equals the reference's."""
     problems: list[str]
 
 
@@ -315,7 +316,8 @@ def grad_check(
         )
     if len(over) > 3:
         problems.append(f"and {len(over) - 3} more parameters' gradients differ")
-    worst_param = max(errs, key=lambda n: errs[n] / allowed[n], default=None)
+    differ = [n for n in errs if errs[n] > 0]
+    worst_param = max(differ, key=lambda n: errs[n] / allowed[n], default=None)
     return GradCheck(
         worst=max(errs.values(), key=lambda e: (e != e, e), default=0.0),  # NaN above all
         spread=max(spreads.values(), default=0.0),
