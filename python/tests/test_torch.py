@@ -769,15 +769,17 @@ class _Jitter(torch.autograd.Function):
 
 class SoftmaxBlock(nn.Module):
     """A block with a parameter whose gradient is zero but for rounding: a shift along the axis a
-    softmax normalizes (as a key projection's bias is to attention)."""
+    softmax normalizes (as a key projection's bias is to attention). `fc`'s gradients pass the
+    jitter and are real; `out`'s do not pass it."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
         self.fc = nn.Linear(d, d)
         self.shift = nn.Parameter(torch.zeros(1))
+        self.out = nn.Linear(d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + _Jitter.apply(torch.softmax(self.fc(x) + self.shift, dim=-1))
+        return x + self.out(_Jitter.apply(torch.softmax(self.fc(x) + self.shift, dim=-1)))
 
 
 def test_gradients_under_nondeterministic_kernels_are_judged_by_the_unplanned_runs_spread() -> None:

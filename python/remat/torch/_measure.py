@@ -299,10 +299,12 @@ def grad_check(
     errs = _rel_errs(planned, reference)
     spreads = _rel_errs(again, reference)
     allowed = {n: max(tolerance, SPREAD_FACTOR * spreads.get(n, 0.0)) for n in errs}
-    over = sorted(
-        (n for n in errs if not errs[n] <= allowed[n]),  # NaN fails
-        key=lambda n: -errs[n] / allowed[n] if errs[n] == errs[n] else -float("inf"),
-    )
+
+    def share(n: str) -> float:
+        """The parameter's error over what it is allowed (a NaN above every other)."""
+        return errs[n] / allowed[n] if errs[n] == errs[n] else float("inf")
+
+    over = sorted((n for n in errs if share(n) > 1.0), key=share, reverse=True)
     for n in over[:3]:
         spread = spreads.get(n, 0.0)
         problems.append(
@@ -316,12 +318,10 @@ def grad_check(
         )
     if len(over) > 3:
         problems.append(f"and {len(over) - 3} more parameters' gradients differ")
-    differ = [n for n in errs if errs[n] > 0]
-    worst_param = max(differ, key=lambda n: errs[n] / allowed[n], default=None)
     return GradCheck(
         worst=max(errs.values(), key=lambda e: (e != e, e), default=0.0),  # NaN above all
         spread=max(spreads.values(), default=0.0),
-        worst_param=over[0] if over else worst_param,
+        worst_param=max((n for n in errs if errs[n] != 0.0), key=share, default=None),
         problems=problems,
     )
 
