@@ -93,46 +93,47 @@ pub fn run_job(
             .observe(ended.duration_since(since).as_secs_f64());
     }
 
-    let final_status = match outcome {
+    // The outcome is counted before it is recorded: recording it wakes whoever waits on the
+    // job, who may read `/metrics` next and must find the job there.
+    let recorded: Result<(String, Option<String>), (u16, ErrorObject)> = match outcome {
         Ok(Ok(document)) => {
             let summary = summarize(&document).map(|s| s.to_string());
             match serde_json::to_string(&document) {
                 Ok(text) => {
-                    recorder.done(&text, summary.as_deref());
                     tracing::info!(
                         seconds = ended.duration_since(started).as_secs_f64(),
                         "job done"
                     );
-                    JobStatus::Done
+                    Ok((text, summary))
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot serialize the engine's document");
-                    recorder.failed(500, &internal_error());
-                    JobStatus::Failed
+                    Err((500, internal_error()))
                 }
             }
         }
         Ok(Err(err)) => {
             let (status, error) = public_error(&err);
             tracing::info!(code = %err.code, status = status.as_u16(), "job failed");
-            recorder.failed(status.as_u16(), &error);
-            JobStatus::Failed
+            Err((status.as_u16(), error))
         }
         Err(payload) => {
             tracing::error!(panic = %panic_message(payload.as_ref()), "the engine panicked");
-            recorder.failed(500, &internal_error());
-            JobStatus::Failed
+            Err((500, internal_error()))
         }
     };
-    let outcome_label = if final_status == JobStatus::Done {
-        "done"
-    } else {
-        "failed"
+    let (final_status, outcome_label) = match recorded {
+        Ok(_) => (JobStatus::Done, "done"),
+        Err(_) => (JobStatus::Failed, "failed"),
     };
     metrics
         .jobs
         .with_label_values(&[work.kind.as_str(), outcome_label])
         .inc();
+    match recorded {
+        Ok((text, summary)) => recorder.done(&text, summary.as_deref()),
+        Err((status, error)) => recorder.failed(status, &error),
+    }
     final_status
 }
 

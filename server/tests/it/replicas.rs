@@ -126,16 +126,29 @@ fn vgg16() -> Vec<u8> {
     graph("VGG16 (MLSys)_256_(224, 224, 3)")
 }
 
-/// Polls a job until `done` says so (or panics after `limit`).
+/// Polls a job until `done` says so (or panics after `limit`, with the last answer).
 async fn until(url: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    poll(url, limit, done)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Polls a job until `done` says so; after `limit`, what the last GET answered.
+async fn poll(url: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> Result<Value, String> {
     let end = Instant::now() + limit;
+    let mut last = "no answer".to_string();
     loop {
         if let Some(r) = call("GET", url, None).await {
             if r.status == StatusCode::OK && done(&r.body) {
-                return r.body;
+                return Ok(r.body);
             }
+            last = format!("{} {}", r.status, r.body);
         }
-        assert!(Instant::now() < end, "{url}: not there within {limit:?}");
+        if Instant::now() >= end {
+            return Err(format!(
+                "{url}: not there within {limit:?}; the last answer: {last}"
+            ));
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -509,6 +522,7 @@ async fn a_job_that_keeps_killing_its_workers_fails_with_the_reason() {
     .await;
     let id = posted.body["id"].as_str().unwrap().to_string();
     let url = format!("{}/v1/plans/{id}", replica.url);
+    let mut killed = String::new();
     for attempt in 1..=2 {
         let mut w = Proc::worker(&db, &["--lease", "3", "--max-attempts", "2"]);
         let end = Instant::now() + Duration::from_secs(30);
@@ -518,10 +532,19 @@ async fn a_job_that_keeps_killing_its_workers_fails_with_the_reason() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         w.kill();
+        killed += &format!("worker {attempt}:\n{}", w.output());
     }
     // The third worker does not run it: the job is failed, with the reason.
-    let _third = Proc::worker(&db, &["--lease", "3", "--max-attempts", "2"]);
-    let failed = until(&url, Duration::from_secs(30), |v| v["status"] == "failed").await;
+    let third = Proc::worker(&db, &["--lease", "3", "--max-attempts", "2"]);
+    let failed = match poll(&url, Duration::from_secs(30), |v| v["status"] == "failed").await {
+        Ok(v) => v,
+        Err(e) => panic!(
+            "{e}\nthe job's row (attempts, status): {:?}\nthe workers killed said:\n{killed}the third worker said:\n{}\nthe replica said:\n{}",
+            job_row(&db, &id).await,
+            third.output(),
+            replica.output()
+        ),
+    };
     assert_eq!(failed["error"]["code"], "worker_lost", "{failed}");
     assert_eq!(failed["error"]["details"]["attempts"], 2);
     assert_eq!(job_row(&db, &id).await.0, 2);
