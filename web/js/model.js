@@ -258,11 +258,22 @@ export function normalizeTorchPlan(raw) {
   const p = obj(r.plan);
   const pred = obj(p.predicted);
   const model = obj(r.model);
+  // A module run more than once per step (ALBERT's shared layer) is a region per call.
+  const callsOf = new Map();
+  for (const x of arr(p.regions)) {
+    const fqn = str(obj(x).fqn);
+    if (fqn !== null) callsOf.set(fqn, (callsOf.get(fqn) ?? 0) + 1);
+  }
   const regions = arr(p.regions).map((x, index) => {
     const o = obj(x);
+    const fqn = str(o.fqn);
+    const calls = fqn === null ? 1 : callsOf.get(fqn);
+    const call = num(o.call) ?? 0;
     return {
       index,
-      fqn: str(o.fqn) ?? `region ${index}`,
+      fqn: fqn ?? `region ${index}`,
+      call,
+      label: fqn === null ? `region ${index}` : calls > 1 ? `${fqn} (call ${call + 1} of ${calls})` : fqn,
       className: str(o.class) ?? '',
       wrapped: o.wrapped === true,
       keep: arr(o.keep).map((k) => (Array.isArray(k) ? `${str(k[0]) ?? '?'}#${num(k[1]) ?? '?'}` : str(k) ?? '?')),

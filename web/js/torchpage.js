@@ -41,7 +41,7 @@ export function renderTorchPlan(root, raw) {
     h(
       'tr',
       { 'data-testid': 'torch-region' },
-      h('td', {}, h('code', {}, r.fqn)),
+      h('td', {}, h('code', {}, r.label)),
       h('td', {}, r.className),
       h('td', {}, r.wrapped ? 'checkpointed' : 'not wrapped'),
       h('td', {}, r.wrapped ? (r.keep.length ? r.keep.join(', ') : 'nothing (full checkpointing)') : '—'),

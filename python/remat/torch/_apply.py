@@ -120,18 +120,49 @@ class _Policy:
         return forward, _Rerun(self.module, self.fqn, recompute)
 
 
+class _Calls:
+    """The policies of a wrapped module by call. A module run once per step has one, used by
+    every call (as many steps as the caller likes); a module run more than once per step
+    (ALBERT's shared layer group: a region, and a policy, per call) has one per call, taken in
+    turn; the model's forward starts the count again."""
+
+    def __init__(self, fqn: str, policies: list[_Policy | None]) -> None:
+        self.fqn = fqn
+        self.policies = policies
+        self.next = 0
+
+    def take(self) -> _Policy | None:
+        if len(self.policies) == 1:
+            return self.policies[0]
+        k = self.next
+        if k >= len(self.policies):
+            raise OpMismatchError(
+                f"region {self.fqn!r} ran a call #{k + 1} in one step, where the captured step "
+                f"called it {len(self.policies)} times: the forward differs from the capture "
+                "(data-dependent control flow or other shapes; or the model was not called "
+                "through the module the plan was applied to, whose forward counts the calls "
+                "of each step); capture again"
+            )
+        self.next += 1
+        return self.policies[k]
+
+
 class Applied:
     """What `apply` did; `remove()` restores the modules' own forward."""
 
-    def __init__(self, plan: Plan, wrapped: dict[str, nn.Module]) -> None:
+    def __init__(self, plan: Plan, wrapped: dict[str, nn.Module], hooks: list[Any]) -> None:
         self.plan = plan
         self.wrapped = wrapped
+        self.hooks = hooks
 
     def remove(self) -> None:
         for m in self.wrapped.values():
             if "forward" in m.__dict__:
                 del m.forward
+        for h in self.hooks:
+            h.remove()
         self.wrapped = {}
+        self.hooks = []
 
     def __enter__(self) -> Applied:
         return self
@@ -150,29 +181,57 @@ def apply(
     inputs = None if example_inputs is None else as_inputs(example_inputs)
     check_fingerprint(model, inputs, plan)
     modules = dict(model.named_modules())
-    wrapped: dict[str, nn.Module] = {}
+    # Each module's regions by call: one for a module run once per step, one per call for a
+    # module run more than once (ALBERT's shared layer group).
+    calls: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
     for region in plan["regions"]:
-        if not region["wrapped"]:
+        calls[region["fqn"]][int(region.get("call", 0))] = region
+    wrapped: dict[str, nn.Module] = {}
+    counters: list[_Calls] = []
+    for fqn, by_call in calls.items():
+        if not any(r["wrapped"] for r in by_call.values()):
             continue
-        fqn = region["fqn"]
+        n = len(by_call)
+        if sorted(by_call) != list(range(n)):
+            raise PlanMismatchError(
+                f"the plan's regions of module {fqn!r} are its calls {sorted(by_call)}, "
+                f"not 0 to {n - 1}"
+            )
         module = modules[fqn]
         if "forward" in module.__dict__:
             raise PlanMismatchError(
                 f"region {fqn!r} ({type(module).__name__}) is already wrapped "
                 "(or has its own forward attribute): remove the earlier plan"
             )
-        policy = _Policy(
-            module, fqn, list(region["ops"]), {(op, occ) for op, occ in region["keep"]}
+        counter = _Calls(
+            fqn,
+            [
+                _Policy(
+                    module,
+                    fqn if n == 1 else f"{fqn} (call {i + 1} of {n})",
+                    list(r["ops"]),
+                    {(op, occ) for op, occ in r["keep"]},
+                )
+                if r["wrapped"]
+                else None
+                for i, r in sorted(by_call.items())
+            ],
         )
+        if n > 1:
+            counters.append(counter)
         original = module.forward
 
         def forward(
-            *args: Any, _orig: Any = original, _policy: _Policy = policy, **kwargs: Any
+            *args: Any, _orig: Any = original, _calls: _Calls = counter, **kwargs: Any
         ) -> Any:
+            _policy = _calls.take()
             if (
-                not torch.is_grad_enabled()
-                or not any(t.requires_grad for t in _tensors((args, kwargs)))
-                and not any(p.requires_grad for p in _orig.__self__.parameters())
+                _policy is None
+                or not torch.is_grad_enabled()
+                or (
+                    not any(t.requires_grad for t in _tensors((args, kwargs)))
+                    and not any(p.requires_grad for p in _orig.__self__.parameters())
+                )
             ):
                 return _orig(*args, **kwargs)
             # The re-run must see what the forward saw: a list the caller appends to later
@@ -208,7 +267,15 @@ def apply(
 
         module.forward = functools.update_wrapper(forward, original)
         wrapped[fqn] = module
-    return Applied(plan, wrapped)
+    hooks = []
+    if counters:
+
+        def restart(*_: Any) -> None:
+            for c in counters:
+                c.next = 0
+
+        hooks.append(model.register_forward_pre_hook(restart))
+    return Applied(plan, wrapped, hooks)
 
 
 class _Rerun:

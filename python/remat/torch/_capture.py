@@ -207,6 +207,22 @@ def _repeated_children(
     return chosen
 
 
+def repeated_calls(model: nn.Module, calls: Mapping[str, int]) -> list[str]:
+    """The blocks (modules with submodules, not containers) whose forward ran more than once in
+    one step, outermost only: a block shared across depth, as ALBERT's layer group."""
+    chosen = [
+        fqn
+        for fqn, m in model.named_modules()
+        if fqn and calls.get(fqn, 0) > 1 and any(m.children()) and not isinstance(m, _CONTAINERS)
+    ]
+    chosen_set = set(chosen)
+    return [
+        fqn
+        for fqn in chosen
+        if not any(".".join(fqn.split(".")[:i]) in chosen_set for i in range(1, fqn.count(".") + 1))
+    ]
+
+
 def signature(model: nn.Module, inputs: Inputs, regions: Iterable[str]) -> dict:
     """What a plan is made for: parameter and buffer shapes, the inputs' shapes (positional, then
     keyword), the regions."""
@@ -322,6 +338,12 @@ class _Recording:
         self.model = model
         self.region_fqns = region_fqns
         self.region_index = {f: i for i, f in enumerate(region_fqns)}
+        # The regions are calls: (index in region_fqns, call number) of each call of a region's
+        # module, in the order they began (a module run several times per step, as ALBERT's
+        # shared layer, is a region per call); the dictionaries below are keyed by call.
+        self.calls: list[tuple[int, int]] = []
+        # How many times each module's forward ran in the forward pass.
+        self.module_calls: dict[str, int] = defaultdict(int)
         self.cuda = device.type == "cuda"
         self.device = device
         self.forward_only = forward_only
@@ -332,7 +354,7 @@ class _Recording:
         self.phase = "forward"
         self.module_stack: list[str] = []
         self.region_stack: list[int] = []
-        self.region_calls: dict[int, int] = defaultdict(int)
+        self.region_calls: dict[int, int] = defaultdict(int)  # by index in region_fqns
         self.region_first: dict[int, int] = {}
         self.region_last: dict[int, int] = {}
         self.region_counter: dict[int, dict[str, int]] = {}
@@ -478,14 +500,12 @@ class _Recording:
             if self.phase != "forward":
                 return
             self.module_stack.append(fqn)
-            r = self.region_index.get(fqn)
-            if r is not None:
-                self.region_calls[r] += 1
-                if self.region_calls[r] > 1:
-                    raise CaptureError(
-                        f"region {fqn!r} ({type(module).__name__}) runs more than once in one "
-                        "step; checkpointing wraps one call: name regions that run once"
-                    )
+            self.module_calls[fqn] += 1
+            m = self.region_index.get(fqn)
+            if m is not None:
+                r = len(self.calls)
+                self.calls.append((m, self.region_calls[m]))
+                self.region_calls[m] += 1
                 self.region_stack.append(r)
                 self.region_counter[r] = defaultdict(int)
                 for t in _tensors((args, kwargs)):
@@ -504,8 +524,8 @@ class _Recording:
                 return
             if self.module_stack and self.module_stack[-1] == fqn:
                 self.module_stack.pop()
-            r = self.region_index.get(fqn)
-            if r is not None and self.region_stack and self.region_stack[-1] == r:
+            m = self.region_index.get(fqn)
+            if m is not None and self.region_stack and self.calls[self.region_stack[-1]][0] == m:
                 self.region_stack.pop()
 
         return hook
@@ -653,15 +673,6 @@ def capture(
             "and let remat plan the checkpointing"
         )
     region_fqns = find_regions(model, regions)
-    if not region_fqns and regions is None:
-        warnings.warn(
-            f"no repeated blocks found in {type(model).__name__}: nothing to checkpoint, the plan "
-            "can only run the step as it is; name the modules to checkpoint (regions=[fqn, ...] "
-            "or a predicate). A block that runs more than once per step (shared layers, as in "
-            "ALBERT) cannot be a region.",
-            stacklevel=2,
-        )
-    sig = signature(model, inputs, region_fqns)
     saved_grads = {n: p.grad for n, p in model.named_parameters()}
     # The captured steps run in training mode: BatchNorm's running statistics (and any other
     # buffer a step updates) go back to what they were, as the gradients do.
@@ -674,6 +685,17 @@ def capture(
         a = _Recording(model, region_fqns, device, forward_only=True)
         a.register_external(externals)
         _run(model, inputs, loss_fn, a, cost, seed)
+        if not region_fqns and regions is None:
+            # No repeated blocks: the blocks that run more than once instead (ALBERT's one
+            # shared layer group), each call a region.
+            region_fqns = repeated_calls(model, a.module_calls)
+            if not region_fqns:
+                warnings.warn(
+                    f"no repeated blocks found in {type(model).__name__}: nothing to checkpoint, "
+                    "the plan can only run the step as it is; name the modules to checkpoint "
+                    "(regions=[fqn, ...] or a predicate)",
+                    stacklevel=2,
+                )
         # Pass B: the ordinary step; with measured costs, again until each op has been timed
         # `timing_rounds` times, keeping its least time (a kernel's first call may pay for its
         # setup, a page fault or a busy machine slows a single run).
@@ -682,6 +704,7 @@ def capture(
             for _ in range(timing_rounds - 1):
                 again = _pass_b(model, inputs, loss_fn, region_fqns, device, externals, cost, seed)
                 _least_times(b, again)
+        sig = signature(model, inputs, region_fqns)
         doc = _document(a, b, sig, device, cost, name or type(model).__name__)
         if cost == "measured" and wrap_rounds:
             from ._wrapcost import price_wrapping  # it plans and applies: imported late
@@ -791,13 +814,21 @@ def _document(
             }
         )
     regions = []
-    for r, fqn in enumerate(b.region_fqns):
-        if r not in b.region_first:
+    modules = dict(b.model.named_modules())
+    for fqn, m in b.region_index.items():
+        if not b.region_calls[m]:
             raise CaptureError(f"region {fqn!r} ran no op in the step")
-        module = dict(b.model.named_modules())[fqn]
+    for r, (m, k) in enumerate(b.calls):
+        fqn = b.region_fqns[m]
+        if r not in b.region_first:
+            which = f" (call {k + 1} of {b.region_calls[m]})" if b.region_calls[m] > 1 else ""
+            raise CaptureError(f"region {fqn!r}{which} ran no op in the step")
+        module = modules[fqn]
         regions.append(
             {
                 "fqn": fqn,
+                # Which call of the module this region is (0 unless it runs more than once).
+                "call": k,
                 "class": type(module).__name__,
                 "first_op": b.region_first[r],
                 "last_op": b.region_last[r],

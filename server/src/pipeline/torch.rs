@@ -138,8 +138,14 @@ pub fn summary(doc: &PlanDocument) -> String {
     }
     for r in wrapped {
         let keep: Vec<String> = r.keep.iter().map(|(op, i)| format!("{op}#{i}")).collect();
+        let calls = doc.regions.iter().filter(|o| o.fqn == r.fqn).count();
+        let call = if calls > 1 {
+            format!(", call {} of {calls}", r.call + 1)
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "    {} ({}): keep [{}]\n",
+            "    {} ({}{call}): keep [{}]\n",
             r.fqn,
             r.class_name,
             keep.join(", ")

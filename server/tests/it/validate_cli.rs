@@ -214,6 +214,39 @@ fn bound_time_proves_an_lp_bound_and_says_so() {
     );
 }
 
+/// ALBERT's one layer group runs four times per step: its regions are calls, named so.
+#[test]
+fn remat_plan_names_the_calls_of_a_module_run_more_than_once() {
+    let o = remat(&[
+        "plan",
+        "fixtures/torch/albert.torch.json",
+        "--budget",
+        "0.6x",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("torch-sac): fits"), "{t}");
+    assert!(
+        t.contains("encoder.albert_layer_groups.0 (AlbertLayerGroup, call 1 of 4)"),
+        "{t}"
+    );
+    let o = remat(&[
+        "plan",
+        "fixtures/torch/albert.torch.json",
+        "--budget",
+        "0.6x",
+        "--json",
+    ]);
+    let doc: serde_json::Value = serde_json::from_str(&text(&o)).unwrap();
+    let calls: Vec<u64> = doc["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["call"].as_u64().unwrap())
+        .collect();
+    assert_eq!(calls, [0, 1, 2, 3]);
+}
+
 #[test]
 fn remat_plan_takes_a_captured_pytorch_graph() {
     let dir = tempfile::tempdir().unwrap();

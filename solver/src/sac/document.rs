@@ -68,6 +68,10 @@ pub struct PredictedDoc {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RegionDoc {
     pub fqn: String,
+    /// Which call of the module, from 0 (a module run more than once per step is a region
+    /// per call; `remat.torch.apply` counts the calls of each step).
+    #[serde(default)]
+    pub call: usize,
     #[serde(rename = "class")]
     pub class_name: String,
     pub wrapped: bool,
@@ -226,6 +230,7 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
             let ops = &graph.ops[reg.first_op..=reg.last_op];
             RegionDoc {
                 fqn: reg.fqn.clone(),
+                call: reg.call,
                 class_name: reg.class_name.clone(),
                 wrapped: kept.is_some(),
                 keep: kept
@@ -263,7 +268,7 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
             wrap_cost: s.wrap_cost,
             forward_end_bytes: s.forward_end_bytes,
             peak_op: s.peak_op,
-            peak_in_rerun_of: s.peak_in_rerun_of.map(|r| graph.regions[r].fqn.clone()),
+            peak_in_rerun_of: s.peak_in_rerun_of.map(|r| graph.region_label(r)),
         },
         lower_bound: report.lower_bound.map(|b| SacLowerBound {
             compute_cost: b,
@@ -299,10 +304,15 @@ pub fn plan_from_document(graph: &TorchGraph, doc: &PlanDocument) -> Result<SacP
         let r = graph
             .regions
             .iter()
-            .position(|g| g.fqn == rd.fqn)
+            .position(|g| g.fqn == rd.fqn && g.call == rd.call)
             .ok_or_else(|| {
+                let call = if rd.call > 0 {
+                    format!(" (its call {})", rd.call + 1)
+                } else {
+                    String::new()
+                };
                 SolverError::InvalidArgument(format!(
-                    "the plan wraps region {:?}, which the graph lacks",
+                    "the plan wraps region {:?}{call}, which the graph lacks",
                     rd.fqn
                 ))
             })?;
@@ -314,7 +324,7 @@ pub fn plan_from_document(graph: &TorchGraph, doc: &PlanDocument) -> Result<SacP
                 .ok_or_else(|| {
                     SolverError::InvalidArgument(format!(
                         "the plan keeps {op} #{occ} in region {:?}, which runs no such op",
-                        rd.fqn
+                        graph.region_label(r)
                     ))
                 })?;
             kept.insert(j);

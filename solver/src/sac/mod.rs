@@ -91,6 +91,7 @@ mod tests {
             regions: vec![
                 TorchRegion {
                     fqn: "b.0".into(),
+                    call: 0,
                     class_name: "B".into(),
                     first_op: 0,
                     last_op: 1,
@@ -102,6 +103,7 @@ mod tests {
                 },
                 TorchRegion {
                     fqn: "b.1".into(),
+                    call: 0,
                     class_name: "B".into(),
                     first_op: 2,
                     last_op: 3,
@@ -238,6 +240,52 @@ mod tests {
             let (p, _) = cands.select(budget).unwrap();
             assert!(!p.wrapped.contains_key(&1), "{p:?}");
         }
+    }
+
+    #[test]
+    fn calls_of_one_module_are_regions_named_by_fqn_and_call() {
+        // One module run twice per step (a shared layer): two regions, one per call.
+        let mut g = two_blocks();
+        g.regions[1].fqn = "b.0".into();
+        g.regions[1].call = 1;
+        g.check().unwrap();
+        assert_eq!(g.region_label(1), "b.0 (call 2 of 2)");
+        assert_eq!(two_blocks().region_label(1), "b.1");
+        // Each call is planned, written and read back on its own.
+        let mut p = SacPlan::default();
+        p.wrapped.insert(1, BTreeSet::new());
+        let predicted = simulate(&g, &p).unwrap();
+        let report = SacReport {
+            budget_bytes: predicted.peak_bytes,
+            status: "fits",
+            min_peak_bytes: 0,
+            unplanned_peak_bytes: 0,
+            predicted,
+            moves: 0,
+            lower_bound: None,
+        };
+        let doc = document(&g, &p, &report);
+        let calls: Vec<_> = doc
+            .regions
+            .iter()
+            .map(|r| (r.fqn.as_str(), r.call, r.wrapped))
+            .collect();
+        assert_eq!(calls, [("b.0", 0, false), ("b.0", 1, true)]);
+        assert_eq!(plan_from_document(&g, &doc).unwrap(), p);
+        let mut other = doc.clone();
+        other.regions[1].call = 2;
+        let e = plan_from_document(&g, &other).unwrap_err().to_string();
+        assert!(
+            e.contains("\"b.0\" (its call 3), which the graph lacks"),
+            "{e}"
+        );
+        // The same module and call twice is refused, naming both.
+        g.regions[1].call = 0;
+        let e = g.check().unwrap_err().to_string();
+        assert!(
+            e.contains("regions[1] (b.0 (call 1 of 2)): the same module and call as regions[0]"),
+            "{e}"
+        );
     }
 
     #[test]

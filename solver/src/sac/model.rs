@@ -66,6 +66,11 @@ pub struct WrapCost {
 pub struct TorchRegion {
     /// The module's fully qualified name (`transformer.h.3`).
     pub fqn: String,
+    /// Which call of the module this region is, from 0: a module whose forward runs more than
+    /// once per step (ALBERT's shared layer group) is a region per call, each checkpointed on
+    /// its own. `(fqn, call)` names a region.
+    #[serde(default)]
+    pub call: usize,
     /// Its class (`GPT2Block`).
     #[serde(default, rename = "class")]
     pub class_name: String,
@@ -157,6 +162,18 @@ impl TorchGraph {
         Ok(g)
     }
 
+    /// How messages and documents name region `r`: its module's FQN, with the call
+    /// (`encoder.layer_group (call 3 of 12)`, counted from 1) where the module runs more than once.
+    pub fn region_label(&self, r: usize) -> String {
+        let reg = &self.regions[r];
+        let calls = self.regions.iter().filter(|o| o.fqn == reg.fqn).count();
+        if calls > 1 {
+            format!("{} (call {} of {calls})", reg.fqn, reg.call + 1)
+        } else {
+            reg.fqn.clone()
+        }
+    }
+
     pub fn check(&self) -> Result<()> {
         let bad = |what: String| Err(SolverError::GraphFormat { what });
         if self.format != FORMAT {
@@ -243,18 +260,27 @@ impl TorchGraph {
             }
         }
         for (r, reg) in self.regions.iter().enumerate() {
+            if let Some(other) = self.regions[..r]
+                .iter()
+                .position(|o| o.fqn == reg.fqn && o.call == reg.call)
+            {
+                return bad(format!(
+                    "regions[{r}] ({}): the same module and call as regions[{other}]",
+                    self.region_label(r)
+                ));
+            }
             let in_forward = |x: usize| x < self.forward_ops;
             if reg.first_op > reg.last_op || !in_forward(reg.last_op) {
                 return bad(format!(
                     "regions[{r}] ({}): ops {}..={} are not a range in the forward (forward_ops {})",
-                    reg.fqn, reg.first_op, reg.last_op, self.forward_ops
+                    self.region_label(r), reg.first_op, reg.last_op, self.forward_ops
                 ));
             }
             if let Some(stop) = reg.stop_op {
                 if stop + 1 < reg.first_op || stop > reg.last_op {
                     return bad(format!(
                         "regions[{r}] ({}): stop_op {stop} is outside its ops",
-                        reg.fqn
+                        self.region_label(r)
                     ));
                 }
             }
@@ -264,28 +290,30 @@ impl TorchGraph {
             {
                 return bad(format!(
                     "regions[{r}] ({}): trigger_op is not a backward position",
-                    reg.fqn
+                    self.region_label(r)
                 ));
             }
             if reg.stop_op.is_some() && reg.trigger_op.is_none() {
                 return bad(format!(
                     "regions[{r}] ({}): stop_op is set and trigger_op is null: a region that \
                      re-runs needs the backward op that starts it",
-                    reg.fqn
+                    self.region_label(r)
                 ));
             }
             for i in reg.first_op..=reg.last_op {
                 if self.ops[i].region != Some(r) {
                     return bad(format!(
                         "regions[{r}] ({}): op {i} ({}) inside its range belongs to region {:?}",
-                        reg.fqn, self.ops[i].op, self.ops[i].region
+                        self.region_label(r),
+                        self.ops[i].op,
+                        self.ops[i].region
                     ));
                 }
             }
             if let Some(&s) = reg.inputs.iter().find(|&&s| s >= self.storages.len()) {
                 return bad(format!(
                     "regions[{r}] ({}): input storage {s} does not exist",
-                    reg.fqn
+                    self.region_label(r)
                 ));
             }
         }
@@ -587,13 +615,16 @@ impl Resolved {
                 return Err(SolverError::InvalidArgument(format!(
                     "plan wraps region {r} ({}), whose forward writes its input in place ({op}): \
                      checkpointing would write the saved input again when the region re-runs",
-                    reg.fqn
+                    graph.region_label(r)
                 )));
             }
             if let Some(&j) = ops.iter().find(|&&j| j < reg.first_op || j > reg.last_op) {
                 return Err(SolverError::InvalidArgument(format!(
                     "plan keeps op {j} in region {} ({}), which runs ops {}..={}",
-                    r, reg.fqn, reg.first_op, reg.last_op
+                    r,
+                    graph.region_label(r),
+                    reg.first_op,
+                    reg.last_op
                 )));
             }
             wrapped[r] = true;

@@ -49,6 +49,7 @@ fn build(blocks: &[Vec<(u64, f64, bool)>]) -> TorchGraph {
         }
         regions.push(TorchRegion {
             fqn: format!("blocks.{b}"),
+            call: 0,
             class_name: "Block".into(),
             first_op: first,
             last_op: ops.len() - 1,

@@ -2,7 +2,8 @@
 //! captured by `remat.torch.capture` and, for plans on each (nothing wrapped, full
 //! checkpointing, remat's plans at three budgets), the peak PyTorch measured when it ran them
 //! (MemTracker; `fixtures/torch/generate.py`). The simulator must predict each measured peak
-//! within the manifest's tolerance, and today's planner must fit those budgets.
+//! within the manifest's tolerance, and today's planner must fit those budgets. ALBERT's step
+//! runs one layer group four times: a region per call, planned apart.
 
 use remat_solver::sac::{self, SacPlan, TorchGraph};
 use serde_json::Value;
@@ -24,7 +25,7 @@ fn graph(name: &str) -> TorchGraph {
     TorchGraph::from_json(&text).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-/// The plan a manifest case ran, by region FQN and `[op, occurrence]` keys.
+/// The plan a manifest case ran, by region FQN and call and `[op, occurrence]` keys.
 fn plan_of(g: &TorchGraph, case: &Value) -> SacPlan {
     let mut plan = SacPlan::default();
     for region in case["regions"].as_array().unwrap() {
@@ -32,11 +33,12 @@ fn plan_of(g: &TorchGraph, case: &Value) -> SacPlan {
             continue;
         }
         let fqn = region["fqn"].as_str().unwrap();
+        let call = region["call"].as_u64().unwrap_or(0) as usize;
         let r = g
             .regions
             .iter()
-            .position(|x| x.fqn == fqn)
-            .unwrap_or_else(|| panic!("region {fqn}"));
+            .position(|x| x.fqn == fqn && x.call == call)
+            .unwrap_or_else(|| panic!("region {fqn} call {call}"));
         let reg = &g.regions[r];
         let mut kept = BTreeSet::new();
         for key in region["keep"].as_array().unwrap() {
@@ -74,7 +76,7 @@ fn predicted_peaks_are_what_pytorch_measured() {
             checked += 1;
         }
     }
-    assert!(checked >= 15, "only {checked} cases");
+    assert!(checked >= 20, "only {checked} cases");
 }
 
 #[test]

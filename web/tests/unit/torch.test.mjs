@@ -48,10 +48,23 @@ test('a plan with the chain program\'s lower bound carries it and its gap', () =
   assert.equal(t.gap, 0.0091);
 });
 
+test('a module run more than once per step is a region per call, labelled by call', () => {
+  const albert = structuredClone(record);
+  albert.plan.regions = [
+    { fqn: 'layer', class: 'AlbertLayerGroup', call: 0, wrapped: true, keep: [], ops: [] },
+    { fqn: 'layer', class: 'AlbertLayerGroup', call: 1, wrapped: false, keep: [], ops: [] },
+    { fqn: 'head', class: 'Head', wrapped: true, keep: [], ops: [] },
+  ];
+  const t = normalizeTorchPlan(albert);
+  assert.deepEqual(t.regions.map((r) => r.label), ['layer (call 1 of 2)', 'layer (call 2 of 2)', 'head']);
+  assert.deepEqual(t.regions.map((r) => r.call), [0, 1, 0]);
+});
+
 test('missing fields read as nulls, not errors', () => {
   const t = normalizeTorchPlan({ plan: { execution_model: 'torch-sac', regions: [{}] } });
   assert.equal(t.budgetBytes, null);
   assert.equal(t.regions[0].fqn, 'region 0');
+  assert.equal(t.regions[0].label, 'region 0');
   assert.deepEqual(t.regions[0].keep, []);
   assert.equal(t.status, 'unknown');
 });
