@@ -2,10 +2,10 @@
 --device cuda): the tables of docs/bench/torch.md.
 
 For each model: capture one step (cost="measured"), plan at ¼, ½ and ¾ of the way from the least
-reachable peak to the unplanned peak, apply each plan and measure it in PyTorch (MemTracker peak,
-alternating timed pairs, every gradient against the unplanned run). Then PyTorch's own options —
-full checkpointing of every block, torchtitan's op-level SAC policy — are measured, and remat is
-planned at each one's measured peak and measured too: overheads at equal peak, one run.
+reachable peak to the unplanned peak, apply each plan and measure it in PyTorch (peak storage by
+storage, alternating timed pairs, every gradient against the unplanned run). Then PyTorch's own
+options — full checkpointing of every block, torchtitan's op-level SAC policy — are measured, and
+remat is planned at each one's measured peak and measured too: overheads at equal peak, one run.
 
     python python/bench/torch_bench.py --models resnet18,gpt2 --rounds 3 --json out.json
 

@@ -1,7 +1,7 @@
 """remat.torch against PyTorch itself: capture, plan, apply, measure (CPU, float32).
 
-Every plan is run in PyTorch: its measured peak (MemTracker) must fit the budget and agree with
-the predicted peak within 2%, and every parameter gradient must equal the unplanned run's.
+Every plan is run in PyTorch: its measured peak (storage by storage) must fit the budget and agree
+with the predicted peak within 2%, and every parameter gradient must equal the unplanned run's.
 """
 
 from __future__ import annotations
@@ -357,8 +357,8 @@ def test_a_checkpoint_holds_the_inputs_its_region_does_not_save() -> None:
 
 def test_a_model_with_frozen_parameters_is_measured_storage_by_storage() -> None:
     # MemTracker hooks every parameter's gradient and refuses one without (a frozen embedding,
-    # LoRA's base weights); the storage meter takes over, and agrees with MemTracker where both
-    # run.
+    # LoRA's base weights): its second opinion is left out; on this model it agrees with the
+    # storage meter where it runs.
     from remat.torch._measure import _StorageMeter
 
     torch.manual_seed(0)
@@ -374,15 +374,50 @@ def test_a_model_with_frozen_parameters_is_measured_storage_by_storage() -> None
             with _StorageMeter([*model.parameters(), x]) as meter:
                 model(x).mean().backward()
         v = rt.measure(model, (x,), plan, rounds=1, op_rounds=0)
-        assert v["peak_meter"] == ("storages" if frozen else "MemTracker")
-        if not frozen:
-            assert meter.peak == v["measured_peak_bytes"], v
+        assert v["peak_meter"] == "storages"
+        assert meter.peak == v["measured_peak_bytes"], v
+        assert v["memtracker_peak_bytes"] == (None if frozen else meter.peak), v
     graph = rt.capture(model, (x,))
     assert graph["fixed_bytes"] == sum(p.numel() * 4 for p in model.parameters()) + x.numel() * 4
     for v in check_plans(model, (x,)):
         assert v["peak_meter"] == "storages"
         assert v["measured_peak_bytes"] == v["predicted_peak_bytes"], v
         assert v["params_checked"] == sum(1 for p in model.parameters()) - 1
+
+
+def test_the_peak_is_of_the_step_as_it_runs_unhooked_and_a_dropped_branch_dies_in_it() -> None:
+    """ALBERT's pooler, whose output the loss leaves alone, ends in a tanh, which saves its own
+    output: the capture held it (output -> node -> the pack hook's holder -> output, a cycle) to
+    the end of the step, 66,560 bytes above the step's peak; and MemTracker, whose hooks on every
+    module's inputs change the backward it measures, reads up to 1.6% above the step as it runs."""
+    from transformers import AlbertConfig, AlbertModel
+
+    torch.manual_seed(0)
+    cfg = AlbertConfig(
+        vocab_size=1000,
+        embedding_size=32,
+        hidden_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
+    model = AlbertModel(cfg)  # with its pooler
+    model.train()
+    ids = torch.randint(0, cfg.vocab_size, (4, 64))
+    loss = lambda out: out.last_hidden_state.mean()  # noqa: E731
+    graph = rt.capture(model, (ids,), loss)
+    fwd = graph["ops"][: graph["forward_ops"]]
+    tanh = next(o for o in fwd if o["module"] == "pooler_activation")
+    assert all(graph["storages"][s]["free_after"] is not None for s in tanh["outputs"])
+    away = []
+    for plan in (rt.baseline(graph, "none"), rt.plan(graph, "min"), rt.plan(graph, "0.6x")):
+        v = rt.measure(model, (ids,), plan, loss, rounds=1, op_rounds=0)
+        assert v["measured_peak_bytes"] == plan["predicted"]["peak_bytes"], v
+        assert v["ok"], v["problems"]
+        away.append(v["memtracker_peak_bytes"] - v["measured_peak_bytes"])
+    # MemTracker's own figures: not judged, but they show why it is not the meter.
+    assert max(away) > 0, away
 
 
 class DenseLayer(nn.Module):

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_leaves
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 from torch.utils.weak import WeakIdKeyDictionary
@@ -470,7 +470,17 @@ class _Recording:
             self.storages[index].saves.append(save)
         if self.forward_only:
             return None  # keep nothing: pass A measures natural lifetimes
-        holder = _Saved(t, tuple(self.region_stack))
+        # The holder keeps the values without their history: an op that saves its own output
+        # (tanh, softmax, exp) would otherwise hold a reference cycle, output -> its node ->
+        # holder -> output, which outlives its graph where the loss does not reach it (a
+        # pooler's output the loss leaves alone: dropped by the caller, freed only by the
+        # garbage collector) and the capture would count it held to the end of the step;
+        # PyTorch's own saved outputs hold no such link, and autograd gives an unpacked value
+        # its history back. The detach runs outside the capture's dispatch mode: it is no op
+        # of the step.
+        with _disable_current_modes():
+            value = t.detach()
+        holder = _Saved(value, tuple(self.region_stack))
         if save:
             # Autograd drops the holder when it frees the saved value (after its node ran).
             weakref.finalize(holder, self._released, save)

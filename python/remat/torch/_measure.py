@@ -38,9 +38,13 @@ _T = TypeVar("_T")
 class _StorageMeter(TorchDispatchMode):
     """Live bytes of a step on CPU, storage by storage: the parameters', buffers' and inputs'
     storages from the start, every storage an op allocates (views allocate none) from that op
-    until it is freed; the peak is taken after each op. Where MemTracker cannot run: it hooks
-    every parameter's gradient, which a parameter without one refuses (a frozen embedding,
-    the base weights under LoRA)."""
+    until it is freed; the peak is taken after each op. It holds no tensor and hooks no module,
+    so the step it watches is the one the user runs. MemTracker counts the same way but hooks
+    every module's inputs and outputs for their gradients, which changes how autograd sums the
+    gradient of a module input that several of its ops read (NewGELUActivation's) and keeps a
+    branch the loss leaves alone (a pooler's) alive: its peak is of another backward (docs/torch.md,
+    "Measure"). It also hooks every parameter's gradient, which a parameter without one refuses
+    (a frozen embedding, the base weights under LoRA)."""
 
     def __init__(self, external: Iterable[torch.Tensor]) -> None:
         super().__init__()
@@ -73,16 +77,21 @@ class _StorageMeter(TorchDispatchMode):
 
 
 def peak_meter(model: nn.Module, device: torch.device) -> str:
-    """What `measure` takes the peak with: `cuda` (the allocator's peak), `MemTracker`
-    (torch.distributed._tools), or `storages` (`_StorageMeter`) for a model with a parameter
-    that takes no gradient, or where MemTracker is missing."""
+    """What `measure` takes the peak with: `cuda` (the allocator's peak) or `storages`
+    (`_StorageMeter`, on the CPU)."""
+    return "cuda" if device.type == "cuda" else "storages"
+
+
+def memtracker_runs(model: nn.Module, device: torch.device) -> bool:
+    """Whether PyTorch's MemTracker can measure the step too (on the CPU, as a second opinion):
+    it is there and every parameter takes a gradient."""
     if device.type == "cuda":
-        return "cuda"
+        return False
     try:
         from torch.distributed._tools.mem_tracker import MemTracker  # noqa: F401
     except ImportError:
-        return "storages"
-    return "MemTracker" if all(p.requires_grad for p in model.parameters()) else "storages"
+        return False
+    return all(p.requires_grad for p in model.parameters())
 
 
 def _peak_step(
@@ -91,14 +100,15 @@ def _peak_step(
     loss_fn: LossFn,
     seed: int,
     device: torch.device,
+    meter: str | None = None,
 ) -> tuple[int, float, dict[str, torch.Tensor]]:
-    """One step with its peak, by the meter `peak_meter` names: CUDA,
-    torch.cuda.max_memory_allocated reset before the step; CPU, MemTracker or the storages."""
+    """One step with its peak, by `meter` (default: what `peak_meter` names): `cuda`,
+    torch.cuda.max_memory_allocated reset before the step; `storages`; `MemTracker`."""
     inputs = as_inputs(inputs)
     for p in model.parameters():
         p.grad = None
     torch.manual_seed(seed)
-    meter = peak_meter(model, device)
+    meter = meter or peak_meter(model, device)
     tracker: Any = contextlib.nullcontext()
     if meter == "cuda":
         torch.cuda.synchronize(device)
@@ -367,6 +377,12 @@ def measure(
         peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device)
         plan_buffers = host_copies(model)
         restore_buffers()
+        # PyTorch's MemTracker on the planned step, a second opinion from another meter; its
+        # hooks change the step it measures, so it is reported, not judged.
+        memtracker_peak = None
+        if memtracker_runs(model, device):
+            memtracker_peak, _, _ = _peak_step(model, inputs, loss_fn, seed, device, "MemTracker")
+            restore_buffers()
 
     least = {"base": _LeastOps("unplanned"), "plan": _LeastOps("planned")}
     try:
@@ -444,5 +460,6 @@ def measure(
         ),
         "predicted_overhead": predicted["overhead"],
         "peak_meter": peak_meter(model, device),
+        "memtracker_peak_bytes": memtracker_peak,
         "torch": torch.__version__,
     }

@@ -1,9 +1,10 @@
 //! The torch-sac model against PyTorch, without torch: `fixtures/torch/` holds training steps
 //! captured by `remat.torch.capture` and, for plans on each (nothing wrapped, full
 //! checkpointing, remat's plans at three budgets), the peak PyTorch measured when it ran them
-//! (MemTracker; `fixtures/torch/generate.py`). The simulator must predict each measured peak
-//! within the manifest's tolerance, and today's planner must fit those budgets. ALBERT's step
-//! runs one layer group four times: a region per call, planned apart.
+//! (storage by storage, `remat.torch.measure`'s meter on the CPU; `fixtures/torch/generate.py`).
+//! The simulator must predict each measured peak within the manifest's tolerance, and today's
+//! planner must fit those budgets. ALBERT's step runs one layer group four times: a region per
+//! call, planned apart.
 
 use remat_solver::sac::{self, SacPlan, TorchGraph};
 use serde_json::Value;
