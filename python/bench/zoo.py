@@ -224,6 +224,7 @@ def main() -> int:
                         "predicted_peak_bytes": v["predicted_peak_bytes"],
                         "measured_peak_bytes": v["measured_peak_bytes"],
                         "peak_meter": v["peak_meter"],
+                        "memtracker_peak_bytes": v["memtracker_peak_bytes"],
                         "predicted_overhead": v["predicted_overhead"],
                         "grad_max_rel_err": v["grad_max_rel_err"],
                         "wrapped": sum(r["wrapped"] for r in plan["regions"]),
