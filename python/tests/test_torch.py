@@ -291,6 +291,13 @@ def test_a_shared_block_called_more_often_than_captured_is_named() -> None:
         model.calls = 3
         with pytest.raises(rt.OpMismatchError, match=r"region 'block' ran a call #3 in one step"):
             model(x)
+        # Called alone, outside the model's forward, the block takes its calls' policies in turn.
+        h = model.inp(x)
+        for _ in range(5):
+            h = model.block(h)
+        h.mean().backward()
+        model.calls = 2
+        model(x).mean().backward()  # the model's forward counts from its start again
     # A plan that names a call the model's capture lacks is refused before it runs.
     plan["regions"][1]["call"] = 5
     with pytest.raises(rt.PlanMismatchError, match=r"module .block. are its calls \[0, 5\]"):

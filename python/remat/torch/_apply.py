@@ -120,22 +120,34 @@ class _Policy:
         return forward, _Rerun(self.module, self.fqn, recompute)
 
 
+class _Step:
+    """Whether the forward of the model a plan was applied to is running (its depth)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
 class _Calls:
     """The policies of a wrapped module by call. A module run once per step has one, used by
     every call (as many steps as the caller likes); a module run more than once per step
     (ALBERT's shared layer group: a region, and a policy, per call) has one per call, taken in
-    turn; the model's forward starts the count again."""
+    turn. The model's forward starts the count again, and within it a call past the captured
+    ones is an error; called outside it (the module alone), the count starts again after the
+    last call (the op-sequence check still holds every call to its captured ops)."""
 
-    def __init__(self, fqn: str, policies: list[_Policy | None]) -> None:
+    def __init__(self, fqn: str, policies: list[_Policy | None], step: _Step) -> None:
         self.fqn = fqn
         self.policies = policies
+        self.step = step
         self.next = 0
 
     def take(self) -> _Policy | None:
         if len(self.policies) == 1:
             return self.policies[0]
         k = self.next
-        if k >= len(self.policies):
+        if k >= len(self.policies) and not self.step.depth:
+            k = 0
+        elif k >= len(self.policies):
             raise OpMismatchError(
                 f"region {self.fqn!r} ran a call #{k + 1} in one step, where the captured step "
                 f"called it {len(self.policies)} times: the forward differs from the capture "
@@ -143,7 +155,7 @@ class _Calls:
                 "through the module the plan was applied to, whose forward counts the calls "
                 "of each step); capture again"
             )
-        self.next += 1
+        self.next = k + 1
         return self.policies[k]
 
 
@@ -188,6 +200,7 @@ def apply(
         calls[region["fqn"]][int(region.get("call", 0))] = region
     wrapped: dict[str, nn.Module] = {}
     counters: list[_Calls] = []
+    step = _Step()
     for fqn, by_call in calls.items():
         if not any(r["wrapped"] for r in by_call.values()):
             continue
@@ -216,6 +229,7 @@ def apply(
                 else None
                 for i, r in sorted(by_call.items())
             ],
+            step,
         )
         if n > 1:
             counters.append(counter)
@@ -269,12 +283,19 @@ def apply(
         wrapped[fqn] = module
     hooks = []
     if counters:
+        # The model's forward is a step: the calls are counted from its start, and strictly
+        # while it runs.
+        def begin(*_: Any) -> None:
+            if not step.depth:
+                for c in counters:
+                    c.next = 0
+            step.depth += 1
 
-        def restart(*_: Any) -> None:
-            for c in counters:
-                c.next = 0
+        def end(*_: Any) -> None:
+            step.depth -= 1
 
-        hooks.append(model.register_forward_pre_hook(restart))
+        hooks.append(model.register_forward_pre_hook(begin))
+        hooks.append(model.register_forward_hook(end, always_call=True))
     return Applied(plan, wrapped, hooks)
 
 
