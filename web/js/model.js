@@ -60,6 +60,9 @@ export function normalizeValidation(raw) {
     measuredPeakBytes: num(validation.measured_peak_bytes),
     predictedPeakBytes: num(validation.predicted_peak_bytes),
     heapPeakBytes: num(validation.heap_peak_bytes),
+    // PyTorch's measure on the CPU: MemTracker's peak of the planned step, a second opinion that
+    // is not judged (its hooks change the backward it measures).
+    memtrackerPeakBytes: num(validation.memtracker_peak_bytes),
     gradMaxRelErr: num(validation.grad_max_rel_err),
     // PyTorch's measure: what the unplanned step's gradients differ from themselves by, run
     // twice (0 with deterministic kernels); each gradient is judged against it.

@@ -24,6 +24,7 @@ function measuredCard(t) {
     fmtBytes(v.measuredPeakBytes),
     h('span', { class: `verdict verdict-${okText}` }, okText),
     diff !== null ? `${diff >= 0 ? '+' : '−'}${Math.abs(diff * 100).toFixed(2)}% against the predicted ${fmtBytes(v.predictedPeakBytes)}` : null,
+    isNum(v.memtrackerPeakBytes) ? `PyTorch's MemTracker read ${fmtBytes(v.memtrackerPeakBytes)} (not judged: its hooks change the backward)` : null,
     isNum(v.gradMaxRelErr) ? `max gradient error ${v.gradMaxRelErr.toExponential(2)}${v.gradReferenceRelErr > 0 ? ` (the unplanned step against itself ${v.gradReferenceRelErr.toExponential(2)})` : ''}` : null,
     isNum(v.measuredOverhead) ? `overhead ${fmtOverhead(v.measuredOverhead)} measured${isNum(v.measuredStepOverhead) ? ` (ops at their least ${fmtOverhead(v.measuredStepOverhead)})` : ''}${isNum(t.predicted.overhead) ? `, ${fmtOverhead(t.predicted.overhead)} predicted` : ''}` : null,
     ...v.problems.slice(0, 3),

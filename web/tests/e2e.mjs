@@ -371,13 +371,13 @@ try {
   const overheadText = await page.textContent('[data-testid="card-overhead"]');
   assert.ok(overheadText.includes('lower bound') && overheadText.includes('gap'), `captured graph: overhead card "${overheadText}"`);
   // What remat.torch.measure returned, attached with a PUT: the card shows it.
-  const measured = { ran: true, device: 'torch-cpu', ok: true, problems: [], predicted_peak_bytes: trec.plan.predicted.peak_bytes, measured_peak_bytes: trec.plan.predicted.peak_bytes, grad_max_rel_err: 0, grad_reference_rel_err: 0.5, measured_overhead: 0.083, measured_step_overhead: 0.061, fingerprint: trec.plan.fingerprint, budget_bytes: trec.plan.budget_bytes };
+  const measured = { ran: true, device: 'torch-cpu', ok: true, problems: [], predicted_peak_bytes: trec.plan.predicted.peak_bytes, measured_peak_bytes: trec.plan.predicted.peak_bytes, memtracker_peak_bytes: trec.plan.predicted.peak_bytes + 131072, grad_max_rel_err: 0, grad_reference_rel_err: 0.5, measured_overhead: 0.083, measured_step_overhead: 0.061, fingerprint: trec.plan.fingerprint, budget_bytes: trec.plan.budget_bytes };
   const vres = await page.request.put(`${BASE}/v1/plans/${encodeURIComponent(trec.id)}/validation`, { data: JSON.stringify(measured), headers: { 'Content-Type': 'application/json' } });
   assert.equal(vres.status(), 200, `PUT validation: ${vres.status()} ${await vres.text()}`);
   await page.goto(`${BASE}/?plan=${encodeURIComponent(trec.id)}`);
   await waitReady();
   const measuredText = await page.textContent('[data-testid="card-validation"]');
-  assert.ok(measuredText.includes('torch-cpu') && measuredText.includes('passed') && measuredText.includes('+8.30 %') && measuredText.includes('ops at their least +6.10 %') && measuredText.includes('the unplanned step against itself 5.00e-1'), `captured graph: validation card "${measuredText}"`);
+  assert.ok(measuredText.includes('torch-cpu') && measuredText.includes('passed') && measuredText.includes('+8.30 %') && measuredText.includes('ops at their least +6.10 %') && measuredText.includes('the unplanned step against itself 5.00e-1') && measuredText.includes('MemTracker read'), `captured graph: validation card "${measuredText}"`);
   await accessibility('torch plan page');
   await page.screenshot({ path: path.join(OUT, 'torch-plan.png'), fullPage: true });
   check('a captured PyTorch graph renders its torch-sac plan', `${regionRows.length} regions, ${trec.plan.regions.filter((r) => r.wrapped).length} checkpointed`);

@@ -78,7 +78,7 @@ test('a validation measured in PyTorch normalizes with the plan', () => {
       validation: {
         ran: true, device: 'torch-cpu', ok: false, problems: ['measured peak differs'],
         measured_peak_bytes: 97, predicted_peak_bytes: 95, grad_max_rel_err: 0, measured_overhead: 0.12, predicted_overhead: 0.1,
-        grad_reference_rel_err: 0.25,
+        grad_reference_rel_err: 0.25, memtracker_peak_bytes: 99,
       },
     },
   };
@@ -87,6 +87,7 @@ test('a validation measured in PyTorch normalizes with the plan', () => {
   assert.equal(v.ok, false);
   assert.equal(v.measuredPeakBytes, 97);
   assert.equal(v.predictedPeakBytes, 95);
+  assert.equal(v.memtrackerPeakBytes, 99);
   assert.equal(v.measuredOverhead, 0.12);
   assert.equal(v.gradReferenceRelErr, 0.25);
   assert.deepEqual(v.problems, ['measured peak differs']);
