@@ -48,6 +48,8 @@ def main() -> int:
                 "unplanned": unplanned,
                 "predicted_peak": plan["predicted"]["peak_bytes"],
                 "measured_peak": v["measured_peak_bytes"],
+                "peak_meter": v["peak_meter"],
+                "memtracker_peak": v["memtracker_peak_bytes"],
                 "grad_max_rel_err": v["grad_max_rel_err"],
                 "predicted_overhead": plan["predicted"]["overhead"],
                 "measured_overhead": v["measured_overhead"],
