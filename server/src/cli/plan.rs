@@ -42,6 +42,11 @@ pub struct PlanArgs {
     /// Also write the JSON plan to this file
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// A plan of this model made before (`remat plan --json` or --out; repeatable): where
+    /// its peak fits the budget, the plan returned costs no more than it (ONNX models and
+    /// node-link graphs; not with --maximize)
+    #[arg(long, value_name = "FILE", conflicts_with = "maximize")]
+    reuse: Vec<PathBuf>,
     /// Run the plan on the executor and report measured figures (ONNX models)
     #[arg(long)]
     validate: bool,
@@ -88,7 +93,15 @@ fn parse_overhead(s: &str) -> Result<f64, String> {
 pub fn exec(args: PlanArgs) -> Result<(), Failure> {
     let bytes = args.model.read()?;
     let req = args.request();
-    if ModelFormat::detect(&bytes) == ModelFormat::TorchGraph {
+    let torch = ModelFormat::detect(&bytes) == ModelFormat::TorchGraph;
+    if torch && !args.reuse.is_empty() {
+        return Err(Failure::new(
+            2,
+            "--reuse offers a plan's schedule to the free-schedule planner; a captured \
+             PyTorch graph is planned per region",
+        ));
+    }
+    if torch {
         return torch_plan(&args, &bytes, &req);
     }
     if let Some(path) = &args.validation {
@@ -101,7 +114,19 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
             ),
         ));
     }
+    let reused = args
+        .reuse
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--reuse {}: cannot read it", path.display()))?;
+            let document: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("--reuse {}: not a JSON plan document", path.display()))?;
+            Ok((path.display().to_string(), document))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let outcome = PlanJob::new(&bytes, &req)
+        .reuse(&reused)
         .costs(args.exec.cost.into())
         .device(args.exec.device.into())
         .timing_rounds(args.exec.timing_rounds.into())

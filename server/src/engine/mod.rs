@@ -202,17 +202,57 @@ impl ModelFormat {
     }
 }
 
+/// A plan of the same model that the service finished before (a row of its store): what a
+/// new plan of the model may reuse ([`History`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredPlan {
+    /// The job's id.
+    pub id: String,
+    /// The options it was planned with.
+    pub request: PlanRequest,
+    /// Its headline figures as stored (`status`, `budget_bytes`, `peak_bytes`, `overhead`, ...:
+    /// `http::run::summarize`).
+    pub summary: serde_json::Value,
+}
+
+/// The plans the service holds of the model being planned. A plan at budget B is offered the
+/// schedules of those that fit B, so it never costs more than one the service found before
+/// (`remat_solver::plan::plan_reusing`). Reading them is best effort: a store that cannot
+/// answer gives none (and logs why), and the plan is made without them.
+pub trait History {
+    /// Finished plans of the model, without their documents.
+    fn plans(&self) -> Vec<StoredPlan>;
+    /// The document of one of them; `None` when it is gone or unreadable.
+    fn document(&self, id: &str) -> Option<serde_json::Value>;
+}
+
+/// No plans before this one (the CLI, and the engine's tests).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHistory;
+
+impl History for NoHistory {
+    fn plans(&self) -> Vec<StoredPlan> {
+        Vec::new()
+    }
+
+    fn document(&self, _id: &str) -> Option<serde_json::Value> {
+        None
+    }
+}
+
 /// The planning pipeline as the service sees it. Implementations are blocking (CPU bound) and
 /// are called from worker threads, never from the async runtime.
 pub trait Engine: Send + Sync + 'static {
-    /// Plans one model. `progress` is called when the job enters a new phase. The returned
-    /// document is the plan as the API returns it under `plan` (the real engine's is a
+    /// Plans one model. `history` holds the plans made of it before, which the plan may
+    /// reuse; `progress` is called when the job enters a new phase. The returned document is
+    /// the plan as the API returns it under `plan` (the real engine's is a
     /// [`document::PlanDocument`]).
     fn plan(
         &self,
         model: &[u8],
         format: ModelFormat,
         request: &PlanRequest,
+        history: &dyn History,
         progress: &dyn Fn(Phase),
     ) -> Result<serde_json::Value, EngineError>;
 
@@ -228,5 +268,63 @@ pub trait Engine: Send + Sync + 'static {
     /// Which format the bytes are in ([`ModelFormat::detect`]).
     fn detect(&self, model: &[u8]) -> ModelFormat {
         ModelFormat::detect(model)
+    }
+}
+
+/// The summary figures of an engine document: its own `summary` object when it has one, else
+/// the headline fields of a plan report (budget, store-all peak, predicted peak and overhead,
+/// solver and its status, gap, minimum feasible budget).
+pub fn summarize(document: &serde_json::Value) -> Option<serde_json::Value> {
+    if let Some(summary) = document.get("summary") {
+        return Some(summary.clone());
+    }
+    let doc = document.as_object()?;
+    let mut out = serde_json::Map::new();
+    let top = [
+        "budget_bytes",
+        "store_all_peak_bytes",
+        "solver",
+        "status",
+        "gap",
+        "min_feasible_budget_bytes",
+    ];
+    for key in top {
+        if let Some(v) = doc.get(key) {
+            out.insert(key.to_string(), v.clone());
+        }
+    }
+    if let Some(predicted) = doc.get("predicted") {
+        for key in ["peak_bytes", "overhead", "compute_cost"] {
+            if let Some(v) = predicted.get(key) {
+                out.insert(key.to_string(), v.clone());
+            }
+        }
+    }
+    (!out.is_empty()).then_some(serde_json::Value::Object(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summarize;
+    use serde_json::json;
+
+    #[test]
+    fn summaries_prefer_the_engines_own_and_else_pick_the_report_headlines() {
+        let own = json!({"summary": {"peak": 1}, "budget_bytes": 5});
+        assert_eq!(summarize(&own), Some(json!({"peak": 1})));
+        let report = json!({
+            "status": "optimal", "solver": "dp", "budget_bytes": 100, "store_all_peak_bytes": 160,
+            "gap": null, "predicted": {"peak_bytes": 96, "overhead": 0.2, "compute_cost": 12.0, "memory": [1, 2]},
+            "schedule": [], "decisions": []
+        });
+        assert_eq!(
+            summarize(&report),
+            Some(json!({
+                "status": "optimal", "solver": "dp", "budget_bytes": 100, "store_all_peak_bytes": 160,
+                "gap": null, "peak_bytes": 96, "overhead": 0.2, "compute_cost": 12.0
+            }))
+        );
+        assert_eq!(summarize(&json!([1, 2])), None);
+        assert_eq!(summarize(&json!({"points": []})), None);
     }
 }

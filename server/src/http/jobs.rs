@@ -6,9 +6,9 @@
 
 use super::error::ErrorObject;
 use super::metrics::Metrics;
-use super::run::{lower_priority, run_job, Recorder, Work};
+use super::run::{lower_priority, run_job, stored_plans, Recorder, Work};
 use super::store::{JobStatus, Kind, SqliteStore};
-use crate::engine::{Engine, ModelFormat, PlanRequest};
+use crate::engine::{Engine, History, ModelFormat, PlanRequest, StoredPlan};
 use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,8 @@ pub struct Job {
     pub model: axum::body::Bytes,
     pub format: ModelFormat,
     pub request: PlanRequest,
+    /// The model's hash, which its earlier plans are stored under.
+    pub model_hash: String,
 }
 
 /// Why a job was not accepted.
@@ -152,6 +154,11 @@ fn worker(receiver: &Mutex<Receiver<Job>>, shared: &Shared) {
                 model: &job.model,
                 format: job.format,
                 request: &job.request,
+                history: &Stored {
+                    store: &shared.store,
+                    model_hash: &job.model_hash,
+                    job: &job.id,
+                },
             };
             let recorder = Local {
                 shared,
@@ -177,6 +184,35 @@ fn notify(shared: &Shared, id: &str, status: JobStatus) {
 fn log_store_error(id: &str, result: Result<(), rusqlite::Error>) {
     if let Err(e) = result {
         tracing::error!(job = id, error = %e, "cannot record the job in the plan store");
+    }
+}
+
+/// The plans of a job's model in the SQLite file.
+struct Stored<'a> {
+    store: &'a SqliteStore,
+    model_hash: &'a str,
+    job: &'a str,
+}
+
+impl History for Stored<'_> {
+    fn plans(&self) -> Vec<StoredPlan> {
+        match self.store.history(self.model_hash) {
+            Ok(rows) => stored_plans(rows, self.job),
+            Err(e) => {
+                tracing::warn!(job = self.job, error = %e, "cannot read the model's earlier plans; planning without them");
+                Vec::new()
+            }
+        }
+    }
+
+    fn document(&self, id: &str) -> Option<serde_json::Value> {
+        match self.store.get(Kind::Plan, id) {
+            Ok(record) => serde_json::from_str(&record?.result?).ok(),
+            Err(e) => {
+                tracing::warn!(job = self.job, plan = id, error = %e, "cannot read an earlier plan");
+                None
+            }
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 
 use super::error::{public_error, ErrorObject, INTERNAL_MESSAGE};
 use super::metrics::Metrics;
-use super::store::{JobStatus, Kind};
-use crate::engine::{Engine, ModelFormat, Phase, PlanRequest};
+use super::store::{JobStatus, Kind, Row};
+use crate::engine::{Engine, History, ModelFormat, Phase, PlanRequest, StoredPlan};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -28,6 +28,25 @@ pub struct Work<'a> {
     pub model: &'a [u8],
     pub format: ModelFormat,
     pub request: &'a PlanRequest,
+    /// The plans the store holds of the model (a plan reuses or beats those that fit).
+    pub history: &'a dyn History,
+}
+
+/// The rows of a model's history a new plan may reuse: finished plans other than the job
+/// itself, with readable options and summaries.
+pub fn stored_plans(rows: Vec<Row>, job: &str) -> Vec<StoredPlan> {
+    rows.into_iter()
+        .filter(|r| r.status == JobStatus::Done && r.id != job)
+        .filter_map(|r| {
+            let request = serde_json::from_str::<PlanRequest>(&r.options).ok()?;
+            let summary = serde_json::from_str(r.summary.as_deref()?).ok()?;
+            Some(StoredPlan {
+                id: r.id,
+                request,
+                summary,
+            })
+        })
+        .collect()
 }
 
 /// A panic's message, for the log.
@@ -77,7 +96,13 @@ pub fn run_job(
         recorder.phase(status);
     };
     let outcome = catch_unwind(AssertUnwindSafe(|| match work.kind {
-        Kind::Plan => engine.plan(work.model, work.format, work.request, &progress),
+        Kind::Plan => engine.plan(
+            work.model,
+            work.format,
+            work.request,
+            work.history,
+            &progress,
+        ),
         Kind::Sweep => engine.sweep(work.model, work.format, work.request),
     }));
     let ended = Instant::now();
@@ -97,7 +122,7 @@ pub fn run_job(
     // job, who may read `/metrics` next and must find the job there.
     let recorded: Result<(String, Option<String>), (u16, ErrorObject)> = match outcome {
         Ok(Ok(document)) => {
-            let summary = summarize(&document).map(|s| s.to_string());
+            let summary = crate::engine::summarize(&document).map(|s| s.to_string());
             match serde_json::to_string(&document) {
                 Ok(text) => {
                     tracing::info!(
@@ -158,63 +183,8 @@ pub fn lower_priority() {
     }
 }
 
-/// The summary figures of an engine document: its own `summary` object when it has one, else
-/// the headline fields of a plan report (budget, store-all peak, predicted peak and overhead,
-/// solver and its status, gap, minimum feasible budget).
-pub fn summarize(document: &serde_json::Value) -> Option<serde_json::Value> {
-    if let Some(summary) = document.get("summary") {
-        return Some(summary.clone());
-    }
-    let doc = document.as_object()?;
-    let mut out = serde_json::Map::new();
-    let top = [
-        "budget_bytes",
-        "store_all_peak_bytes",
-        "solver",
-        "status",
-        "gap",
-        "min_feasible_budget_bytes",
-    ];
-    for key in top {
-        if let Some(v) = doc.get(key) {
-            out.insert(key.to_string(), v.clone());
-        }
-    }
-    if let Some(predicted) = doc.get("predicted") {
-        for key in ["peak_bytes", "overhead", "compute_cost"] {
-            if let Some(v) = predicted.get(key) {
-                out.insert(key.to_string(), v.clone());
-            }
-        }
-    }
-    (!out.is_empty()).then_some(serde_json::Value::Object(out))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::summarize;
-    use serde_json::json;
-
-    #[test]
-    fn summaries_prefer_the_engines_own_and_else_pick_the_report_headlines() {
-        let own = json!({"summary": {"peak": 1}, "budget_bytes": 5});
-        assert_eq!(summarize(&own), Some(json!({"peak": 1})));
-        let report = json!({
-            "status": "optimal", "solver": "dp", "budget_bytes": 100, "store_all_peak_bytes": 160,
-            "gap": null, "predicted": {"peak_bytes": 96, "overhead": 0.2, "compute_cost": 12.0, "memory": [1, 2]},
-            "schedule": [], "decisions": []
-        });
-        assert_eq!(
-            summarize(&report),
-            Some(json!({
-                "status": "optimal", "solver": "dp", "budget_bytes": 100, "store_all_peak_bytes": 160,
-                "gap": null, "peak_bytes": 96, "overhead": 0.2, "compute_cost": 12.0
-            }))
-        );
-        assert_eq!(summarize(&json!([1, 2])), None);
-        assert_eq!(summarize(&json!({"points": []})), None);
-    }
-
     #[cfg(target_os = "linux")]
     #[test]
     fn a_worker_thread_and_the_threads_it_spawns_run_at_nice_10() {

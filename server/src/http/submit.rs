@@ -369,6 +369,7 @@ pub async fn submit(
                 model,
                 format,
                 request: resolved.request,
+                model_hash: model_hash.clone(),
             }) {
                 Ok(rx) => rx,
                 Err(rejected) => {

@@ -14,9 +14,9 @@
 
 use super::error::ErrorObject;
 use super::metrics::Metrics;
-use super::run::{lower_priority, run_job, Recorder, Work};
-use super::store::{JobStatus, Leased, PgStore, StoreError, Takes};
-use crate::engine::{Engine, ModelFormat, PlanRequest};
+use super::run::{lower_priority, run_job, stored_plans, Recorder, Work};
+use super::store::{JobStatus, Kind, Leased, PgStore, StoreError, Takes};
+use crate::engine::{Engine, History, ModelFormat, PlanRequest, StoredPlan};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -249,6 +249,11 @@ fn run_leased(shared: &Arc<Shared>, db: &Db, owner: &str, job: Leased) {
             model: &job.model,
             format,
             request: &request,
+            history: &Stored {
+                db,
+                model_hash: &job.model_hash,
+                job: &job.id,
+            },
         };
         run_job(&*shared.engine, &shared.metrics, &work, &recorder);
         done.store(true, Ordering::SeqCst);
@@ -330,6 +335,35 @@ impl Lease<'_> {
                     tracing::error!(job = self.id, error = %e, "{what}: not stored; the lease will run out and another worker retry it");
                     return;
                 }
+            }
+        }
+    }
+}
+
+/// The plans of a job's model in the shared database, read on the worker's connection.
+struct Stored<'a> {
+    db: &'a Db,
+    model_hash: &'a str,
+    job: &'a str,
+}
+
+impl History for Stored<'_> {
+    fn plans(&self) -> Vec<StoredPlan> {
+        match self.db.run(self.db.store.history(self.model_hash)) {
+            Ok(rows) => stored_plans(rows, self.job),
+            Err(e) => {
+                tracing::warn!(job = self.job, error = %e, "cannot read the model's earlier plans; planning without them");
+                Vec::new()
+            }
+        }
+    }
+
+    fn document(&self, id: &str) -> Option<serde_json::Value> {
+        match self.db.run(self.db.store.get(Kind::Plan, id)) {
+            Ok(record) => serde_json::from_str(&record?.result?).ok(),
+            Err(e) => {
+                tracing::warn!(job = self.job, plan = id, error = %e, "cannot read an earlier plan");
+                None
             }
         }
     }

@@ -6,9 +6,10 @@ use super::costs::{flops_costs, measure_costs, roofline_costs};
 use super::execute::{validate_schedule, validation_report};
 use super::load::{load, Loaded};
 use super::maximize;
-use super::solve::{plan_document, plan_loaded, plan_options, solver_error, Planned};
+use super::reuse;
+use super::solve::{plan_document, plan_loaded_reusing, plan_options, solver_error, Planned};
 use crate::engine::document::{MaximizeReport, PlanDocument};
-use crate::engine::{EngineError, ModelFormat, Phase, PlanRequest};
+use crate::engine::{EngineError, ErrorKind, History, ModelFormat, NoHistory, Phase, PlanRequest};
 use remat_exec::{ExecDevice, ValidateOptions};
 use remat_solver::plan::Status;
 use remat_solver::SolverError;
@@ -128,6 +129,8 @@ pub struct PlanJob<'a, P = Quiet> {
     timing_rounds: usize,
     validate: bool,
     on_phase: Option<&'a (dyn Fn(Phase) + 'a)>,
+    history: &'a dyn History,
+    reuse: &'a [(String, serde_json::Value)],
     progress: P,
 }
 
@@ -147,6 +150,8 @@ impl<'a> PlanJob<'a> {
                 .map_or(ValidateOptions::default().min_timing_rounds, |n| n as usize),
             validate: request.validate == Some(true),
             on_phase: None,
+            history: &NoHistory,
+            reuse: &[],
             progress: Quiet,
         }
     }
@@ -200,6 +205,26 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         self
     }
 
+    /// The plans the service made of this model before: those of the same dims, parameters
+    /// and inputs whose peak fits the budget (the cheapest [`reuse::MAX_REUSED`]) are offered
+    /// to the plan, which returns one of them, less the recomputations its budget does not
+    /// need, when it finds nothing cheaper (`reused_from_budget_bytes` says so). A stored plan
+    /// that is not a schedule of the loaded graph is left out. Not with `maximize`. Default:
+    /// none.
+    pub fn history(mut self, history: &'a dyn History) -> Self {
+        self.history = history;
+        self
+    }
+
+    /// Plan documents (`remat plan --json`) of this model, each with where it came from (a
+    /// file's name), offered to the plan like [`PlanJob::history`]'s where their peak fits
+    /// the budget; one that is not a schedule of the loaded graph is an `invalid_option` error
+    /// naming it. Not with `maximize`. Default: none.
+    pub fn reuse(mut self, documents: &'a [(String, serde_json::Value)]) -> Self {
+        self.reuse = documents;
+        self
+    }
+
     /// How the executor's progress is shown. Default: [`Quiet`] (nowhere).
     pub fn progress<Q: Progress>(self, progress: Q) -> PlanJob<'a, Q> {
         PlanJob {
@@ -212,6 +237,8 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             timing_rounds: self.timing_rounds,
             validate: self.validate,
             on_phase: self.on_phase,
+            history: self.history,
+            reuse: self.reuse,
             progress,
         }
     }
@@ -287,8 +314,13 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         if quick && remat_solver::store_all_peak(&loaded.problem) <= opts.budget {
             opts.algorithm = remat_solver::plan::Algorithm::StoreAll;
         }
+        let earlier = if quick {
+            Vec::new()
+        } else {
+            self.earlier(&loaded, request, opts.budget)?
+        };
         self.phase(Phase::Solving);
-        let planned = plan_loaded(&loaded, &opts)?;
+        let planned = plan_loaded_reusing(&loaded, &opts, &earlier)?;
         Ok(Solved {
             loaded,
             cost_model,
@@ -394,6 +426,34 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             probes,
         };
         Ok(self.finish(solved, Some(report)))
+    }
+
+    /// The plans found before that this plan is offered: the documents given, then the
+    /// history's (the plan compares them all and keeps the cheapest).
+    fn earlier(
+        &self,
+        loaded: &Loaded<'a>,
+        request: &PlanRequest,
+        budget: u64,
+    ) -> Result<Vec<remat_solver::plan::Earlier>, EngineError> {
+        let mut earlier = Vec::new();
+        for (name, document) in self.reuse {
+            let e = reuse::from_document(&loaded.problem, document).map_err(|e| {
+                EngineError::new(
+                    ErrorKind::BadInput,
+                    "invalid_option",
+                    format!("reuse {name}: {e}"),
+                )
+            })?;
+            earlier.push(e);
+        }
+        earlier.extend(reuse::from_history(
+            self.history,
+            &loaded.problem,
+            request,
+            budget,
+        ));
+        Ok(earlier)
     }
 
     fn phase(&self, phase: Phase) {

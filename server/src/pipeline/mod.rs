@@ -6,7 +6,8 @@
 //! process), `load` (ONNX or node-link bytes to a solver problem, ONNX costs by the roofline),
 //! `solve` (options, plan, decisions, documents), `execute` (the executor's run), `costs`
 //! (FLOPs or measured costs instead, and the document's cost model), `maximize` (the search
-//! for the largest value of a dim that fits), `job` (the builder that runs them in order).
+//! for the largest value of a dim that fits), `reuse` (plans found before, offered to a new
+//! one), `job` (the builder that runs them in order).
 
 mod costs;
 mod execute;
@@ -14,6 +15,7 @@ mod job;
 mod load;
 mod maximize;
 pub mod rates;
+pub mod reuse;
 mod solve;
 pub mod torch;
 
@@ -25,7 +27,7 @@ pub use solve::{
     DEFAULT_FRACTIONS, DEFAULT_TIME_LIMIT,
 };
 
-use crate::engine::{Engine, EngineError, ModelFormat, Phase, PlanRequest};
+use crate::engine::{Engine, EngineError, History, ModelFormat, Phase, PlanRequest};
 use remat_exec::ExecDevice;
 use serde_json::Value;
 
@@ -71,6 +73,7 @@ impl Engine for Pipeline {
         model: &[u8],
         format: ModelFormat,
         request: &PlanRequest,
+        history: &dyn History,
         progress: &dyn Fn(Phase),
     ) -> Result<Value, EngineError> {
         if format == ModelFormat::TorchGraph {
@@ -83,6 +86,7 @@ impl Engine for Pipeline {
         let job = PlanJob::new(model, request)
             .threads(self.threads)
             .device(self.device)
+            .history(history)
             .on_phase(progress);
         let outcome = if request.maximize.is_some() {
             job.run()?

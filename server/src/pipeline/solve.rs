@@ -108,7 +108,17 @@ pub fn plan_options(
 
 /// Plans a loaded model. An infeasible budget is an `Ok` with `Status::Infeasible`.
 pub fn plan_loaded(loaded: &Loaded, opts: &PlanOptions) -> Result<Planned, EngineError> {
-    let (schedule, report) = plan::plan(&loaded.problem, opts).map_err(solver_error)?;
+    plan_loaded_reusing(loaded, opts, &[])
+}
+
+/// [`plan_loaded`], offered plans found before (`remat_solver::plan::plan_reusing`).
+pub fn plan_loaded_reusing(
+    loaded: &Loaded,
+    opts: &PlanOptions,
+    earlier: &[plan::Earlier],
+) -> Result<Planned, EngineError> {
+    let (schedule, report) =
+        plan::plan_reusing(&loaded.problem, opts, earlier).map_err(solver_error)?;
     Ok(Planned { schedule, report })
 }
 

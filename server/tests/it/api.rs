@@ -29,6 +29,57 @@ fn graph(behave: &str) -> Value {
 }
 
 #[tokio::test]
+async fn a_plan_is_handed_the_finished_plans_of_its_model_and_no_others() {
+    let t = test_app().await;
+    let first = t.post_json("/v1/plans?budget=0.6x", &graph("ok")).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text);
+    let first = first.json();
+    assert_eq!(first["status"], "done");
+    assert_eq!(first["plan"]["earlier"], json!([]));
+    let other = t
+        .post_json("/v1/plans?budget=0.6x", &graph("sleep:1"))
+        .await
+        .json();
+    assert_eq!(other["status"], "done");
+    let second = t
+        .post_json("/v1/plans?budget=0.7x", &graph("ok"))
+        .await
+        .json();
+    assert_eq!(second["status"], "done");
+    assert_eq!(
+        second["plan"]["earlier"],
+        json!([{
+            "id": first["id"],
+            "budget": "0.6x",
+            "summary": first["summary"],
+            "document": true,
+        }]),
+        "the store's plans of this model, the job itself left out"
+    );
+    // A sweep is no plan, and a deleted plan is gone.
+    let sweep = t.post_json("/v1/sweeps", &graph("ok")).await;
+    assert_eq!(sweep.status, StatusCode::CREATED, "{}", sweep.text);
+    let id = first["id"].as_str().unwrap();
+    assert_eq!(
+        t.delete(&format!("/v1/plans/{id}")).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let third = t
+        .post_json("/v1/plans?budget=0.8x", &graph("ok"))
+        .await
+        .json();
+    assert_eq!(
+        third["plan"]["earlier"],
+        json!([{
+            "id": second["id"],
+            "budget": "0.7x",
+            "summary": second["summary"],
+            "document": true,
+        }])
+    );
+}
+
+#[tokio::test]
 async fn post_graph_json_plans_and_get_returns_it() {
     let t = test_app().await;
     let r = t

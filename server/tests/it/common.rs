@@ -10,7 +10,9 @@
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use remat_server::engine::{Engine, EngineError, ErrorKind, ModelFormat, Phase, PlanRequest};
+use remat_server::engine::{
+    Engine, EngineError, ErrorKind, History, ModelFormat, Phase, PlanRequest,
+};
 use remat_server::http::{app, AppState, Config, Store};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -148,9 +150,25 @@ impl Engine for TestEngine {
         model: &[u8],
         format: ModelFormat,
         request: &PlanRequest,
+        history: &dyn History,
         progress: &dyn Fn(Phase),
     ) -> Result<Value, EngineError> {
-        self.run(model, format, request, progress)
+        let mut document = self.run(model, format, request, progress)?;
+        // What the store offered: each earlier plan's id, options and whether its document
+        // reads back.
+        document["earlier"] = history
+            .plans()
+            .iter()
+            .map(|p| {
+                json!({
+                    "id": p.id,
+                    "budget": p.request.budget,
+                    "summary": p.summary,
+                    "document": history.document(&p.id).is_some(),
+                })
+            })
+            .collect();
+        Ok(document)
     }
 
     fn sweep(

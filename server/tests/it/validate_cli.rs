@@ -498,3 +498,54 @@ fn plans_cost_by_the_roofline_and_calibrate_writes_rates_plans_read() {
         text(&o)
     );
 }
+
+/// `remat plan --reuse`: a plan made at a lower budget (here +8.09% at 0.8x) is offered to the
+/// plan at 0.82x, which on its own costs +5.32% and returns the 0.8x schedule less what 0.82x
+/// need not recompute (+3.97%); a plan naming a node the graph lacks is refused, naming its
+/// file.
+#[test]
+fn remat_plan_reuses_a_plan_of_a_lower_budget_given_with_reuse() {
+    let graph =
+        root().join("../shared/bench/graphs/random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json");
+    let graph = graph.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let low = dir.path().join("low.json");
+    let plan = |budget: &str, extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            graph,
+            "--budget",
+            budget,
+            "--solver",
+            "ilp",
+            "--time-limit",
+            "0.2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        remat(&args)
+    };
+    let o = plan("0.8x", &["--out", low.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let low_doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let alone: serde_json::Value = serde_json::from_slice(&plan("0.82x", &[]).stdout).unwrap();
+    assert!(alone.get("reused_from_budget_bytes").is_none(), "{alone}");
+    let o = plan("0.82x", &["--reuse", low.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let reused: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(reused["reused_from_budget_bytes"], low_doc["budget_bytes"]);
+    let overhead = |d: &serde_json::Value| d["predicted"]["overhead"].as_f64().unwrap();
+    assert!(overhead(&reused) < overhead(&alone) && overhead(&reused) <= overhead(&low_doc));
+
+    let other = dir.path().join("other.json");
+    let mut foreign = low_doc.clone();
+    foreign["schedule"][0]["node"] = serde_json::json!("not-in-this-graph");
+    std::fs::write(&other, foreign.to_string()).unwrap();
+    let o = plan("0.82x", &["--reuse", other.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = text(&o);
+    assert!(
+        err.contains("other.json") && err.contains("unknown node id"),
+        "{err}"
+    );
+}

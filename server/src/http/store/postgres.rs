@@ -42,6 +42,7 @@ pub struct Leased {
     pub id: String,
     pub kind: Kind,
     pub model: Vec<u8>,
+    pub model_hash: String,
     pub model_format: String,
     /// The request as posted (`PlanRequest` JSON).
     pub request: String,
@@ -510,6 +511,7 @@ impl PgStore {
             kind: Kind::parse(&kind)
                 .ok_or_else(|| StoreError::Corrupt(format!("unknown job kind {kind:?}")))?,
             model: model.get(0),
+            model_hash: hash,
             model_format: row.get(3),
             request: row.get(4),
             attempts: row.get(5),
