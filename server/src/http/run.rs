@@ -5,7 +5,7 @@
 
 use super::error::{public_error, ErrorObject, INTERNAL_MESSAGE};
 use super::metrics::Metrics;
-use super::store::{JobStatus, Kind, Row};
+use super::store::{JobStatus, Kind, Record, Row};
 use crate::engine::{Engine, History, ModelFormat, Phase, PlanRequest, StoredPlan};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
@@ -33,8 +33,16 @@ pub struct Work<'a> {
 }
 
 /// The rows of a model's history a new plan may reuse: finished plans other than the job
-/// itself, with readable options and summaries.
-pub fn stored_plans(rows: Vec<Row>, job: &str) -> Vec<StoredPlan> {
+/// itself, with readable options and summaries. A store that could not answer gives none (the
+/// log says why): the plan is made without them.
+pub fn stored_plans(read: Result<Vec<Row>, impl std::fmt::Display>, job: &str) -> Vec<StoredPlan> {
+    let rows = match read {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(job, error = %e, "cannot read the model's earlier plans; planning without them");
+            return Vec::new();
+        }
+    };
     rows.into_iter()
         .filter(|r| r.status == JobStatus::Done && r.id != job)
         .filter_map(|r| {
@@ -47,6 +55,22 @@ pub fn stored_plans(rows: Vec<Row>, job: &str) -> Vec<StoredPlan> {
             })
         })
         .collect()
+}
+
+/// The document of a stored plan [`stored_plans`] listed; `None` when it is gone, unreadable or
+/// the store could not answer (logged).
+pub fn stored_document(
+    read: Result<Option<Record>, impl std::fmt::Display>,
+    job: &str,
+    plan: &str,
+) -> Option<serde_json::Value> {
+    match read {
+        Ok(record) => serde_json::from_str(&record?.result?).ok(),
+        Err(e) => {
+            tracing::warn!(job, plan, error = %e, "cannot read an earlier plan");
+            None
+        }
+    }
 }
 
 /// A panic's message, for the log.

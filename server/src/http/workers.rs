@@ -14,7 +14,7 @@
 
 use super::error::ErrorObject;
 use super::metrics::Metrics;
-use super::run::{lower_priority, run_job, stored_plans, Recorder, Work};
+use super::run::{lower_priority, run_job, stored_document, stored_plans, Recorder, Work};
 use super::store::{JobStatus, Kind, Leased, PgStore, StoreError, Takes};
 use crate::engine::{Engine, History, ModelFormat, PlanRequest, StoredPlan};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -349,23 +349,14 @@ struct Stored<'a> {
 
 impl History for Stored<'_> {
     fn plans(&self) -> Vec<StoredPlan> {
-        match self.db.run(self.db.store.history(self.model_hash)) {
-            Ok(rows) => stored_plans(rows, self.job),
-            Err(e) => {
-                tracing::warn!(job = self.job, error = %e, "cannot read the model's earlier plans; planning without them");
-                Vec::new()
-            }
-        }
+        stored_plans(
+            self.db.run(self.db.store.history(self.model_hash)),
+            self.job,
+        )
     }
 
     fn document(&self, id: &str) -> Option<serde_json::Value> {
-        match self.db.run(self.db.store.get(Kind::Plan, id)) {
-            Ok(record) => serde_json::from_str(&record?.result?).ok(),
-            Err(e) => {
-                tracing::warn!(job = self.job, plan = id, error = %e, "cannot read an earlier plan");
-                None
-            }
-        }
+        stored_document(self.db.run(self.db.store.get(Kind::Plan, id)), self.job, id)
     }
 }
 
