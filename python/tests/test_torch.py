@@ -362,6 +362,27 @@ def test_a_checkpoint_holds_the_inputs_its_region_does_not_save() -> None:
         assert 0 <= v["predicted_peak_bytes"] - v["measured_peak_bytes"] <= 4 * d, v
 
 
+def test_the_storage_meter_counts_a_storage_resized_in_place() -> None:
+    """A storage an op grows in place (`resize_`, an `out=` tensor resized to fit, one of
+    several outputs written) counts at its new size from that op, and is freed at it."""
+    from remat.torch._measure import _StorageMeter
+
+    x = torch.randn(1000)
+    with _StorageMeter([x]) as meter:
+        y = x.new_empty(0)
+        y.resize_(4000)  # 16,000 bytes
+        z = torch.empty(0)
+        torch.mul(x, 2, out=z)  # 4,000 bytes
+        assert meter.live == 4000 + 16000 + 4000
+        values, indices = torch.empty(0), torch.empty(0, dtype=torch.long)
+        torch.max(z.view(10, 100), 1, out=(values, indices))  # 40 + 80 bytes
+        assert meter.live == 24000 + 40 + 80
+        del y, values, indices
+        assert meter.live == 8000
+        peak = meter.peak
+    assert peak == 24120
+
+
 def test_a_model_with_frozen_parameters_is_measured_storage_by_storage() -> None:
     # MemTracker hooks every parameter's gradient and refuses one without (a frozen embedding,
     # LoRA's base weights): its second opinion is left out; on this model it agrees with the

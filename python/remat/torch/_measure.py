@@ -48,6 +48,9 @@ class _StorageMeter(TorchDispatchMode):
 
     def __init__(self, external: Iterable[torch.Tensor]) -> None:
         super().__init__()
+        # storage -> its size as counted, in a cell its finalizer shares: a storage resized in
+        # place (`resize_`, an op's `out=` tensor grown to fit) is counted at its new size from
+        # the op that resized it, and freed at the size it had then.
         self.seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.live = 0
         for t in external:
@@ -59,21 +62,42 @@ class _StorageMeter(TorchDispatchMode):
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
-        if st in self.seen:
+        cell = self.seen.get(st)
+        if cell is not None:
+            self.live += st.nbytes() - cell[0]
+            cell[0] = st.nbytes()
             return
-        self.seen[st] = True
-        self.live += st.nbytes()
-        weakref.finalize(st, self._freed, st.nbytes())
+        cell = [st.nbytes()]
+        self.seen[st] = cell
+        self.live += cell[0]
+        weakref.finalize(st, self._freed, cell)
 
-    def _freed(self, nbytes: int) -> None:
-        self.live -= nbytes
+    def _freed(self, cell: list[int]) -> None:
+        self.live -= cell[0]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
-        for t in _tensors(out):
+        # An in-place op returns what it wrote to; an op may also write an argument it does
+        # not return (`out=` variants with several outputs return them all, `_foreach_` ops
+        # none): the arguments a mutable schema writes are looked at too.
+        written = _tensors(out)
+        if func._schema.is_mutable:
+            written += _written(func._schema, args, kwargs or {})
+        for t in written:
             self._add(t)
         self.peak = max(self.peak, self.live)
         return out
+
+
+def _written(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors among an op's arguments that its schema marks as written (`Tensor(a!)`)."""
+    out: list[torch.Tensor] = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        out += _tensors(value)
+    return out
 
 
 def peak_meter(model: nn.Module, device: torch.device) -> str:
