@@ -15,3 +15,8 @@ def baseline(graph: str, name: str) -> str:
 
 def timeline(graph: str, plan: str | None = None) -> str:
     """The simulated memory timeline as JSON: `[{"op", "rerun_of", "bytes"}]`."""
+
+def sweep(graph: str, fractions: list[float]) -> str:
+    """The torch-sac plans at `fractions` of the unplanned peak as JSON: a list of points
+    (`budget_bytes`, `fraction`, `status`, `overhead`, `gap`, `baselines`), never rising with
+    the budget."""

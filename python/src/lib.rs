@@ -32,6 +32,19 @@ fn plan(py: Python<'_>, graph: &str, budget: &str) -> PyResult<String> {
     serde_json::to_string(&doc).map_err(err)
 }
 
+/// sweep(graph, fractions) -> str
+///
+/// The torch-sac plans at `fractions` of the unplanned peak, as `remat sweep` gives them: per
+/// budget its status, overhead, gap (where the chain program proves a bound) and the overhead of
+/// `none` and `full` where they fit; the overhead never rises with the budget. JSON: a list of
+/// points in the order of `fractions`.
+#[pyfunction]
+fn sweep(py: Python<'_>, graph: &str, fractions: Vec<f64>) -> PyResult<String> {
+    let g = graph_of(graph)?;
+    let points = py.detach(|| sac::sweep(&g, &fractions)).map_err(err)?;
+    serde_json::to_string(&points).map_err(err)
+}
+
 /// timeline(graph, plan=None) -> str
 ///
 /// The simulated memory timeline: `[{"op", "rerun_of", "bytes"}]`, one point per op run.
@@ -86,5 +99,6 @@ fn _remat(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(baseline, m)?)?;
     m.add_function(wrap_pyfunction!(timeline, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep, m)?)?;
     Ok(())
 }

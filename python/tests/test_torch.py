@@ -121,6 +121,28 @@ def test_plans_fit_and_keep_gradients_on_a_block_stack() -> None:
     check_plans(Stack(d=48, n=4), (torch.randn(8, 32, 48),))
 
 
+def test_a_sweep_gives_the_plans_overheads_by_budget_with_the_fixed_policies() -> None:
+    torch.manual_seed(0)
+    model = Stack(d=48, n=4)
+    graph = rt.capture(model, (torch.randn(8, 32, 48),))
+    points = rt.sweep(graph, [1.0, 0.8, 0.6, 0.01])
+    assert [p["fraction"] for p in points] == [1.0, 0.8, 0.6, 0.01]
+    assert points[0]["overhead"] == 0.0 and points[0]["baselines"][0] == ["none", 0.0]
+    full = rt.simulate(graph, rt.baseline(graph, "full"))
+    for p in points[:3]:
+        assert p["status"] in ("optimal", "feasible"), p
+        plan = rt.plan(graph, p["budget_bytes"])
+        # The plan at that budget, or a cheaper one of a smaller budget.
+        assert p["overhead"] <= plan["predicted"]["overhead"] + 1e-12, p
+        fits = full["peak_bytes"] <= p["budget_bytes"]
+        assert p["baselines"][1] == ["full", full["overhead"] if fits else None], p
+    overheads = [p["overhead"] for p in points[:3]]
+    assert overheads == sorted(overheads) and overheads[-1] > 0
+    assert points[3]["status"] == "infeasible" and points[3]["overhead"] is None
+    with pytest.raises(ValueError, match="remat sweep: sweep fraction -0.5"):
+        rt.sweep(graph, [0.5, -0.5])
+
+
 def test_dropout_is_replayed_exactly() -> None:
     torch.manual_seed(0)
     model = Stack(d=32, n=3, dropout=0.3)

@@ -268,7 +268,7 @@ pub struct ParetoPoint {
 }
 
 /// Relative gap under which a bound proves a schedule optimal (HiGHS's default MIP gap).
-const OPTIMAL_GAP: f64 = 1e-4;
+pub(crate) const OPTIMAL_GAP: f64 = 1e-4;
 /// Largest reduced MILP (binaries) `auto` hands to HiGHS as an exact solve; larger graphs get
 /// the search for the whole time limit (why this size: `docs/bench/solver-tuning.md`).
 const EXACT_BINARIES: usize = 15_000;

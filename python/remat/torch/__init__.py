@@ -17,7 +17,7 @@ from ._errors import (
     RematTorchError,
 )
 from ._measure import measure
-from ._plan import baseline, checkpoint, plan, simulate
+from ._plan import baseline, checkpoint, plan, simulate, sweep
 from ._service import ServiceError, attach
 
 __all__ = [
@@ -39,4 +39,5 @@ __all__ = [
     "measure",
     "plan",
     "simulate",
+    "sweep",
 ]

@@ -4,6 +4,7 @@ captures, plans and applies."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
@@ -41,6 +42,25 @@ def baseline(graph: dict[str, Any] | str, name: str) -> Plan:
         return json.loads(_remat.baseline(text, name))
     except ValueError as e:
         raise ValueError(f"remat baseline: {e}") from None
+
+
+def sweep(
+    graph: dict[str, Any] | str,
+    fractions: Sequence[float] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2),
+) -> list[dict[str, Any]]:
+    """The plans at `fractions` of the unplanned peak, as `remat sweep` gives them: per budget
+    `budget_bytes`, `status` ("optimal" where the chain program's bound closes the gap,
+    "feasible", or "infeasible" below the least reachable peak), `overhead`, `gap`, and
+    `baselines`: `[name, overhead or None]` for "none" (PyTorch's own step) and "full" (every
+    region checkpointed), None where its peak is over the budget. The overhead never rises with
+    the budget: a plan found at a smaller budget is kept where it is cheaper
+    (`reused_from_budget_bytes`)."""
+    text = graph if isinstance(graph, str) else json.dumps(graph)
+    values = [float(f) for f in fractions]
+    try:
+        return json.loads(_remat.sweep(text, values))
+    except ValueError as e:
+        raise ValueError(f"remat sweep: {e}") from None
 
 
 def simulate(graph: dict[str, Any] | str, plan: Plan | str | None = None) -> dict[str, Any]:

@@ -3,9 +3,10 @@
 use super::common::{print_document, Failure, ModelArgs};
 use clap::Args;
 use remat_server::engine::{ModelFormat, PlanRequest};
-use remat_server::pipeline::{default_threads, load, sweep_document};
+use remat_server::pipeline::{default_threads, load, sweep_document, torch};
 
-/// The Pareto frontier: overhead at a range of budgets, with the baselines
+/// The Pareto frontier: overhead at a range of budgets, with the baselines (a captured PyTorch
+/// graph: its torch-sac plans, with PyTorch's step and full checkpointing)
 #[derive(Args)]
 pub struct SweepArgs {
     #[command(flatten)]
@@ -43,8 +44,12 @@ impl SweepArgs {
 pub fn exec(args: SweepArgs) -> Result<(), Failure> {
     let bytes = args.model.read()?;
     let req = args.request();
-    let loaded = load(&bytes, ModelFormat::detect(&bytes), &req)?;
-    let doc = sweep_document(&loaded, &req, default_threads())?;
+    let format = ModelFormat::detect(&bytes);
+    let doc = if format == ModelFormat::TorchGraph {
+        torch::sweep(&bytes, &req)?
+    } else {
+        sweep_document(&load(&bytes, format, &req)?, &req, default_threads())?
+    };
     if args.json {
         print_document(&doc)
     } else {

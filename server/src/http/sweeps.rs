@@ -24,8 +24,10 @@ pub fn router() -> Router<AppState> {
 
 /// The Pareto frontier (budget -> overhead) of a model.
 ///
-/// Same body and options as `POST /v1/plans` (`fraction` sets the budgets). A sweep is a job
-/// like a plan: 201 with the frontier within the wait, else 202 and `GET /v1/sweeps/{id}`.
+/// Same body and options as `POST /v1/plans` (`fraction` sets the budgets). A captured PyTorch
+/// graph is swept in the torch-sac model, with `none` (PyTorch's own step) and `full` (every
+/// region checkpointed) as its baselines. A sweep is a job like a plan: 201 with the frontier
+/// within the wait, else 202 and `GET /v1/sweeps/{id}`.
 #[utoipa::path(
     post,
     path = "/v1/sweeps",

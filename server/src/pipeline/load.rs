@@ -64,8 +64,9 @@ pub fn load<'a>(
             ErrorKind::Unprocessable,
             "torch_graph",
             "a captured PyTorch graph (remat.torch-graph) is planned in the torch-sac model: \
-             `remat plan`, `remat gate` or POST /v1/plans with a budget; it has no free-schedule \
-             problem to sweep or validate here (docs/torch.md)",
+             `remat plan`, `remat sweep`, `remat gate`, POST /v1/plans or /v1/sweeps; it has no \
+             free-schedule problem to run on the executor or to inspect here (prove its plan \
+             with remat.torch.measure, docs/torch.md)",
         )),
         ModelFormat::Onnx => {
             let opts = import_options(req);

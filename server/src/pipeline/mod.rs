@@ -105,6 +105,9 @@ impl Engine for Pipeline {
         format: ModelFormat,
         request: &PlanRequest,
     ) -> Result<Value, EngineError> {
+        if format == ModelFormat::TorchGraph {
+            return to_value(&torch::sweep(model, request)?);
+        }
         let loaded = load(model, format, request)?;
         to_value(&sweep_document(&loaded, request, self.threads)?)
     }

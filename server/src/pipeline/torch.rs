@@ -2,7 +2,9 @@
 //! execution model, whose document `remat.torch.apply` reads. The service and the CLI hand the
 //! bytes here when [`ModelFormat::detect`](crate::engine::ModelFormat::detect) says so.
 
-use crate::engine::{EngineError, ErrorKind, PlanRequest};
+use super::solve::DEFAULT_FRACTIONS;
+use crate::engine::document::{GraphInfo, SweepDocument};
+use crate::engine::{EngineError, ErrorKind, ModelFormat, PlanRequest};
 use remat_solver::sac::{self, PlanDocument, TorchGraph};
 use remat_solver::SolverError;
 use serde_json::json;
@@ -28,37 +30,13 @@ pub fn read(model: &[u8]) -> Result<TorchGraph, EngineError> {
 }
 
 /// Plans a captured graph under the request's budget (bytes, a size, a fraction of the
-/// unplanned peak, or `min`). The solver options of the free model (`solver`, `time_limit`,
-/// `validate`) do not apply and are refused when given with another value than their default;
-/// so is `maximize` (a captured graph has the shapes it was captured at).
+/// unplanned peak, or `min`). The solver options of the free model (`solver`, `validate`) do
+/// not apply and are refused when given with another value than their default; so is
+/// `maximize` (a captured graph has the shapes it was captured at). `time_limit` is not used:
+/// the torch-sac planner's work does not depend on it.
 pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError> {
     let graph = read(model)?;
-    if let Some(solver) = req.solver.as_deref().filter(|s| *s != "auto") {
-        return Err(EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            format!(
-                "solver {solver:?} plans free schedules; a captured PyTorch graph is planned in the \
-                 torch-sac model (leave solver unset or auto)"
-            ),
-        ));
-    }
-    if req.maximize.is_some() {
-        return Err(EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            "maximize binds a dim of an ONNX model; a captured PyTorch graph has the shapes it \
-             was captured at (capture it again at another batch)",
-        ));
-    }
-    if req.validate == Some(true) {
-        return Err(EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            "validate runs remat's executor on ONNX models; prove a torch-sac plan in PyTorch \
-             with remat.torch.measure (docs/torch.md)",
-        ));
-    }
+    refuse_free_options(req)?;
     let budget_text = req.budget.as_deref().ok_or_else(|| {
         EngineError::new(
             ErrorKind::BadInput,
@@ -88,6 +66,69 @@ pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError
         document,
         infeasible,
     })
+}
+
+/// The sweep of a captured graph: the torch-sac plan at each of the request's `fractions` of
+/// the unplanned peak (default [`DEFAULT_FRACTIONS`]), with PyTorch's step (`none`) and full
+/// checkpointing (`full`) side by side ([`sac::sweep`]). The free model's options are refused
+/// as for a plan.
+pub fn sweep(model: &[u8], req: &PlanRequest) -> Result<SweepDocument, EngineError> {
+    let graph = read(model)?;
+    refuse_free_options(req)?;
+    let fractions = if req.fractions.is_empty() {
+        DEFAULT_FRACTIONS.to_vec()
+    } else {
+        req.fractions.clone()
+    };
+    let points = sac::sweep(&graph, &fractions).map_err(|e| match e {
+        SolverError::InvalidArgument(m) => {
+            EngineError::new(ErrorKind::BadInput, "invalid_option", m)
+        }
+        e => EngineError::new(ErrorKind::Internal, "internal", e.to_string()),
+    })?;
+    let unplanned = sac::simulate(&graph, &sac::SacPlan::default())
+        .map_err(|e| EngineError::new(ErrorKind::Internal, "internal", e.to_string()))?;
+    Ok(SweepDocument {
+        graph: GraphInfo {
+            name: req.name.clone().unwrap_or_else(|| graph.name.clone()),
+            format: ModelFormat::TorchGraph,
+            nodes: graph.ops.len(),
+        },
+        store_all_peak_bytes: unplanned.peak_bytes,
+        points,
+    })
+}
+
+/// Refuses the options of the free model, which do not apply to a captured graph: a `solver`
+/// other than `auto`, `maximize` and `validate`.
+fn refuse_free_options(req: &PlanRequest) -> Result<(), EngineError> {
+    if let Some(solver) = req.solver.as_deref().filter(|s| *s != "auto") {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            format!(
+                "solver {solver:?} plans free schedules; a captured PyTorch graph is planned in the \
+                 torch-sac model (leave solver unset or auto)"
+            ),
+        ));
+    }
+    if req.maximize.is_some() {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            "maximize binds a dim of an ONNX model; a captured PyTorch graph has the shapes it \
+             was captured at (capture it again at another batch)",
+        ));
+    }
+    if req.validate == Some(true) {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            "validate runs remat's executor on ONNX models; prove a torch-sac plan in PyTorch \
+             with remat.torch.measure (docs/torch.md)",
+        ));
+    }
+    Ok(())
 }
 
 /// The `infeasible_budget` error of an infeasible torch-sac plan (the service's 422; the CLI

@@ -366,15 +366,40 @@ async fn a_captured_pytorch_graph_plans_in_the_torch_sac_model() {
             .unwrap()
             > 1000
     );
+    // Its sweep: the torch-sac plans, PyTorch's step and full checkpointing beside them.
     let r = t
         .post(
-            "/v1/sweeps",
+            "/v1/sweeps?fraction=1&fraction=0.8&fraction=0.01&wait=120",
             "application/json",
             torch_graph("gpt2.torch.json"),
         )
         .await;
-    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
-    assert!(r.text.contains("torch_graph"), "{}", r.text);
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let v = r.json();
+    assert_eq!(v["model"]["format"], "torch_graph", "{v}");
+    let points = v["sweep"]["points"].as_array().unwrap();
+    let status: Vec<&str> = points
+        .iter()
+        .map(|p| p["status"].as_str().unwrap())
+        .collect();
+    assert_ne!(status[1], "infeasible", "{v}");
+    assert_eq!(status[2], "infeasible", "{v}");
+    let names: Vec<&str> = points[1]["baselines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b[0].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["none", "full"], "{v}");
+    let r = t
+        .post(
+            "/v1/sweeps?solver=ilp",
+            "application/json",
+            torch_graph("gpt2.torch.json"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(r.text.contains("torch-sac"), "{}", r.text);
     // A malformed captured graph names the field.
     let mut g: Value = serde_json::from_slice(&torch_graph("stack.torch.json")).unwrap();
     g["ops"][2]["outputs"] = serde_json::json!([999999]);

@@ -281,9 +281,50 @@ fn remat_plan_takes_a_captured_pytorch_graph() {
     let o = remat(&["plan", graph, "--budget", "0.8x", "--validate"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("remat.torch.measure"), "{}", text(&o));
-    let o = remat(&["sweep", graph]);
-    assert_ne!(o.status.code(), Some(0));
+    let o = remat(&[
+        "plan",
+        graph,
+        "--budget",
+        "0.8x",
+        "--reuse",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--reuse offers a plan's schedule to the free-schedule planner"),
+        "{}",
+        text(&o)
+    );
+    // The sweep plans it in the torch-sac model too, with PyTorch's step and full
+    // checkpointing side by side; below the least peak a point is infeasible.
+    let o = remat(&["sweep", graph, "--fractions", "1,0.95,0.75,0.01", "--json"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let sweep: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(sweep["graph"]["format"], "torch_graph", "{t}");
+    let points = sweep["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4, "{t}");
+    assert!(points.iter().all(|p| p["solver"] == "torch-sac"), "{t}");
+    assert_eq!(points[0]["overhead"], 0.0, "{t}");
+    assert_eq!(
+        points[0]["baselines"][0],
+        serde_json::json!(["none", 0.0]),
+        "{t}"
+    );
+    let at_095 = points[1]["overhead"].as_f64().unwrap();
+    assert!(
+        at_095 > 0.0 && at_095 <= points[2]["overhead"].as_f64().unwrap(),
+        "{t}"
+    );
+    assert_eq!(points[3]["status"], "infeasible", "{t}");
+    let o = remat(&["sweep", graph, "--solver", "ilp"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("torch-sac"), "{}", text(&o));
+    // What has no torch-sac meaning says where the graph goes instead.
+    let o = remat(&["validate", graph, "--budget", "0.8x"]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("remat sweep"), "{}", text(&o));
+    assert!(text(&o).contains("remat.torch.measure"), "{}", text(&o));
 
     // What remat.torch.measure measured of this plan becomes its `validation`, checked first.
     let predicted = doc["predicted"]["peak_bytes"].as_u64().unwrap();

@@ -2,8 +2,9 @@
 //! choice ([`plan`], [`Candidates`]).
 
 use super::chain::{self, ChainModel};
-use super::model::{held_bytes, keepable, simulate, SacPlan, SacStats, TorchGraph};
-use crate::error::Result;
+use super::model::{held_bytes, keepable, overhead, simulate, SacPlan, SacStats, TorchGraph};
+use crate::error::{Result, SolverError};
+use crate::plan::{ParetoPoint, Status, OPTIMAL_GAP};
 use serde::Serialize;
 
 /// How a plan came out.
@@ -193,6 +194,82 @@ impl Candidates {
         })
     }
 }
+
+/// The torch-sac plans at budgets `fractions` of the unplanned peak (rounded up), as the free
+/// model's [`crate::plan::sweep`] gives its frontier: per budget the plan's overhead, its gap to
+/// the chain program's lower bound where it proves one (`optimal` within
+/// [`crate::plan::OPTIMAL_GAP`]), and the two fixed policies side by side: `none` (PyTorch's
+/// own step, nothing wrapped) and `full` (every region checkpointed, nothing kept: Hugging
+/// Face's `gradient_checkpointing_enable`, torchtitan's `full` mode), each with its overhead
+/// where its peak fits. The candidates are built once. The budgets are planned from the
+/// smallest up and a plan found at a smaller budget is kept where it is cheaper than what the
+/// larger budget finds (`reused_from_budget_bytes`), so the overhead never rises with the
+/// budget; below the least peak a point is `infeasible`.
+pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<Vec<ParetoPoint>> {
+    if let Some(f) = fractions.iter().find(|f| !f.is_finite() || **f <= 0.0) {
+        return Err(SolverError::InvalidArgument(format!(
+            "sweep fraction {f} must be a positive number"
+        )));
+    }
+    let candidates = Candidates::new(graph)?;
+    let unplanned = candidates.unplanned().clone();
+    let full = simulate(graph, &SacPlan::full(graph))?;
+    let budgets: Vec<u64> = fractions
+        .iter()
+        .map(|&f| {
+            (f * unplanned.peak_bytes as f64)
+                .ceil()
+                .min(u64::MAX as f64) as u64
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..fractions.len()).collect();
+    order.sort_by_key(|&i| budgets[i]);
+    let mut points: Vec<Option<ParetoPoint>> = vec![None; fractions.len()];
+    // The cheapest plan found so far: its cost and the budget it was found at.
+    let mut below: Option<(f64, u64)> = None;
+    for i in order {
+        let budget = budgets[i];
+        let (_, report) = candidates.select(budget)?;
+        let fits = report.status == "fits";
+        let mut cost = report.predicted.compute_cost;
+        let mut reused = None;
+        if let Some((c, at)) = below.filter(|&(c, _)| fits && c < cost) {
+            (cost, reused) = (c, Some(at));
+        }
+        if fits && reused.is_none() {
+            below = Some((cost, budget));
+        }
+        let gap = report.lower_bound.filter(|_| fits).map(|b| {
+            if cost > 0.0 {
+                ((cost - b) / cost).max(0.0)
+            } else {
+                0.0
+            }
+        });
+        let fitting = |s: &SacStats| (s.peak_bytes <= budget).then(|| s.overhead());
+        points[i] = Some(ParetoPoint {
+            budget_bytes: budget,
+            fraction: fractions[i],
+            status: match (fits, gap) {
+                (false, _) => Status::Infeasible,
+                (true, Some(g)) if g <= OPTIMAL_GAP => Status::Optimal,
+                (true, _) => Status::Feasible,
+            },
+            overhead: fits.then(|| overhead(cost, unplanned.base_cost)),
+            solver: SOLVER.to_string(),
+            gap,
+            reused_from_budget_bytes: reused,
+            baselines: vec![
+                ("none".to_string(), fitting(&unplanned)),
+                ("full".to_string(), fitting(&full)),
+            ],
+        });
+    }
+    Ok(points.into_iter().flatten().collect())
+}
+
+/// The solver name a torch-sac sweep's points carry.
+pub const SOLVER: &str = "torch-sac";
 
 /// Budgets between the chain program's least bound and the unplanned peak at which its
 /// choices join the candidates.

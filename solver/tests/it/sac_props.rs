@@ -266,6 +266,34 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
+    /// `remat sweep` on a captured graph: at budgets in any order, the overhead never rises
+    /// with the budget, a feasible point costs no more than the plan at its budget, and a point
+    /// is infeasible exactly below the candidates' least peak.
+    #[test]
+    fn a_sweep_never_rises_with_the_budget(g in arb_graph(), fracs in prop::collection::vec(0.05f64..1.2, 1..6)) {
+        let least = sac::Candidates::new(&g).unwrap().least_peak();
+        let points = sac::sweep(&g, &fracs).unwrap();
+        prop_assert_eq!(points.len(), fracs.len());
+        for p in &points {
+            let (_, r) = sac::plan(&g, p.budget_bytes).unwrap();
+            prop_assert_eq!(p.overhead.is_some(), p.budget_bytes >= least);
+            if let Some(o) = p.overhead {
+                prop_assert!(o <= r.predicted.overhead() + 1e-12, "{} > plan's {}", o, r.predicted.overhead());
+            }
+            for q in &points {
+                if let (Some(a), Some(b)) = (p.overhead, q.overhead) {
+                    if p.budget_bytes <= q.budget_bytes {
+                        prop_assert!(b <= a + 1e-12, "{} at {} > {} at {}", b, q.budget_bytes, a, p.budget_bytes);
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
     /// The ops the planner keeps at some budgets, marked as drawing random numbers, are kept
     /// by no plan at those budgets (SAC does not run a kept op again: a random op after it
     /// would draw other numbers in the re-run). Cases where nothing is kept are rejected, so

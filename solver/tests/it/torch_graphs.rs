@@ -6,6 +6,7 @@
 //! planner must fit those budgets. ALBERT's step runs one layer group four times: a region per
 //! call, planned apart.
 
+use remat_solver::plan::Status;
 use remat_solver::sac::{self, SacPlan, TorchGraph};
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -116,6 +117,84 @@ fn plans_fit_their_budgets_and_cost_no_more_with_more_memory() {
         assert_eq!(report.status, "infeasible");
         assert_eq!(report.min_peak_bytes, lo);
     }
+}
+
+/// `remat sweep` on a captured graph: every point is the plan `sac::plan` makes at its budget
+/// or a cheaper one of a smaller budget, the overhead never rises with the budget, the two
+/// fixed policies are reported where they fit, and a gap is given only with a bound.
+#[test]
+fn a_sweep_is_the_plans_at_its_budgets_and_never_rises() {
+    let m = manifest();
+    let fractions = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2];
+    for model in m["models"].as_array().unwrap() {
+        let name = model["name"].as_str().unwrap();
+        let g = graph(model["graph"].as_str().unwrap());
+        let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap();
+        let full = sac::simulate(&g, &SacPlan::full(&g)).unwrap();
+        let least = sac::Candidates::new(&g).unwrap().least_peak();
+        let points = sac::sweep(&g, &fractions).unwrap();
+        assert_eq!(points.len(), fractions.len());
+        let mut last: Option<f64> = None;
+        for (p, f) in points.iter().zip(fractions) {
+            assert_eq!(p.fraction, f);
+            assert_eq!(
+                p.budget_bytes,
+                (f * unplanned.peak_bytes as f64).ceil() as u64
+            );
+            assert_eq!(p.solver, "torch-sac");
+            let (_, report) = sac::plan(&g, p.budget_bytes).unwrap();
+            let none = p.baselines.iter().find(|b| b.0 == "none").unwrap().1;
+            let all = p.baselines.iter().find(|b| b.0 == "full").unwrap().1;
+            assert_eq!(
+                none,
+                (unplanned.peak_bytes <= p.budget_bytes).then_some(0.0)
+            );
+            assert_eq!(
+                all,
+                (full.peak_bytes <= p.budget_bytes).then(|| full.overhead()),
+                "{name} at {f}"
+            );
+            if p.budget_bytes < least {
+                assert_eq!(p.status, Status::Infeasible, "{name} at {f}");
+                assert_eq!((p.overhead, p.gap), (None, None));
+                continue;
+            }
+            assert_ne!(p.status, Status::Infeasible, "{name} at {f}");
+            let o = p.overhead.unwrap();
+            let planned = report.predicted.overhead();
+            match p.reused_from_budget_bytes {
+                None => assert!(
+                    (o - planned).abs() <= 1e-12,
+                    "{name} at {f}: {o} vs {planned}"
+                ),
+                Some(b) => {
+                    assert!(b < p.budget_bytes, "{name} at {f}");
+                    assert!(o < planned, "{name} at {f}: reused {o}, plan {planned}");
+                }
+            }
+            // Never more than the fixed policies that fit.
+            for (policy, cost) in &p.baselines {
+                if let Some(c) = cost {
+                    assert!(o <= c + 1e-12, "{name} at {f}: {o} > {policy} {c}");
+                }
+            }
+            assert_eq!(
+                p.gap.is_some(),
+                report.lower_bound.is_some(),
+                "{name} at {f}"
+            );
+            // The fractions fall: each point's budget is smaller than the one before.
+            if let Some(last) = last {
+                assert!(
+                    o >= last - 1e-12,
+                    "{name}: {o} at {f} < {last} at a larger budget"
+                );
+            }
+            last = Some(o);
+        }
+    }
+    let e = sac::sweep(&graph("stack.torch.json"), &[0.5, -1.0]).unwrap_err();
+    assert!(e.to_string().contains("sweep fraction -1"), "{e}");
 }
 
 #[test]
