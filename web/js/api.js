@@ -98,6 +98,17 @@ export function postSweep(bytes, opts, signal) {
   });
 }
 
+/**
+ * Posts a sweep and waits for it (polling when the server answers 202); resolves with the sweep
+ * document. `onStatus(status)` on every poll.
+ */
+export async function sweepOf(bytes, opts, onStatus) {
+  const res = await postSweep(bytes, opts);
+  let out = res.json;
+  if (res.status === 202) out = await poll('sweep', out.id, { onStatus });
+  return out?.sweep ?? out;
+}
+
 export async function getPlan(id, signal) {
   return (await request('GET', `/v1/plans/${encodeURIComponent(id)}`, { signal })).json;
 }

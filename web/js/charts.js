@@ -152,6 +152,16 @@ export function timelineText({ memory, measured, heap = [], budget }) {
 }
 
 /**
+ * Budget fractions for a sweep: 8 from the minimum feasible budget to the store-all peak, or
+ * none (the server's default grid) when the minimum is unknown.
+ */
+export function sweepFractions(min, storeAll, count = 8) {
+  if (!isNum(min) || !isNum(storeAll) || storeAll <= 0 || min >= storeAll) return [];
+  const lo = Math.max(0.01, Math.ceil((min / storeAll) * 1000) / 1000);
+  return [...Array(count).keys()].map((i) => Math.round((lo + ((1 - lo) * i) / (count - 1)) * 1000) / 1000);
+}
+
+/**
  * Points of the Pareto chart: {frontier: [[budget, overhead]], baselines: [{name, points,
  * feasible (this plan's baseline fits its budget)}], plan: [[budget, overhead]], history:
  * [[budget, overhead]]}.

@@ -1,12 +1,12 @@
 // The plan page, /plans/{id}: summary cards, memory timeline, Pareto curve, graph, tensor table
 // and the model's history.
 
-import { ApiError, getPlan, getHistory, poll, postSweep } from './api.js';
+import { ApiError, getPlan, getHistory, poll, sweepOf } from './api.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtCostIn, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtTime, isNum } from './format.js';
 import { normalizeRecord, normalizeHistory, normalizeSweep, decisionCounts, measuredSeries, isTorchPlan } from './model.js';
 import { renderTorchPlan } from './torchpage.js';
-import { timelineChart, timelineText, paretoSeries, paretoChart, paretoText, destroyChart } from './charts.js';
+import { timelineChart, timelineText, paretoSeries, paretoChart, paretoText, destroyChart, sweepFractions } from './charts.js';
 import { GraphView } from './graph.js';
 import { layoutInWorker } from './layout.js';
 import { TensorTable } from './table.js';
@@ -18,15 +18,7 @@ import { fillFigures } from './figures.js';
 /** How the report's lower-bound sources read in the solver card. */
 const BOUND_SOURCES = { store_all: 'store-all cost', milp: 'MILP', lp: 'LP relaxation', boundary_milp: 'boundary MILP', time_points: 'time-point relaxation', exact: 'exact' };
 
-/**
- * Budget fractions for a sweep: 8 from the minimum feasible budget to the store-all peak, or
- * none (the server's default grid) when the minimum is unknown.
- */
-export function sweepFractions(min, storeAll, count = 8) {
-  if (!isNum(min) || !isNum(storeAll) || storeAll <= 0 || min >= storeAll) return [];
-  const lo = Math.max(0.01, Math.ceil((min / storeAll) * 1000) / 1000);
-  return [...Array(count).keys()].map((i) => Math.round((lo + ((1 - lo) * i) / (count - 1)) * 1000) / 1000);
-}
+export { sweepFractions } from './charts.js';
 
 /**
  * Test and debugging hooks: what the page rendered and how long the layout took (`layoutMs`:
@@ -275,10 +267,7 @@ export async function renderPlan(root, id) {
     try {
       tick('uploading');
       const opts = { dims: session.model.dims, name: session.model.name, solver: rec.options.solver, time_limit: Math.min(Number(rec.options.time_limit) || 10, 10), wait: 1, fraction: sweepFractions(session.model.min, doc.storeAllPeakBytes) };
-      const res = await postSweep(session.model.bytes, opts);
-      let out = res.json;
-      if (res.status === 202) out = await poll('sweep', out.id, { onStatus: tick });
-      sweep = out?.sweep ?? out;
+      sweep = await sweepOf(session.model.bytes, opts, tick);
       saveSweep(rec.model.hash, sweep);
       mount(sweepStatus, `frontier of ${normalizeSweep(sweep).points.length} budgets`);
       drawPareto();

@@ -1,10 +1,14 @@
 // The plan page of a captured PyTorch graph (torch-sac plans, docs/torch.md): the figures, the
-// regions with what each keeps, and how to apply the plan in PyTorch.
+// regions with what each keeps, the frontier by budget beside PyTorch's own step and full
+// checkpointing, and how to apply the plan in PyTorch.
 
+import { sweepOf } from './api.js';
+import { destroyChart, paretoChart, paretoSeries, paretoText, sweepFractions } from './charts.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtCost, fmtOverhead, fmtPct, fmtTime, isNum } from './format.js';
-import { normalizeTorchPlan } from './model.js';
+import { normalizeSweep, normalizeTorchPlan } from './model.js';
 import { historyUrl } from './router.js';
+import { loadSweep, saveSweep, session } from './session.js';
 
 function card(testid, title, value, ...sub) {
   return h('div', { class: 'card', 'data-testid': testid }, h('div', { class: 'card-title' }, title), h('div', { class: 'card-value' }, value), sub.filter(Boolean).map((s) => h('div', { class: 'card-sub' }, s)));
@@ -31,12 +35,88 @@ function measuredCard(t) {
   );
 }
 
+/**
+ * The frontier section: this plan, PyTorch's own step (`none`, at the unplanned peak) and, once
+ * computed (POST /v1/sweeps with the captured graph: the file of this session's upload, or one
+ * picked here), remat's torch-sac plans at eight budgets from the least reachable peak to the
+ * unplanned one, with full checkpointing's overhead where it fits. Returns the section and the
+ * function that draws it (after the section is in the page, so the chart has its width).
+ */
+function frontierSection(t) {
+  const chartEl = h('div', { class: 'chart', 'data-testid': 'pareto' });
+  const textEl = h('div');
+  const status = h('span', { class: 'muted', role: 'status', 'aria-live': 'polite' });
+  const unplanned = t.unplannedPeakBytes;
+  const doc = {
+    budgetBytes: t.budgetBytes,
+    predicted: { overhead: t.predicted.overhead },
+    baselines: isNum(unplanned) ? [{ name: 'none', peakBytes: unplanned, overhead: 0, feasible: isNum(t.budgetBytes) && unplanned <= t.budgetBytes }] : [],
+  };
+  let sweep = t.model.hash ? loadSweep(t.model.hash) : null;
+  let chart = null;
+  const draw = () => {
+    const pts = paretoSeries({ doc, sweep: sweep ? normalizeSweep(sweep) : null, history: [], planId: t.id });
+    destroyChart(chart);
+    chartEl.replaceChildren();
+    chart = paretoChart(chartEl, pts);
+    mount(textEl, paretoText(pts));
+    chartEl.dataset.frontier = String(pts.frontier.length);
+  };
+  const ours = () => session.model && (!session.model.hash || session.model.hash === t.model.hash);
+  const button = h('button', { type: 'button', class: 'btn small', 'data-testid': 'sweep-button', onclick: () => run() }, sweep ? 'Recompute the frontier' : 'Compute the frontier');
+  const file = h('input', {
+    type: 'file',
+    accept: '.json',
+    'data-testid': 'sweep-file',
+    'aria-label': 'Captured graph file for the frontier',
+    onchange: async () => {
+      const f = file.files?.[0];
+      if (!f) return;
+      session.model = { bytes: await f.arrayBuffer(), fileName: f.name, name: t.model.name, dims: {}, hash: null };
+      run();
+    },
+  });
+  async function run() {
+    if (!ours()) return;
+    button.disabled = true;
+    const t0 = performance.now();
+    const tick = (s) => mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    try {
+      tick('uploading');
+      sweep = await sweepOf(session.model.bytes, { name: session.model.name, wait: 1, fraction: sweepFractions(t.minPeakBytes, unplanned) }, tick);
+      saveSweep(t.model.hash, sweep);
+      mount(status, `frontier of ${normalizeSweep(sweep).points.length} budgets`);
+      draw();
+    } catch (e) {
+      mount(status, `frontier failed: ${e.message ?? e}`);
+    } finally {
+      button.disabled = false;
+    }
+  }
+  const section = h(
+    'section',
+    { class: 'panel', 'aria-labelledby': 'h-pareto' },
+    h('h2', { id: 'h-pareto' }, 'Budget vs. overhead'),
+    h(
+      'div',
+      { class: 'chart-tools' },
+      h('p', { class: 'muted' }, 'Compute overhead by budget: this plan, PyTorch’s own step (none), and, when computed, remat’s plans and full checkpointing of every region (full) where it fits.'),
+      ours() ? button : h('label', { class: 'muted' }, 'To compute the frontier, pick the captured graph file: ', file),
+      status,
+    ),
+    chartEl,
+    textEl,
+  );
+  return { section, draw };
+}
+
 /** Renders a torch-sac plan record into `root`. */
 export function renderTorchPlan(root, raw) {
   const t = normalizeTorchPlan(raw);
   const p = t.predicted;
   const title = t.model.name ?? 'model';
   document.title = `${title} — remat plan`;
+  const frontier = frontierSection(t);
   const ofUnplanned = isNum(p.peakBytes) && isNum(t.unplannedPeakBytes) && t.unplannedPeakBytes > 0 ? p.peakBytes / t.unplannedPeakBytes : null;
   const rows = t.regions.map((r) =>
     h(
@@ -87,5 +167,7 @@ export function renderTorchPlan(root, raw) {
       h('p', { class: 'muted' }, 'Each region is checkpointed with torch.utils.checkpoint (non-reentrant) and a selective policy: the listed ops (aten op #occurrence) are kept, the others recomputed when backward first needs the region.'),
       h('table', { class: 'tensors', 'data-testid': 'torch-regions' }, h('thead', {}, h('tr', {}, h('th', {}, 'Region'), h('th', {}, 'Class'), h('th', {}, 'Plan'), h('th', {}, 'Kept ops'), h('th', {}, 'Re-run cost'))), h('tbody', {}, rows)),
     ),
+    frontier.section,
   );
+  frontier.draw();
 }

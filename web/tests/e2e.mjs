@@ -10,7 +10,8 @@
 //    `batch`, bound to 2, then the same checks (validated with E2E_VALIDATE=1).
 // 3. A generated 2,000-node plan: the layout time the page measured is reported (not asserted).
 // 4. A captured PyTorch graph (fixtures/torch/gpt2.torch.json): the torch-sac plan page shows one
-//    row per region and the predicted peak; axe-core again.
+//    row per region and the predicted peak; its frontier, computed from the file picked on the
+//    page, is drawn with none and full beside it; axe-core again.
 // No console errors are allowed, except the browser's own log line for the API's expected error
 // answers (422 unbound dims and infeasible one-byte budget while probing a model; 400 for the
 // broken graph posted on purpose), each matched to a response that carried that error code.
@@ -378,9 +379,19 @@ try {
   await waitReady();
   const measuredText = await page.textContent('[data-testid="card-validation"]');
   assert.ok(measuredText.includes('torch-cpu') && measuredText.includes('passed') && measuredText.includes('+8.30 %') && measuredText.includes('ops at their least +6.10 %') && measuredText.includes('the unplanned step against itself 5.00e-1') && measuredText.includes('MemTracker read'), `captured graph: validation card "${measuredText}"`);
+  // Its frontier: picked as a file on this page (the plan came from the API), swept in the
+  // torch-sac model; the chart and its table show remat's plans, none and full.
+  await page.setInputFiles('[data-testid="sweep-file"]', path.join(REPO, 'fixtures/torch/gpt2.torch.json'));
+  await page.waitForFunction(() => Number(document.querySelector('[data-testid="pareto"]')?.dataset.frontier ?? 0) > 0, null, { timeout: 120_000 });
+  const torchFrontier = Number(await page.getAttribute('[data-testid="pareto"]', 'data-frontier'));
+  assert.ok(torchFrontier >= 7, `captured graph: frontier of ${torchFrontier} budgets`);
+  assert.ok((await inkedPixels('[data-testid="pareto"] canvas')) > 100, 'captured graph: Pareto canvas is blank');
+  const torchSeries = await page.$$eval('.chart-text tbody td:first-child', (tds) => [...new Set(tds.map((td) => td.textContent))]);
+  // PyTorch's own step peaks over this plan's budget: "none (over budget)".
+  for (const s of ['this plan', 'frontier (remat)', 'none (over budget)', 'full']) assert.ok(torchSeries.includes(s), `captured graph: no "${s}" in the frontier's table (${torchSeries.join(', ')})`);
   await accessibility('torch plan page');
   await page.screenshot({ path: path.join(OUT, 'torch-plan.png'), fullPage: true });
-  check('a captured PyTorch graph renders its torch-sac plan', `${regionRows.length} regions, ${trec.plan.regions.filter((r) => r.wrapped).length} checkpointed`);
+  check('a captured PyTorch graph renders its torch-sac plan and its frontier', `${regionRows.length} regions, ${trec.plan.regions.filter((r) => r.wrapped).length} checkpointed; frontier of ${torchFrontier} budgets`);
 
   // No console errors, except the browser's log line for each expected 422 of a probe.
   const unexpected = consoleErrors.filter((e) => {
