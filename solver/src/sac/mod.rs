@@ -352,6 +352,85 @@ mod tests {
         assert_eq!(simulate(&g, &p).unwrap().peak_bytes, rep.min_peak_bytes);
     }
 
+    /// The latest-holder form of a death (used where more than 6 regions touch a storage)
+    /// against trying every state of the touching regions, on every storage of the fixture
+    /// captures and of variants of `two_blocks` where both apply.
+    #[test]
+    fn the_latest_holder_form_agrees_with_trying_every_state() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/torch");
+        let mut graphs: Vec<TorchGraph> = ["gpt2", "albert", "resnet18", "stack"]
+            .iter()
+            .map(|n| {
+                let text = std::fs::read_to_string(dir.join(format!("{n}.torch.json"))).unwrap();
+                TorchGraph::from_json(&text).unwrap()
+            })
+            .collect();
+        // x1 (storage 1): made outside the regions, taken by both, saved by one or both or
+        // by an op outside them, released at several points.
+        // (after_op, region, released_after) per save, and the storage's death.
+        type Saves = Vec<(usize, Option<usize>, usize)>;
+        let variants: Vec<(Saves, usize)> = vec![
+            (vec![(1, Some(1), 6)], 6),
+            (vec![(1, Some(1), 5)], 6),
+            (vec![(1, Some(1), 7), (0, Some(0), 7)], 7),
+            (vec![(1, Some(1), 6), (0, Some(0), 8)], 8),
+            (vec![(1, Some(1), 8), (0, Some(0), 6)], 8),
+            (vec![(1, Some(1), 6), (4, None, 8)], 8),
+            (vec![(1, Some(1), 8), (4, None, 5)], 8),
+            (vec![(0, Some(0), 5), (4, None, 6)], 6),
+            (vec![(4, None, 8)], 8),
+            (vec![], 5),
+            // Both regions decide (region 0's frame ends after region 1's save and frame).
+            (vec![(1, Some(1), 3)], 3),
+            (vec![(1, Some(1), 3), (4, None, 4)], 4),
+            (vec![(1, Some(1), 3), (4, None, 6)], 6),
+        ];
+        for (saves, free_after) in variants {
+            let mut g = two_blocks();
+            g.ops[1].region = None;
+            g.ops[1].occurrence = None;
+            g.regions[0].last_op = 0;
+            g.regions[0].inputs = vec![1];
+            g.storages[1].saves = saves
+                .into_iter()
+                .map(|(after_op, region, released)| TorchSave {
+                    after_op,
+                    region,
+                    released_after: Some(released),
+                })
+                .collect();
+            g.storages[1].free_after = Some(free_after);
+            g.check().unwrap();
+            graphs.push(g);
+        }
+        let (mut compared, mut both) = (0, 0);
+        for g in &graphs {
+            let n = g.regions.len();
+            let mut res = Resolved {
+                wrapped: vec![true; n],
+                keep: vec![BTreeSet::new(); n],
+                input_of: g.input_of(),
+                frame_ends: g.frame_ends(),
+            };
+            for s in 0..g.storages.len() {
+                let touching = g.touching(s, &res.input_of);
+                if !(2..=6).contains(&touching.len()) {
+                    continue;
+                }
+                let Some(latest) = g.regions_deciding_latest(s, &res.input_of, &res.frame_ends)
+                else {
+                    continue;
+                };
+                let every = g.regions_deciding(s, &touching, &mut res);
+                assert_eq!(latest, every, "{}: storage {s}", g.name);
+                compared += 1;
+                both += usize::from(every == 2);
+            }
+        }
+        assert!(compared >= 12, "only {compared} storages compared");
+        assert!(both >= 2, "only {both} storages two regions decide");
+    }
+
     #[test]
     fn bad_documents_name_the_field() {
         let mut g = two_blocks();

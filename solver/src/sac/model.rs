@@ -409,11 +409,13 @@ impl TorchGraph {
     /// Whether the life of every storage under any plan depends on the option of at most one
     /// region (its producer's or a saving one's): then the bytes a plan adds to full
     /// checkpointing at any point of the step are the sum of what each region's option adds
-    /// alone, which the chain program's exactness rests on. Checked by trying, for each
-    /// storage that more than one region touches (its producer's, the saving ones and the ones
-    /// that take it as an input), every state of those regions (unwrapped, wrapped, wrapped
-    /// keeping the producer where it is keepable); false when more than one region changes its
-    /// death, or when more than 6 regions touch one storage.
+    /// alone, which the chain program's exactness rests on. For each storage that more than one
+    /// region touches (its producer's, the saving ones and the ones that take it as an input):
+    /// by trying every state of those regions (unwrapped, wrapped, wrapped keeping the producer
+    /// where it is keepable) where at most 6 touch it ([`TorchGraph::regions_deciding`]), else
+    /// by the latest-holder form of its death where it has it ([`TorchGraph::regions_deciding_latest`]:
+    /// a mask or position tensor every block takes); false when more than one region changes a
+    /// death, or when more than 6 touch a storage without that form.
     pub(super) fn lives_depend_on_one_region_each(&self) -> bool {
         let n = self.regions.len();
         let mut res = Resolved {
@@ -422,64 +424,143 @@ impl TorchGraph {
             input_of: self.input_of(),
             frame_ends: self.frame_ends(),
         };
-        let key = |d: Death| match d {
-            Death::At(at) => Some(at),
-            Death::InRerun => None,
-        };
-        for (s, st) in self.storages.iter().enumerate() {
-            // A region that takes the storage as an input may hold it longer wrapped (until its
-            // checkpoint's frame ends) than unwrapped (through its saves, if any).
-            let rp = self.ops[st.producer].region;
-            let mut touching: BTreeSet<usize> =
-                st.saves.iter().filter_map(|sv| sv.region).collect();
-            touching.extend(res.input_of.get(&s).into_iter().flatten());
-            touching.extend(rp);
+        for s in 0..self.storages.len() {
+            let touching = self.touching(s, &res.input_of);
             if touching.len() < 2 {
                 continue;
             }
-            if touching.len() > 6 {
-                return false;
-            }
-            let regions: Vec<usize> = touching.into_iter().collect();
-            let states = 3usize.pow(regions.len() as u32);
-            let mut deaths = Vec::with_capacity(states);
-            for code in 0..states {
-                let mut c = code;
-                for &r in &regions {
-                    let state = c % 3;
-                    c /= 3;
-                    res.wrapped[r] = state > 0;
-                    res.keep[r].clear();
-                    // Keeping the producer is a state only of its region, where it may be kept.
-                    if state == 2 && rp == Some(r) && keepable(self, r, st.producer) {
-                        res.keep[r].insert(st.producer);
-                    }
+            let deciding = if touching.len() <= 6 {
+                self.regions_deciding(s, &touching, &mut res)
+            } else {
+                match self.regions_deciding_latest(s, &res.input_of, &res.frame_ends) {
+                    Some(m) => m,
+                    None => return false,
                 }
-                deaths.push(key(self.death(s, &res)));
-            }
-            for &r in &regions {
-                res.wrapped[r] = true;
-                res.keep[r].clear();
-            }
-            // Region i matters when two states differing in its digit alone differ in death.
-            let matter = (0..regions.len())
-                .filter(|&i| {
-                    let step = 3usize.pow(i as u32);
-                    (0..states).any(|code| {
-                        let digit = (code / step) % 3;
-                        (digit + 1..3).any(|d| deaths[code] != deaths[code + (d - digit) * step])
-                    })
-                })
-                .count();
-            if matter > 1 {
+            };
+            if deciding > 1 {
                 return false;
             }
         }
         true
     }
 
+    /// The regions that touch storage `s`: its producer's, the saving ones and the ones that
+    /// take it as an input.
+    pub(super) fn touching(&self, s: usize, input_of: &HashMap<usize, Vec<usize>>) -> Vec<usize> {
+        let st = &self.storages[s];
+        let mut touching: BTreeSet<usize> = st.saves.iter().filter_map(|sv| sv.region).collect();
+        // A region that takes the storage as an input may hold it longer wrapped (until its
+        // checkpoint's frame ends) than unwrapped (through its saves, if any).
+        touching.extend(input_of.get(&s).into_iter().flatten());
+        touching.extend(self.ops[st.producer].region);
+        touching.into_iter().collect()
+    }
+
+    /// How many of `regions` (those touching storage `s`) change its death, by trying every
+    /// state of them ([`TorchGraph::death`]); `res` is left with every region wrapped, keeping
+    /// nothing.
+    pub(super) fn regions_deciding(&self, s: usize, regions: &[usize], res: &mut Resolved) -> usize {
+        let st = &self.storages[s];
+        let rp = self.ops[st.producer].region;
+        let key = |d: Death| match d {
+            Death::At(at) => Some(at),
+            Death::InRerun => None,
+        };
+        let states = 3usize.pow(regions.len() as u32);
+        let mut deaths = Vec::with_capacity(states);
+        for code in 0..states {
+            let mut c = code;
+            for &r in regions {
+                let state = c % 3;
+                c /= 3;
+                res.wrapped[r] = state > 0;
+                res.keep[r].clear();
+                // Keeping the producer is a state only of its region, where it may be kept.
+                if state == 2 && rp == Some(r) && keepable(self, r, st.producer) {
+                    res.keep[r].insert(st.producer);
+                }
+            }
+            deaths.push(key(self.death(s, res)));
+        }
+        for &r in regions {
+            res.wrapped[r] = true;
+            res.keep[r].clear();
+        }
+        // Region i matters when two states differing in its digit alone differ in death.
+        (0..regions.len())
+            .filter(|&i| {
+                let step = 3usize.pow(i as u32);
+                (0..states).any(|code| {
+                    let digit = (code / step) % 3;
+                    (digit + 1..3).any(|d| deaths[code] != deaths[code + (d - digit) * step])
+                })
+            })
+            .count()
+    }
+
+    /// How many regions change the death of storage `s` when it has the latest-holder form: no
+    /// region produces it, it has a natural death, and its death in the unplanned step is the
+    /// latest of its natural death and its saves' releases. Then under any plan it dies at the
+    /// latest of a constant (the natural death, the releases of the saves outside regions) and
+    /// one figure per touching region: unwrapped, the latest release of the region's saves;
+    /// wrapped, the end of its checkpoint's frame if it takes `s` as an input (its saves no
+    /// longer hold it: SAC keeps only what a region produces). A region changes the death when
+    /// its two figures differ and the larger is above the constant and every other region's
+    /// smaller figure. `None` without that form. Agrees with [`TorchGraph::regions_deciding`]
+    /// wherever both apply (`the_latest_holder_form_agrees_with_trying_every_state`).
+    pub(super) fn regions_deciding_latest(
+        &self,
+        s: usize,
+        input_of: &HashMap<usize, Vec<usize>>,
+        frame_ends: &[Option<usize>],
+    ) -> Option<usize> {
+        let st = &self.storages[s];
+        if self.ops[st.producer].region.is_some() {
+            return None;
+        }
+        // `None` (not within the step) is the latest.
+        let at = |a: Option<usize>| a.unwrap_or(usize::MAX);
+        let natural = st.natural_free_after?;
+        let release = |sv: &TorchSave| at(sv.released_after.or(st.free_after));
+        if st.saves.iter().map(release).fold(natural, usize::max) != at(st.free_after) {
+            return None;
+        }
+        let mut constant = natural;
+        // Per region: (unwrapped, wrapped).
+        let mut figures: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+        for sv in &st.saves {
+            match sv.region {
+                None => constant = constant.max(release(sv)),
+                Some(r) => {
+                    let f = figures.entry(r).or_insert((0, 0));
+                    f.0 = f.0.max(release(sv));
+                }
+            }
+        }
+        for &r in input_of.get(&s).into_iter().flatten() {
+            let f = figures.entry(r).or_insert((0, 0));
+            f.1 = f.1.max(at(frame_ends[r]));
+        }
+        let ranges: Vec<(usize, usize)> =
+            figures.values().map(|&(u, w)| (u.min(w), u.max(w))).collect();
+        Some(
+            (0..ranges.len())
+                .filter(|&i| {
+                    let (lo, hi) = ranges[i];
+                    let floor = ranges
+                        .iter()
+                        .enumerate()
+                        .filter(|&(j, _)| j != i)
+                        .map(|(_, r)| r.0)
+                        .fold(constant, usize::max);
+                    lo < hi && floor < hi
+                })
+                .count(),
+        )
+    }
+
     /// The regions each storage is an input of (storages that are none's left out).
-    fn input_of(&self) -> HashMap<usize, Vec<usize>> {
+    pub(super) fn input_of(&self) -> HashMap<usize, Vec<usize>> {
         let mut input_of: HashMap<usize, Vec<usize>> = HashMap::new();
         for (r, reg) in self.regions.iter().enumerate() {
             for &s in &reg.inputs {
@@ -595,12 +676,12 @@ impl SacPlan {
 }
 
 pub(super) struct Resolved {
-    wrapped: Vec<bool>,
-    keep: Vec<BTreeSet<usize>>,
+    pub(super) wrapped: Vec<bool>,
+    pub(super) keep: Vec<BTreeSet<usize>>,
     /// The regions each storage is passed to (wrapped or not).
-    input_of: HashMap<usize, Vec<usize>>,
+    pub(super) input_of: HashMap<usize, Vec<usize>>,
     /// When each region's checkpoint would let go of its inputs ([`TorchGraph::frame_ends`]).
-    frame_ends: Vec<Option<usize>>,
+    pub(super) frame_ends: Vec<Option<usize>>,
 }
 
 impl Resolved {
