@@ -35,7 +35,7 @@ fn plan(py: Python<'_>, graph: &str, budget: &str) -> PyResult<String> {
 /// sweep(graph, fractions) -> str
 ///
 /// The torch-sac plans at `fractions` of the unplanned peak, as `remat sweep` gives them: per
-/// budget its status, overhead, gap (where the chain program proves a bound) and the overhead of
+/// budget its status, overhead, gap (to the plan's lower bound) and the overhead of
 /// `none` and `full` where they fit; the overhead never rises with the budget. JSON: a list of
 /// points in the order of `fractions`.
 #[pyfunction]

@@ -2,7 +2,8 @@
 //! torch-sac planner's candidates without the block plans and the chain program, with the
 //! block plans ([`remat_solver::sac::block_plans`]), and with both ([`remat_solver::sac::ChainModel`])
 //! on captured steps, at 41 budgets from the least peak (0/40) to the unplanned peak (40/40):
-//! the predicted overhead of each, the lower bound where the chain program proves one, its
+//! the predicted overhead of each, the lower bound where the chain program proves one (not the
+//! unplanned step's cost, the bound elsewhere), its
 //! bound on the peak against the simulated one, and the time to build the candidates. The graphs come from
 //! `python python/bench/torch_bench.py --graphs DIR` (docs/bench/torch.md, "Block plans").
 
@@ -34,8 +35,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut lower = "none".to_string();
             for c in &sets {
                 let (_, r) = c.select(budget)?;
-                if let Some(b) = r.lower_bound {
-                    lower = pct(b);
+                if let Some(b) = r.lower_bound.filter(|b| b.source == "chain_program") {
+                    lower = pct(b.compute_cost);
                 }
                 cells.push(if r.status == "fits" {
                     pct(r.predicted.compute_cost)

@@ -49,7 +49,7 @@ def sweep(
     fractions: Sequence[float] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2),
 ) -> list[dict[str, Any]]:
     """The plans at `fractions` of the unplanned peak, as `remat sweep` gives them: per budget
-    `budget_bytes`, `status` ("optimal" where the chain program's bound closes the gap,
+    `budget_bytes`, `status` ("optimal" where the plan's lower bound closes the gap,
     "feasible", or "infeasible" below the least reachable peak), `overhead`, `gap`, and
     `baselines`: `[name, overhead or None]` for "none" (PyTorch's own step) and "full" (every
     region checkpointed), None where its peak is over the budget. The overhead never rises with

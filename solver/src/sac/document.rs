@@ -25,7 +25,8 @@ pub struct PlanDocument {
     pub unplanned_peak_bytes: u64,
     pub predicted: PredictedDoc,
     /// A lower bound on the compute cost of every plan the torch-sac planner can express whose
-    /// peak fits the budget, where the chain program proves one (docs/torch.md, "The planner").
+    /// peak fits the budget (docs/torch.md, "The planner"): the chain program's where it proves
+    /// one, else the unplanned step's cost; absent from an infeasible plan.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lower_bound: Option<SacLowerBound>,
     /// `(compute_cost - lower_bound) / compute_cost`, with the bound.
@@ -45,7 +46,8 @@ pub struct SacLowerBound {
     /// `compute_cost / base_cost - 1`: the least overhead any plan fitting the budget has.
     pub overhead: f64,
     /// `chain_program`: the chain program with held bytes rounded down, exact (additive values,
-    /// exact shape) and complete (every keepable op of every region enumerated).
+    /// exact shape) and complete (every keepable op of every region enumerated);
+    /// `unplanned_step`: the step's own cost, which every plan runs at least.
     pub source: String,
 }
 
@@ -271,13 +273,13 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
             peak_in_rerun_of: s.peak_in_rerun_of.map(|r| graph.region_label(r)),
         },
         lower_bound: report.lower_bound.map(|b| SacLowerBound {
-            compute_cost: b,
-            overhead: overhead(b, s.base_cost),
-            source: "chain_program".into(),
+            compute_cost: b.compute_cost,
+            overhead: overhead(b.compute_cost, s.base_cost),
+            source: b.source.into(),
         }),
         gap: report.lower_bound.map(|b| {
             if s.compute_cost > 0.0 {
-                ((s.compute_cost - b) / s.compute_cost).max(0.0)
+                ((s.compute_cost - b.compute_cost) / s.compute_cost).max(0.0)
             } else {
                 0.0
             }

@@ -459,7 +459,12 @@ impl TorchGraph {
     /// How many of `regions` (those touching storage `s`) change its death, by trying every
     /// state of them ([`TorchGraph::death`]); `res` is left with every region wrapped, keeping
     /// nothing.
-    pub(super) fn regions_deciding(&self, s: usize, regions: &[usize], res: &mut Resolved) -> usize {
+    pub(super) fn regions_deciding(
+        &self,
+        s: usize,
+        regions: &[usize],
+        res: &mut Resolved,
+    ) -> usize {
         let st = &self.storages[s];
         let rp = self.ops[st.producer].region;
         let key = |d: Death| match d {
@@ -541,8 +546,10 @@ impl TorchGraph {
             let f = figures.entry(r).or_insert((0, 0));
             f.1 = f.1.max(at(frame_ends[r]));
         }
-        let ranges: Vec<(usize, usize)> =
-            figures.values().map(|&(u, w)| (u.min(w), u.max(w))).collect();
+        let ranges: Vec<(usize, usize)> = figures
+            .values()
+            .map(|&(u, w)| (u.min(w), u.max(w)))
+            .collect();
         Some(
             (0..ranges.len())
                 .filter(|&i| {

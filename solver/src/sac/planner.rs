@@ -20,8 +20,19 @@ pub struct SacReport {
     /// Accepted moves, in order.
     pub moves: usize,
     /// A lower bound on the compute cost of every plan the planner can express whose peak fits
-    /// the budget ([`ChainModel::lower_bound`]), where the chain program is exact and complete.
-    pub lower_bound: Option<f64>,
+    /// the budget, for a plan that fits: the chain program's ([`ChainModel::lower_bound`])
+    /// where it is exact and complete, else the unplanned step's cost, which every plan runs
+    /// at least.
+    pub lower_bound: Option<SacBound>,
+}
+
+/// A lower bound on a torch-sac plan's compute cost and where it comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SacBound {
+    pub compute_cost: f64,
+    /// `chain_program` (the chain program with held bytes rounded down, where it is exact and
+    /// complete) or `unplanned_step` (the step's own cost: no plan runs less).
+    pub source: &'static str,
 }
 
 /// Chooses wrapped regions and keep sets whose simulated peak fits `budget` at the least
@@ -180,12 +191,22 @@ impl Candidates {
         Ok(match best {
             Some((p, s, moves)) => {
                 // A bound above the answer would call a worse plan optimal: never reported.
-                let bound = self
+                let chain = self
                     .chain
                     .as_ref()
                     .and_then(|(m, g)| m.lower_bound(g, budget))
                     .filter(|&b| b <= s.compute_cost * (1.0 + 1e-12));
-                (p.clone(), report("fits", s, *moves, bound))
+                let bound = match chain {
+                    Some(b) => SacBound {
+                        compute_cost: b,
+                        source: "chain_program",
+                    },
+                    None => SacBound {
+                        compute_cost: self.unplanned().compute_cost,
+                        source: "unplanned_step",
+                    },
+                };
+                (p.clone(), report("fits", s, *moves, Some(bound)))
             }
             None => {
                 let (p, s, moves) = &self.plans[self.least];
@@ -197,7 +218,7 @@ impl Candidates {
 
 /// The torch-sac plans at budgets `fractions` of the unplanned peak (rounded up), as the free
 /// model's [`crate::plan::sweep`] gives its frontier: per budget the plan's overhead, its gap to
-/// the chain program's lower bound where it proves one (`optimal` within
+/// the plan's lower bound ([`SacReport::lower_bound`]; `optimal` within
 /// [`crate::plan::OPTIMAL_GAP`]), and the two fixed policies side by side: `none` (PyTorch's
 /// own step, nothing wrapped) and `full` (every region checkpointed, nothing kept: Hugging
 /// Face's `gradient_checkpointing_enable`, torchtitan's `full` mode), each with its overhead
@@ -241,7 +262,7 @@ pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<Vec<ParetoPoint>> 
         }
         let gap = report.lower_bound.filter(|_| fits).map(|b| {
             if cost > 0.0 {
-                ((cost - b) / cost).max(0.0)
+                ((cost - b.compute_cost) / cost).max(0.0)
             } else {
                 0.0
             }

@@ -197,6 +197,44 @@ fn a_sweep_is_the_plans_at_its_budgets_and_never_rises() {
     assert!(e.to_string().contains("sweep fraction -1"), "{e}");
 }
 
+/// Every plan that fits reports a lower bound at or below its cost, with its source: the chain
+/// program's where it proves one (the transformer captures), else the unplanned step's cost
+/// (the ResNet capture: the figures' shape is not exact); an infeasible plan none.
+#[test]
+fn every_plan_that_fits_reports_a_bound_and_its_source() {
+    for (name, source) in [
+        ("gpt2.torch.json", "chain_program"),
+        ("resnet18.torch.json", "unplanned_step"),
+    ] {
+        let g = graph(name);
+        let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap();
+        let c = sac::Candidates::new(&g).unwrap();
+        for i in 0..=4u64 {
+            let budget = c.least_peak() + (unplanned.peak_bytes - c.least_peak()) * i / 4;
+            let (p, r) = c.select(budget).unwrap();
+            let doc = sac::document(&g, &p, &r);
+            let b = doc
+                .lower_bound
+                .as_ref()
+                .expect("a plan that fits has a bound");
+            assert_eq!(b.source, source, "{name} at {budget}");
+            assert!(b.compute_cost <= r.predicted.compute_cost * (1.0 + 1e-12));
+            assert!(b.compute_cost >= unplanned.compute_cost * (1.0 - 1e-12));
+            let gap = doc.gap.unwrap();
+            assert!((0.0..1.0).contains(&gap), "{name} at {budget}: gap {gap}");
+            if source == "unplanned_step" {
+                let o = r.predicted.overhead();
+                assert!(
+                    (gap - o / (1.0 + o)).abs() < 1e-9,
+                    "{name}: the gap is the overhead's"
+                );
+            }
+        }
+        let (_, r) = c.select(c.least_peak() - 1).unwrap();
+        assert_eq!((r.status, r.lower_bound), ("infeasible", None));
+    }
+}
+
 #[test]
 fn plan_documents_round_trip_and_refuse_another_graph() {
     let a = graph("stack.torch.json");
