@@ -53,9 +53,7 @@ def main() -> None:
             full = dict(p["baselines"]).get("full")
             gap = "—"
             if p["gap"] is not None:
-                # The bound's source: the plan's at that budget (the sweep's points name none).
-                source = rt.plan(graph, p["budget_bytes"])["lower_bound"]["source"]
-                gap = f"{p['gap'] * 100:.2f}% ({source})"
+                gap = f"{p['gap'] * 100:.2f}% ({p['bound_source']})"
             print(
                 f"| {p['fraction']:.3f} | {p['budget_bytes']:,} | {pct(p['overhead'])} | "
                 f"{p['status']} | {gap} | {pct(full)} |"

@@ -132,6 +132,7 @@ def test_a_sweep_gives_the_plans_overheads_by_budget_with_the_fixed_policies() -
     for p in points[:3]:
         assert p["status"] in ("optimal", "feasible"), p
         plan = rt.plan(graph, p["budget_bytes"])
+        assert p["bound_source"] == plan["lower_bound"]["source"], p
         # The plan at that budget, or a cheaper one of a smaller budget.
         assert p["overhead"] <= plan["predicted"]["overhead"] + 1e-12, p
         fits = full["peak_bytes"] <= p["budget_bytes"]

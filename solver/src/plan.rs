@@ -181,6 +181,18 @@ pub enum BoundSource {
 }
 
 impl BoundSource {
+    /// The name the JSON documents give it (`lower_bound.source`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BoundSource::StoreAll => "store_all",
+            BoundSource::Milp => "milp",
+            BoundSource::Lp => "lp",
+            BoundSource::BoundaryMilp => "boundary_milp",
+            BoundSource::TimePoints => "time_points",
+            BoundSource::Exact => "exact",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             BoundSource::StoreAll => "store-all",
@@ -259,6 +271,11 @@ pub struct ParetoPoint {
     pub overhead: Option<f64>,
     pub solver: String,
     pub gap: Option<f64>,
+    /// What `gap` is against: the plan report's `lower_bound.source` (the free model's
+    /// [`BoundSource`] as the JSON names it; the torch-sac model's `chain_program` or
+    /// `unplanned_step`); absent with `gap`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound_source: Option<String>,
     /// Set when the point's schedule is the one found at this lower budget of the sweep
     /// ([`PlanReport::reused_from_budget_bytes`]); absent from the JSON otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -999,6 +1016,10 @@ pub fn sweep(p: &Problem, fractions: &[f64], opts: &PlanOptions) -> Result<Vec<P
             overhead: feasible.then_some(r.predicted.overhead),
             solver: r.solver,
             gap: r.gap,
+            bound_source: r
+                .gap
+                .and(r.lower_bound.as_ref())
+                .map(|b| b.source.name().to_string()),
             reused_from_budget_bytes: r.reused_from_budget_bytes,
             baselines: r
                 .baselines
@@ -1071,6 +1092,14 @@ pub fn parse_budget(s: &str, store_all_peak: u64) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bound_source_names_are_the_json_ones() {
+        use BoundSource::*;
+        for b in [StoreAll, Milp, Lp, BoundaryMilp, TimePoints, Exact] {
+            assert_eq!(serde_json::to_value(b).unwrap(), b.name(), "{b:?}");
+        }
+    }
 
     #[test]
     fn parses_budgets() {

@@ -50,7 +50,8 @@ def sweep(
 ) -> list[dict[str, Any]]:
     """The plans at `fractions` of the unplanned peak, as `remat sweep` gives them: per budget
     `budget_bytes`, `status` ("optimal" where the plan's lower bound closes the gap,
-    "feasible", or "infeasible" below the least reachable peak), `overhead`, `gap`, and
+    "feasible", or "infeasible" below the least reachable peak), `overhead`, `gap` with
+    `bound_source` (what it is against: "chain_program" or "unplanned_step"), and
     `baselines`: `[name, overhead or None]` for "none" (PyTorch's own step) and "full" (every
     region checkpointed), None where its peak is over the budget. The overhead never rises with
     the budget: a plan found at a smaller budget is kept where it is cheaper

@@ -279,6 +279,10 @@ pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<Vec<ParetoPoint>> 
             overhead: fits.then(|| overhead(cost, unplanned.base_cost)),
             solver: SOLVER.to_string(),
             gap,
+            bound_source: report
+                .lower_bound
+                .filter(|_| gap.is_some())
+                .map(|b| b.source.to_string()),
             reused_from_budget_bytes: reused,
             baselines: vec![
                 ("none".to_string(), fitting(&unplanned)),

@@ -270,6 +270,16 @@ fn sweep_is_monotone_and_names_every_baseline() {
             q.baselines.iter().map(|b| b.0.as_str()).collect::<Vec<_>>(),
             remat_solver::baselines::BASELINE_NAMES.to_vec()
         );
+        // The gap names what it is against: the plan's bound at that budget.
+        assert_eq!(q.gap.is_some(), q.bound_source.is_some(), "{q:?}");
+        if q.gap.is_some() {
+            let (_, r) = plan(&p, &PlanOptions::new(q.budget_bytes)).unwrap();
+            assert_eq!(
+                q.bound_source.as_deref(),
+                r.lower_bound.map(|b| b.source.name()),
+                "{q:?}"
+            );
+        }
     }
     assert!(sweep(&p, &[0.0], &PlanOptions::new(0)).is_err());
 }

@@ -183,6 +183,11 @@ fn a_sweep_is_the_plans_at_its_budgets_and_never_rises() {
                 report.lower_bound.is_some(),
                 "{name} at {f}"
             );
+            assert_eq!(
+                p.bound_source.as_deref(),
+                report.lower_bound.map(|b| b.source),
+                "{name} at {f}"
+            );
             // The fractions fall: each point's budget is smaller than the one before.
             if let Some(last) = last {
                 assert!(
