@@ -51,7 +51,8 @@ def sweep(
     """The plans at `fractions` of the unplanned peak, as `remat sweep` gives them: per budget
     `budget_bytes`, `status` ("optimal" where the plan's lower bound closes the gap,
     "feasible", or "infeasible" below the least reachable peak), `overhead`, `gap` with
-    `bound_source` (what it is against: "chain_program" or "unplanned_step"), and
+    `bound_source` (what it is against: "chain_program", "pinned_chain_program" or
+    "unplanned_step"), and
     `baselines`: `[name, overhead or None]` for "none" (PyTorch's own step) and "full" (every
     region checkpointed), None where its peak is over the budget. The overhead never rises with
     the budget: a plan found at a smaller budget is kept where it is cheaper

@@ -47,7 +47,9 @@ pub struct SacLowerBound {
     pub overhead: f64,
     /// `chain_program`: the chain program with held bytes rounded down, exact (additive values,
     /// exact shape) and complete (every keepable op of every region enumerated);
-    /// `unplanned_step`: the step's own cost, which every plan runs at least.
+    /// `pinned_chain_program`: the same on the graph with the tensors whose lives several
+    /// regions decide pinned, at the budget plus their bytes; `unplanned_step`: the step's own
+    /// cost, which every plan runs at least.
     pub source: String,
 }
 

@@ -417,6 +417,16 @@ impl TorchGraph {
     /// a mask or position tensor every block takes); false when more than one region changes a
     /// death, or when more than 6 touch a storage without that form.
     pub(super) fn lives_depend_on_one_region_each(&self) -> bool {
+        self.storages_decided_apart()
+            .is_some_and(|apart| apart.is_empty())
+    }
+
+    /// The storages that more than one region's option decides the death of, where every one of
+    /// them is made outside the regions (a tensor every block takes, held by whichever wrapped
+    /// block's checkpoint ends last): what [`TorchGraph::pinned`] takes out of the regions'
+    /// hands. `None` where a storage a region makes is decided by several regions, or touched
+    /// by more than 6 without the latest-holder form. Empty: the lives add up.
+    pub fn storages_decided_apart(&self) -> Option<Vec<usize>> {
         let n = self.regions.len();
         let mut res = Resolved {
             wrapped: vec![true; n],
@@ -424,24 +434,56 @@ impl TorchGraph {
             input_of: self.input_of(),
             frame_ends: self.frame_ends(),
         };
+        let mut apart = Vec::new();
         for s in 0..self.storages.len() {
             let touching = self.touching(s, &res.input_of);
             if touching.len() < 2 {
                 continue;
             }
             let deciding = if touching.len() <= 6 {
-                self.regions_deciding(s, &touching, &mut res)
+                Some(self.regions_deciding(s, &touching, &mut res))
             } else {
-                match self.regions_deciding_latest(s, &res.input_of, &res.frame_ends) {
-                    Some(m) => m,
-                    None => return false,
-                }
+                self.regions_deciding_latest(s, &res.input_of, &res.frame_ends)
             };
-            if deciding > 1 {
-                return false;
+            match deciding {
+                Some(d) if d <= 1 => {}
+                _ if self.ops[self.storages[s].producer].region.is_none() => apart.push(s),
+                _ => return None,
             }
         }
-        true
+        Some(apart)
+    }
+
+    /// This graph with `storages` (made outside every region) alive from their producer to the
+    /// latest death any plan gives them (the last of their deaths, natural and unplanned, their
+    /// saves' releases and the frame ends of the regions that take them): no saves, taken by no
+    /// region as an input. No other storage lives longer on it under any plan (a region's frame
+    /// ends no later without those saves), so every plan's peak on it is at most its peak here
+    /// plus their bytes.
+    pub fn pinned(&self, storages: &[usize]) -> TorchGraph {
+        let frame_ends = self.frame_ends();
+        let input_of = self.input_of();
+        // `None` (not within the step) is the latest.
+        let later = |a: Option<usize>, b: Option<usize>| a.zip(b).map(|(a, b)| a.max(b));
+        let mut g = self.clone();
+        for &s in storages {
+            let st = &self.storages[s];
+            let mut end = later(st.free_after, st.natural_free_after);
+            for sv in &st.saves {
+                end = later(end, sv.released_after.or(st.free_after));
+            }
+            for &r in input_of.get(&s).into_iter().flatten() {
+                end = later(end, frame_ends[r]);
+            }
+            let p = &mut g.storages[s];
+            p.saves.clear();
+            p.free_after = end;
+            p.natural_free_after = end;
+            for reg in &mut g.regions {
+                reg.inputs.retain(|&x| x != s);
+            }
+        }
+        g
     }
 
     /// The regions that touch storage `s`: its producer's, the saving ones and the ones that

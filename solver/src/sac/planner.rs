@@ -31,7 +31,8 @@ pub struct SacReport {
 pub struct SacBound {
     pub compute_cost: f64,
     /// `chain_program` (the chain program with held bytes rounded down, where it is exact and
-    /// complete) or `unplanned_step` (the step's own cost: no plan runs less).
+    /// complete), `pinned_chain_program` (the same on [`TorchGraph::pinned`], at the budget
+    /// plus the pinned bytes) or `unplanned_step` (the step's own cost: no plan runs less).
     pub source: &'static str,
 }
 
@@ -55,6 +56,11 @@ pub struct Candidates {
     /// The chain program, solved again at each budget [`Candidates::select`] is asked for,
     /// and the graph its choices are simulated on.
     chain: Option<(ChainModel, TorchGraph)>,
+    /// Where the chain program is complete but its values do not add up because of storages
+    /// made outside the regions ([`TorchGraph::storages_decided_apart`]): the program on the
+    /// graph with them pinned ([`TorchGraph::pinned`]), exact there, and their bytes. Its lower
+    /// bound at a budget plus those bytes bounds every plan that fits the budget here.
+    pinned: Option<(ChainModel, TorchGraph, u64)>,
 }
 
 impl Candidates {
@@ -89,8 +95,12 @@ impl Candidates {
         if blocks {
             plans.extend(block_plans(graph, &full)?);
         }
+        let mut pinned = None;
         if chain_program {
             chain = ChainModel::build(graph)?.map(|m| (m, graph.clone()));
+            if let Some((m, _)) = chain.as_ref().filter(|(m, _)| m.complete && !m.exact()) {
+                pinned = pinned_program(graph, m)?;
+            }
         }
         if let Some((model, _)) = &chain {
             // The program's least-bound choice, and its choices at budgets spread from there
@@ -120,6 +130,7 @@ impl Candidates {
             plans,
             least,
             chain,
+            pinned,
         })
     }
 
@@ -196,12 +207,21 @@ impl Candidates {
                     .as_ref()
                     .and_then(|(m, g)| m.lower_bound(g, budget))
                     .filter(|&b| b <= s.compute_cost * (1.0 + 1e-12));
-                let bound = match chain {
-                    Some(b) => SacBound {
+                let pinned = self
+                    .pinned
+                    .as_ref()
+                    .and_then(|(m, g, bytes)| m.lower_bound(g, budget.saturating_add(*bytes)))
+                    .filter(|&b| b <= s.compute_cost * (1.0 + 1e-12));
+                let bound = match (chain, pinned) {
+                    (Some(b), _) => SacBound {
                         compute_cost: b,
                         source: "chain_program",
                     },
-                    None => SacBound {
+                    (None, Some(b)) if b > self.unplanned().compute_cost => SacBound {
+                        compute_cost: b,
+                        source: "pinned_chain_program",
+                    },
+                    _ => SacBound {
                         compute_cost: self.unplanned().compute_cost,
                         source: "unplanned_step",
                     },
@@ -295,6 +315,25 @@ pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<Vec<ParetoPoint>> 
 
 /// The solver name a torch-sac sweep's points carry.
 pub const SOLVER: &str = "torch-sac";
+
+/// The chain program on `graph` with its storages decided apart pinned, where that makes it
+/// exact (and `model`, the program on `graph`, is complete), with their bytes.
+fn pinned_program(
+    graph: &TorchGraph,
+    model: &ChainModel,
+) -> Result<Option<(ChainModel, TorchGraph, u64)>> {
+    let Some(apart) = graph.storages_decided_apart().filter(|a| !a.is_empty()) else {
+        return Ok(None);
+    };
+    let g = graph.pinned(&apart);
+    if g.check().is_err() {
+        return Ok(None);
+    }
+    let bytes = apart.iter().map(|&s| graph.storages[s].bytes).sum();
+    Ok(ChainModel::build(&g)?
+        .filter(|m| m.exact() && m.complete && m.keepable_ops == model.keepable_ops)
+        .map(|m| (m, g, bytes)))
+}
 
 /// Budgets between the chain program's least bound and the unplanned peak at which its
 /// choices join the candidates.

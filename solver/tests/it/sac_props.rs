@@ -178,6 +178,75 @@ fn build(blocks: &[Vec<(u64, f64, bool)>]) -> TorchGraph {
     }
 }
 
+/// `g` with a tensor of `bytes` made before the first block (op 0, outside every region) that
+/// every block takes as an input, as a decoder's position tensors are; when `saved`, each
+/// block's first op saves it too, released at the block's trigger. Its life then depends on
+/// every block's option (the last wrapped block's frame holds it).
+fn with_shared_input(mut g: TorchGraph, bytes: u64, saved: bool) -> TorchGraph {
+    let shift = |x: &mut usize| *x += 1;
+    let shift_opt = |x: &mut Option<usize>| {
+        if let Some(v) = x {
+            *v += 1;
+        }
+    };
+    for r in &mut g.regions {
+        shift(&mut r.first_op);
+        shift(&mut r.last_op);
+        shift_opt(&mut r.stop_op);
+        shift_opt(&mut r.trigger_op);
+    }
+    for st in &mut g.storages {
+        shift(&mut st.producer);
+        shift_opt(&mut st.free_after);
+        shift_opt(&mut st.natural_free_after);
+        for sv in &mut st.saves {
+            shift(&mut sv.after_op);
+            shift_opt(&mut sv.released_after);
+        }
+    }
+    g.forward_ops += 1;
+    let id = g.storages.len();
+    g.ops.insert(
+        0,
+        TorchOp {
+            op: "aten.arange.default".into(),
+            phase: String::new(),
+            module: String::new(),
+            region: None,
+            occurrence: None,
+            cost: 0.0,
+            outputs: vec![id],
+            random: false,
+            transient: 0,
+        },
+    );
+    let natural = g.forward_ops - 1; // the loss
+    let mut saves = Vec::new();
+    for (r, reg) in g.regions.iter_mut().enumerate() {
+        reg.inputs.push(id);
+        if let (true, Some(trigger)) = (saved, reg.trigger_op) {
+            saves.push(TorchSave {
+                after_op: reg.first_op,
+                region: Some(r),
+                released_after: Some(trigger),
+            });
+        }
+    }
+    let free_after = saves
+        .iter()
+        .filter_map(|sv| sv.released_after)
+        .fold(natural, usize::max);
+    g.storages.push(TorchStorage {
+        bytes,
+        producer: 0,
+        free_after: Some(free_after),
+        natural_free_after: Some(natural),
+        saves,
+        mutated: false,
+    });
+    g
+}
+
 fn arb_graph() -> impl Strategy<Value = TorchGraph> {
     let block = prop::collection::vec((1u64..200, 0.0f64..10.0, prop::bool::weighted(0.7)), 2..6);
     // Half the graphs price checkpointing's own work, as a `cost="measured"` capture does:
@@ -485,4 +554,60 @@ fn a_value_two_regions_decide_is_found_by_the_additivity_check() {
     });
     g.check().unwrap();
     assert!(!sac::ChainModel::build(&g).unwrap().unwrap().additive);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// With a tensor every block takes (its life decided by several blocks), every plan that
+    /// fits a budget costs at least the bound the planner reports there, whatever its source
+    /// (the chain program on the graph with that tensor pinned, where it is exact there).
+    #[test]
+    fn the_bound_holds_where_a_shared_input_makes_lives_depend_on_several_blocks(
+        blocks in prop::collection::vec(
+            prop::collection::vec((1u64..200, 0.0f64..10.0, prop::bool::weighted(0.7)), 2..4),
+            2..4,
+        ),
+        same in prop::bool::ANY,
+        shared in 1u64..300,
+        saved in prop::bool::ANY,
+    ) {
+        let g = if same { build(&vec![blocks[0].clone(); blocks.len()]) } else { build(&blocks) };
+        let g = with_shared_input(g, shared, saved);
+        g.check().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let candidates = sac::Candidates::new(&g).unwrap();
+        for plan in per_region_plans(&g) {
+            let s = sac::simulate(&g, &plan).unwrap();
+            let (_, report) = candidates.select(s.peak_bytes).unwrap();
+            let bound = report.lower_bound.expect("a plan fits");
+            prop_assert!(
+                bound.compute_cost <= s.compute_cost * (1.0 + 1e-12) + 1e-9,
+                "{} bound {} above {:?} at its peak {}: {}",
+                bound.source, bound.compute_cost, plan.wrapped, s.peak_bytes, s.compute_cost
+            );
+        }
+    }
+}
+
+/// The bound of a pinned program on a chain of identical blocks with a shared input: given, and
+/// below the cost of every plan that fits.
+#[test]
+fn a_shared_input_gets_the_pinned_programs_bound() {
+    let block = vec![(100, 5.0, true), (60, 1.0, true), (80, 3.0, true)];
+    let g = with_shared_input(build(&vec![block; 3]), 50, false);
+    g.check().unwrap();
+    assert!(!g.storages_decided_apart().unwrap().is_empty());
+    let candidates = sac::Candidates::new(&g).unwrap();
+    let mut pinned = 0;
+    for plan in per_region_plans(&g) {
+        let s = sac::simulate(&g, &plan).unwrap();
+        let (_, report) = candidates.select(s.peak_bytes).unwrap();
+        let bound = report.lower_bound.unwrap();
+        assert!(
+            bound.compute_cost <= s.compute_cost + 1e-9,
+            "{bound:?} vs {s:?}"
+        );
+        pinned += usize::from(bound.source == "pinned_chain_program");
+    }
+    assert!(pinned > 0, "no bound from the pinned program");
 }
