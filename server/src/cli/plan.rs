@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Args;
 use remat_server::engine::{ModelFormat, PlanRequest};
 use remat_server::pipeline::torch;
-use remat_server::pipeline::{PlanJob, Stop, DEFAULT_TIME_LIMIT};
+use remat_server::pipeline::{reuse, PlanJob, Stop, DEFAULT_TIME_LIMIT};
 use remat_server::text::plan_summary;
 use std::path::PathBuf;
 
@@ -44,8 +44,10 @@ pub struct PlanArgs {
     out: Option<PathBuf>,
     /// A plan of this model made before (`remat plan --json` or --out; repeatable): where
     /// its peak fits the budget, the plan returned costs no more than it (ONNX models and
-    /// node-link graphs; not with --maximize)
-    #[arg(long, value_name = "FILE", conflicts_with = "maximize")]
+    /// node-link graphs; not with --maximize). A folder: every plan in it (*.json) that is
+    /// one of this model, the others skipped with a note (keep a folder of plans and each
+    /// new one reuses them)
+    #[arg(long, value_name = "FILE|DIR", conflicts_with = "maximize")]
     reuse: Vec<PathBuf>,
     /// Run the plan on the executor and report measured figures (ONNX models)
     #[arg(long)]
@@ -114,17 +116,7 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
             ),
         ));
     }
-    let reused = args
-        .reuse
-        .iter()
-        .map(|path| {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("--reuse {}: cannot read it", path.display()))?;
-            let document: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("--reuse {}: not a JSON plan document", path.display()))?;
-            Ok((path.display().to_string(), document))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let reused = reused_plans(&args.reuse, &bytes, &req)?;
     let outcome = PlanJob::new(&bytes, &req)
         .reuse(&reused)
         .costs(args.exec.cost.into())
@@ -146,6 +138,55 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
         } => Err(Failure::infeasible(budget_bytes, min_feasible_budget_bytes)),
         Stop::Planned | Stop::Validated { ok: true } => Ok(()),
     }
+}
+
+/// The plan documents `--reuse` names: each file as given (one that is not a plan of this
+/// model is an error naming it, when the job reads it), and each folder's `*.json` files that
+/// are plans of this model (the model loaded once more to tell; the others skipped with a note
+/// on stderr, in name order).
+fn reused_plans(
+    paths: &[PathBuf],
+    model: &[u8],
+    req: &PlanRequest,
+) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
+    let read = |path: &std::path::Path| -> anyhow::Result<serde_json::Value> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--reuse {}: cannot read it", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("--reuse {}: not a JSON plan document", path.display()))
+    };
+    let mut given = Vec::new();
+    let mut found = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            given.push((path.display().to_string(), read(path)?));
+            continue;
+        }
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .with_context(|| format!("--reuse {}: cannot list the folder", path.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        found.extend(files);
+    }
+    if !found.is_empty() {
+        let loaded = PlanJob::new(model, req).load()?;
+        for path in found {
+            let checked = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read it: {e}"))
+                .and_then(|text| {
+                    serde_json::from_str::<serde_json::Value>(&text)
+                        .map_err(|e| format!("not JSON: {e}"))
+                })
+                .and_then(|doc| reuse::from_document(&loaded.problem, &doc).map(|_| doc));
+            match checked {
+                Ok(doc) => given.push((path.display().to_string(), doc)),
+                Err(e) => eprintln!("--reuse: {} skipped: {e}", path.display()),
+            }
+        }
+    }
+    Ok(given)
 }
 
 /// A captured PyTorch graph: the torch-sac plan that `remat.torch.apply` reads (written with

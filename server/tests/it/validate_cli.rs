@@ -589,4 +589,30 @@ fn remat_plan_reuses_a_plan_of_a_lower_budget_given_with_reuse() {
         err.contains("other.json") && err.contains("unknown node id"),
         "{err}"
     );
+
+    // A folder: the plans of this model in it are reused, the others skipped with a note.
+    let folder = dir.path().join("plans");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::copy(&low, folder.join("a-low.json")).unwrap();
+    std::fs::write(folder.join("b-other.json"), foreign.to_string()).unwrap();
+    std::fs::write(folder.join("c-notes.json"), "not json").unwrap();
+    std::fs::write(folder.join("d-readme.txt"), "not a plan").unwrap();
+    let o = plan("0.82x", &["--reuse", folder.to_str().unwrap()]);
+    let err = text(&o);
+    assert!(o.status.success(), "{err}");
+    let from_folder: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        from_folder["reused_from_budget_bytes"], low_doc["budget_bytes"],
+        "{err}"
+    );
+    assert_eq!(overhead(&from_folder), overhead(&reused));
+    assert!(
+        err.contains("b-other.json skipped") && err.contains("unknown node id"),
+        "{err}"
+    );
+    assert!(err.contains("c-notes.json skipped: not JSON"), "{err}");
+    assert!(
+        !err.contains("a-low.json") && !err.contains("d-readme"),
+        "{err}"
+    );
 }
