@@ -1,6 +1,7 @@
-//! The documents as text: what `remat plan` and `remat validate` print without `--json`.
+//! The documents as text: what `remat plan`, `remat sweep` and `remat validate` print without
+//! `--json`.
 
-use crate::engine::document::{CostModel, PlanDocument, ValidationReport};
+use crate::engine::document::{CostModel, PlanDocument, SweepDocument, ValidationReport};
 use crate::human_bytes;
 use remat_exec::Validation;
 use remat_solver::plan::Status;
@@ -79,6 +80,57 @@ pub fn plan_summary(doc: &PlanDocument) -> String {
         );
     }
     costs_and_run(doc, &mut s);
+    s
+}
+
+/// A sweep: the model, then a row per budget, smallest first: the budget (bytes and as a
+/// fraction of the store-all or unplanned peak), the plan's overhead, status, gap and what it
+/// is against, the solver (and the budget whose schedule it reused), and the cheapest baseline
+/// that fits.
+pub fn sweep_summary(doc: &SweepDocument) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "model      {} ({} nodes)  peak without a plan {}",
+        doc.graph.name,
+        doc.graph.nodes,
+        human_bytes(doc.store_all_peak_bytes)
+    );
+    let _ = writeln!(
+        s,
+        "{:>12}  {:>6}  {:>9}  {:<10}  {:<24}  {:<14}  best baseline that fits",
+        "budget", "of it", "overhead", "status", "gap (bound)", "solver"
+    );
+    let mut points: Vec<_> = doc.points.iter().collect();
+    points.sort_by_key(|p| p.budget_bytes);
+    for p in points {
+        let pct = |o: Option<f64>| o.map_or("—".to_string(), |o| format!("{:+.2}%", 100.0 * o));
+        let gap = match (p.gap, &p.bound_source) {
+            (Some(g), Some(b)) => format!("{:.2}% ({b})", 100.0 * g),
+            (Some(g), None) => format!("{:.2}%", 100.0 * g),
+            _ => "—".to_string(),
+        };
+        let solver = match p.reused_from_budget_bytes {
+            Some(b) => format!("{} (from {})", p.solver, human_bytes(b)),
+            None => p.solver.clone(),
+        };
+        let best = p
+            .baselines
+            .iter()
+            .filter_map(|(name, o)| o.map(|o| (name, o)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or("none fits".to_string(), |(name, o)| {
+                format!("{name} {:+.2}%", 100.0 * o)
+            });
+        let status = format!("{:?}", p.status).to_lowercase();
+        let _ = writeln!(
+            s,
+            "{:>12}  {:>5.3}x  {:>9}  {status:<10}  {gap:<24}  {solver:<14}  {best}",
+            human_bytes(p.budget_bytes),
+            p.fraction,
+            pct(p.overhead),
+        );
+    }
     s
 }
 

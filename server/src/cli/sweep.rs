@@ -4,6 +4,7 @@ use super::common::{print_document, Failure, ModelArgs};
 use clap::Args;
 use remat_server::engine::{ModelFormat, PlanRequest};
 use remat_server::pipeline::{default_threads, load, sweep_document, torch};
+use remat_server::text::sweep_summary;
 
 /// The Pareto frontier: overhead at a range of budgets, with the baselines (a captured PyTorch
 /// graph: its torch-sac plans, with PyTorch's step and full checkpointing)
@@ -24,6 +25,7 @@ pub struct SweepArgs {
     /// Seconds the solver may spend per budget
     #[arg(long, default_value_t = 10.0)]
     time_limit: f64,
+    /// Print the whole sweep document as JSON (default: a table, a row per budget)
     #[arg(long)]
     json: bool,
 }
@@ -53,6 +55,7 @@ pub fn exec(args: SweepArgs) -> Result<(), Failure> {
     if args.json {
         print_document(&doc)
     } else {
-        print_document(&doc.points)
+        print!("{}", sweep_summary(&doc));
+        Ok(())
     }
 }

@@ -317,6 +317,29 @@ fn remat_plan_takes_a_captured_pytorch_graph() {
         "{t}"
     );
     assert_eq!(points[3]["status"], "infeasible", "{t}");
+    // Without --json: a row per budget, smallest first, with the gap's source and the
+    // cheapest policy that fits.
+    let o = remat(&["sweep", graph, "--fractions", "1,0.75,0.01"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let rows: Vec<&str> = t.lines().skip(2).collect();
+    assert_eq!(rows.len(), 3, "{t}");
+    assert!(
+        rows[0].contains("0.010x")
+            && rows[0].contains("infeasible")
+            && rows[0].contains("none fits"),
+        "{t}"
+    );
+    assert!(
+        rows[1].contains("0.750x")
+            && rows[1].contains("(chain_program)")
+            && rows[1].contains("full +"),
+        "{t}"
+    );
+    assert!(
+        rows[2].contains("1.000x") && rows[2].contains("+0.00%") && rows[2].contains("none +0.00%"),
+        "{t}"
+    );
     let o = remat(&["sweep", graph, "--solver", "ilp"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("torch-sac"), "{}", text(&o));
