@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Args;
 use remat_server::engine::{ModelFormat, PlanRequest};
 use remat_server::pipeline::torch;
-use remat_server::pipeline::{reuse, PlanJob, Stop, DEFAULT_TIME_LIMIT};
+use remat_server::pipeline::{PlanJob, Stop, DEFAULT_TIME_LIMIT};
 use remat_server::text::plan_summary;
 use std::path::PathBuf;
 
@@ -116,15 +116,19 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
             ),
         ));
     }
-    let reused = reused_plans(&args.reuse, &bytes, &req)?;
+    let (reused, found) = reused_plans(&args.reuse)?;
     let outcome = PlanJob::new(&bytes, &req)
         .reuse(&reused)
+        .reuse_found(&found)
         .costs(args.exec.cost.into())
         .device(args.exec.device.into())
         .timing_rounds(args.exec.timing_rounds.into())
         .validate(args.validate)
         .progress(Bar)
         .run()?;
+    for (file, why) in &outcome.reuse_skipped {
+        eprintln!("--reuse: {file} skipped: {why}");
+    }
     emit(&args, &outcome.document, plan_summary(&outcome.document))?;
     match outcome.stop {
         Stop::NotRun(e) => Err(e.into()),
@@ -141,25 +145,26 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
 }
 
 /// The plan documents `--reuse` names: each file as given (one that is not a plan of this
-/// model is an error naming it, when the job reads it), and each folder's `*.json` files that
-/// are plans of this model (the model loaded once more to tell; the others skipped with a note
-/// on stderr, in name order).
+/// model is an error naming it, when the job reads it), and each folder's `*.json` files, in
+/// name order, for the job to keep those that are plans of this model
+/// ([`PlanJob::reuse_found`]); a file there that cannot be read as JSON is skipped here, with a
+/// note on stderr.
+#[allow(clippy::type_complexity)]
 fn reused_plans(
     paths: &[PathBuf],
-    model: &[u8],
-    req: &PlanRequest,
-) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
-    let read = |path: &std::path::Path| -> anyhow::Result<serde_json::Value> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--reuse {}: cannot read it", path.display()))?;
-        serde_json::from_str(&text)
-            .with_context(|| format!("--reuse {}: not a JSON plan document", path.display()))
-    };
+) -> anyhow::Result<(
+    Vec<(String, serde_json::Value)>,
+    Vec<(String, serde_json::Value)>,
+)> {
     let mut given = Vec::new();
     let mut found = Vec::new();
     for path in paths {
         if !path.is_dir() {
-            given.push((path.display().to_string(), read(path)?));
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--reuse {}: cannot read it", path.display()))?;
+            let document = serde_json::from_str(&text)
+                .with_context(|| format!("--reuse {}: not a JSON plan document", path.display()))?;
+            given.push((path.display().to_string(), document));
             continue;
         }
         let mut files: Vec<PathBuf> = std::fs::read_dir(path)
@@ -168,25 +173,17 @@ fn reused_plans(
             .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "json"))
             .collect();
         files.sort();
-        found.extend(files);
-    }
-    if !found.is_empty() {
-        let loaded = PlanJob::new(model, req).load()?;
-        for path in found {
-            let checked = std::fs::read_to_string(&path)
+        for file in files {
+            let read = std::fs::read_to_string(&file)
                 .map_err(|e| format!("cannot read it: {e}"))
-                .and_then(|text| {
-                    serde_json::from_str::<serde_json::Value>(&text)
-                        .map_err(|e| format!("not JSON: {e}"))
-                })
-                .and_then(|doc| reuse::from_document(&loaded.problem, &doc).map(|_| doc));
-            match checked {
-                Ok(doc) => given.push((path.display().to_string(), doc)),
-                Err(e) => eprintln!("--reuse: {} skipped: {e}", path.display()),
+                .and_then(|text| serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}")));
+            match read {
+                Ok(document) => found.push((file.display().to_string(), document)),
+                Err(e) => eprintln!("--reuse: {} skipped: {e}", file.display()),
             }
         }
     }
-    Ok(given)
+    Ok((given, found))
 }
 
 /// A captured PyTorch graph: the torch-sac plan that `remat.torch.apply` reads (written with

@@ -94,6 +94,8 @@ struct Solved<'a> {
     cost_model: Option<crate::engine::document::CostModel>,
     opts: remat_solver::plan::PlanOptions,
     planned: Planned,
+    /// The documents of [`PlanJob::reuse_found`] left out, each with why.
+    reuse_skipped: Vec<(String, String)>,
 }
 
 /// What a job produced.
@@ -102,6 +104,9 @@ pub struct PlanOutcome<'a> {
     pub planned: Planned,
     pub document: PlanDocument,
     pub stop: Stop,
+    /// The documents of [`PlanJob::reuse_found`] that are not plans of the loaded graph, each
+    /// with why (the CLI prints them).
+    pub reuse_skipped: Vec<(String, String)>,
 }
 
 /// One planning job: a model and its options, then what to do beyond the plan.
@@ -131,6 +136,7 @@ pub struct PlanJob<'a, P = Quiet> {
     on_phase: Option<&'a (dyn Fn(Phase) + 'a)>,
     history: &'a dyn History,
     reuse: &'a [(String, serde_json::Value)],
+    reuse_found: &'a [(String, serde_json::Value)],
     progress: P,
 }
 
@@ -152,6 +158,7 @@ impl<'a> PlanJob<'a> {
             on_phase: None,
             history: &NoHistory,
             reuse: &[],
+            reuse_found: &[],
             progress: Quiet,
         }
     }
@@ -225,6 +232,15 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         self
     }
 
+    /// Documents found in a folder (`remat plan --reuse DIR`), each with its file's name:
+    /// offered like [`PlanJob::reuse`]'s, but one that is not a plan of the loaded graph (another
+    /// model's, not a plan at all) is left out and named in the outcome's `reuse_skipped`.
+    /// Default: none.
+    pub fn reuse_found(mut self, documents: &'a [(String, serde_json::Value)]) -> Self {
+        self.reuse_found = documents;
+        self
+    }
+
     /// How the executor's progress is shown. Default: [`Quiet`] (nowhere).
     pub fn progress<Q: Progress>(self, progress: Q) -> PlanJob<'a, Q> {
         PlanJob {
@@ -239,6 +255,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             on_phase: self.on_phase,
             history: self.history,
             reuse: self.reuse,
+            reuse_found: self.reuse_found,
             progress,
         }
     }
@@ -314,8 +331,8 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         if quick && remat_solver::store_all_peak(&loaded.problem) <= opts.budget {
             opts.algorithm = remat_solver::plan::Algorithm::StoreAll;
         }
-        let earlier = if quick {
-            Vec::new()
+        let (earlier, reuse_skipped) = if quick {
+            (Vec::new(), Vec::new())
         } else {
             self.earlier(&loaded, request, opts.budget)?
         };
@@ -326,6 +343,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             cost_model,
             opts,
             planned,
+            reuse_skipped,
         })
     }
 
@@ -336,6 +354,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             cost_model,
             opts,
             planned,
+            reuse_skipped,
         } = solved;
         let outcome = if planned.report.status == Status::Infeasible {
             None
@@ -366,6 +385,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             planned,
             document,
             stop,
+            reuse_skipped,
         }
     }
 
@@ -428,15 +448,24 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         Ok(self.finish(solved, Some(report)))
     }
 
-    /// The plans found before that this plan is offered: the documents given, then the
-    /// history's (the plan compares them all and keeps the cheapest).
+    /// The plans found before that this plan is offered: the documents given, those found
+    /// that are plans of this graph, then the history's (the plan compares them all and keeps
+    /// the cheapest); and the found ones left out, with why.
+    #[allow(clippy::type_complexity)]
     fn earlier(
         &self,
         loaded: &Loaded<'a>,
         request: &PlanRequest,
         budget: u64,
-    ) -> Result<Vec<remat_solver::plan::Earlier>, EngineError> {
+    ) -> Result<(Vec<remat_solver::plan::Earlier>, Vec<(String, String)>), EngineError> {
         let mut earlier = Vec::new();
+        let mut skipped = Vec::new();
+        for (name, document) in self.reuse_found {
+            match reuse::from_document(&loaded.problem, document) {
+                Ok(e) => earlier.push(e),
+                Err(e) => skipped.push((name.clone(), e)),
+            }
+        }
         for (name, document) in self.reuse {
             let e = reuse::from_document(&loaded.problem, document).map_err(|e| {
                 EngineError::new(
@@ -453,7 +482,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             request,
             budget,
         ));
-        Ok(earlier)
+        Ok((earlier, skipped))
     }
 
     fn phase(&self, phase: Phase) {
