@@ -18,5 +18,5 @@ def timeline(graph: str, plan: str | None = None) -> str:
 
 def sweep(graph: str, fractions: list[float]) -> str:
     """The torch-sac plans at `fractions` of the unplanned peak as JSON: a list of points
-    (`budget_bytes`, `fraction`, `status`, `overhead`, `gap`, `baselines`), never rising with
-    the budget."""
+    (`budget_bytes`, `fraction`, `status`, `overhead`, `gap`, `bound_source`, `baselines`),
+    never rising with the budget."""

@@ -41,8 +41,8 @@ fn plan(py: Python<'_>, graph: &str, budget: &str) -> PyResult<String> {
 #[pyfunction]
 fn sweep(py: Python<'_>, graph: &str, fractions: Vec<f64>) -> PyResult<String> {
     let g = graph_of(graph)?;
-    let points = py.detach(|| sac::sweep(&g, &fractions)).map_err(err)?;
-    serde_json::to_string(&points).map_err(err)
+    let sweep = py.detach(|| sac::sweep(&g, &fractions)).map_err(err)?;
+    serde_json::to_string(&sweep.points).map_err(err)
 }
 
 /// timeline(graph, plan=None) -> str

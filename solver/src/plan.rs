@@ -612,13 +612,7 @@ pub fn plan_reusing(
         return Ok((Schedule::default(), report));
     };
     let cost = best.stats.compute_cost;
-    let mut gap = pool.lower_bound.map(|(lb, _)| {
-        if cost > 0.0 {
-            ((cost - lb) / cost).max(0.0)
-        } else {
-            0.0
-        }
-    });
+    let mut gap = pool.lower_bound.map(|(lb, _)| gap(cost, lb));
     if proven {
         gap = Some(0.0);
         report.lower_bound = Some(LowerBound {
@@ -976,16 +970,7 @@ fn run_ilp(
 /// ([`plan_reusing`]), so that with `auto` or `ilp` the overhead never goes up with the
 /// budget; they are returned in the order of `fractions`.
 pub fn sweep(p: &Problem, fractions: &[f64], opts: &PlanOptions) -> Result<Vec<ParetoPoint>> {
-    let peak = schedule::store_all_peak(p);
-    if let Some(f) = fractions.iter().find(|f| !f.is_finite() || **f <= 0.0) {
-        return Err(SolverError::InvalidArgument(format!(
-            "sweep fraction {f} must be a positive number"
-        )));
-    }
-    let budgets: Vec<u64> = fractions
-        .iter()
-        .map(|&f| (f * peak as f64).ceil() as u64)
-        .collect();
+    let budgets = sweep_budgets(fractions, schedule::store_all_peak(p))?;
     let mut order: Vec<usize> = (0..fractions.len()).collect();
     order.sort_by_key(|&i| budgets[i]);
     let mut points: Vec<Option<ParetoPoint>> = vec![None; fractions.len()];
@@ -1029,6 +1014,30 @@ pub fn sweep(p: &Problem, fractions: &[f64], opts: &PlanOptions) -> Result<Vec<P
         });
     }
     Ok(points.into_iter().flatten().collect())
+}
+
+/// A sweep's budgets: each of `fractions` of `peak`, rounded up; an error names a fraction that
+/// is not a positive number.
+pub(crate) fn sweep_budgets(fractions: &[f64], peak: u64) -> Result<Vec<u64>> {
+    if let Some(f) = fractions.iter().find(|f| !f.is_finite() || **f <= 0.0) {
+        return Err(SolverError::InvalidArgument(format!(
+            "sweep fraction {f} must be a positive number"
+        )));
+    }
+    Ok(fractions
+        .iter()
+        .map(|&f| (f * peak as f64).ceil().min(u64::MAX as f64) as u64)
+        .collect())
+}
+
+/// The relative gap of a plan costing `cost` to a lower bound `bound`: `(cost - bound) / cost`,
+/// at least 0 (and 0 for a plan that costs nothing).
+pub fn gap(cost: f64, bound: f64) -> f64 {
+    if cost > 0.0 {
+        ((cost - bound) / cost).max(0.0)
+    } else {
+        0.0
+    }
 }
 
 /// Parses a budget: `"123"` (bytes), `"12GiB"`, `"800MB"`, `"1.5 GB"` (B, KB, MB, GB, TB are

@@ -9,6 +9,7 @@ import { fmtBytes, fmtBytesExact, fmtCost, fmtOverhead, fmtPct, fmtTime, isNum }
 import { normalizeSweep, normalizeTorchPlan } from './model.js';
 import { historyUrl } from './router.js';
 import { loadSweep, saveSweep, session } from './session.js';
+import { describeError } from './upload.js';
 
 function card(testid, title, value, ...sub) {
   return h('div', { class: 'card', 'data-testid': testid }, h('div', { class: 'card-title' }, title), h('div', { class: 'card-value' }, value), sub.filter(Boolean).map((s) => h('div', { class: 'card-sub' }, s)));
@@ -88,7 +89,7 @@ function frontierSection(t) {
       mount(status, `frontier of ${normalizeSweep(sweep).points.length} budgets`);
       draw();
     } catch (e) {
-      mount(status, `frontier failed: ${e.message ?? e}`);
+      mount(status, `frontier failed: ${describeError(e).join('; ')}`);
     } finally {
       button.disabled = false;
     }

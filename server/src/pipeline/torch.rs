@@ -80,22 +80,20 @@ pub fn sweep(model: &[u8], req: &PlanRequest) -> Result<SweepDocument, EngineErr
     } else {
         req.fractions.clone()
     };
-    let points = sac::sweep(&graph, &fractions).map_err(|e| match e {
+    let sweep = sac::sweep(&graph, &fractions).map_err(|e| match e {
         SolverError::InvalidArgument(m) => {
             EngineError::new(ErrorKind::BadInput, "invalid_option", m)
         }
         e => EngineError::new(ErrorKind::Internal, "internal", e.to_string()),
     })?;
-    let unplanned = sac::simulate(&graph, &sac::SacPlan::default())
-        .map_err(|e| EngineError::new(ErrorKind::Internal, "internal", e.to_string()))?;
     Ok(SweepDocument {
         graph: GraphInfo {
             name: req.name.clone().unwrap_or_else(|| graph.name.clone()),
             format: ModelFormat::TorchGraph,
             nodes: graph.ops.len(),
         },
-        store_all_peak_bytes: unplanned.peak_bytes,
-        points,
+        store_all_peak_bytes: sweep.unplanned_peak_bytes,
+        points: sweep.points,
     })
 }
 

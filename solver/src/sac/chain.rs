@@ -112,6 +112,10 @@ pub struct ChainModel {
     /// Whether every storage's life depends on at most one region's option
     /// ([`TorchGraph`]'s check): the additions of the regions then add up exactly.
     pub additive: bool,
+    /// The storages made outside the regions whose lives several regions' options decide
+    /// ([`TorchGraph::storages_decided_apart`]; `None` where a storage a region makes is one):
+    /// empty exactly when `additive`.
+    pub decided_apart: Option<Vec<usize>>,
     /// Keepable ops per region whose keep sets are options (at most 8, fewer where the
     /// regions are so many or the step so long that the work limit requires).
     pub keepable_ops: usize,
@@ -370,6 +374,7 @@ impl ChainModel {
                     .collect()
             })
             .collect();
+        let decided_apart = graph.storages_decided_apart();
         Ok(Some(ChainModel {
             order,
             options,
@@ -383,7 +388,8 @@ impl ChainModel {
             keepable_ops,
             complete,
             exact_shape,
-            additive: graph.lives_depend_on_one_region_each(),
+            additive: decided_apart.as_ref().is_some_and(|a| a.is_empty()),
+            decided_apart,
         }))
     }
 

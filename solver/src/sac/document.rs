@@ -279,13 +279,9 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
             overhead: overhead(b.compute_cost, s.base_cost),
             source: b.source.into(),
         }),
-        gap: report.lower_bound.map(|b| {
-            if s.compute_cost > 0.0 {
-                ((s.compute_cost - b.compute_cost) / s.compute_cost).max(0.0)
-            } else {
-                0.0
-            }
-        }),
+        gap: report
+            .lower_bound
+            .map(|b| crate::plan::gap(s.compute_cost, b.compute_cost)),
         regions,
         validation: None,
     }

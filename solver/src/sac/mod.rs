@@ -405,13 +405,7 @@ mod tests {
         }
         let (mut compared, mut both) = (0, 0);
         for g in &graphs {
-            let n = g.regions.len();
-            let mut res = Resolved {
-                wrapped: vec![true; n],
-                keep: vec![BTreeSet::new(); n],
-                input_of: g.input_of(),
-                frame_ends: g.frame_ends(),
-            };
+            let mut res = Resolved::all_wrapped(g);
             for s in 0..g.storages.len() {
                 let touching = g.touching(s, &res.input_of);
                 if !(2..=6).contains(&touching.len()) {

@@ -406,34 +406,21 @@ impl TorchGraph {
         classes
     }
 
-    /// Whether the life of every storage under any plan depends on the option of at most one
-    /// region (its producer's or a saving one's): then the bytes a plan adds to full
-    /// checkpointing at any point of the step are the sum of what each region's option adds
-    /// alone, which the chain program's exactness rests on. For each storage that more than one
-    /// region touches (its producer's, the saving ones and the ones that take it as an input):
-    /// by trying every state of those regions (unwrapped, wrapped, wrapped keeping the producer
-    /// where it is keepable) where at most 6 touch it ([`TorchGraph::regions_deciding`]), else
-    /// by the latest-holder form of its death where it has it ([`TorchGraph::regions_deciding_latest`]:
-    /// a mask or position tensor every block takes); false when more than one region changes a
-    /// death, or when more than 6 touch a storage without that form.
-    pub(super) fn lives_depend_on_one_region_each(&self) -> bool {
-        self.storages_decided_apart()
-            .is_some_and(|apart| apart.is_empty())
-    }
-
     /// The storages that more than one region's option decides the death of, where every one of
     /// them is made outside the regions (a tensor every block takes, held by whichever wrapped
     /// block's checkpoint ends last): what [`TorchGraph::pinned`] takes out of the regions'
     /// hands. `None` where a storage a region makes is decided by several regions, or touched
-    /// by more than 6 without the latest-holder form. Empty: the lives add up.
+    /// by more than 6 without the latest-holder form. Empty: the life of every storage under
+    /// any plan depends on the option of at most one region (its producer's or a saving
+    /// one's), so the bytes a plan adds to full checkpointing at any point of the step are the
+    /// sum of what each region's option adds alone, which the chain program's exactness rests
+    /// on. For each storage that more than one region touches (its producer's, the saving ones
+    /// and the ones that take it as an input): by trying every state of those regions
+    /// (unwrapped, wrapped, wrapped keeping the producer where it is keepable) where at most 6
+    /// touch it ([`TorchGraph::regions_deciding`]), else by the latest-holder form of its death
+    /// where it has it ([`TorchGraph::regions_deciding_latest`]).
     pub fn storages_decided_apart(&self) -> Option<Vec<usize>> {
-        let n = self.regions.len();
-        let mut res = Resolved {
-            wrapped: vec![true; n],
-            keep: vec![BTreeSet::new(); n],
-            input_of: self.input_of(),
-            frame_ends: self.frame_ends(),
-        };
+        let mut res = Resolved::all_wrapped(self);
         let mut apart = Vec::new();
         for s in 0..self.storages.len() {
             let touching = self.touching(s, &res.input_of);
@@ -725,8 +712,8 @@ impl SacPlan {
 }
 
 pub(super) struct Resolved {
-    pub(super) wrapped: Vec<bool>,
-    pub(super) keep: Vec<BTreeSet<usize>>,
+    wrapped: Vec<bool>,
+    keep: Vec<BTreeSet<usize>>,
     /// The regions each storage is passed to (wrapped or not).
     pub(super) input_of: HashMap<usize, Vec<usize>>,
     /// When each region's checkpoint would let go of its inputs ([`TorchGraph::frame_ends`]).
@@ -734,6 +721,18 @@ pub(super) struct Resolved {
 }
 
 impl Resolved {
+    /// Every region wrapped, nothing kept, whether or not the region may be wrapped: the
+    /// state the checks of [`TorchGraph::regions_deciding`] start from and return to.
+    pub(super) fn all_wrapped(graph: &TorchGraph) -> Self {
+        let n = graph.regions.len();
+        Resolved {
+            wrapped: vec![true; n],
+            keep: vec![BTreeSet::new(); n],
+            input_of: graph.input_of(),
+            frame_ends: graph.frame_ends(),
+        }
+    }
+
     pub(super) fn new(graph: &TorchGraph, plan: &SacPlan) -> Result<Self> {
         let mut wrapped = vec![false; graph.regions.len()];
         let mut keep = vec![BTreeSet::new(); graph.regions.len()];

@@ -3,8 +3,8 @@
 
 use super::chain::{self, ChainModel};
 use super::model::{held_bytes, keepable, overhead, simulate, SacPlan, SacStats, TorchGraph};
-use crate::error::{Result, SolverError};
-use crate::plan::{ParetoPoint, Status, OPTIMAL_GAP};
+use crate::error::Result;
+use crate::plan::{gap, sweep_budgets, ParetoPoint, Status, OPTIMAL_GAP};
 use serde::Serialize;
 
 /// How a plan came out.
@@ -139,6 +139,11 @@ impl Candidates {
         &self.plans[0].1
     }
 
+    /// Full checkpointing's figures.
+    fn full(&self) -> &SacStats {
+        &self.plans[1].1
+    }
+
     /// A budget: bytes or a size (`"8GiB"`), `"0.5x"` of the unplanned peak, or `"min"` (the
     /// least peak of the candidates).
     pub fn budget(&self, budget: &str) -> Result<u64> {
@@ -246,23 +251,11 @@ impl Candidates {
 /// smallest up and a plan found at a smaller budget is kept where it is cheaper than what the
 /// larger budget finds (`reused_from_budget_bytes`), so the overhead never rises with the
 /// budget; below the least peak a point is `infeasible`.
-pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<Vec<ParetoPoint>> {
-    if let Some(f) = fractions.iter().find(|f| !f.is_finite() || **f <= 0.0) {
-        return Err(SolverError::InvalidArgument(format!(
-            "sweep fraction {f} must be a positive number"
-        )));
-    }
+pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<SacSweep> {
     let candidates = Candidates::new(graph)?;
-    let unplanned = candidates.unplanned().clone();
-    let full = simulate(graph, &SacPlan::full(graph))?;
-    let budgets: Vec<u64> = fractions
-        .iter()
-        .map(|&f| {
-            (f * unplanned.peak_bytes as f64)
-                .ceil()
-                .min(u64::MAX as f64) as u64
-        })
-        .collect();
+    let unplanned = candidates.unplanned();
+    let full = candidates.full();
+    let budgets = sweep_budgets(fractions, unplanned.peak_bytes)?;
     let mut order: Vec<usize> = (0..fractions.len()).collect();
     order.sort_by_key(|&i| budgets[i]);
     let mut points: Vec<Option<ParetoPoint>> = vec![None; fractions.len()];
@@ -280,13 +273,10 @@ pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<Vec<ParetoPoint>> 
         if fits && reused.is_none() {
             below = Some((cost, budget));
         }
-        let gap = report.lower_bound.filter(|_| fits).map(|b| {
-            if cost > 0.0 {
-                ((cost - b.compute_cost) / cost).max(0.0)
-            } else {
-                0.0
-            }
-        });
+        let gap = report
+            .lower_bound
+            .filter(|_| fits)
+            .map(|b| gap(cost, b.compute_cost));
         let fitting = |s: &SacStats| (s.peak_bytes <= budget).then(|| s.overhead());
         points[i] = Some(ParetoPoint {
             budget_bytes: budget,
@@ -305,12 +295,24 @@ pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<Vec<ParetoPoint>> 
                 .map(|b| b.source.to_string()),
             reused_from_budget_bytes: reused,
             baselines: vec![
-                ("none".to_string(), fitting(&unplanned)),
-                ("full".to_string(), fitting(&full)),
+                ("none".to_string(), fitting(unplanned)),
+                ("full".to_string(), fitting(full)),
             ],
         });
     }
-    Ok(points.into_iter().flatten().collect())
+    Ok(SacSweep {
+        unplanned_peak_bytes: unplanned.peak_bytes,
+        points: points.into_iter().flatten().collect(),
+    })
+}
+
+/// A torch-sac sweep ([`sweep`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SacSweep {
+    /// The unplanned step's peak, which the fractions are of.
+    pub unplanned_peak_bytes: u64,
+    /// A point per fraction, in their order.
+    pub points: Vec<ParetoPoint>,
 }
 
 /// The solver name a torch-sac sweep's points carry.
@@ -322,10 +324,10 @@ fn pinned_program(
     graph: &TorchGraph,
     model: &ChainModel,
 ) -> Result<Option<(ChainModel, TorchGraph, u64)>> {
-    let Some(apart) = graph.storages_decided_apart().filter(|a| !a.is_empty()) else {
+    let Some(apart) = model.decided_apart.as_ref().filter(|a| !a.is_empty()) else {
         return Ok(None);
     };
-    let g = graph.pinned(&apart);
+    let g = graph.pinned(apart);
     if g.check().is_err() {
         return Ok(None);
     }

@@ -341,7 +341,7 @@ proptest! {
     #[test]
     fn a_sweep_never_rises_with_the_budget(g in arb_graph(), fracs in prop::collection::vec(0.05f64..1.2, 1..6)) {
         let least = sac::Candidates::new(&g).unwrap().least_peak();
-        let points = sac::sweep(&g, &fracs).unwrap();
+        let points = sac::sweep(&g, &fracs).unwrap().points;
         prop_assert_eq!(points.len(), fracs.len());
         for p in &points {
             let (_, r) = sac::plan(&g, p.budget_bytes).unwrap();

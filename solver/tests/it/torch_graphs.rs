@@ -132,7 +132,9 @@ fn a_sweep_is_the_plans_at_its_budgets_and_never_rises() {
         let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap();
         let full = sac::simulate(&g, &SacPlan::full(&g)).unwrap();
         let least = sac::Candidates::new(&g).unwrap().least_peak();
-        let points = sac::sweep(&g, &fractions).unwrap();
+        let sweep = sac::sweep(&g, &fractions).unwrap();
+        assert_eq!(sweep.unplanned_peak_bytes, unplanned.peak_bytes);
+        let points = sweep.points;
         assert_eq!(points.len(), fractions.len());
         let mut last: Option<f64> = None;
         for (p, f) in points.iter().zip(fractions) {
