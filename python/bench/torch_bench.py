@@ -333,15 +333,18 @@ def main() -> None:
         help="capture's pairs pricing checkpointing's own work (cost=measured; 0: not priced)",
     )
     ap.add_argument("--no-compare", action="store_true", help="leave out PyTorch's own options")
-    ap.add_argument("--cost", default="measured", choices=["measured", "flops"])
+    ap.add_argument("--cost", default=None, choices=["measured", "flops"], help="default: measured")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--json", help="write the results here (after every model)")
     ap.add_argument(
         "--graphs",
-        help="only capture each model's step (cost=flops) into DIR/NAME.torch.json, and stop",
+        help="only capture each model's step (with --cost; flops unless given) into "
+        "DIR/NAME.torch.json (NAME.measured.torch.json for measured costs), and stop",
     )
     args = ap.parse_args()
+    cost_given = args.cost
+    args.cost = args.cost or "measured"
     if args.device.startswith("cuda"):
         # Deterministic kernels, so that a plan's gradients can equal the unplanned run's
         # (cuBLAS needs its workspace setting before its first use).
@@ -356,8 +359,19 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         for name in args.models.split(","):
             model, inputs, _ = build(name)
-            graph = rt.capture(model, inputs, rt.default_loss)
-            (out / f"{name}.torch.json").write_text(json.dumps(graph))
+            if cost_given == "measured":
+                graph = rt.capture(
+                    model,
+                    inputs,
+                    rt.default_loss,
+                    cost="measured",
+                    timing_rounds=args.timing_rounds,
+                    wrap_rounds=args.wrap_rounds,
+                )
+                (out / f"{name}.measured.torch.json").write_text(json.dumps(graph))
+            else:
+                graph = rt.capture(model, inputs, rt.default_loss)
+                (out / f"{name}.torch.json").write_text(json.dumps(graph))
             print(f"{name}: {len(graph['ops'])} ops, {len(graph['regions'])} regions", flush=True)
         return
     print(

@@ -21,8 +21,7 @@ pub struct SacReport {
     pub moves: usize,
     /// A lower bound on the compute cost of every plan the planner can express whose peak fits
     /// the budget, for a plan that fits: the chain program's ([`ChainModel::lower_bound`])
-    /// where it is exact and complete, else the unplanned step's cost, which every plan runs
-    /// at least.
+    /// where it is exact, else the unplanned step's cost, which every plan runs at least.
     pub lower_bound: Option<SacBound>,
 }
 
@@ -30,8 +29,8 @@ pub struct SacReport {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct SacBound {
     pub compute_cost: f64,
-    /// `chain_program` (the chain program with held bytes rounded down, where it is exact and
-    /// complete), `pinned_chain_program` (the same on [`TorchGraph::pinned`], at the budget
+    /// `chain_program` (the chain program with held bytes rounded down, where it is exact; on
+    /// its relaxation where it does not enumerate every keep set), `pinned_chain_program` (the same on [`TorchGraph::pinned`], at the budget
     /// plus the pinned bytes) or `unplanned_step` (the step's own cost: no plan runs less).
     pub source: &'static str,
 }
@@ -56,7 +55,7 @@ pub struct Candidates {
     /// The chain program, solved again at each budget [`Candidates::select`] is asked for,
     /// and the graph its choices are simulated on.
     chain: Option<(ChainModel, TorchGraph)>,
-    /// Where the chain program is complete but its values do not add up because of storages
+    /// Where the chain program's values do not add up because of storages
     /// made outside the regions ([`TorchGraph::storages_decided_apart`]): the program on the
     /// graph with them pinned ([`TorchGraph::pinned`]), exact there, and their bytes. Its lower
     /// bound at a budget plus those bytes bounds every plan that fits the budget here.
@@ -98,7 +97,7 @@ impl Candidates {
         let mut pinned = None;
         if chain_program {
             chain = ChainModel::build(graph)?.map(|m| (m, graph.clone()));
-            if let Some((m, _)) = chain.as_ref().filter(|(m, _)| m.complete && !m.exact()) {
+            if let Some((m, _)) = chain.as_ref().filter(|(m, _)| !m.exact()) {
                 pinned = pinned_program(graph, m)?;
             }
         }
@@ -319,7 +318,7 @@ pub struct SacSweep {
 pub const SOLVER: &str = "torch-sac";
 
 /// The chain program on `graph` with its storages decided apart pinned, where that makes it
-/// exact (and `model`, the program on `graph`, is complete), with their bytes.
+/// exact, with their bytes.
 fn pinned_program(
     graph: &TorchGraph,
     model: &ChainModel,
@@ -333,7 +332,7 @@ fn pinned_program(
     }
     let bytes = apart.iter().map(|&s| graph.storages[s].bytes).sum();
     Ok(ChainModel::build(&g)?
-        .filter(|m| m.exact() && m.complete && m.keepable_ops == model.keepable_ops)
+        .filter(|m| m.exact())
         .map(|m| (m, g, bytes)))
 }
 

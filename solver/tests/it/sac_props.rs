@@ -611,3 +611,114 @@ fn a_shared_input_gets_the_pinned_programs_bound() {
     }
     assert!(pinned > 0, "no bound from the pinned program");
 }
+
+/// `g` with the forward ops' kernels drawing `transients` (cycled) beyond their outputs, so a
+/// re-run op that is skipped (kept) takes a high point away.
+fn with_transients(mut g: TorchGraph, transients: &[u64]) -> TorchGraph {
+    for (i, op) in g.ops.iter_mut().take(g.forward_ops).enumerate() {
+        op.transient = transients[i % transients.len()];
+    }
+    g
+}
+
+/// The resident bytes at each point of `plan`'s timeline, by (op, re-run of).
+fn points_of(
+    g: &TorchGraph,
+    plan: &SacPlan,
+) -> std::collections::HashMap<(usize, Option<usize>), u64> {
+    sac::timeline(g, plan)
+        .unwrap()
+        .into_iter()
+        .map(|p| ((p.op, p.rerun_of), p.bytes))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// What the chain program's relaxation rests on: keeping more ops of a wrapped region (the
+    /// other regions' options unchanged) never lowers the resident bytes at a point both plans
+    /// run; only the re-run points of the ops kept are gone.
+    #[test]
+    fn keeping_more_never_lowers_a_point_both_plans_run(
+        g in arb_graph(),
+        transients in prop::collection::vec(0u64..300, 1..5),
+        masks in prop::collection::vec((any::<u32>(), any::<u32>()), 1..6),
+    ) {
+        let g = with_transients(g, &transients);
+        let base = sac::Candidates::new(&g).unwrap();
+        // Around the full plan, and around one the planner chose (other regions kept or unwrapped).
+        let (chosen, _) = base.select(sac::simulate(&g, &SacPlan::default()).unwrap().peak_bytes / 2 + 1).unwrap();
+        for around in [SacPlan::full(&g), chosen] {
+            for (r, reg) in g.regions.iter().enumerate() {
+                if !around.wrapped.contains_key(&r) {
+                    continue;
+                }
+                let ops: Vec<usize> = (reg.first_op..=reg.last_op)
+                    .filter(|&j| sac::keepable(&g, r, j))
+                    .collect();
+                for &(a, b) in &masks {
+                    let subset = |m: u32| -> std::collections::BTreeSet<usize> {
+                        ops.iter().enumerate().filter(|(i, _)| m & (1 << i) != 0).map(|(_, &j)| j).collect()
+                    };
+                    let (small, large) = (subset(a & b), subset(a));
+                    let mut p_small = around.clone();
+                    p_small.wrapped.insert(r, small.clone());
+                    let mut p_large = around.clone();
+                    p_large.wrapped.insert(r, large.clone());
+                    let (lo, hi) = (points_of(&g, &p_small), points_of(&g, &p_large));
+                    for (key, &bytes) in &lo {
+                        match hi.get(key) {
+                            Some(&more) => prop_assert!(
+                                more >= bytes,
+                                "region {r}, keeping {large:?} over {small:?}: {more} < {bytes} at {key:?}"
+                            ),
+                            None => prop_assert!(
+                                key.1 == Some(r) && large.contains(&key.0) && !small.contains(&key.0),
+                                "{key:?} gone keeping {large:?} over {small:?}"
+                            ),
+                        }
+                    }
+                    prop_assert_eq!(hi.len() + large.len() - small.len(), lo.len());
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The chain program enumerating the keep sets of fewer keepable ops than the regions have
+    /// (its relaxation standing for the others): its lower bound at each plan's peak is at most
+    /// that plan's cost, for every plan giving each region any keep set or none, and at most
+    /// the bound of the program that enumerates every keep set.
+    #[test]
+    fn the_relaxed_program_bounds_every_keep_set(
+        blocks in prop::collection::vec(
+            prop::collection::vec((1u64..200, 0.1f64..10.0, prop::bool::weighted(0.8)), 3..6),
+            1..4,
+        ),
+        same in prop::bool::ANY,
+        transients in prop::collection::vec(0u64..300, 1..4),
+        enumerated in 0usize..3,
+    ) {
+        let g = if same { build(&vec![blocks[0].clone(); blocks.len()]) } else { build(&blocks) };
+        let g = with_transients(g, &transients);
+        let relaxed = sac::ChainModel::build_enumerating(&g, enumerated).unwrap().expect("a chain");
+        let complete = sac::ChainModel::build(&g).unwrap().expect("a chain");
+        prop_assert!(complete.complete);
+        prop_assume!(relaxed.exact() && !relaxed.complete);
+        for plan in per_region_plans(&g) {
+            let s = sac::simulate(&g, &plan).unwrap();
+            let bound = relaxed.lower_bound(&g, s.peak_bytes).expect("exact");
+            prop_assert!(
+                bound <= s.compute_cost + 1e-9,
+                "bound {bound} above {:?} at its peak {}: {}", plan.wrapped, s.peak_bytes, s.compute_cost
+            );
+            if let Some(full) = complete.lower_bound(&g, s.peak_bytes) {
+                prop_assert!(bound <= full + 1e-9, "relaxed {bound} above enumerated {full}");
+            }
+        }
+    }
+}

@@ -318,3 +318,49 @@ fn the_chain_program_bounds_its_peaks_and_finds_cheaper_plans() {
     );
     assert!(b.predicted.peak_bytes <= 2_199_688);
 }
+
+/// The chain program's relaxation on the captured steps where it is exact, enumerating fewer
+/// keepable ops per block than they have (as on a `cost="measured"` capture, where every op is
+/// priced): its bound is at or below the bound of the program enumerating all of them at every
+/// budget (a relaxation is weaker, never stronger), and above the unplanned step's cost
+/// between the least peak and the unplanned one (it proves something).
+#[test]
+fn the_relaxed_chain_program_bounds_the_captured_steps() {
+    let mut cases = 0;
+    for model in manifest()["models"].as_array().unwrap() {
+        let name = model["graph"].as_str().unwrap();
+        let g = graph(name);
+        let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap();
+        let complete = sac::ChainModel::build(&g).unwrap().unwrap();
+        if !(complete.complete && complete.exact()) {
+            continue;
+        }
+        let least = sac::Candidates::new(&g).unwrap().least_peak();
+        for enumerated in 0..complete.keepable_ops {
+            let relaxed = sac::ChainModel::build_enumerating(&g, enumerated)
+                .unwrap()
+                .unwrap();
+            if relaxed.complete || !relaxed.exact() {
+                continue;
+            }
+            cases += 1;
+            let mut above = 0;
+            for i in 0..=20u64 {
+                let budget = least + (unplanned.peak_bytes - least) * i / 20;
+                let r = relaxed.lower_bound(&g, budget).unwrap();
+                let c = complete.lower_bound(&g, budget).unwrap();
+                assert!(
+                    r <= c * (1.0 + 1e-12),
+                    "{name}, {enumerated} at {budget}: {r} > {c}"
+                );
+                above += usize::from(r > unplanned.compute_cost * (1.0 + 1e-9));
+            }
+            eprintln!("{name}, {enumerated} enumerated: above the unplanned step at {above} of 21");
+            assert!(
+                above >= 10,
+                "{name}, {enumerated}: above the unplanned step at {above} of 21"
+            );
+        }
+    }
+    assert!(cases > 0, "no capture where the relaxation runs");
+}
