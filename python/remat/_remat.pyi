@@ -16,7 +16,7 @@ def baseline(graph: str, name: str) -> str:
 def timeline(graph: str, plan: str | None = None) -> str:
     """The simulated memory timeline as JSON: `[{"op", "rerun_of", "bytes"}]`."""
 
-def sweep(graph: str, fractions: list[float]) -> str:
+def sweep(graph: str, fractions: list[float] | None = None) -> str:
     """The torch-sac plans at `fractions` of the unplanned peak as JSON: a list of points
     (`budget_bytes`, `fraction`, `status`, `overhead`, `gap`, `bound_source`, `baselines`),
     never rising with the budget."""

@@ -3,6 +3,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use remat_solver::plan::DEFAULT_FRACTIONS;
 use remat_solver::sac::{self, PlanDocument, SacPlan, TorchGraph};
 
 fn err(e: impl std::fmt::Display) -> PyErr {
@@ -32,15 +33,18 @@ fn plan(py: Python<'_>, graph: &str, budget: &str) -> PyResult<String> {
     serde_json::to_string(&doc).map_err(err)
 }
 
-/// sweep(graph, fractions) -> str
+/// sweep(graph, fractions=None) -> str
 ///
-/// The torch-sac plans at `fractions` of the unplanned peak, as `remat sweep` gives them: per
+/// The torch-sac plans at `fractions` of the unplanned peak (None: `remat sweep`'s defaults,
+/// `remat_solver::plan::DEFAULT_FRACTIONS`), as `remat sweep` gives them: per
 /// budget its status, overhead, gap (to the plan's lower bound) and the overhead of
 /// `none` and `full` where they fit; the overhead never rises with the budget. JSON: a list of
 /// points in the order of `fractions`.
 #[pyfunction]
-fn sweep(py: Python<'_>, graph: &str, fractions: Vec<f64>) -> PyResult<String> {
+#[pyo3(signature = (graph, fractions=None))]
+fn sweep(py: Python<'_>, graph: &str, fractions: Option<Vec<f64>>) -> PyResult<String> {
     let g = graph_of(graph)?;
+    let fractions = fractions.unwrap_or_else(|| DEFAULT_FRACTIONS.to_vec());
     let sweep = py.detach(|| sac::sweep(&g, &fractions)).map_err(err)?;
     serde_json::to_string(&sweep.points).map_err(err)
 }

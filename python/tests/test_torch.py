@@ -142,6 +142,8 @@ def test_a_sweep_gives_the_plans_overheads_by_budget_with_the_fixed_policies() -
     assert points[3]["status"] == "infeasible" and points[3]["overhead"] is None
     with pytest.raises(ValueError, match="remat sweep: sweep fraction -0.5"):
         rt.sweep(graph, [0.5, -0.5])
+    # Without fractions, `remat sweep`'s defaults (the solver's DEFAULT_FRACTIONS).
+    assert [p["fraction"] for p in rt.sweep(graph)] == [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 
 
 def test_dropout_is_replayed_exactly() -> None:

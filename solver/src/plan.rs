@@ -964,6 +964,10 @@ fn run_ilp(
     Ok(())
 }
 
+/// Budget fractions a sweep plans at when its caller gives none: the service, the CLI and
+/// `remat.torch.sweep` (through the extension) all take them from here.
+pub const DEFAULT_FRACTIONS: [f64; 9] = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2];
+
 /// Plans at each budget `fraction × store-all peak` (rounded up to whole bytes): the frontier
 /// budget → overhead, with every baseline's overhead beside it. The points are planned from
 /// the smallest budget up, each offered the schedule of the point below it

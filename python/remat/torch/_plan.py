@@ -46,9 +46,10 @@ def baseline(graph: dict[str, Any] | str, name: str) -> Plan:
 
 def sweep(
     graph: dict[str, Any] | str,
-    fractions: Sequence[float] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2),
+    fractions: Sequence[float] | None = None,
 ) -> list[dict[str, Any]]:
-    """The plans at `fractions` of the unplanned peak, as `remat sweep` gives them: per budget
+    """The plans at `fractions` of the unplanned peak (None: `remat sweep`'s defaults, 1.0 down
+    to 0.2 in steps of 0.1), as `remat sweep` gives them: per budget
     `budget_bytes`, `status` ("optimal" where the plan's lower bound closes the gap,
     "feasible", or "infeasible" below the least reachable peak), `overhead`, `gap` with
     `bound_source` (what it is against: "chain_program", "pinned_chain_program" or
@@ -58,7 +59,7 @@ def sweep(
     the budget: a plan found at a smaller budget is kept where it is cheaper
     (`reused_from_budget_bytes`)."""
     text = graph if isinstance(graph, str) else json.dumps(graph)
-    values = [float(f) for f in fractions]
+    values = None if fractions is None else [float(f) for f in fractions]
     try:
         return json.loads(_remat.sweep(text, values))
     except ValueError as e:

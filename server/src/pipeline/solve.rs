@@ -15,8 +15,9 @@ use std::time::Duration;
 /// Default seconds a solver may spend when the request does not say.
 pub const DEFAULT_TIME_LIMIT: f64 = 30.0;
 
-/// Budget fractions a sweep plans at when the request gives none.
-pub const DEFAULT_FRACTIONS: [f64; 9] = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2];
+/// Budget fractions a sweep plans at when the request gives none (the solver's, shared with the
+/// Python extension).
+pub use remat_solver::plan::DEFAULT_FRACTIONS;
 
 /// The outcome of planning one model at one budget.
 pub struct Planned {
