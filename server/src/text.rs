@@ -37,7 +37,7 @@ pub fn plan_summary(doc: &PlanDocument) -> String {
             let _ = writeln!(s, "  {}={:<8} {}", m.dim, p.value, p.reason);
         }
     }
-    let _ = writeln!(s, "status     {:?} ({})", r.status, r.solver);
+    let _ = writeln!(s, "status     {} ({})", r.status, r.solver);
     if let Some(from) = r.reused_from_budget_bytes {
         let _ = writeln!(
             s,
@@ -122,7 +122,7 @@ pub fn sweep_summary(doc: &SweepDocument) -> String {
             .map_or("none fits".to_string(), |(name, o)| {
                 format!("{name} {:+.2}%", 100.0 * o)
             });
-        let status = format!("{:?}", p.status).to_lowercase();
+        let status = p.status.as_str();
         let _ = writeln!(
             s,
             "{:>12}  {:>5.3}x  {:>9}  {status:<10}  {gap:<24}  {solver:<14}  {best}",

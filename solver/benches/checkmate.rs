@@ -273,7 +273,7 @@ fn run() -> Result<(), String> {
             eprintln!(
                 "{:<13} M={m:<4} {:<10} {:<12} overhead {:>8} gap {:>8} {:>6.1}s",
                 g.name,
-                format!("{:?}", report.status).to_lowercase(),
+                report.status.as_str(),
                 report.solver,
                 if report.status == Status::Infeasible {
                     "–".into()
@@ -426,7 +426,7 @@ fn table(rows: &[Row], args: &Args, total: f64) -> String {
             r.m,
             rep.budget_bytes,
             if feasible { rep.solver.as_str() } else { "–" },
-            format!("{:?}", rep.status).to_lowercase(),
+            rep.status.as_str(),
             if feasible {
                 pct(rep.predicted.overhead)
             } else {

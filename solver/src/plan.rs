@@ -72,7 +72,7 @@ impl Algorithm {
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -133,6 +133,23 @@ pub enum Status {
     Feasible,
     /// No schedule within the budget was found.
     Infeasible,
+}
+
+impl Status {
+    /// The status as the JSON documents spell it (`optimal`, `feasible`, `infeasible`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Optimal => "optimal",
+            Status::Feasible => "feasible",
+            Status::Infeasible => "infeasible",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
 }
 
 /// What the returned schedule does, as [`simulate`] measures it. All zero, with no per-step
@@ -1111,6 +1128,13 @@ mod tests {
         use BoundSource::*;
         for b in [StoreAll, Milp, Lp, BoundaryMilp, TimePoints, Exact] {
             assert_eq!(serde_json::to_value(b).unwrap(), b.name(), "{b:?}");
+        }
+    }
+
+    #[test]
+    fn status_names_are_the_json_ones() {
+        for st in [Status::Optimal, Status::Feasible, Status::Infeasible] {
+            assert_eq!(serde_json::to_value(st).unwrap(), st.to_string(), "{st:?}");
         }
     }
 

@@ -594,6 +594,27 @@ fn remat_plan_reuses_a_plan_of_a_lower_budget_given_with_reuse() {
     let low_doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let alone: serde_json::Value = serde_json::from_slice(&plan("0.82x", &[]).stdout).unwrap();
     assert!(alone.get("reused_from_budget_bytes").is_none(), "{alone}");
+    // The summary without --json spells the status as the plan document does.
+    let doc_path = dir.path().join("summary.json");
+    let summary = text(&remat(&[
+        "plan",
+        graph,
+        "--budget",
+        "0.82x",
+        "--solver",
+        "ilp",
+        "--time-limit",
+        "0.2",
+        "--out",
+        doc_path.to_str().unwrap(),
+    ]));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&doc_path).unwrap()).unwrap();
+    let status = doc["status"].as_str().unwrap();
+    assert!(
+        summary.contains(&format!("status     {status} (")),
+        "{status}\n{summary}"
+    );
     let o = plan("0.82x", &["--reuse", low.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     let reused: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
