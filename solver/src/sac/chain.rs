@@ -111,12 +111,9 @@ pub struct ChainModel {
     options: Vec<Vec<Option<BTreeSet<usize>>>>,
     /// The options' figures, as the program solves with them.
     fig: Figures,
-    /// Where the options are not every keep set (`complete` is false): figures at most those
+    /// Where the options are not every keep set ([`ChainModel::complete`] is false): figures at most those
     /// of every keep set, for the lower bound ([`ChainModel::lower_bound`]).
     relaxed: Option<Figures>,
-    /// Whether every keepable op of every region is enumerated: then the class is every plan
-    /// the torch-sac planner can express (any wrapped regions, any keep sets of keepable ops).
-    pub complete: bool,
     /// Whether every storage's life depends on at most one region's option
     /// ([`TorchGraph`]'s check): the additions of the regions then add up exactly.
     pub additive: bool,
@@ -562,11 +559,17 @@ impl ChainModel {
             fig,
             relaxed,
             keepable_ops,
-            complete,
             exact_shape,
             additive: decided_apart.as_ref().is_some_and(|a| a.is_empty()),
             decided_apart,
         }))
+    }
+
+    /// Whether every keepable op of every region is enumerated: then the class is every plan
+    /// the torch-sac planner can express (any wrapped regions, any keep sets of keepable ops)
+    /// and no relaxation is needed.
+    pub fn complete(&self) -> bool {
+        self.relaxed.is_none()
     }
 
     /// The bytes of one slot of the held prefix grid: a choice fitting `budget` less one slot
@@ -602,11 +605,7 @@ impl ChainModel {
 
     /// The cheapest choice whose bound (with held bytes rounded up to the grid) fits `budget`.
     pub fn solve(&self, graph: &TorchGraph, budget: u64) -> Option<ChainChoice> {
-        let budget = i64::try_from(budget).unwrap_or(i64::MAX);
-        let (picks, _) = self.fig.program(&self.fig.held_slots, |v, prefix, k, o| {
-            (prefix.saturating_add(self.fig.active[k][o]) <= budget)
-                .then(|| v + self.fig.cost[k][o])
-        })?;
+        let (picks, _) = self.fig.cheapest(&self.fig.held_slots, budget)?;
         Some(self.choice(graph, &picks))
     }
 
@@ -626,12 +625,9 @@ impl ChainModel {
             return None;
         }
         let fig = self.relaxed.as_ref().unwrap_or(&self.fig);
-        let budget = i64::try_from(budget).unwrap_or(i64::MAX);
         Some(
-            fig.program(&fig.held_slots_down, |v, prefix, k, o| {
-                (prefix.saturating_add(fig.active[k][o]) <= budget).then(|| v + fig.cost[k][o])
-            })
-            .map_or(f64::INFINITY, |(_, cost)| graph.base_cost() + cost),
+            fig.cheapest(&fig.held_slots_down, budget)
+                .map_or(f64::INFINITY, |(_, cost)| graph.base_cost() + cost),
         )
     }
 
@@ -660,6 +656,15 @@ impl ChainModel {
 }
 
 impl Figures {
+    /// The cheapest choice (and its re-run cost) whose bound, with held bytes as `slots`,
+    /// fits `budget`.
+    fn cheapest(&self, slots: &[Vec<usize>], budget: u64) -> Option<(Vec<usize>, f64)> {
+        let budget = i64::try_from(budget).unwrap_or(i64::MAX);
+        self.program(slots, |v, prefix, k, o| {
+            (prefix.saturating_add(self.active[k][o]) <= budget).then(|| v + self.cost[k][o])
+        })
+    }
+
     /// Runs the program: for each region in order, per slot of the held prefix, the least
     /// value of `step(value so far, prefix bound, option)` (`None`: not allowed), and the
     /// option that gave it.

@@ -46,7 +46,7 @@ pub struct SacLowerBound {
     /// `compute_cost / base_cost - 1`: the least overhead any plan fitting the budget has.
     pub overhead: f64,
     /// `chain_program`: the chain program with held bytes rounded down, exact (additive values,
-    /// exact shape) and complete (every keepable op of every region enumerated);
+    /// exact shape), on its relaxation for the keepable ops it does not enumerate;
     /// `pinned_chain_program`: the same on the graph with the tensors whose lives several
     /// regions decide pinned, at the budget plus their bytes; `unplanned_step`: the step's own
     /// cost, which every plan runs at least.

@@ -521,7 +521,7 @@ proptest! {
         for plan in per_region_plans(&g) {
             let s = sac::simulate(&g, &plan).unwrap();
             // The lower bound holds for every plan of the class at its own peak.
-            if model.complete {
+            if model.complete() {
                 let bound = model.lower_bound(&g, s.peak_bytes).expect("exact and complete");
                 prop_assert!(
                     bound <= s.compute_cost + 1e-9,
@@ -707,8 +707,8 @@ proptest! {
         let g = with_transients(g, &transients);
         let relaxed = sac::ChainModel::build_enumerating(&g, enumerated).unwrap().expect("a chain");
         let complete = sac::ChainModel::build(&g).unwrap().expect("a chain");
-        prop_assert!(complete.complete);
-        prop_assume!(relaxed.exact() && !relaxed.complete);
+        prop_assert!(complete.complete());
+        prop_assume!(relaxed.exact() && !relaxed.complete());
         for plan in per_region_plans(&g) {
             let s = sac::simulate(&g, &plan).unwrap();
             let bound = relaxed.lower_bound(&g, s.peak_bytes).expect("exact");

@@ -332,7 +332,7 @@ fn the_relaxed_chain_program_bounds_the_captured_steps() {
         let g = graph(name);
         let unplanned = sac::simulate(&g, &SacPlan::default()).unwrap();
         let complete = sac::ChainModel::build(&g).unwrap().unwrap();
-        if !(complete.complete && complete.exact()) {
+        if !(complete.complete() && complete.exact()) {
             continue;
         }
         let least = sac::Candidates::new(&g).unwrap().least_peak();
@@ -340,7 +340,7 @@ fn the_relaxed_chain_program_bounds_the_captured_steps() {
             let relaxed = sac::ChainModel::build_enumerating(&g, enumerated)
                 .unwrap()
                 .unwrap();
-            if relaxed.complete || !relaxed.exact() {
+            if relaxed.complete() || !relaxed.exact() {
                 continue;
             }
             cases += 1;
