@@ -1,5 +1,6 @@
 //! The time-point relaxation ([`remat_solver::bound`]) bounds every schedule: checked against
 //! exhaustive search over all schedules of tiny problems, and against what the planners find.
+#![cfg(feature = "highs")]
 
 use crate::common::{arb_chain, arb_training_dag, brute_force, chain};
 use proptest::prelude::*;
