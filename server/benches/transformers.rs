@@ -20,6 +20,8 @@ fn pct(x: f64) -> String {
 }
 
 fn main() {
+    // RUST_LOG=remat_solver=debug prints each plan's phases and their times.
+    remat_server::http::init_logging("warn");
     let only: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))

@@ -70,7 +70,7 @@ pub struct ModelConfig {
     pub tolerance: Option<f64>,
     /// Solver for the plan at the device budget (default auto).
     pub solver: Option<String>,
-    /// Seconds the solver may spend (default 10).
+    /// Seconds the plan at the device budget may take, its lower bound included (default 10).
     pub time_limit: Option<f64>,
     #[serde(default)]
     pub params: Vec<String>,

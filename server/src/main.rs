@@ -34,6 +34,9 @@ fn main() -> ExitCode {
     let command = parsed.command;
     if !command.serves() {
         exit_quietly_on_closed_pipe();
+        // Warnings only unless RUST_LOG says more (`remat_solver=debug`: each plan's phases
+        // and their times); `serve` and `worker` install their own.
+        remat_server::http::init_logging("warn");
     }
     match command.exec() {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,10 +12,12 @@
 //! ([`crate::budget::prune_recomputations`]) before the MILP starts from it and again at the
 //! end. It returns the cheapest schedule within the budget among everything it ran.
 //!
-//! Every plan (any algorithm) with the `highs` feature is then bounded by the time-point
+//! Every plan (any algorithm) with the `highs` feature is bounded by the time-point
 //! relaxation ([`crate::bound`]), which holds for every schedule and solves in under a second
-//! on graphs of thousands of nodes: the report's `gap` is against the best of it, the store-all
-//! cost and whatever bound the MILP proved.
+//! on graphs of thousands of nodes (`auto` runs it before its search, other algorithms after
+//! their schedule): the report's `gap` is against the best of it, the store-all cost and
+//! whatever bound the MILP proved. The time limit is the whole plan's
+//! ([`PlanOptions::time_limit`] says what runs past it).
 
 use crate::baselines::{self, Baseline};
 use crate::error::{Result, SolverError};
@@ -97,7 +99,16 @@ pub struct PlanOptions {
     /// Peak byte budget, fixed bytes included.
     pub budget: u64,
     pub algorithm: Algorithm,
-    /// Wall-clock limit for the search and the MILP (baselines and the DP are not cut).
+    /// Wall-clock limit for the whole plan, its time-point bound included (not
+    /// [`PlanOptions::bound_time`], which is extra). What can stop early shares it: the
+    /// search, the MILP, the peak descent's ladder past its first rung (it stops climbing
+    /// down at half the limit) and the time-point bound (`auto` runs it before its search:
+    /// a fifth of the limit for its snapshots, from 0.5 to 5 s, and up to 5 s of what is left
+    /// for its first). What cannot runs to its end, past the limit if it must: the baselines,
+    /// the chain DP, the segment program, the first descent, pruning and, near the least
+    /// peak, the minimum-peak schedule (their times on graphs of tens of thousands of nodes:
+    /// `docs/bench/transformers.md`). The search gets at least a tenth of the limit and the
+    /// bound half a second even when those overran it.
     pub time_limit: Duration,
     /// Threads the MILP may use (at least 1).
     pub threads: usize,
@@ -319,6 +330,10 @@ const TIME_POINTS_SHARE: f64 = 0.2;
 const TIME_POINTS_MIN: Duration = Duration::from_millis(500);
 #[cfg(feature = "highs")]
 const TIME_POINTS_MAX: Duration = Duration::from_secs(5);
+/// Share of the time limit by which the peak descent's ladder stops climbing down (its first
+/// rung always runs): on graphs of tens of thousands of nodes a rung takes a fraction of a
+/// second and the ladder seconds, and the search and the bound need the rest.
+const DESCENT_SHARE: f64 = 0.5;
 /// Share of the time limit the search gets before an exact MILP.
 const SEARCH_SHARE: f64 = 0.3;
 /// Share of the MILP's time that the boundary model's MILP gets for the bound.
@@ -359,6 +374,9 @@ struct Pool {
     /// The solvers whose schedule fits the budget: whether the search or only a baseline
     /// reached it decides `auto`'s next steps (the [`Earlier`] plans come after them).
     fitted: Vec<String>,
+    /// Whether the time-point bound ran (`auto` runs it before its search, so that the search
+    /// and not the bound gives way when time runs out; every other plan after its schedule).
+    time_points_ran: bool,
 }
 
 impl Pool {
@@ -529,6 +547,7 @@ pub fn plan_reusing(
     let full = simulate(p, &store_all(p))?;
     let budget = opts.budget;
     let base = baselines::baselines(p, budget);
+    phase_done("baselines", start);
     let mut pool = Pool {
         budget,
         best: None,
@@ -536,6 +555,7 @@ pub fn plan_reusing(
         proven: None,
         min_peak: None,
         fitted: Vec::new(),
+        time_points_ran: false,
     };
     match opts.algorithm {
         Algorithm::StoreAll
@@ -574,17 +594,29 @@ pub fn plan_reusing(
     // `auto` pruned): compared before pruning, an earlier plan could displace a schedule found
     // here that pruning makes cheaper.
     if matches!(opts.algorithm, Algorithm::Auto | Algorithm::Ilp) {
+        let t = Instant::now();
         pool.offer_earlier(p, earlier)?;
+        phase_done("earlier plans", t);
     }
     // Every needed node is computed at least once: store-all's cost bounds every schedule.
     pool.bound(full.compute_cost, BoundSource::StoreAll);
-    time_point_bound(p, opts, &mut pool)?;
+    if !pool.time_points_ran {
+        let t = Instant::now();
+        time_point_bound(p, opts, &mut pool, start)?;
+        phase_done("time-point bound", t);
+    }
     let bound_seconds = if opts.bound_time.is_zero() {
         0.0
     } else {
         lp_bound(p, opts, &mut pool)?
     };
     let solve_seconds = start.elapsed().as_secs_f64();
+    tracing::debug!(
+        seconds = solve_seconds,
+        budget,
+        nodes = p.len(),
+        "plan done"
+    );
     let baselines: Vec<BaselineReport> = base
         .iter()
         .map(|b| BaselineReport {
@@ -655,6 +687,15 @@ pub fn plan_reusing(
     Ok((best.schedule, report))
 }
 
+/// A debug event with the time a phase of the plan took (`RUST_LOG=remat_solver=debug`).
+fn phase_done(phase: &str, since: Instant) {
+    tracing::debug!(
+        phase,
+        seconds = since.elapsed().as_secs_f64(),
+        "plan phase done"
+    );
+}
+
 fn offer_baselines(pool: &mut Pool, base: &[Baseline]) {
     for b in base {
         pool.offer(b.name, b.schedule.clone(), b.stats.clone());
@@ -673,7 +714,9 @@ fn auto(
     // better), otherwise a strong start that the search and the MILP try to improve (by how
     // much on MobileNet: docs/bench/solver-tuning.md).
     if crate::dp::as_training_chain(p).is_some() {
+        let t = Instant::now();
         let sol = crate::dp::solve_chain_with(p, opts.budget, crate::dp::DpMode::Auto)?;
+        phase_done("chain DP", t);
         if let Some(s) = sol.schedule {
             let stats = simulate(p, &s)?;
             if sol.optimal {
@@ -688,7 +731,9 @@ fn auto(
     // a transformer or a ResNet), at memory levels around the budget: exact for its class of
     // schedules, fast at any depth, and the start the search and the MILP improve on
     // (figures: docs/bench/transformers.md).
+    let t = Instant::now();
     pool.offer_segments(p, crate::segments::solve(p, opts.budget))?;
+    phase_done("segment program", t);
     let total = opts.time_limit;
     let left = |start: Instant| total.saturating_sub(start.elapsed());
     let binaries = ilp_binaries(p)?;
@@ -731,16 +776,27 @@ fn auto(
     // the budget: descending further and then dropping the recomputations the budget does not
     // need finds cheaper schedules than stopping at the budget, and it fits budgets close to
     // the least peak that the search misses (figures and its time: docs/bench/solver-tuning.md).
-    for f in DESCENT_LADDER {
+    let t = Instant::now();
+    let ladder_until = total.mul_f64(DESCENT_SHARE);
+    for (rung, f) in DESCENT_LADDER.into_iter().enumerate() {
         let target = (opts.budget as f64 * f) as u64;
-        if target < floor_bytes {
+        if target < floor_bytes || (rung > 0 && start.elapsed() >= ladder_until) {
             break;
         }
         let descended = crate::budget::descend_to_budget(p, target);
         let pruned = crate::budget::prune_recomputations(p, &descended, opts.budget, PRUNE_WORK);
         pool.offer_schedule(p, "descent", pruned)?;
     }
+    phase_done("descent ladder", t);
+    // The bound before the search: the search uses the time that is left, and on graphs of
+    // tens of thousands of nodes, where its time is cut, the bound needs its seconds more
+    // (the segment program's schedule is the plan there: docs/bench/transformers.md).
+    let t = Instant::now();
+    time_point_bound(p, opts, pool, start)?;
+    phase_done("time-point bound", t);
+    let t = Instant::now();
     let found = search::portfolio_search(p, opts.budget, limits(start), runs)?;
+    phase_done("search", t);
     // The search's greedy phase does not depend on the budget until it fits it, so the least
     // peak it passed through here is one a plan with the same limits reaches (unless the
     // clock cuts it): it may report a lower minimum than `min_feasible_budget`.
@@ -763,6 +819,7 @@ fn auto(
         .iter()
         .all(|s| baselines::BASELINE_NAMES.contains(&s.as_str()))
     {
+        let t = Instant::now();
         let low = crate::budget::min_feasible_budget(p);
         pool.min_peak = Some(search_low.map_or(low.bytes, |s| s.min(low.bytes)));
         if low.bytes <= opts.budget {
@@ -771,8 +828,11 @@ fn auto(
             pool.prune_best(p)?;
             pool.offer_pruned(p, "min-peak", &low.schedule, None)?;
         }
+        phase_done("min-peak schedule", t);
     }
+    let t = Instant::now();
     pool.prune_best(p)?;
+    phase_done("pruning", t);
     if exact {
         // HiGHS counts only its own solve: the model build before it and the pruning after it
         // get a share of the limit, so that `auto` ends within it.
@@ -783,11 +843,15 @@ fn auto(
         // it gets the rest of the time to improve the schedule (and bound it too): a bound
         // within OPTIMAL_GAP is not enough, the full MILP still finds schedules that much
         // cheaper (both measured: docs/bench/solver-tuning.md).
-        let t = left(start).saturating_sub(margin).mul_f64(BOUNDARY_SHARE);
-        boundary_milp(p, opts, pool, t)?;
+        let t = Instant::now();
+        let share = left(start).saturating_sub(margin).mul_f64(BOUNDARY_SHARE);
+        boundary_milp(p, opts, pool, share)?;
+        phase_done("boundary MILP", t);
         if !settled_pool(pool, OPTIMAL_GAP / 10.0) {
+            let t = Instant::now();
             run_ilp(p, opts, pool, left(start).saturating_sub(margin), false)?;
             pool.prune_best(p)?;
+            phase_done("MILP", t);
         }
     }
     Ok(())
@@ -887,22 +951,37 @@ fn run_ilp(
     Ok(())
 }
 
-/// Raises the pool's lower bound with the time-point relaxation ([`crate::bound`]) when a
-/// schedule exists and nothing has proven it optimal, within a share of the time limit
-/// ([`TIME_POINTS_SHARE`], at most [`TIME_POINTS_MAX`]; the pivot's relaxation, the first, may
-/// take [`TIME_POINTS_MAX`] whatever the share, so that graphs of tens of thousands of nodes
-/// get a bound). The relaxation bounds every schedule,
-/// so a schedule that fits where it says none does is a bug; its bound is then left out.
+/// The time the time-point bound's snapshots share when the limit leaves it: a fifth of the
+/// limit, from [`TIME_POINTS_MIN`] to [`TIME_POINTS_MAX`].
 #[cfg(feature = "highs")]
-fn time_point_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<()> {
+fn bound_share(time_limit: Duration) -> Duration {
+    time_limit
+        .mul_f64(TIME_POINTS_SHARE)
+        .clamp(TIME_POINTS_MIN, TIME_POINTS_MAX)
+}
+
+/// Raises the pool's lower bound with the time-point relaxation ([`crate::bound`]) when a
+/// schedule exists and nothing has proven it optimal. Its snapshots share [`bound_share`] of
+/// the limit, or what is left of the limit since `start` when that is less (at least
+/// [`TIME_POINTS_MIN`]); the pivot's relaxation, the first, may take all that is left, up to
+/// [`TIME_POINTS_MAX`], so that graphs of tens of thousands of nodes get a bound when the
+/// plan left the time. The relaxation bounds every schedule, so a schedule that fits where it
+/// says none does is a bug; its bound is then left out.
+#[cfg(feature = "highs")]
+fn time_point_bound(
+    p: &Problem,
+    opts: &PlanOptions,
+    pool: &mut Pool,
+    start: Instant,
+) -> Result<()> {
     if pool.best.is_none() || settled_pool(pool, OPTIMAL_GAP) {
         return Ok(());
     }
-    let limit = opts
-        .time_limit
-        .mul_f64(TIME_POINTS_SHARE)
-        .clamp(TIME_POINTS_MIN, TIME_POINTS_MAX);
-    let out = crate::bound::time_point_bound_within(p, opts.budget, limit, TIME_POINTS_MAX)?;
+    pool.time_points_ran = true;
+    let left = opts.time_limit.saturating_sub(start.elapsed());
+    let limit = bound_share(opts.time_limit).min(left).max(TIME_POINTS_MIN);
+    let pivot = left.clamp(limit, TIME_POINTS_MAX.max(limit));
+    let out = crate::bound::time_point_bound_within(p, opts.budget, limit, pivot)?;
     debug_assert!(
         !out.infeasible,
         "a schedule fits where the relaxation says none does"
@@ -914,7 +993,12 @@ fn time_point_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<
 }
 
 #[cfg(not(feature = "highs"))]
-fn time_point_bound(_p: &Problem, _opts: &PlanOptions, _pool: &mut Pool) -> Result<()> {
+fn time_point_bound(
+    _p: &Problem,
+    _opts: &PlanOptions,
+    _pool: &mut Pool,
+    _start: Instant,
+) -> Result<()> {
     Ok(())
 }
 

@@ -29,7 +29,10 @@ pub struct PlanArgs {
     /// auto, ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
     #[arg(long, default_value = "auto")]
     solver: String,
-    /// Seconds the solver may spend
+    /// Seconds the whole plan may take, its lower bound included (not --bound-time): the
+    /// search, the MILP, the peak descent and the time-point bound share them; the baselines,
+    /// the segment program and the first peak descent run to their end (their times:
+    /// docs/bench/transformers.md)
     #[arg(long, default_value_t = DEFAULT_TIME_LIMIT)]
     time_limit: f64,
     /// Extra seconds, after the schedule is found, to prove a lower bound (for graphs too

@@ -22,7 +22,8 @@ pub struct SweepArgs {
     /// auto, ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
     #[arg(long, default_value = "auto")]
     solver: String,
-    /// Seconds the solver may spend per budget
+    /// Seconds each budget's plan may take, its lower bound included (as `remat plan
+    /// --time-limit`)
     #[arg(long, default_value_t = 10.0)]
     time_limit: f64,
     /// Print the whole sweep document as JSON (default: a table, a row per budget)

@@ -27,7 +27,10 @@ pub struct ValidateArgs {
     /// auto, ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
     #[arg(long, default_value = "auto")]
     solver: String,
-    /// Seconds the solver may spend
+    /// Seconds the whole plan may take, its lower bound included (not --bound-time): the
+    /// search, the MILP, the peak descent and the time-point bound share them; the baselines,
+    /// the segment program and the first peak descent run to their end (their times:
+    /// docs/bench/transformers.md)
     #[arg(long, default_value_t = DEFAULT_TIME_LIMIT)]
     time_limit: f64,
     /// Run this plan (a `remat plan --json` document) instead of planning

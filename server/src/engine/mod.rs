@@ -35,7 +35,8 @@ pub struct PlanRequest {
     pub dims: BTreeMap<String, u64>,
     /// Algorithm: auto (default), ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all.
     pub solver: Option<String>,
-    /// Seconds the solver may spend (the service clamps it to its cap).
+    /// Seconds the whole plan may take, its time-point bound included (the service clamps it
+    /// to its cap; what runs to its end past it: `remat_solver::plan::PlanOptions::time_limit`).
     pub time_limit: Option<f64>,
     /// Extra seconds, after the schedule is found, to prove a lower bound on its cost where
     /// nothing proved one (graphs too large for the exact MILP: the boundary model's LP, then

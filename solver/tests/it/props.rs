@@ -479,4 +479,37 @@ proptest! {
             prop_assert!(dp <= c * (1.0 + 1e-9), "dp {dp} vs segments {c}");
         }
     }
+
+    /// With no time at all, `auto` still answers from what its time limit does not cut (the
+    /// baselines, the chain DP, the segment program, the first peak descent): its plan fits,
+    /// costs no more than any of the baselines and segment schedules that fit, and is bounded
+    /// by what it reports. What the limit cuts only ever adds candidates.
+    #[test]
+    fn auto_with_no_time_answers_from_what_the_limit_does_not_cut(
+        p in arb_training_dag(16),
+        frac in 0.2f64..1.1,
+    ) {
+        let budget = budget_of(&p, frac);
+        let opts = PlanOptions { time_limit: Duration::ZERO, ..PlanOptions::new(budget) };
+        let (s, r) = plan(&p, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut uncut = segment_best(&p, budget)?;
+        for b in baselines(&p, budget).iter().filter(|b| b.feasible) {
+            uncut = Some(uncut.map_or(b.stats.compute_cost, |c: f64| c.min(b.stats.compute_cost)));
+        }
+        match uncut {
+            Some(c) => {
+                prop_assert_ne!(r.status, Status::Infeasible);
+                let st = simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert!(st.peak_bytes <= budget);
+                prop_assert!(st.compute_cost <= c * (1.0 + 1e-9), "{} over {c}", st.compute_cost);
+                let lb = r.lower_bound.expect("a feasible plan has a bound").compute_cost;
+                prop_assert!(lb <= st.compute_cost * (1.0 + 1e-9), "bound {lb} over {}", st.compute_cost);
+            }
+            None if r.status == Status::Infeasible => prop_assert!(s.steps.is_empty()),
+            None => {
+                let st = simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert!(st.peak_bytes <= budget);
+            }
+        }
+    }
 }
