@@ -160,6 +160,53 @@ fn chain_graph(k: usize) -> String {
     serde_json::json!({"directed": true, "nodes": nodes, "links": links}).to_string()
 }
 
+/// `RUST_LOG=remat_solver=debug` prints each phase of a plan with its time on stderr, and
+/// leaves the JSON on stdout whole; without it the CLI logs nothing of the kind.
+#[test]
+fn rust_log_prints_the_phases_of_a_plan_on_stderr() {
+    let args = [
+        "plan",
+        MODEL,
+        "--dim",
+        "batch=2",
+        "--budget",
+        "0.9x",
+        "--time-limit",
+        "1",
+        "--json",
+    ];
+    let run = |log: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_remat"));
+        c.current_dir(root()).args(args).env_remove("RUST_LOG");
+        if let Some(l) = log {
+            c.env("RUST_LOG", l);
+        }
+        c.output().expect("remat runs")
+    };
+    let o = run(Some("remat_solver=debug"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is the plan alone");
+    let err = String::from_utf8_lossy(&o.stderr);
+    for phase in ["baselines", "segment program", "descent ladder", "search"] {
+        assert!(
+            err.contains(&format!("phase=\"{phase}\"")),
+            "{phase}: {err}"
+        );
+    }
+    let done = err
+        .lines()
+        .find(|l| l.contains("plan done"))
+        .expect("plan done");
+    assert!(
+        done.contains(&format!("budget={}", v["budget_bytes"])),
+        "{done}"
+    );
+
+    let quiet = run(None);
+    assert_eq!(quiet.status.code(), Some(0), "{}", text(&quiet));
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("plan phase done"));
+}
+
 #[test]
 fn bound_time_proves_an_lp_bound_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
