@@ -1,17 +1,18 @@
 // The plan page, /plans/{id}: summary cards, memory timeline, Pareto curve, graph, tensor table
 // and the model's history.
 
-import { ApiError, getPlan, getHistory, poll, sweepOf } from './api.js';
+import { ApiError, getPlan, getHistory, poll } from './api.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtCostIn, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtTime, isNum } from './format.js';
 import { normalizeRecord, normalizeHistory, normalizeSweep, decisionCounts, measuredSeries, isTorchPlan } from './model.js';
 import { renderTorchPlan } from './torchpage.js';
-import { timelineChart, timelineText, paretoSeries, paretoChart, paretoText, destroyChart, sweepFractions } from './charts.js';
+import { timelineChart, timelineText, sweepFractions } from './charts.js';
+import { frontierOf } from './frontier.js';
 import { GraphView } from './graph.js';
 import { layoutInWorker } from './layout.js';
 import { TensorTable } from './table.js';
 import { planUrl, historyUrl } from './router.js';
-import { session, saveSweep, loadSweep } from './session.js';
+import { session } from './session.js';
 import { describeError } from './upload.js';
 import { fillFigures } from './figures.js';
 
@@ -168,9 +169,23 @@ export async function renderPlan(root, id) {
   const countText = Object.entries(counts).map(([k, n]) => `${n} ${k}`).join(' · ');
 
   const timelineEl = h('div', { class: 'chart', 'data-testid': 'timeline' });
-  const paretoEl = h('div', { class: 'chart', 'data-testid': 'pareto' });
-  const paretoTextEl = h('div');
-  const paretoTools = h('div', { class: 'chart-tools' });
+  // Pareto: this plan, its baselines, the model's other plans and (when computed) the frontier.
+  let history = [];
+  const frontier = frontierOf({
+    hash: rec.model.hash,
+    planId: rec.id,
+    doc,
+    history: () => history,
+    file: {
+      accept: '.onnx,.json',
+      label: 'Model file for the frontier',
+      testid: 'sweep-file',
+      model: (bytes, f) => ({ bytes, fileName: f.name, name: rec.model.name, dims: rec.options.dims ?? {}, hash: null }),
+    },
+    sweepOptions: () => ({ dims: session.model.dims, name: session.model.name, solver: rec.options.solver, time_limit: Math.min(Number(rec.options.time_limit) || 10, 10), wait: 1, fraction: sweepFractions(session.model.min, doc.storeAllPeakBytes) }),
+    intro: 'Compute overhead by budget: this plan, each baseline at its peak, this model’s other plans, and the frontier when computed.',
+    pick: 'To compute the frontier, pick the model file: ',
+  });
   const graphEl = h('div', { class: 'graph', 'data-testid': 'graph' });
   const tableEl = h('div');
   const historyEl = h('div', { 'data-testid': 'history' }, h('p', { class: 'muted' }, 'Loading…'));
@@ -198,7 +213,7 @@ export async function renderPlan(root, id) {
       'div',
       { class: 'two' },
       section('Memory timeline', 'h-timeline', h('p', { class: 'muted' }, 'Resident bytes after each schedule step (heap: the process\u2019s heap at its highest during the step, gradients allocated as they are computed); drag to zoom, double-click to reset.'), timelineEl, timelineText({ memory, measured, heap, budget: doc.budgetBytes })),
-      section('Budget vs. overhead', 'h-pareto', paretoTools, paretoEl, paretoTextEl),
+      section('Budget vs. overhead', 'h-pareto', frontier.tools, frontier.chartEl, frontier.textEl),
     ),
     section('Graph', 'h-graph', graphEl),
     section('Tensors', 'h-tensors', tableEl),
@@ -238,52 +253,7 @@ export async function renderPlan(root, id) {
     mount(tableEl, h('p', { class: 'muted' }, 'No tensors.'));
   }
 
-  // Pareto: this plan, its baselines, the model's other plans and (when computed) the frontier.
-  let history = [];
-  let sweep = rec.model.hash ? loadSweep(rec.model.hash) : null;
-  let chart = null;
-  const drawPareto = () => {
-    const pts = paretoSeries({ doc, sweep: sweep ? normalizeSweep(sweep) : null, history, planId: rec.id });
-    destroyChart(chart);
-    paretoEl.replaceChildren();
-    chart = paretoChart(paretoEl, pts);
-    mount(paretoTextEl, paretoText(pts));
-    paretoEl.dataset.frontier = String(pts.frontier.length);
-  };
-  const sweepStatus = h('span', { class: 'muted', role: 'status', 'aria-live': 'polite' });
-  const canSweep = () => session.model && (!session.model.hash || session.model.hash === rec.model.hash);
-  const sweepBtn = h('button', { type: 'button', class: 'btn small', 'data-testid': 'sweep-button', onclick: () => runSweep() }, sweep ? 'Recompute the frontier' : 'Compute the frontier');
-  const sweepFile = h('input', { type: 'file', accept: '.onnx,.json', 'aria-label': 'Model file for the frontier', onchange: async () => {
-    const f = sweepFile.files?.[0];
-    if (!f) return;
-    session.model = { bytes: await f.arrayBuffer(), fileName: f.name, name: rec.model.name, dims: rec.options.dims ?? {}, hash: null };
-    runSweep();
-  } });
-  async function runSweep() {
-    if (!canSweep()) return;
-    sweepBtn.disabled = true;
-    const t0 = performance.now();
-    const tick = (s) => mount(sweepStatus, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
-    try {
-      tick('uploading');
-      const opts = { dims: session.model.dims, name: session.model.name, solver: rec.options.solver, time_limit: Math.min(Number(rec.options.time_limit) || 10, 10), wait: 1, fraction: sweepFractions(session.model.min, doc.storeAllPeakBytes) };
-      sweep = await sweepOf(session.model.bytes, opts, tick);
-      saveSweep(rec.model.hash, sweep);
-      mount(sweepStatus, `frontier of ${normalizeSweep(sweep).points.length} budgets`);
-      drawPareto();
-    } catch (e) {
-      mount(sweepStatus, `frontier failed: ${describeError(e).join('; ')}`);
-    } finally {
-      sweepBtn.disabled = false;
-    }
-  }
-  mount(
-    paretoTools,
-    h('p', { class: 'muted' }, 'Compute overhead by budget: this plan, each baseline at its peak, this model’s other plans, and the frontier when computed.'),
-    canSweep() ? sweepBtn : h('label', { class: 'muted' }, 'To compute the frontier, pick the model file: ', sweepFile),
-    sweepStatus,
-  );
-  drawPareto();
+  frontier.draw();
 
   if (rec.model.hash) {
     try {
@@ -291,7 +261,7 @@ export async function renderPlan(root, id) {
       await fillFigures(history, rec.id, doc, ctrl.signal);
       if (ctrl.signal.aborted) return;
       mount(historyEl, historyTable(history, rec.id));
-      drawPareto();
+      frontier.draw();
     } catch (e) {
       if (ctrl.signal.aborted) return;
       mount(historyEl, h('p', { class: 'muted' }, `History is not available: ${e.message}`));

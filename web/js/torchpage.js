@@ -2,14 +2,13 @@
 // regions with what each keeps, the frontier by budget beside PyTorch's own step and full
 // checkpointing, and how to apply the plan in PyTorch.
 
-import { sweepOf } from './api.js';
-import { destroyChart, paretoChart, paretoSeries, paretoText, sweepFractions } from './charts.js';
+import { sweepFractions } from './charts.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtCost, fmtOverhead, fmtPct, fmtTime, isNum } from './format.js';
-import { normalizeSweep, normalizeTorchPlan } from './model.js';
+import { normalizeTorchPlan } from './model.js';
+import { frontierOf } from './frontier.js';
 import { historyUrl } from './router.js';
-import { loadSweep, saveSweep, session } from './session.js';
-import { describeError } from './upload.js';
+import { session } from './session.js';
 
 function card(testid, title, value, ...sub) {
   return h('div', { class: 'card', 'data-testid': testid }, h('div', { class: 'card-title' }, title), h('div', { class: 'card-value' }, value), sub.filter(Boolean).map((s) => h('div', { class: 'card-sub' }, s)));
@@ -44,71 +43,28 @@ function measuredCard(t) {
  * function that draws it (after the section is in the page, so the chart has its width).
  */
 function frontierSection(t) {
-  const chartEl = h('div', { class: 'chart', 'data-testid': 'pareto' });
-  const textEl = h('div');
-  const status = h('span', { class: 'muted', role: 'status', 'aria-live': 'polite' });
   const unplanned = t.unplannedPeakBytes;
   const doc = {
     budgetBytes: t.budgetBytes,
     predicted: { overhead: t.predicted.overhead },
     baselines: isNum(unplanned) ? [{ name: 'none', peakBytes: unplanned, overhead: 0, feasible: isNum(t.budgetBytes) && unplanned <= t.budgetBytes }] : [],
   };
-  let sweep = t.model.hash ? loadSweep(t.model.hash) : null;
-  let chart = null;
-  const draw = () => {
-    const pts = paretoSeries({ doc, sweep: sweep ? normalizeSweep(sweep) : null, history: [], planId: t.id });
-    destroyChart(chart);
-    chartEl.replaceChildren();
-    chart = paretoChart(chartEl, pts);
-    mount(textEl, paretoText(pts));
-    chartEl.dataset.frontier = String(pts.frontier.length);
-  };
-  const ours = () => session.model && (!session.model.hash || session.model.hash === t.model.hash);
-  const button = h('button', { type: 'button', class: 'btn small', 'data-testid': 'sweep-button', onclick: () => run() }, sweep ? 'Recompute the frontier' : 'Compute the frontier');
-  const file = h('input', {
-    type: 'file',
-    accept: '.json',
-    'data-testid': 'sweep-file',
-    'aria-label': 'Captured graph file for the frontier',
-    onchange: async () => {
-      const f = file.files?.[0];
-      if (!f) return;
-      session.model = { bytes: await f.arrayBuffer(), fileName: f.name, name: t.model.name, dims: {}, hash: null };
-      run();
+  const f = frontierOf({
+    hash: t.model.hash,
+    planId: t.id,
+    doc,
+    file: {
+      accept: '.json',
+      label: 'Captured graph file for the frontier',
+      testid: 'sweep-file',
+      model: (bytes, file) => ({ bytes, fileName: file.name, name: t.model.name, dims: {}, hash: null }),
     },
+    sweepOptions: () => ({ name: session.model.name, wait: 1, fraction: sweepFractions(t.minPeakBytes, unplanned) }),
+    intro: 'Compute overhead by budget: this plan, PyTorch’s own step (none), and, when computed, remat’s plans and full checkpointing of every region (full) where it fits.',
+    pick: 'To compute the frontier, pick the captured graph file: ',
   });
-  async function run() {
-    if (!ours()) return;
-    button.disabled = true;
-    const t0 = performance.now();
-    const tick = (s) => mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
-    try {
-      tick('uploading');
-      sweep = await sweepOf(session.model.bytes, { name: session.model.name, wait: 1, fraction: sweepFractions(t.minPeakBytes, unplanned) }, tick);
-      saveSweep(t.model.hash, sweep);
-      mount(status, `frontier of ${normalizeSweep(sweep).points.length} budgets`);
-      draw();
-    } catch (e) {
-      mount(status, `frontier failed: ${describeError(e).join('; ')}`);
-    } finally {
-      button.disabled = false;
-    }
-  }
-  const section = h(
-    'section',
-    { class: 'panel', 'aria-labelledby': 'h-pareto' },
-    h('h2', { id: 'h-pareto' }, 'Budget vs. overhead'),
-    h(
-      'div',
-      { class: 'chart-tools' },
-      h('p', { class: 'muted' }, 'Compute overhead by budget: this plan, PyTorch’s own step (none), and, when computed, remat’s plans and full checkpointing of every region (full) where it fits.'),
-      ours() ? button : h('label', { class: 'muted' }, 'To compute the frontier, pick the captured graph file: ', file),
-      status,
-    ),
-    chartEl,
-    textEl,
-  );
-  return { section, draw };
+  const section = h('section', { class: 'panel', 'aria-labelledby': 'h-pareto' }, h('h2', { id: 'h-pareto' }, 'Budget vs. overhead'), f.tools, f.chartEl, f.textEl);
+  return { section, draw: f.draw };
 }
 
 /** Renders a torch-sac plan record into `root`. */

@@ -1,0 +1,77 @@
+// The "Budget vs. overhead" chart of a plan page and the controls that compute its frontier
+// (POST /v1/sweeps with the model file of this session's upload, or one picked on the page),
+// shared by the plan page of an ONNX model or node-link graph and that of a captured PyTorch
+// graph: what differs between them is what the chart compares the frontier with and how the
+// sweep is asked for.
+
+import { sweepOf } from './api.js';
+import { destroyChart, paretoChart, paretoSeries, paretoText } from './charts.js';
+import { h, mount } from './dom.js';
+import { normalizeSweep } from './model.js';
+import { loadSweep, saveSweep, session } from './session.js';
+import { describeError } from './upload.js';
+
+/**
+ * The frontier of the plan `planId` of the model `hash`.
+ *
+ * - `doc`: the plan's figures the chart shows beside the frontier (`budgetBytes`,
+ *   `predicted.overhead`, `baselines`);
+ * - `history()`: the model's other plans to show, read when the chart is drawn;
+ * - `file`: the file input to pick the model with when this session's upload is not this model
+ *   (`accept`, `label`, `testid`, and `model(bytes, file)`, the session model it becomes);
+ * - `sweepOptions()`: the sweep request's options (`wait` and the fractions included);
+ * - `intro`: the line above the controls; `pick`: the label before the file input.
+ *
+ * Returns `chartEl` and `textEl` (the chart and its table), `tools` (the controls, to put
+ * above them) and `draw()`, to call once they are in the page (the chart takes its width) and
+ * whenever `history()` changes.
+ */
+export function frontierOf({ hash, planId, doc, history = () => [], file, sweepOptions, intro, pick }) {
+  const chartEl = h('div', { class: 'chart', 'data-testid': 'pareto' });
+  const textEl = h('div');
+  const status = h('span', { class: 'muted', role: 'status', 'aria-live': 'polite' });
+  let sweep = hash ? loadSweep(hash) : null;
+  let chart = null;
+  const draw = () => {
+    const pts = paretoSeries({ doc, sweep: sweep ? normalizeSweep(sweep) : null, history: history(), planId });
+    destroyChart(chart);
+    chartEl.replaceChildren();
+    chart = paretoChart(chartEl, pts);
+    mount(textEl, paretoText(pts));
+    chartEl.dataset.frontier = String(pts.frontier.length);
+  };
+  // This session's upload is this model (or a file picked here, whose hash is not known yet).
+  const ours = () => session.model && (!session.model.hash || session.model.hash === hash);
+  const button = h('button', { type: 'button', class: 'btn small', 'data-testid': 'sweep-button', onclick: () => run() }, sweep ? 'Recompute the frontier' : 'Compute the frontier');
+  const input = h('input', {
+    type: 'file',
+    accept: file.accept,
+    'data-testid': file.testid,
+    'aria-label': file.label,
+    onchange: async () => {
+      const f = input.files?.[0];
+      if (!f) return;
+      session.model = file.model(await f.arrayBuffer(), f);
+      run();
+    },
+  });
+  async function run() {
+    if (!ours()) return;
+    button.disabled = true;
+    const t0 = performance.now();
+    const tick = (s) => mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    try {
+      tick('uploading');
+      sweep = await sweepOf(session.model.bytes, sweepOptions(), tick);
+      saveSweep(hash, sweep);
+      mount(status, `frontier of ${normalizeSweep(sweep).points.length} budgets`);
+      draw();
+    } catch (e) {
+      mount(status, `frontier failed: ${describeError(e).join('; ')}`);
+    } finally {
+      button.disabled = false;
+    }
+  }
+  const tools = h('div', { class: 'chart-tools' }, h('p', { class: 'muted' }, intro), ours() ? button : h('label', { class: 'muted' }, pick, input), status);
+  return { chartEl, textEl, tools, draw };
+}
