@@ -47,6 +47,19 @@ pub fn solver_error(e: SolverError) -> EngineError {
     }
 }
 
+/// The most seconds a time limit or a bound time may be (a year): a larger one is refused with
+/// its name, not turned into a deadline that does not fit the clock.
+pub const MAX_SECONDS: f64 = 365.0 * 86_400.0;
+
+/// A number of seconds as a message shows it: `1e30`, not thirty-one digits.
+pub fn seconds_text(v: f64) -> String {
+    if v.is_finite() && v.abs() >= 1e9 {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 /// The solver options of a request, resolved against the problem (fractions of store-all peak).
 pub fn plan_options(
     problem: &Problem,
@@ -80,16 +93,20 @@ pub fn plan_options(
                     format!("solver: {e}"),
                 )
             })?;
-    // A duration option in seconds: finite, and positive unless zero is allowed.
+    // A duration option in seconds: finite, at most MAX_SECONDS, and positive unless zero is
+    // allowed.
     let secs = |name: &str, v: f64, zero_ok: bool| {
-        if v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0)) {
+        if v.is_finite() && v <= MAX_SECONDS && (v > 0.0 || (zero_ok && v == 0.0)) {
             return Ok(v);
         }
         let kind = if zero_ok { "non-negative" } else { "positive" };
         Err(EngineError::new(
             ErrorKind::BadInput,
             "invalid_option",
-            format!("{name} must be a {kind} number of seconds, got {v}"),
+            format!(
+                "{name} must be a {kind} number of seconds up to a year ({MAX_SECONDS}), got {}",
+                seconds_text(v)
+            ),
         ))
     };
     let seconds = secs(

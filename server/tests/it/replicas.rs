@@ -758,4 +758,11 @@ fn bad_databases_and_devices_are_refused_with_the_reason_and_no_password() {
             "{bad}: {text}"
         );
     }
+    // A cap on the solver's time that no clock holds is refused, not met with a panic later.
+    let (code, text) = run(&["serve", "--addr", "127.0.0.1:0", "--max-time-limit=1e30"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("--max-time-limit") && text.contains("1e30 is not a positive number"),
+        "{text}"
+    );
 }

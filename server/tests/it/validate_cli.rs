@@ -255,10 +255,24 @@ fn bound_time_proves_an_lp_bound_and_says_so() {
     let o = remat(&[&base[..], &["--bound-time=-1"]].concat());
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("bound_time must be a non-negative number of seconds, got -1"),
+        text(&o).contains("bound_time must be a non-negative number of seconds up to a year"),
         "{}",
         text(&o)
     );
+    // More than a Duration holds, or than the clock can add: refused by name, no panic.
+    for (flag, name) in [
+        ("--time-limit=1e30", "time_limit"),
+        ("--bound-time=1e30", "bound_time"),
+    ] {
+        // `base` without its own --time-limit.
+        let o = remat(&[&base[..4], &[flag]].concat());
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", text(&o));
+        assert!(
+            text(&o).contains(&format!("{name} must be a")) && text(&o).contains("got 1e30"),
+            "{flag}: {}",
+            text(&o)
+        );
+    }
 }
 
 /// ALBERT's one layer group runs four times per step: its regions are calls, named so.
