@@ -769,6 +769,15 @@ pub fn baseline(p: &Problem, name: &str, budget: u64) -> Result<Baseline> {
 pub fn baselines(p: &Problem, budget: u64) -> Vec<Baseline> {
     BASELINE_NAMES
         .iter()
-        .filter_map(|name| baseline(p, name, budget).ok())
+        .filter_map(|name| {
+            let t = std::time::Instant::now();
+            let b = baseline(p, name, budget).ok();
+            tracing::debug!(
+                baseline = name,
+                seconds = t.elapsed().as_secs_f64(),
+                "baseline done"
+            );
+            b
+        })
         .collect()
 }
