@@ -111,8 +111,8 @@ pub struct ChainModel {
     options: Vec<Vec<Option<BTreeSet<usize>>>>,
     /// The options' figures, as the program solves with them.
     fig: Figures,
-    /// Where the options are not every keep set ([`ChainModel::complete`] is false): figures at most those
-    /// of every keep set, for the lower bound ([`ChainModel::lower_bound`]).
+    /// Where the options are not every keep set ([`ChainModel::complete`] is false): figures at
+    /// most those of every keep set, for the lower bound ([`ChainModel::lower_bound`]).
     relaxed: Option<Figures>,
     /// Whether every storage's life depends on at most one region's option
     /// ([`TorchGraph`]'s check): the additions of the regions then add up exactly.

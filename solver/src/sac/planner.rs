@@ -31,7 +31,8 @@ pub struct SacBound {
     pub compute_cost: f64,
     /// `chain_program` (the chain program with held bytes rounded down, where it is exact; on
     /// its relaxation where it does not enumerate every keep set), `pinned_chain_program` (the
-    /// same on [`TorchGraph::pinned`], at the budget plus the pinned bytes) or `unplanned_step` (the step's own cost: no plan runs less).
+    /// same on [`TorchGraph::pinned`], at the budget plus the pinned bytes) or `unplanned_step`
+    /// (the step's own cost: no plan runs less).
     pub source: &'static str,
 }
 
