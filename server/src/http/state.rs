@@ -67,16 +67,13 @@ impl Config {
                 message: "needs at least one worker (only a PostgreSQL store may have replicas that only serve)".to_string(),
             });
         }
-        let most = crate::pipeline::MAX_SECONDS;
-        if !(self.max_time_limit.is_finite()
-            && self.max_time_limit > 0.0
-            && self.max_time_limit <= most)
-        {
+        if !crate::pipeline::valid_seconds(self.max_time_limit, false) {
             return Err(ServerError::Config {
                 option: "max-time-limit",
                 message: format!(
-                    "{} is not a positive number of seconds up to a year ({most})",
-                    crate::pipeline::seconds_text(self.max_time_limit)
+                    "{} is not a positive number of seconds up to a year ({})",
+                    crate::pipeline::seconds_text(self.max_time_limit),
+                    crate::pipeline::MAX_SECONDS
                 ),
             });
         }

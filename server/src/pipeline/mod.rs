@@ -24,7 +24,7 @@ pub use job::{default_threads, Costs, PlanJob, PlanOutcome, Progress, Quiet, Sto
 pub use load::{import_options, load, planner_error, ExecModel, Loaded};
 pub use solve::{
     decisions, plan_document, plan_loaded, plan_options, seconds_text, solver_error,
-    sweep_document, Planned, DEFAULT_FRACTIONS, DEFAULT_TIME_LIMIT, MAX_SECONDS,
+    sweep_document, valid_seconds, Planned, DEFAULT_FRACTIONS, DEFAULT_TIME_LIMIT, MAX_SECONDS,
 };
 
 use crate::engine::{Engine, EngineError, History, ModelFormat, Phase, PlanRequest};

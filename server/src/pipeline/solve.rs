@@ -51,6 +51,12 @@ pub fn solver_error(e: SolverError) -> EngineError {
 /// its name, not turned into a deadline that does not fit the clock.
 pub const MAX_SECONDS: f64 = 365.0 * 86_400.0;
 
+/// Whether `v` is a duration option's number of seconds: finite, at most [`MAX_SECONDS`], and
+/// positive (or zero where `zero_ok`).
+pub fn valid_seconds(v: f64, zero_ok: bool) -> bool {
+    v.is_finite() && v <= MAX_SECONDS && (v > 0.0 || (zero_ok && v == 0.0))
+}
+
 /// A number of seconds as a message shows it: `1e30`, not thirty-one digits.
 pub fn seconds_text(v: f64) -> String {
     if v.is_finite() && v.abs() >= 1e9 {
@@ -93,10 +99,8 @@ pub fn plan_options(
                     format!("solver: {e}"),
                 )
             })?;
-    // A duration option in seconds: finite, at most MAX_SECONDS, and positive unless zero is
-    // allowed.
     let secs = |name: &str, v: f64, zero_ok: bool| {
-        if v.is_finite() && v <= MAX_SECONDS && (v > 0.0 || (zero_ok && v == 0.0)) {
+        if valid_seconds(v, zero_ok) {
             return Ok(v);
         }
         let kind = if zero_ok { "non-negative" } else { "positive" };
