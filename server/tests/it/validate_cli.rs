@@ -12,9 +12,17 @@ fn root() -> PathBuf {
 }
 
 fn remat(args: &[&str]) -> Output {
+    remat_env(args, &[])
+}
+
+/// `remat` with these environment variables set, and `RUST_LOG` only where `env` sets it (a
+/// developer's own would add log lines to what the tests read).
+fn remat_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_remat"))
         .current_dir(root())
         .args(args)
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
         .output()
         .expect("remat runs")
 }
@@ -175,15 +183,7 @@ fn rust_log_prints_the_phases_of_a_plan_on_stderr() {
         "1",
         "--json",
     ];
-    let run = |log: Option<&str>| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_remat"));
-        c.current_dir(root()).args(args).env_remove("RUST_LOG");
-        if let Some(l) = log {
-            c.env("RUST_LOG", l);
-        }
-        c.output().expect("remat runs")
-    };
-    let o = run(Some("remat_solver=debug"));
+    let o = remat_env(&args, &[("RUST_LOG", "remat_solver=debug")]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is the plan alone");
     let err = String::from_utf8_lossy(&o.stderr);
@@ -202,7 +202,7 @@ fn rust_log_prints_the_phases_of_a_plan_on_stderr() {
         "{done}"
     );
 
-    let quiet = run(None);
+    let quiet = remat(&args);
     assert_eq!(quiet.status.code(), Some(0), "{}", text(&quiet));
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("plan phase done"));
 }
@@ -589,14 +589,12 @@ fn plans_cost_by_the_roofline_and_calibrate_writes_rates_plans_read() {
     std::fs::write(&cuda_rates, cuda.to_string()).unwrap();
     let on_cuda = plan(&["--rates", cuda_rates.to_str().unwrap()]);
     assert_eq!(on_cuda["cost_model"]["device"], "cuda", "{on_cuda}");
-    let by_env = Command::new(env!("CARGO_BIN_EXE_remat"))
-        .current_dir(root())
-        .env("REMAT_RATES", &rates)
-        .args([
+    let by_env = remat_env(
+        &[
             "plan", MODEL, "--dim", "batch=2", "--budget", "0.9x", "--json",
-        ])
-        .output()
-        .unwrap();
+        ],
+        &[("REMAT_RATES", rates.to_str().unwrap())],
+    );
     let by_env: serde_json::Value = serde_json::from_slice(&by_env.stdout).unwrap();
     assert_eq!(by_env["cost_model"]["rates"], written["source"]);
 
