@@ -548,11 +548,31 @@ pub fn every_k(p: &Problem, budget: u64) -> Result<Baseline> {
 
 /// Split table of binomial checkpointing for uniform steps: `cost(l, s)` forward steps reverse
 /// `l` stages from a checkpoint with `s` free slots; `split(l, s)` is the best first
-/// checkpoint offset. Columns are added one slot count at a time.
+/// checkpoint offset (the smallest of the best). Columns are added one slot count at a time.
+///
+/// `cost(l, s) = min over 1 ≤ i ≤ l of i + cost(l − i, s − 1) + cost(i − 1, s)`. Each column
+/// is convex in `l` (its differences never decrease; the s = 0 column's are 1, 2, 3, …, and
+/// an infimal convolution of convex sequences is convex), so the term is convex in `i` and
+/// its first minimum is where its difference turns non-negative: a bisection, `O(m log m)` a
+/// column instead of the scan's `m²/2`. Convexity is checked as the column is built, not
+/// assumed: where it fails the entry is found by the scan, so the table is the scan's either
+/// way (`tests::the_bisected_table_is_the_scanned_one`).
 struct RevolveTable {
     cost: Vec<Vec<u64>>,
     split: Vec<Vec<usize>>,
     len: usize,
+}
+
+/// Whether `col`'s difference at `upto` is at least the one before it.
+fn bends_up(col: &[u64], upto: usize) -> bool {
+    upto < 2 || {
+        let (a, b, c) = (
+            col[upto - 2] as i128,
+            col[upto - 1] as i128,
+            col[upto] as i128,
+        );
+        b - a <= c - b
+    }
 }
 
 impl RevolveTable {
@@ -568,26 +588,49 @@ impl RevolveTable {
 
     fn ensure_slots(&mut self, s: usize) {
         while self.cost.len() <= s {
-            let prev = self.cost.len() - 1;
+            let prev = &self.cost[self.cost.len() - 1];
             let mut cost = vec![0u64; self.len + 1];
             let mut split = vec![0usize; self.len + 1];
+            // Whether the previous column and this one so far bend up.
+            let mut convex = (2..prev.len()).all(|l| bends_up(prev, l));
             for l in 1..=self.len {
-                let mut best = (u64::MAX, 1);
-                for i in 1..=l {
-                    let c = i as u64 + self.cost[prev][l - i] + cost[i - 1];
-                    if c < best.0 {
-                        best = (c, i);
+                let term = |i: usize, cost: &[u64]| i as u64 + prev[l - i] + cost[i - 1];
+                let best = if convex {
+                    // The smallest i in 1..=l whose next term is no smaller.
+                    let (mut lo, mut hi) = (1, l);
+                    while lo < hi {
+                        let mid = lo + (hi - lo) / 2;
+                        if term(mid + 1, &cost) >= term(mid, &cost) {
+                            hi = mid;
+                        } else {
+                            lo = mid + 1;
+                        }
                     }
-                }
-                cost[l] = best.0;
-                split[l] = best.1;
+                    (term(lo, &cost), lo)
+                } else {
+                    let mut best = (u64::MAX, 1);
+                    for i in 1..=l {
+                        let c = term(i, &cost);
+                        if c < best.0 {
+                            best = (c, i);
+                        }
+                    }
+                    best
+                };
+                (cost[l], split[l]) = best;
+                convex &= bends_up(&cost, l);
             }
             self.cost.push(cost);
             self.split.push(split);
         }
     }
 
+    /// The first checkpoint's offset. With a slot for every stage but the last (`s + 1 ≥ l`)
+    /// it is 1, each stage once (cost `l`, the least there is), without the table's column.
     fn split(&self, l: usize, s: usize) -> usize {
+        if s + 1 >= l {
+            return 1;
+        }
         self.split
             .get(s)
             .and_then(|col| col.get(l))
@@ -595,31 +638,94 @@ impl RevolveTable {
             .unwrap_or(1)
             .clamp(1, l.max(1))
     }
+
+    /// The most slot columns within [`REVOLVE_TABLE_WORK`] on a chain of `len` stages (each
+    /// column about `len · log₂ len` steps of the bisection).
+    fn columns_within_work(len: usize) -> usize {
+        let per_column = (len as u64 + 1) * (u64::from(usize::BITS - len.leading_zeros()) + 1);
+        usize::try_from(REVOLVE_TABLE_WORK / per_column).unwrap_or(usize::MAX)
+    }
 }
 
-/// Revolve with `slots` checkpoint slots on the linearized forward phase: whenever a backward
-/// node needs a forward value that is gone, it advances from the nearest checkpoint below,
-/// placing checkpoints at the binomial split points while slots are free; checkpoints above
-/// the current backward position are released. `None` once its compute order is longer than
-/// `limit` (few slots on a long forward phase: quadratic in its length).
+/// Steps of the table's recurrence revolve may spend on one chain: on a chain of 12,000 stages
+/// (a 12,000-node forward phase that is a chain) its first 111 slot counts.
+const REVOLVE_TABLE_WORK: u64 = 20_000_000;
+
+/// The chain revolve reverses: `states` are the linear positions whose values are its
+/// checkpoint candidates (increasing, the first 0), `stage_of[i]` the last state at or before
+/// position `i`. With `tape`, the values of the stage the backward phase is in stay resident
+/// until it leaves the stage (the stage is reversed from its state, as revolve reverses a
+/// layer); without, every position is a state and each value is recomputed from a checkpoint
+/// whenever it is read again.
+struct Chain {
+    states: Vec<usize>,
+    stage_of: Vec<usize>,
+    tape: bool,
+}
+
+impl Chain {
+    fn new(states: Vec<usize>, len: usize, tape: bool) -> Self {
+        let mut stage_of = vec![0usize; len];
+        let mut g = 0;
+        for (i, stage) in stage_of.iter_mut().enumerate() {
+            while g + 1 < states.len() && states[g + 1] <= i {
+                g += 1;
+            }
+            *stage = g;
+        }
+        Chain {
+            states,
+            stage_of,
+            tape,
+        }
+    }
+
+    /// Every position a state, no tape: revolve on the forward phase node by node.
+    fn of_nodes(len: usize) -> Self {
+        Chain::new((0..len).collect(), len, false)
+    }
+
+    /// The split points a state, with the tape: revolve on the chain of stages between them.
+    fn of_split_points(p: &Problem, lin: &[NodeId]) -> Self {
+        let states = split_points(p, lin)
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &s)| s.then_some(i))
+            .collect();
+        Chain::new(states, lin.len(), true)
+    }
+}
+
+/// Revolve with `slots` checkpoint slots on `chain` over the linearized forward phase: whenever
+/// a backward node needs a forward value that is gone, it advances from the nearest checkpoint
+/// below to the state of the value's stage, placing checkpoints at the binomial split points
+/// (in stages) while slots are free, and recomputes the value from that state; checkpoints
+/// above the current backward position are released. `None` once its compute order is longer
+/// than `limit` (few slots on a long chain: quadratic in its length).
 fn revolve_with_slots(
     p: &Problem,
     ph: &Phases,
+    chain: &Chain,
     table: &RevolveTable,
     slots: usize,
     limit: usize,
 ) -> Option<Schedule> {
     let lin = &ph.forward;
+    let (states, stage_of) = (&chain.states, &chain.stage_of);
     let n = p.len();
     let mut pos = vec![usize::MAX; n];
     for (i, &v) in lin.iter().enumerate() {
         pos[v] = i;
     }
     let mut b = Builder::new(p);
-    let mut pinned: Vec<usize> = Vec::new(); // positions, increasing
+    let mut pinned: Vec<usize> = Vec::new(); // positions of states, increasing
     let mut next_mark = vec![usize::MAX; n];
     let mut touched = Vec::new();
     let mut key = lin.len();
+    // With the tape: the values recomputed in a stage that a backward node reads, kept until
+    // the backward phase is below that stage.
+    let mut taped: Vec<NodeId> = Vec::new();
+    let mut on_tape = vec![false; n];
     for (k, &t) in ph.backward.iter().enumerate() {
         let fwd_deps: Vec<usize> = p
             .deps(t)
@@ -634,29 +740,41 @@ fn revolve_with_slots(
                 b.unpin(lin[c]);
             }
         }
+        if chain.tape {
+            let key_stage = stage_of.get(key).copied().unwrap_or(usize::MAX);
+            taped.retain(|&v| {
+                let keep = stage_of[pos[v]] <= key_stage;
+                if !keep {
+                    on_tape[v] = false;
+                    b.drop_value(v);
+                }
+                keep
+            });
+        }
         let mut wanted = fwd_deps.clone();
         wanted.sort_unstable_by(|a, b| b.cmp(a));
         for j in wanted {
             if b.is_resident(lin[j]) {
                 continue;
             }
-            // Advance from the nearest checkpoint below j.
-            loop {
-                let c = pinned.iter().rev().find(|&&c| c < j).copied();
-                let from = c.map_or(0, |c| c + 1);
-                let l = j + 1 - from; // stages from..=j still to produce
+            let g = stage_of[j];
+            // Advance from the nearest checkpoint below the stage's state.
+            while !b.is_resident(lin[states[g]]) {
+                let c = pinned.iter().rev().find(|&&c| c < states[g]).copied();
+                let from = c.map_or(0, |c| stage_of[c] + 1);
+                let l = g + 1 - from; // stages from..=g still to produce
                 let free = slots.saturating_sub(pinned.len());
                 if free == 0 || l <= 1 {
                     break;
                 }
                 let at = from + table.split(l, free) - 1;
-                if at >= j {
+                if at >= g {
                     break;
                 }
-                let r = b.ensure(&[lin[at]]);
+                let r = b.ensure(&[lin[states[at]]]);
                 let stepping: Vec<NodeId> = b.seq_slice(r).to_vec();
-                b.pin(lin[at]);
-                pinned.push(at);
+                b.pin(lin[states[at]]);
+                pinned.push(states[at]);
                 pinned.sort_unstable();
                 for v in stepping {
                     if pos[v] != usize::MAX {
@@ -667,14 +785,21 @@ fn revolve_with_slots(
             let r = b.ensure(&[lin[j]]);
             let stepping: Vec<NodeId> = b.seq_slice(r).to_vec();
             for v in stepping {
-                if v != lin[j] && pos[v] != usize::MAX {
+                if pos[v] == usize::MAX {
+                    continue;
+                }
+                if chain.tape && stage_of[pos[v]] == g {
+                    if !std::mem::replace(&mut on_tape[v], true) {
+                        taped.push(v);
+                    }
+                } else if v != lin[j] {
                     b.drop_value(v);
                 }
             }
         }
         let r = b.ensure(p.deps(t));
         b.ensure(&[t]);
-        // Drop forward values the next backward node does not read.
+        // Drop forward values the next backward node does not read (the tape's stay).
         if let Some(&next) = ph.backward.get(k + 1) {
             for &d in p.deps(next) {
                 next_mark[d] = k;
@@ -684,7 +809,7 @@ fn revolve_with_slots(
         touched.extend_from_slice(b.seq_slice(r));
         touched.extend_from_slice(p.deps(t));
         for &v in &touched {
-            if pos[v] != usize::MAX && next_mark[v] != k {
+            if pos[v] != usize::MAX && next_mark[v] != k && !on_tape[v] {
                 b.drop_value(v);
             }
         }
@@ -695,17 +820,91 @@ fn revolve_with_slots(
     Some(b.finish(&ph.needed))
 }
 
-/// Steps of the revolve table's recurrence the baseline may spend: each slot count adds a
-/// column of `m²/2` steps for a forward phase of `m` nodes, so on long ones (a 384-layer
-/// GPT-2's 10,000 forward nodes) only the first slot counts are tried, and a schedule is
-/// abandoned once it is longer than [`WORK_LIMIT`] (there: with one slot it was 58M steps,
-/// 14 s and 3.6 GB).
-const REVOLVE_TABLE_WORK: u64 = 400_000_000;
+/// Schedule steps revolve may build per chain, abandoned schedules included (a schedule is
+/// abandoned past [`WORK_LIMIT`] steps; about 25 ms a million steps on a 2-core machine).
+const REVOLVE_WORK: usize = 2 * WORK_LIMIT;
 
-/// Griewank's revolve (binomial checkpointing) on the linearized forward phase, with the number
-/// of checkpoint slots chosen for the cheapest schedule within the budget, among the slot
-/// counts [`REVOLVE_TABLE_WORK`] and [`WORK_LIMIT`] allow. A problem without backward nodes has
-/// nothing to reverse: revolve is store-all there.
+/// Revolve on one chain, in two phases of at most [`REVOLVE_WORK`] steps each, every schedule
+/// offered to `best`. First every slot count from 0 up, until one does not fit after one did
+/// (more slots shorten the schedule and, as a rule, raise its peak, so the cheapest within the
+/// budget is near the most slots that fit). Then a doubling from the last count it tried, and
+/// a bisection between the last count that fit and the first that did not after it: on a long
+/// chain the best count is too far up for the first phase to reach, and on others the peak
+/// does not always rise with the slots.
+fn revolve_on(p: &Problem, ph: &Phases, chain: &Chain, best: &mut Best) {
+    let stages = chain.states.len();
+    let mut table = RevolveTable::new(stages);
+    // Slot counts up to `cap` have their table's columns; `stages` needs none.
+    let cap = RevolveTable::columns_within_work(stages).min(stages);
+    let work = std::cell::Cell::new(0usize);
+    // Some(fits), or None when the schedule was abandoned or the phase's work is spent.
+    let mut attempt = |slots: usize, best: &mut Best| -> Option<bool> {
+        if work.get() > REVOLVE_WORK {
+            return None;
+        }
+        table.ensure_slots(slots.min(cap));
+        match revolve_with_slots(p, ph, chain, &table, slots, WORK_LIMIT) {
+            Some(schedule) => {
+                work.set(work.get() + schedule.steps.len());
+                Some(best.offer(p, schedule))
+            }
+            None => {
+                work.set(work.get() + WORK_LIMIT);
+                None
+            }
+        }
+    };
+    let mut lo = None;
+    let mut slots = 0;
+    while slots <= cap && work.get() <= REVOLVE_WORK {
+        match attempt(slots, best) {
+            Some(true) => lo = Some(slots),
+            Some(false) if lo.is_some() => break,
+            _ => {}
+        }
+        slots += 1;
+    }
+    if slots > stages {
+        return;
+    }
+    work.set(0);
+    // Doubling within the table's columns, then every stage a checkpoint.
+    let mut slots = slots.max(1);
+    let mut hi = None;
+    while work.get() <= REVOLVE_WORK {
+        slots = if 2 * slots <= cap { 2 * slots } else { stages };
+        match attempt(slots, best) {
+            Some(true) => lo = Some(slots),
+            Some(false) if lo.is_some() => {
+                hi = Some(slots);
+                break;
+            }
+            _ => {}
+        }
+        if slots == stages {
+            break;
+        }
+    }
+    if let (Some(mut lo), Some(hi)) = (lo, hi) {
+        let mut hi = hi.min(cap + 1);
+        while hi > lo + 1 {
+            let mid = lo + (hi - lo) / 2;
+            match attempt(mid, best) {
+                Some(true) => lo = mid,
+                Some(false) => hi = mid,
+                None => break,
+            }
+        }
+    }
+}
+
+/// Griewank's revolve (binomial checkpointing) on the linearized forward phase, twice: on the
+/// chain of stages between its split points (Chen et al.'s, where one value separates what
+/// comes before from what comes after: a network's layers), each stage reversed from its
+/// state as revolve reverses a layer, and node by node, every value a checkpoint candidate and
+/// recomputed whenever it is read again. Each with the slot counts [`revolve_on`] tries; the
+/// cheapest schedule within the budget of both. A problem without backward nodes has nothing
+/// to reverse: revolve is store-all there.
 pub fn revolve(p: &Problem, budget: u64) -> Result<Baseline> {
     let ph = Phases::of(p);
     let mut best = Best::new(budget);
@@ -714,29 +913,16 @@ pub fn revolve(p: &Problem, budget: u64) -> Result<Baseline> {
         return best.into_baseline(p, "revolve");
     }
     let m = ph.forward.len();
-    let mut table = RevolveTable::new(m);
-    let column = (m as u64) * (m as u64 + 1) / 2;
-    let mut was_feasible = false;
-    for slots in 0..=m {
-        if slots as u64 * column > REVOLVE_TABLE_WORK {
-            break;
-        }
-        table.ensure_slots(slots);
-        // A schedule longer than the work limit is abandoned: more slots shorten it.
-        let Some(schedule) = revolve_with_slots(p, &ph, &table, slots, WORK_LIMIT) else {
-            continue;
-        };
-        let fits = best.offer(p, schedule);
-        if (was_feasible && !fits) || best.spent() {
-            break;
-        }
-        was_feasible |= fits;
+    let stages = Chain::of_split_points(p, &ph.forward);
+    if stages.states.len() < m {
+        revolve_on(p, &ph, &stages, &mut best);
     }
+    revolve_on(p, &ph, &Chain::of_nodes(m), &mut best);
     if best.best.is_none() {
         return Err(SolverError::InvalidArgument(format!(
-            "revolve: no slot count its table reaches ({} of them, on a forward phase of {m} \
-             nodes) gives a schedule of at most {WORK_LIMIT} steps",
-            REVOLVE_TABLE_WORK / column.max(1) + 1
+            "revolve: every schedule it built on the forward phase of {m} nodes ({} stages \
+             between split points) was longer than {WORK_LIMIT} steps",
+            stages.states.len()
         )));
     }
     best.into_baseline(p, "revolve")
@@ -780,4 +966,89 @@ pub fn baselines(p: &Problem, budget: u64) -> Vec<Baseline> {
             b
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The recurrence scanned over every split, as the table was first built.
+    fn scanned(len: usize, slots: usize) -> (Vec<Vec<u64>>, Vec<Vec<usize>>) {
+        let mut cost = vec![(0..=len as u64)
+            .map(|l| l * (l + 1) / 2)
+            .collect::<Vec<_>>()];
+        let mut split = vec![vec![0; len + 1]];
+        for s in 1..=slots {
+            let mut c = vec![0u64; len + 1];
+            let mut sp = vec![0usize; len + 1];
+            for l in 1..=len {
+                let mut best = (u64::MAX, 1);
+                for i in 1..=l {
+                    let t = i as u64 + cost[s - 1][l - i] + c[i - 1];
+                    if t < best.0 {
+                        best = (t, i);
+                    }
+                }
+                (c[l], sp[l]) = best;
+            }
+            cost.push(c);
+            split.push(sp);
+        }
+        (cost, split)
+    }
+
+    #[test]
+    fn the_bisected_table_is_the_scanned_one() {
+        for (len, slots) in [
+            (0, 3),
+            (1, 3),
+            (2, 3),
+            (3, 3),
+            (7, 9),
+            (64, 70),
+            (301, 12),
+            (1000, 4),
+        ] {
+            let mut table = RevolveTable::new(len);
+            table.ensure_slots(slots);
+            let (cost, split) = scanned(len, slots);
+            assert_eq!(table.cost, cost, "costs, {len} stages");
+            assert_eq!(table.split, split, "splits, {len} stages");
+            // Every column bends up: the bisection, not the scan, built them.
+            for col in &table.cost {
+                assert!((2..col.len()).all(|l| bends_up(col, l)), "{len} stages");
+            }
+            // With a slot for every stage but the last, `split` needs no column: it is 1
+            // (with no slot there is no checkpoint to place: column 0 is never asked).
+            for (s, col) in split.iter().enumerate().skip(1) {
+                for (l, &at) in col.iter().enumerate().skip(1) {
+                    assert_eq!(table.split(l, s), at, "split({l}, {s}) of {len} stages");
+                    if s + 1 >= l {
+                        assert_eq!(at, 1, "split({l}, {s}) of {len} stages");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_column_that_does_not_bend_up_is_scanned() {
+        // A previous column that is not convex: the next one is the scan's all the same.
+        let len = 40;
+        let mut table = RevolveTable::new(len);
+        table.cost[0] = (0..=len as u64).map(|l| (l * 37) % 23 + l * l).collect();
+        assert!(!(2..=len).all(|l| bends_up(&table.cost[0], l)));
+        table.ensure_slots(1);
+        let prev = table.cost[0].clone();
+        let mut c = vec![0u64; len + 1];
+        for l in 1..=len {
+            let best = (1..=l)
+                .map(|i| (i as u64 + prev[l - i] + c[i - 1], i))
+                .min_by_key(|&(t, i)| (t, i))
+                .unwrap_or((u64::MAX, 1));
+            c[l] = best.0;
+            assert_eq!(table.split[1][l], best.1, "split at {l}");
+        }
+        assert_eq!(table.cost[1], c);
+    }
 }

@@ -270,3 +270,24 @@ fn revolve_on_a_long_forward_phase_stays_within_its_work_limit() {
         Err(e) => assert!(e.to_string().contains("revolve"), "{e}"),
     }
 }
+
+/// Revolve on a chain of blocks (every node of a block read by the block's last, so the only
+/// split points are the blocks' boundaries, and each block's backward reads the whole block):
+/// on the chain of stages it reverses each block from its boundary, as revolve reverses a
+/// layer, so at half the store-all peak it fits with each forward node recomputed at most
+/// once. Node by node, every value read again was recomputed from a checkpoint each time.
+#[test]
+fn revolve_reverses_a_chain_of_blocks_block_by_block() {
+    let (blocks, width) = (300, 6);
+    let n = blocks * width;
+    let p = crate::common::chain_of_blocks(blocks, width, |_| (1.0, 10));
+    let budget = store_all_peak(&p) / 2;
+    let b = remat_solver::baselines::baseline(&p, "revolve", budget).expect("revolve");
+    assert!(b.feasible, "peak {} over {budget}", b.stats.peak_bytes);
+    simulate(&p, &b.schedule).expect("a valid schedule");
+    assert!(
+        b.stats.recomputations <= n,
+        "{} recomputations of {n} forward nodes",
+        b.stats.recomputations
+    );
+}

@@ -104,6 +104,26 @@ pub fn training_dag(fwd: &[(f64, u64)], fwd_deps: &[Vec<usize>], bwd: &[(f64, u6
     Problem::new("training-dag", nodes, 0).expect("generated training DAG is valid")
 }
 
+/// A chain of `blocks` blocks of `width` forward nodes each (a [`training_dag`]): each node
+/// reads its predecessor, and a block's last node reads every node of its block, so the only
+/// split points are the blocks' boundaries and each block's backward reads the whole block.
+/// `fwd(j)` is forward node `j`'s cost and bytes; every backward node costs 2 and holds 10.
+pub fn chain_of_blocks(blocks: usize, width: usize, fwd: impl Fn(usize) -> (f64, u64)) -> Problem {
+    let n = blocks * width;
+    let deps: Vec<Vec<usize>> = (0..n)
+        .map(|j| {
+            let start = j - j % width;
+            if j % width == width - 1 {
+                (start..j).collect()
+            } else {
+                j.checked_sub(1).into_iter().collect()
+            }
+        })
+        .collect();
+    let fwd: Vec<(f64, u64)> = (0..n).map(fwd).collect();
+    training_dag(&fwd, &deps, &vec![(2.0, 10); n])
+}
+
 /// Random training DAGs with `2..=max_fwd` forward nodes; each forward node reads its
 /// predecessor and, sometimes, one or two earlier nodes (skip connections).
 pub fn arb_training_dag(max_fwd: usize) -> impl Strategy<Value = Problem> {
