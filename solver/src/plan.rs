@@ -1145,35 +1145,67 @@ pub fn gap(cost: f64, bound: f64) -> f64 {
     }
 }
 
-/// Parses a budget: `"123"` (bytes), `"12GiB"`, `"800MB"`, `"1.5 GB"` (B, KB, MB, GB, TB are
-/// powers of 1000; KiB, MiB, GiB, TiB powers of 1024; case-insensitive), or `"0.8x"` (a
-/// fraction of `store_all_peak`, rounded up). Byte counts are rounded down.
+/// Parses a budget: a size ([`parse_bytes`]: `"123"`, `"12GiB"`, `"800MB"`, `"1.5 GB"`,
+/// `"1e9"`) or `"0.8x"` (a fraction of `store_all_peak`, rounded up).
 pub fn parse_budget(s: &str, store_all_peak: u64) -> Result<u64> {
     let bad = |why: &str| SolverError::InvalidArgument(format!("budget {s:?}: {why}"));
+    let (value, unit) = split_number(s).map_err(|why| bad(&why))?;
+    if unit == "x" {
+        let b = (value * store_all_peak as f64).ceil();
+        return if b.is_finite() && b <= u64::MAX as f64 {
+            Ok(b as u64)
+        } else {
+            Err(bad("too large"))
+        };
+    }
+    bytes_of(s, value, &unit).map_err(|why| bad(&why))
+}
+
+/// Parses a size in bytes: `"123"`, `"1e9"`, `"12GiB"`, `"800MB"`, `"1.5 GB"` (B, KB, MB, GB,
+/// TB are powers of 1000; KiB, MiB, GiB, TiB powers of 1024; case-insensitive). A count of
+/// bytes must be whole; a size with a unit is rounded down. The error names the text and what
+/// is wrong with it.
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let bad = |why: &str| SolverError::InvalidArgument(format!("size {s:?}: {why}"));
+    let (value, unit) = split_number(s).map_err(|why| bad(&why))?;
+    bytes_of(s, value, &unit).map_err(|why| bad(&why))
+}
+
+/// The number a size or budget starts with (digits, a point, an exponent such as `e9`) and
+/// the unit after it, lower-cased and trimmed.
+fn split_number(s: &str) -> std::result::Result<(f64, String), String> {
     let t = s.trim();
     if t.is_empty() {
-        return Err(bad("empty"));
+        return Err("empty".into());
     }
-    let split = t
+    let bytes = t.as_bytes();
+    let mut end = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let unit = unit.trim().to_ascii_lowercase();
+    // An exponent: e or E, a sign, and at least one digit.
+    if end > 0 && matches!(bytes.get(end), Some(b'e' | b'E')) {
+        let mut k = end + 1;
+        if matches!(bytes.get(k), Some(b'+' | b'-')) {
+            k += 1;
+        }
+        let digits = bytes[k..].iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits > 0 {
+            end = k + digits;
+        }
+    }
+    let (num, unit) = t.split_at(end);
     if num.is_empty() {
-        return Err(bad("expected a number first, such as 12GiB, 800MB or 0.8x"));
+        return Err("expected a number first, such as 12GiB, 800MB or 0.8x".into());
     }
     let value: f64 = num
         .parse()
-        .map_err(|_| bad(&format!("{num:?} is not a number")))?;
-    let scale: f64 = match unit.as_str() {
-        "x" => {
-            let b = (value * store_all_peak as f64).ceil();
-            return if b.is_finite() && b <= u64::MAX as f64 {
-                Ok(b as u64)
-            } else {
-                Err(bad("too large"))
-            };
-        }
+        .map_err(|_| format!("{num:?} is not a number"))?;
+    Ok((value, unit.trim().to_ascii_lowercase()))
+}
+
+/// `value` in `unit` as whole bytes (`text` for the exact digits of a plain byte count).
+fn bytes_of(text: &str, value: f64, unit: &str) -> std::result::Result<u64, String> {
+    let scale: f64 = match unit {
         "" | "b" => 1.0,
         "kb" => 1e3,
         "mb" => 1e6,
@@ -1184,22 +1216,26 @@ pub fn parse_budget(s: &str, store_all_peak: u64) -> Result<u64> {
         "gib" => 1024.0f64.powi(3),
         "tib" => 1024.0f64.powi(4),
         other => {
-            return Err(bad(&format!(
+            return Err(format!(
                 "unknown unit {other:?}; use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB or x"
-            )))
+            ))
         }
     };
-    if unit.is_empty() || unit == "b" {
-        if num.contains('.') {
-            return Err(bad("a byte count must be a whole number"));
+    if scale == 1.0 {
+        // Digits alone are read exactly (an f64 is not, past 2^53).
+        let digits = text.trim().trim_end_matches(['b', 'B']).trim();
+        if let Ok(n) = digits.parse::<u64>() {
+            return Ok(n);
         }
-        return num.parse::<u64>().map_err(|_| bad("too large"));
+        if value.fract() != 0.0 {
+            return Err("a byte count must be a whole number".into());
+        }
     }
     let b = (value * scale).floor();
     if b.is_finite() && b <= u64::MAX as f64 {
         Ok(b as u64)
     } else {
-        Err(bad("too large"))
+        Err("too large".into())
     }
 }
 
@@ -1224,8 +1260,12 @@ mod tests {
 
     #[test]
     fn parses_budgets() {
-        let cases: [(&str, u64); 9] = [
+        let cases: [(&str, u64); 13] = [
             ("123", 123),
+            ("1e9", 1_000_000_000),
+            ("2.5E3 B", 2500),
+            ("1.5e3 MB", 1_500_000_000),
+            ("18446744073709551615", u64::MAX),
             ("12GiB", 12 * 1024 * 1024 * 1024),
             ("800MB", 800_000_000),
             ("1.5 GB", 1_500_000_000),
@@ -1250,6 +1290,11 @@ mod tests {
             "-3",
             "1.2.3MB",
             "99999999999999999999",
+            "1e30",
+            "1e30x",
+            "1.5e0",
+            "1e",
+            "e9",
         ] {
             let e = parse_budget(s, 1000).unwrap_err().to_string();
             assert!(e.contains(&format!("{s:?}")), "{e}");

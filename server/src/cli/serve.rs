@@ -92,35 +92,14 @@ impl LeaseArgs {
     }
 }
 
-/// Parses a size: bytes ("1048576") or a number with a unit (B, KB, MB, GB, KiB, MiB, GiB).
+/// Parses a size of at least one byte: bytes ("1048576", "1e6") or a number with a unit (B,
+/// KB, MB, GB, TB, KiB, MiB, GiB, TiB), as a budget is read (`remat_solver::plan::parse_bytes`).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (e.g. 512MiB, 2GiB, 1000000)"))?;
-    let factor: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => {
-            return Err(format!(
-                "{text:?}: unknown unit {other:?} (use B, KB, MB, GB, KiB, MiB, GiB)"
-            ))
-        }
-    };
-    let bytes = number * factor;
-    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
-        return Err(format!("{text:?} is out of range"));
+    match remat_solver::plan::parse_bytes(text) {
+        Ok(0) => Err(format!("size {text:?}: must be at least one byte")),
+        Ok(bytes) => Ok(bytes),
+        Err(e) => Err(e.to_string()),
     }
-    Ok(bytes as u64)
 }
 
 impl ServeArgs {
@@ -173,7 +152,11 @@ mod tests {
             ("2GiB", Some(2 * 1024 * 1024 * 1024)),
             ("100MB", Some(100_000_000)),
             ("1.5KiB", Some(1536)),
+            ("1e6", Some(1_000_000)),
+            ("1TiB", Some(1 << 40)),
             ("12 parsecs", None),
+            ("1.5", None),
+            ("1e30", None),
             ("", None),
             ("0", None),
             ("MiB", None),
