@@ -110,7 +110,9 @@ pub struct PlanOptions {
     /// `docs/bench/transformers.md`). The search gets at least a tenth of the limit and the
     /// bound half a second even when those overran it.
     pub time_limit: Duration,
-    /// Threads the MILP may use (at least 1).
+    /// Threads the MILP may use (at least 1). With two or more, `auto` also runs the
+    /// time-point bound on a thread of its own on graphs of thousands of nodes, beside the
+    /// segment program and the peak descent.
     pub threads: usize,
     /// Extra time, after the schedule is found, to prove a lower bound on its cost where
     /// nothing has proven one yet: the boundary model's LP relaxation
@@ -330,6 +332,11 @@ const TIME_POINTS_SHARE: f64 = 0.2;
 const TIME_POINTS_MIN: Duration = Duration::from_millis(500);
 #[cfg(feature = "highs")]
 const TIME_POINTS_MAX: Duration = Duration::from_secs(5);
+/// Needed nodes from which `auto` runs the time-point bound beside the segment program and the
+/// peak descent ([`bound_beside`]): on the deep fixtures of 2,267 nodes and more those take 2-4
+/// s and the bound 0.2-0.9 s (`docs/bench/transformers.md`).
+#[cfg(feature = "highs")]
+const BOUND_BESIDE_NODES: usize = 2_000;
 /// Share of the time limit by which the peak descent's ladder stops climbing down (its first
 /// rung always runs): on graphs of tens of thousands of nodes a rung takes a fraction of a
 /// second and the ladder seconds, and the search and the bound need the rest.
@@ -727,6 +734,40 @@ fn auto(
             pool.offer("dp", s, stats);
         }
     }
+    #[cfg(feature = "highs")]
+    if bound_beside(p, opts) {
+        // The time-point bound on a second thread, beside the segment program and the peak
+        // descent, instead of after them: on graphs of thousands of nodes each takes seconds.
+        return std::thread::scope(|s| {
+            let beside = s.spawn(|| time_points_within(p, opts, start));
+            let finish = move |pool: &mut Pool| -> Result<()> {
+                let out = beside.join().map_err(|_| {
+                    SolverError::Ilp("the time-point bound's thread panicked".to_string())
+                })??;
+                if pool.best.is_some() && !settled_pool(pool, OPTIMAL_GAP) {
+                    pool.time_points_ran = true;
+                    apply_time_points(pool, &out);
+                }
+                Ok(())
+            };
+            auto_after_dp(p, opts, pool, start, Some(Box::new(finish)))
+        });
+    }
+    auto_after_dp(p, opts, pool, start, None)
+}
+
+/// The time-point bound's result, when it ran on a thread of its own: applies it to the pool.
+type BoundBeside<'a> = Box<dyn FnOnce(&mut Pool) -> Result<()> + 'a>;
+
+/// `auto` after the chain DP: the segment program, the peak descent, the time-point bound
+/// (`beside`'s, when it ran on its own thread), the search, pruning and the MILP.
+fn auto_after_dp(
+    p: &Problem,
+    opts: &PlanOptions,
+    pool: &mut Pool,
+    start: Instant,
+    beside: Option<BoundBeside<'_>>,
+) -> Result<()> {
     // Rotor's program over the chain of stages between split points (the residual stream of
     // a transformer or a ResNet), at memory levels around the budget: exact for its class of
     // schedules, fast at any depth, and the start the search and the MILP improve on
@@ -792,7 +833,10 @@ fn auto(
     // tens of thousands of nodes, where its time is cut, the bound needs its seconds more
     // (the segment program's schedule is the plan there: docs/bench/transformers.md).
     let t = Instant::now();
-    time_point_bound(p, opts, pool, start)?;
+    match beside {
+        Some(finish) => finish(pool)?,
+        None => time_point_bound(p, opts, pool, start)?,
+    }
     phase_done("time-point bound", t);
     let t = Instant::now();
     let found = search::portfolio_search(p, opts.budget, limits(start), runs)?;
@@ -978,10 +1022,27 @@ fn time_point_bound(
         return Ok(());
     }
     pool.time_points_ran = true;
+    let out = time_points_within(p, opts, start)?;
+    apply_time_points(pool, &out);
+    Ok(())
+}
+
+/// The time-point relaxation within the time [`time_point_bound`] gives it, from `start`.
+#[cfg(feature = "highs")]
+fn time_points_within(
+    p: &Problem,
+    opts: &PlanOptions,
+    start: Instant,
+) -> Result<crate::bound::TimePointBound> {
     let left = opts.time_limit.saturating_sub(start.elapsed());
     let limit = bound_share(opts.time_limit).min(left).max(TIME_POINTS_MIN);
     let pivot = left.clamp(limit, TIME_POINTS_MAX.max(limit));
-    let out = crate::bound::time_point_bound_within(p, opts.budget, limit, pivot)?;
+    crate::bound::time_point_bound_within(p, opts.budget, limit, pivot)
+}
+
+/// Raises the pool's lower bound to the relaxation's.
+#[cfg(feature = "highs")]
+fn apply_time_points(pool: &mut Pool, out: &crate::bound::TimePointBound) {
     debug_assert!(
         !out.infeasible,
         "a schedule fits where the relaxation says none does"
@@ -989,7 +1050,17 @@ fn time_point_bound(
     if let (Some(b), false) = (out.bound, out.infeasible) {
         pool.bound(b, BoundSource::TimePoints);
     }
-    Ok(())
+}
+
+/// Whether `auto` runs the time-point bound on a thread of its own, beside the segment
+/// program and the peak descent: with a second thread allowed (`opts.threads`), a budget
+/// that can fit, and at least [`BOUND_BESIDE_NODES`] needed nodes (on smaller graphs both
+/// take a fraction of a second, and the bound may not be needed at all).
+#[cfg(feature = "highs")]
+fn bound_beside(p: &Problem, opts: &PlanOptions) -> bool {
+    opts.threads >= 2
+        && opts.budget >= p.footprint_lower_bound()
+        && p.needed().iter().filter(|&&n| n).count() >= BOUND_BESIDE_NODES
 }
 
 #[cfg(not(feature = "highs"))]

@@ -112,3 +112,36 @@ fn a_budget_below_a_footprint_is_infeasible() {
     assert!(tp.infeasible);
     assert_eq!(tp.bound, None);
 }
+
+/// With two threads `auto` runs the time-point bound beside the segment program on graphs of
+/// thousands of nodes (here a chain of 200 blocks of 6 forward nodes, 2,401 needed nodes):
+/// the plan and its bound are the ones of one thread, where it runs after them.
+#[test]
+fn the_bound_beside_the_segment_program_is_the_bound_after_it() {
+    let p = crate::common::chain_of_blocks(200, 6, |j| (1.0 + (j % 5) as f64, 8 + (j % 7) as u64));
+    let budget = store_all_peak(&p) / 3;
+    let run = |threads| {
+        let opts = PlanOptions {
+            time_limit: Duration::from_secs(60),
+            threads,
+            ..PlanOptions::new(budget)
+        };
+        plan(&p, &opts).expect("plan").1
+    };
+    let (one, two) = (run(1), run(2));
+    assert_eq!(two.status, Status::Feasible, "{:?}", two.status);
+    assert!(two.predicted.peak_bytes <= budget);
+    let bound = |r: &remat_solver::plan::PlanReport| {
+        r.lower_bound
+            .as_ref()
+            .map(|b| (b.source.name(), b.compute_cost))
+    };
+    assert_eq!(
+        bound(&one).map(|b| b.0),
+        Some("time_points"),
+        "{:?}",
+        bound(&one)
+    );
+    assert_eq!(bound(&two), bound(&one));
+    assert_eq!(two.predicted.compute_cost, one.predicted.compute_cost);
+}
