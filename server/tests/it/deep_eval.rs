@@ -127,8 +127,11 @@ pub fn evaluate(name: &str, p: &Problem, fractions: &[f64], time_limit: Duration
     let mut rows = Vec::new();
     for f in fractions {
         let budget = budget_at(least, full, f);
+        // Two threads, as `remat plan` and the service give on a machine of two cores or more:
+        // the time-point bound runs beside the segment program on the larger models.
         let opts = PlanOptions {
             time_limit,
+            threads: 2,
             ..PlanOptions::new(budget)
         };
         let start = Instant::now();
