@@ -19,7 +19,7 @@ pub fn plan_summary(doc: &PlanDocument) -> String {
     );
     if let Some(m) = &doc.maximize {
         let limit = m.max_overhead.map_or("any overhead".to_string(), |o| {
-            format!("overhead at most {:.2}%", 100.0 * o)
+            format!("overhead at most {}", limit_percent(o))
         });
         let next = match m.next_value {
             Some(n) => format!("{}={n} does not", m.dim),
@@ -257,4 +257,28 @@ pub fn validation_summary(v: &Validation) -> String {
         s.push_str(&format!("  problem  {p}\n"));
     }
     s
+}
+
+/// A user's overhead limit as a percent: two decimals, or in scientific notation from a
+/// million percent up (`--max-overhead 1e30` is not a 33-digit figure).
+fn limit_percent(o: f64) -> String {
+    let pct = 100.0 * o;
+    if pct.abs() >= 1e6 {
+        format!("{pct:.3e}%")
+    } else {
+        format!("{pct:.2}%")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::limit_percent;
+
+    #[test]
+    fn overhead_limits_read_as_percents() {
+        assert_eq!(limit_percent(0.1), "10.00%");
+        assert_eq!(limit_percent(0.0), "0.00%");
+        assert_eq!(limit_percent(9_999.0), "999900.00%");
+        assert_eq!(limit_percent(1e30), "1.000e32%");
+    }
 }
