@@ -112,7 +112,7 @@ pub struct PlanOptions {
     pub time_limit: Duration,
     /// Threads the MILP may use (at least 1). With two or more, `auto` also runs the
     /// time-point bound on a thread of its own on graphs of thousands of nodes, beside the
-    /// segment program and the peak descent.
+    /// segment program, the peak descent and the search.
     pub threads: usize,
     /// Extra time, after the schedule is found, to prove a lower bound on its cost where
     /// nothing has proven one yet: the boundary model's LP relaxation
@@ -332,8 +332,8 @@ const TIME_POINTS_SHARE: f64 = 0.2;
 const TIME_POINTS_MIN: Duration = Duration::from_millis(500);
 #[cfg(feature = "highs")]
 const TIME_POINTS_MAX: Duration = Duration::from_secs(5);
-/// Needed nodes from which `auto` runs the time-point bound beside the segment program and the
-/// peak descent ([`bound_beside`]): on the deep fixtures of 2,267 nodes and more those take 2-4
+/// Needed nodes from which `auto` runs the time-point bound beside the segment program, the
+/// peak descent and the search ([`bound_beside`]): on the deep fixtures of 2,267 nodes and more those take 2-4
 /// s and the bound 0.2-0.9 s (`docs/bench/transformers.md`).
 #[cfg(feature = "highs")]
 const BOUND_BESIDE_NODES: usize = 2_000;
@@ -736,8 +736,9 @@ fn auto(
     }
     #[cfg(feature = "highs")]
     if bound_beside(p, opts) {
-        // The time-point bound on a second thread, beside the segment program and the peak
-        // descent, instead of after them: on graphs of thousands of nodes each takes seconds.
+        // The time-point bound on a second thread, beside the segment program, the peak
+        // descent and the search, instead of between the descent and the search: on graphs of
+        // thousands of nodes each takes seconds.
         return std::thread::scope(|s| {
             let beside = s.spawn(|| time_points_within(p, opts, start));
             let finish = move |pool: &mut Pool| -> Result<()> {
@@ -760,7 +761,8 @@ fn auto(
 type BoundBeside<'a> = Box<dyn FnOnce(&mut Pool) -> Result<()> + 'a>;
 
 /// `auto` after the chain DP: the segment program, the peak descent, the time-point bound
-/// (`beside`'s, when it ran on its own thread), the search, pruning and the MILP.
+/// (or, when it runs on its own thread, `beside` after the search), the search, pruning and
+/// the MILP.
 fn auto_after_dp(
     p: &Problem,
     opts: &PlanOptions,
@@ -832,12 +834,13 @@ fn auto_after_dp(
     // The bound before the search: the search uses the time that is left, and on graphs of
     // tens of thousands of nodes, where its time is cut, the bound needs its seconds more
     // (the segment program's schedule is the plan there: docs/bench/transformers.md).
-    let t = Instant::now();
-    match beside {
-        Some(finish) => finish(pool)?,
-        None => time_point_bound(p, opts, pool, start)?,
+    // The bound on its own thread is joined after the search instead: nothing between reads
+    // the bound, and the search runs on the other core meanwhile.
+    if beside.is_none() {
+        let t = Instant::now();
+        time_point_bound(p, opts, pool, start)?;
+        phase_done("time-point bound", t);
     }
-    phase_done("time-point bound", t);
     let t = Instant::now();
     let found = search::portfolio_search(p, opts.budget, limits(start), runs)?;
     phase_done("search", t);
@@ -847,6 +850,11 @@ fn auto_after_dp(
     let search_low = found.lowest.as_ref().map(|(_, st)| st.peak_bytes);
     if let Some((s, st)) = found.best {
         pool.offer("search", s, st);
+    }
+    if let Some(finish) = beside {
+        let t = Instant::now();
+        finish(pool)?;
+        phase_done("time-point bound (joined)", t);
     }
     if exact && pool.best.is_none() {
         let more = search::horizon_search(p, opts.budget, limits(start), 0xBEEF)?;
@@ -1053,7 +1061,7 @@ fn apply_time_points(pool: &mut Pool, out: &crate::bound::TimePointBound) {
 }
 
 /// Whether `auto` runs the time-point bound on a thread of its own, beside the segment
-/// program and the peak descent: with a second thread allowed (`opts.threads`), a budget
+/// program, the peak descent and the search: with a second thread allowed (`opts.threads`), a budget
 /// that can fit, and at least [`BOUND_BESIDE_NODES`] needed nodes (on smaller graphs both
 /// take a fraction of a second, and the bound may not be needed at all).
 #[cfg(feature = "highs")]

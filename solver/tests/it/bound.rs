@@ -113,9 +113,10 @@ fn a_budget_below_a_footprint_is_infeasible() {
     assert_eq!(tp.bound, None);
 }
 
-/// With two threads `auto` runs the time-point bound beside the segment program on graphs of
-/// thousands of nodes (here a chain of 200 blocks of 6 forward nodes, 2,401 needed nodes):
-/// the plan and its bound are the ones of one thread, where it runs after them.
+/// With two threads `auto` runs the time-point bound beside the segment program, the descent
+/// and the search on graphs of thousands of nodes (here a chain of 200 blocks of 6 forward
+/// nodes, 2,401 needed nodes): the plan and its bound are the ones of one thread, where it
+/// runs between the descent and the search.
 #[test]
 fn the_bound_beside_the_segment_program_is_the_bound_after_it() {
     let p = crate::common::chain_of_blocks(200, 6, |j| (1.0 + (j % 5) as f64, 8 + (j % 7) as u64));
