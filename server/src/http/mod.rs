@@ -132,16 +132,24 @@ pub async fn open_store(db: &str, connections: usize) -> Result<Store, ServerErr
     }
 }
 
-/// Logs to stderr (`RUST_LOG` filters; `default` otherwise), unless the binary installed its
-/// own subscriber already.
+/// Logs to stderr (`RUST_LOG` filters; [`default_filter`] of `default` otherwise), unless the
+/// binary installed its own subscriber already.
 pub fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter(default)));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+}
+
+/// The log filter without `RUST_LOG`: `default`, less HiGHS's own warnings. HiGHS warns when a
+/// solve stops at its time limit ("HiGHS emitted a warning: Highs_run"), which remat's bounds
+/// and MILP do by design and report themselves (a plan's bound and its source); `RUST_LOG`
+/// that names `highs` shows them.
+pub fn default_filter(default: &str) -> String {
+    format!("{default},highs=error")
 }
 
 /// `remat serve`: checks the settings, opens the store, starts the workers, binds, prints the

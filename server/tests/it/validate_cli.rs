@@ -170,6 +170,33 @@ fn chain_graph(k: usize) -> String {
 
 /// `RUST_LOG=remat_solver=debug` prints each phase of a plan with its time on stderr, and
 /// leaves the JSON on stdout whole; without it the CLI logs nothing of the kind.
+/// HiGHS warns when a solve stops at its time limit (here the bound's LP, given a
+/// millisecond): remat reports the bound it has and its source, and the warning, which names
+/// nothing a user can act on, is left out unless `RUST_LOG` asks for it.
+#[test]
+fn highs_time_limit_warnings_are_not_printed_unless_asked_for() {
+    let args = [
+        "plan",
+        "fixtures/models/resnet18.legacy.onnx",
+        "--dim",
+        "batch=2",
+        "--budget",
+        "0.95x",
+        "--time-limit",
+        "2",
+        "--bound-time",
+        "0.001",
+    ];
+    let warning = "HiGHS emitted a warning";
+    let o = remat(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains(warning), "{}", text(&o));
+    assert!(text(&o).contains("to the lower bound"), "{}", text(&o));
+    let o = remat_env(&args, &[("RUST_LOG", "highs=warn")]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains(warning), "{}", text(&o));
+}
+
 #[test]
 fn rust_log_prints_the_phases_of_a_plan_on_stderr() {
     let args = [
