@@ -333,8 +333,8 @@ const TIME_POINTS_MIN: Duration = Duration::from_millis(500);
 #[cfg(feature = "highs")]
 const TIME_POINTS_MAX: Duration = Duration::from_secs(5);
 /// Needed nodes from which `auto` runs the time-point bound beside the segment program, the
-/// peak descent and the search ([`bound_beside`]): on the deep fixtures of 2,267 nodes and more those take 2-4
-/// s and the bound 0.2-0.9 s (`docs/bench/transformers.md`).
+/// peak descent and the search ([`bound_beside`]): on the deep fixtures of 2,267 nodes and
+/// more those take 2-4 s and the bound 0.2-0.9 s (`docs/bench/transformers.md`).
 #[cfg(feature = "highs")]
 const BOUND_BESIDE_NODES: usize = 2_000;
 /// Share of the time limit by which the peak descent's ladder stops climbing down (its first
@@ -1061,9 +1061,9 @@ fn apply_time_points(pool: &mut Pool, out: &crate::bound::TimePointBound) {
 }
 
 /// Whether `auto` runs the time-point bound on a thread of its own, beside the segment
-/// program, the peak descent and the search: with a second thread allowed (`opts.threads`), a budget
-/// that can fit, and at least [`BOUND_BESIDE_NODES`] needed nodes (on smaller graphs both
-/// take a fraction of a second, and the bound may not be needed at all).
+/// program, the peak descent and the search: with a second thread allowed (`opts.threads`),
+/// a budget that can fit, and at least [`BOUND_BESIDE_NODES`] needed nodes (on smaller graphs
+/// both take a fraction of a second, and the bound may not be needed at all).
 #[cfg(feature = "highs")]
 fn bound_beside(p: &Problem, opts: &PlanOptions) -> bool {
     opts.threads >= 2
@@ -1237,7 +1237,7 @@ pub fn parse_budget(s: &str, store_all_peak: u64) -> Result<u64> {
             Err(bad("too large"))
         };
     }
-    bytes_of(s, value, &unit).map_err(|why| bad(&why))
+    bytes_of(s, value, &unit, " or x").map_err(|why| bad(&why))
 }
 
 /// Parses a size in bytes: `"123"`, `"1e9"`, `"12GiB"`, `"800MB"`, `"1.5 GB"` (B, KB, MB, GB,
@@ -1247,7 +1247,7 @@ pub fn parse_budget(s: &str, store_all_peak: u64) -> Result<u64> {
 pub fn parse_bytes(s: &str) -> Result<u64> {
     let bad = |why: &str| SolverError::InvalidArgument(format!("size {s:?}: {why}"));
     let (value, unit) = split_number(s).map_err(|why| bad(&why))?;
-    bytes_of(s, value, &unit).map_err(|why| bad(&why))
+    bytes_of(s, value, &unit, "").map_err(|why| bad(&why))
 }
 
 /// The number a size or budget starts with (digits, a point, an exponent such as `e9`) and
@@ -1282,8 +1282,14 @@ fn split_number(s: &str) -> std::result::Result<(f64, String), String> {
     Ok((value, unit.trim().to_ascii_lowercase()))
 }
 
-/// `value` in `unit` as whole bytes (`text` for the exact digits of a plain byte count).
-fn bytes_of(text: &str, value: f64, unit: &str) -> std::result::Result<u64, String> {
+/// `value` in `unit` as whole bytes (`text` for the exact digits of a plain byte count);
+/// `more_units` ends the list of units an unknown one is answered with.
+fn bytes_of(
+    text: &str,
+    value: f64,
+    unit: &str,
+    more_units: &str,
+) -> std::result::Result<u64, String> {
     let scale: f64 = match unit {
         "" | "b" => 1.0,
         "kb" => 1e3,
@@ -1296,7 +1302,7 @@ fn bytes_of(text: &str, value: f64, unit: &str) -> std::result::Result<u64, Stri
         "tib" => 1024.0f64.powi(4),
         other => {
             return Err(format!(
-                "unknown unit {other:?}; use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB or x"
+                "unknown unit {other:?}; use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB{more_units}"
             ))
         }
     };
@@ -1357,6 +1363,14 @@ mod tests {
         for (s, want) in cases {
             assert_eq!(parse_budget(s, 1000).unwrap(), want, "{s}");
         }
+    }
+
+    #[test]
+    fn an_unknown_unit_is_answered_with_the_units_there_are() {
+        let e = parse_budget("3 parsecs", 1000).unwrap_err().to_string();
+        assert!(e.contains("TiB or x"), "{e}");
+        let e = parse_bytes("3x").unwrap_err().to_string();
+        assert!(e.contains("\"x\"") && e.ends_with("GiB, TiB"), "{e}");
     }
 
     #[test]
