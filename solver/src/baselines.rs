@@ -653,10 +653,10 @@ const REVOLVE_TABLE_WORK: u64 = 20_000_000;
 
 /// The chain revolve reverses: `states` are the linear positions whose values are its
 /// checkpoint candidates (increasing, the first 0), `stage_of[i]` the last state at or before
-/// position `i`. With `tape`, the values of the stage the backward phase is in stay resident
-/// until it leaves the stage (the stage is reversed from its state, as revolve reverses a
-/// layer); without, every position is a state and each value is recomputed from a checkpoint
-/// whenever it is read again.
+/// position `i`. With `tape`, the values recomputed in a stage that a backward node reads stay
+/// resident until the backward phase is below that stage (the stage is reversed from its
+/// state, as revolve reverses a layer); without, every position is a state and each value is
+/// recomputed from a checkpoint whenever it is read again.
 struct Chain {
     states: Vec<usize>,
     stage_of: Vec<usize>,
