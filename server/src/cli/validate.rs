@@ -122,7 +122,7 @@ pub fn exec(args: ValidateArgs) -> Result<(), Failure> {
     let budget = match &req.budget {
         Some(b) => Some(
             remat_solver::plan::parse_budget(b, remat_solver::store_all_peak(&loaded.problem))
-                .map_err(|e| Failure::new(2, format!("budget: {e}")))?,
+                .map_err(|e| Failure::new(2, e.to_string()))?,
         ),
         None => None,
     };

@@ -100,9 +100,7 @@ pub fn check(req: &PlanRequest) -> Result<Limits, EngineError> {
             )))
         }
         // Not a fraction: the store-all peak does not enter.
-        Some(b) => {
-            remat_solver::plan::parse_budget(b, 0).map_err(|e| invalid(format!("budget: {e}")))?
-        }
+        Some(b) => remat_solver::plan::parse_budget(b, 0).map_err(|e| invalid(e.to_string()))?,
     };
     if !req.fractions.is_empty() {
         return Err(invalid(

@@ -80,13 +80,9 @@ pub fn plan_options(
         )
     })?;
     let peak = remat_solver::store_all_peak(problem);
-    let budget = plan::parse_budget(budget_text, peak).map_err(|e| {
-        EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            format!("budget: {e}"),
-        )
-    })?;
+    // The error names the budget text itself (`budget "12 parsecs": unknown unit ...`).
+    let budget = plan::parse_budget(budget_text, peak)
+        .map_err(|e| EngineError::new(ErrorKind::BadInput, "invalid_option", e.to_string()))?;
     let algorithm: Algorithm =
         req.solver
             .as_deref()

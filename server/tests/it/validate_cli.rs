@@ -170,6 +170,39 @@ fn chain_graph(k: usize) -> String {
 
 /// `RUST_LOG=remat_solver=debug` prints each phase of a plan with its time on stderr, and
 /// leaves the JSON on stdout whole; without it the CLI logs nothing of the kind.
+/// A budget remat cannot read is refused with the text and what is wrong with it, said once;
+/// one with an exponent is a number (`1e6`), not a unit.
+#[test]
+fn a_budget_is_read_or_refused_naming_its_text() {
+    let plan = |budget: &str| {
+        remat(&[
+            "plan",
+            MODEL,
+            "--dim",
+            "batch=2",
+            "--budget",
+            budget,
+            "--time-limit",
+            "1",
+        ])
+    };
+    for (budget, why) in [
+        ("12 parsecs", "unknown unit \"parsecs\""),
+        ("1e", "unknown unit \"e\""),
+        ("1.5", "a byte count must be a whole number"),
+        ("1e30", "too large"),
+    ] {
+        let o = plan(budget);
+        assert_eq!(o.status.code(), Some(2), "{budget}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(&format!("budget {budget:?}: {why}")), "{err}");
+        assert!(!err.contains("budget: budget"), "{err}");
+    }
+    let o = plan("1e6");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("budget     976.6 KiB"), "{}", text(&o));
+}
+
 /// HiGHS warns when a solve stops at its time limit (here the bound's LP, given a
 /// millisecond): remat reports the bound it has and its source, and the warning, which names
 /// nothing a user can act on, is left out unless `RUST_LOG` asks for it.
