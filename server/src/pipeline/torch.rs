@@ -49,13 +49,9 @@ pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError
     let internal =
         |e: SolverError| EngineError::new(ErrorKind::Internal, "internal", e.to_string());
     let candidates = sac::Candidates::new(&graph).map_err(internal)?;
-    let budget = candidates.budget(budget_text).map_err(|e| {
-        EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            format!("budget: {e}"),
-        )
-    })?;
+    let budget = candidates
+        .budget(budget_text)
+        .map_err(|e| EngineError::new(ErrorKind::BadInput, "invalid_option", e.to_string()))?;
     let (plan, report) = candidates.select(budget).map_err(internal)?;
     let mut document = sac::document(&graph, &plan, &report);
     if let Some(name) = &req.name {
