@@ -1031,6 +1031,33 @@ mod tests {
         }
     }
 
+    /// Every schedule revolve builds, on either chain and with any number of slots, is valid
+    /// (`Best::offer` would leave an invalid one out without a word).
+    #[test]
+    fn every_revolve_schedule_simulates() {
+        use crate::testutil::{residual_blocks, training_chain};
+        for p in [
+            residual_blocks(12),
+            training_chain(20, |i| 1.0 + i as f64, |i| 10 + i as u64),
+        ] {
+            let ph = Phases::of(&p);
+            let m = ph.forward.len();
+            for chain in [Chain::of_split_points(&p, &ph.forward), Chain::of_nodes(m)] {
+                let stages = chain.states.len();
+                let mut table = RevolveTable::new(stages);
+                table.ensure_slots(stages);
+                for slots in 0..=stages {
+                    let s = revolve_with_slots(&p, &ph, &chain, &table, slots, usize::MAX)
+                        .expect("no work limit");
+                    let stats = simulate(&p, &s).unwrap_or_else(|e| {
+                        panic!("{}: {slots} slots, tape {}: {e}", p.name, chain.tape)
+                    });
+                    assert!(stats.peak_bytes > 0);
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_column_that_does_not_bend_up_is_scanned() {
         // A previous column that is not convex: the next one is the scan's all the same.
