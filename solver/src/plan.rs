@@ -14,10 +14,10 @@
 //!
 //! Every plan (any algorithm) with the `highs` feature is bounded by the time-point
 //! relaxation ([`crate::bound`]), which holds for every schedule and solves in under a second
-//! on graphs of thousands of nodes (`auto` runs it before its search, other algorithms after
-//! their schedule): the report's `gap` is against the best of it, the store-all cost and
-//! whatever bound the MILP proved. The time limit is the whole plan's
-//! ([`PlanOptions::time_limit`] says what runs past it).
+//! on graphs of thousands of nodes (`auto` runs it before its search, or beside it with two
+//! threads on large graphs; other algorithms after their schedule): the report's `gap` is
+//! against the best of it, the store-all cost and whatever bound the MILP proved. The time
+//! limit is the whole plan's ([`PlanOptions::time_limit`] says what runs past it).
 
 use crate::baselines::{self, Baseline};
 use crate::error::{Result, SolverError};
@@ -102,7 +102,7 @@ pub struct PlanOptions {
     /// Wall-clock limit for the whole plan, its time-point bound included (not
     /// [`PlanOptions::bound_time`], which is extra). What can stop early shares it: the
     /// search, the MILP, the peak descent's ladder past its first rung (it stops climbing
-    /// down at half the limit) and the time-point bound (`auto` runs it before its search:
+    /// down at half the limit) and the time-point bound (`auto` runs it before its search, or beside it:
     /// a fifth of the limit for its snapshots, from 0.5 to 5 s, and up to 5 s of what is left
     /// for its first). What cannot runs to its end, past the limit if it must: the baselines,
     /// the chain DP, the segment program, the first descent, pruning and, near the least
@@ -382,7 +382,8 @@ struct Pool {
     /// reached it decides `auto`'s next steps (the [`Earlier`] plans come after them).
     fitted: Vec<String>,
     /// Whether the time-point bound ran (`auto` runs it before its search, so that the search
-    /// and not the bound gives way when time runs out; every other plan after its schedule).
+    /// and not the bound gives way when time runs out, or beside it; every other plan after
+    /// its schedule).
     time_points_ran: bool,
 }
 
@@ -745,7 +746,7 @@ fn auto(
                 let out = beside.join().map_err(|_| {
                     SolverError::Ilp("the time-point bound's thread panicked".to_string())
                 })??;
-                if pool.best.is_some() && !settled_pool(pool, OPTIMAL_GAP) {
+                if wants_time_points(pool) {
                     pool.time_points_ran = true;
                     apply_time_points(pool, &out);
                 }
@@ -1026,13 +1027,20 @@ fn time_point_bound(
     pool: &mut Pool,
     start: Instant,
 ) -> Result<()> {
-    if pool.best.is_none() || settled_pool(pool, OPTIMAL_GAP) {
+    if !wants_time_points(pool) {
         return Ok(());
     }
     pool.time_points_ran = true;
     let out = time_points_within(p, opts, start)?;
     apply_time_points(pool, &out);
     Ok(())
+}
+
+/// Whether the time-point bound would tell the pool anything: a schedule exists and nothing
+/// has proven it optimal.
+#[cfg(feature = "highs")]
+fn wants_time_points(pool: &Pool) -> bool {
+    pool.best.is_some() && !settled_pool(pool, OPTIMAL_GAP)
 }
 
 /// The time-point relaxation within the time [`time_point_bound`] gives it, from `start`.
