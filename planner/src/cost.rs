@@ -343,13 +343,26 @@ impl Roofline {
         }
     }
 
-    /// `tg`'s problem with each node's cost its roofline seconds.
-    pub fn problem(&self, tg: &TrainingGraph) -> Problem {
-        let mut p = tg.to_problem();
-        for (i, node) in p.nodes.iter_mut().enumerate() {
-            node.cost = self.node_seconds(tg, i);
-        }
-        p
+    /// `tg`'s problem with each node's cost its roofline seconds; an error where the rates
+    /// make a cost that is not a finite number of seconds, or costs too large to add up (a
+    /// rate of 1e-300 FLOP/s), naming the node.
+    pub fn problem(&self, tg: &TrainingGraph) -> Result<Problem> {
+        let p = tg.to_problem();
+        let nodes = p
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| remat_solver::Node {
+                cost: self.node_seconds(tg, i),
+                ..node.clone()
+            })
+            .collect();
+        Problem::new(p.name.clone(), nodes, p.fixed_bytes).map_err(|e| {
+            PlannerError::Rates(format!(
+                "these rates ({}) give a cost remat cannot plan with: {e}",
+                self.source
+            ))
+        })
     }
 }
 

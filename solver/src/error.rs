@@ -20,6 +20,8 @@ pub enum SolverError {
         field: &'static str,
         value: String,
     },
+    #[error("graph too large: {what}")]
+    TooLarge { what: String },
     #[error("node id {0:?} appears more than once")]
     DuplicateNodeId(String),
     #[error(

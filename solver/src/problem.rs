@@ -35,6 +35,17 @@ pub struct Node {
     pub required: bool,
 }
 
+/// Most bytes a problem's values and fixed bytes may add up to (1 EiB): every peak, budget
+/// and sum of bytes the solver forms then fits a `u64` with room to spare, so no figure wraps
+/// around. A graph past it is refused, naming the node where the sum passes it (real models
+/// are many orders of magnitude below; a dimension bound too large, or a size in the wrong
+/// unit, is not).
+pub const MAX_TOTAL_BYTES: u64 = 1 << 60;
+
+/// Most the costs of a problem's nodes may add up to: a schedule recomputes a node far fewer
+/// than 10^30 times, so its cost, the overhead and the bounds stay finite.
+pub const MAX_TOTAL_COST: f64 = 1e270;
+
 /// A DAG in a valid topological order plus the bytes every step carries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Problem {
@@ -47,13 +58,23 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// Builds a problem, checking that the order is topological, that ids are unique and that
-    /// costs are finite and non-negative. Duplicate dependencies are merged.
+    /// Builds a problem, checking that the order is topological, that ids are unique, that
+    /// costs are finite and non-negative, and that the bytes and the costs add up to at most
+    /// [`MAX_TOTAL_BYTES`] and [`MAX_TOTAL_COST`]. Duplicate dependencies are merged.
     pub fn new(name: impl Into<String>, mut nodes: Vec<Node>, fixed_bytes: u64) -> Result<Self> {
         if nodes.is_empty() {
             return Err(SolverError::EmptyProblem);
         }
+        if fixed_bytes > MAX_TOTAL_BYTES {
+            return Err(SolverError::TooLarge {
+                what: format!(
+                    "the fixed bytes ({fixed_bytes}) are more than remat plans for ({MAX_TOTAL_BYTES} bytes, 1 EiB)"
+                ),
+            });
+        }
         let mut seen = std::collections::HashSet::with_capacity(nodes.len());
+        let mut total_bytes = u128::from(fixed_bytes);
+        let mut total_cost = 0.0;
         for (index, node) in nodes.iter_mut().enumerate() {
             if !seen.insert(node.id.clone()) {
                 return Err(SolverError::DuplicateNodeId(node.id.clone()));
@@ -63,6 +84,24 @@ impl Problem {
                     node: node.id.clone(),
                     field: "cost",
                     value: node.cost.to_string(),
+                });
+            }
+            total_bytes += u128::from(node.bytes);
+            if total_bytes > u128::from(MAX_TOTAL_BYTES) {
+                return Err(SolverError::TooLarge {
+                    what: format!(
+                        "node {:?} ({} bytes): the fixed bytes and the bytes of the values up to it add up to {total_bytes}, more than remat plans for ({MAX_TOTAL_BYTES} bytes, 1 EiB); is a dimension bound too large, or a size in the wrong unit?",
+                        node.id, node.bytes
+                    ),
+                });
+            }
+            total_cost += node.cost;
+            if total_cost > MAX_TOTAL_COST {
+                return Err(SolverError::TooLarge {
+                    what: format!(
+                        "node {:?} (cost {:e}): the costs of the nodes up to it add up to {total_cost:e}, more than remat plans with ({MAX_TOTAL_COST:e}); scale the costs down",
+                        node.id, node.cost
+                    ),
                 });
             }
             node.deps.sort_unstable();
@@ -182,5 +221,63 @@ impl Problem {
             })
             .map(|v| self.nodes[v].bytes)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, cost: f64, bytes: u64, deps: Vec<NodeId>) -> Node {
+        Node {
+            id: id.into(),
+            name: id.into(),
+            cost,
+            bytes,
+            deps,
+            kind: NodeKind::Forward,
+            required: true,
+        }
+    }
+
+    /// Sums past a `u64` would wrap around in a release build (a peak smaller than one of its
+    /// values): the problem is refused, naming the node where the sum passes the limit.
+    #[test]
+    fn bytes_and_costs_too_large_to_add_up_are_refused_naming_the_node() {
+        let half = MAX_TOTAL_BYTES / 2 + 1;
+        let e = Problem::new(
+            "g",
+            vec![node("a", 1.0, half, vec![]), node("b", 1.0, half, vec![0])],
+            0,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("node \"b\"") && e.contains("1 EiB"), "{e}");
+        let e = Problem::new("g", vec![node("a", 1.0, u64::MAX, vec![])], 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node \"a\""), "{e}");
+        let e = Problem::new("g", vec![node("a", 1.0, 8, vec![])], u64::MAX)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fixed bytes"), "{e}");
+        let e = Problem::new(
+            "g",
+            vec![node("a", 1e308, 8, vec![]), node("b", 1e308, 8, vec![0])],
+            0,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("node \"a\"") && e.contains("scale the costs down"),
+            "{e}"
+        );
+        // At the limits themselves the problem is accepted.
+        let ok = Problem::new(
+            "g",
+            vec![node("a", MAX_TOTAL_COST, MAX_TOTAL_BYTES - 8, vec![])],
+            8,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
     }
 }

@@ -76,7 +76,9 @@ pub fn load<'a>(
             let report = InspectReport::new(&model, Some(&training));
             // Costs in seconds by the roofline (FLOPs and bytes moved at the process's rates);
             // `Costs::Flops` and `Costs::Measured` replace them later.
-            let mut problem = super::rates::roofline().problem(&training);
+            let mut problem = super::rates::roofline()
+                .problem(&training)
+                .map_err(planner_error)?;
             if let Some(name) = &req.name {
                 problem.name = name.clone();
             }

@@ -680,6 +680,31 @@ fn plans_cost_by_the_roofline_and_calibrate_writes_rates_plans_read() {
         "{}",
         text(&o)
     );
+    // Rates that are finite and positive but price an op at infinite seconds (a FLOP rate of
+    // 5e-324) are refused naming the node, not planned into a NaN overhead.
+    let mut tiny = written.clone();
+    for class in tiny["rates"].as_object_mut().unwrap().values_mut() {
+        class["flops_per_second"] = 5e-324.into();
+    }
+    tiny["ops"] = serde_json::json!({});
+    let tiny_rates = dir.path().join("tiny.json");
+    std::fs::write(&tiny_rates, tiny.to_string()).unwrap();
+    let o = remat(&[
+        "plan",
+        MODEL,
+        "--dim",
+        "batch=2",
+        "--budget",
+        "0.9x",
+        "--rates",
+        tiny_rates.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("has an invalid cost: inf") && text(&o).contains("node \"f:"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// `remat plan --reuse`: a plan made at a lower budget (here +8.09% at 0.8x) is offered to the

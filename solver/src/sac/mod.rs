@@ -425,6 +425,28 @@ mod tests {
         assert!(both >= 2, "only {both} storages two regions decide");
     }
 
+    /// Sums past a `u64` or past a finite cost would make a wrong peak or a NaN overhead.
+    #[test]
+    fn bytes_and_costs_too_large_to_add_up_are_refused() {
+        let mut g = two_blocks();
+        g.storages[0].bytes = u64::MAX;
+        let e = g.check().unwrap_err().to_string();
+        assert!(
+            e.contains("storages' bytes add up to") && e.contains("1 EiB"),
+            "{e}"
+        );
+        let mut g = two_blocks();
+        g.fixed_bytes = u64::MAX;
+        let e = g.check().unwrap_err().to_string();
+        assert!(e.contains("fixed_bytes"), "{e}");
+        let mut g = two_blocks();
+        for op in &mut g.ops {
+            op.cost = 1e308;
+        }
+        let e = g.check().unwrap_err().to_string();
+        assert!(e.contains("costs add up to"), "{e}");
+    }
+
     #[test]
     fn bad_documents_name_the_field() {
         let mut g = two_blocks();

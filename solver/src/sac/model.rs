@@ -192,6 +192,25 @@ impl TorchGraph {
                 }
             }
         }
+        let total_cost: f64 = self.ops.iter().map(|op| op.cost.max(0.0)).sum();
+        if total_cost > crate::problem::MAX_TOTAL_COST {
+            return bad(format!(
+                "the ops' costs add up to {total_cost:e}, more than remat plans with ({:e}); scale them down",
+                crate::problem::MAX_TOTAL_COST
+            ));
+        }
+        let total_bytes = u128::from(self.fixed_bytes)
+            + self
+                .storages
+                .iter()
+                .map(|st| u128::from(st.bytes))
+                .sum::<u128>();
+        if total_bytes > u128::from(crate::problem::MAX_TOTAL_BYTES) {
+            return bad(format!(
+                "fixed_bytes and the storages' bytes add up to {total_bytes}, more than remat plans for ({} bytes, 1 EiB)",
+                crate::problem::MAX_TOTAL_BYTES
+            ));
+        }
         let n = self.ops.len();
         if self.forward_ops > n {
             return bad(format!("forward_ops {} > {} ops", self.forward_ops, n));
