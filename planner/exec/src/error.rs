@@ -29,6 +29,8 @@ pub enum ExecFault {
     Unsupported,
     /// The schedule does not belong to the model or is invalid for it.
     InvalidSchedule,
+    /// The run needs more memory than the machine has available.
+    Memory,
     /// A kernel or the runner failed on input it accepted.
     Failed,
 }

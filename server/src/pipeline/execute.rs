@@ -48,6 +48,7 @@ pub fn exec_error(e: ExecError) -> EngineError {
         Some(ExecFault::Unsupported | ExecFault::InvalidSchedule) => {
             (ErrorKind::BadInput, "not_runnable")
         }
+        Some(ExecFault::Memory) => (ErrorKind::Unprocessable, "insufficient_memory"),
         _ => (ErrorKind::Internal, "executor_failed"),
     };
     EngineError::new(kind, code, e.to_string())

@@ -302,6 +302,26 @@ async fn validate_true_runs_the_plan_and_reports_measured_figures() {
         v["reason"].as_str().unwrap().contains("not requested"),
         "{v}"
     );
+    // Asked, on dims the machine has not the memory for: the plan, with the validation not
+    // run and why (the allocation would have aborted the service).
+    let vgg = std::fs::read(root().join("fixtures/models/vgg11.legacy.onnx")).unwrap();
+    let r = t
+        .post(
+            "/v1/plans?dim=batch=1000000&budget=1.5x&solver=chen-sqrt&validate=true&wait=120",
+            "application/octet-stream",
+            vgg,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let v = &r.json()["plan"]["validation"];
+    assert_eq!(v["ran"], false, "{v}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the store-all step needs about"),
+        "{v}"
+    );
 }
 
 fn torch_graph(name: &str) -> Vec<u8> {

@@ -804,3 +804,28 @@ fn remat_plan_reuses_a_plan_of_a_lower_budget_given_with_reuse() {
         "{err}"
     );
 }
+
+/// A validation whose store-all step needs more memory than the machine has is refused
+/// before anything is allocated (a failed allocation would abort the process, and the service
+/// with it), naming both figures; the service answers the plan with the validation not run
+/// and the reason.
+#[test]
+fn a_validation_that_needs_more_memory_than_the_machine_has_is_refused() {
+    let vgg = root().join("fixtures/models/vgg11.legacy.onnx");
+    let o = remat(&[
+        "validate",
+        vgg.to_str().unwrap(),
+        "--dim",
+        "batch=1000000",
+        "--budget",
+        "1.0x",
+        "--solver",
+        "store-all",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("the store-all step needs about") && t.contains("available"),
+        "{t}"
+    );
+}

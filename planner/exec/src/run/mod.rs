@@ -193,6 +193,32 @@ struct State {
     node_bytes: Vec<Option<u64>>,
 }
 
+/// Refuses a model whose store-all step (which every validation and profiling run executes)
+/// is predicted to need more memory than `available`: on the CPU the allocation would fail,
+/// and a failed allocation aborts the process (the service with it) instead of returning an
+/// error. The prediction is the simulator's store-all peak, parameters, gradients and buffers
+/// included; the executor's own measurement stays within a few percent of it
+/// (docs/bench/executor.md).
+pub fn fits_in_memory(tg: &TrainingGraph, available: Option<u64>) -> crate::error::Result<()> {
+    let Some(available) = available else {
+        return Ok(());
+    };
+    let needed = remat_solver::store_all_peak(&tg.to_problem());
+    if needed > available {
+        return Err(ExecError::new(
+            ExecFault::Memory,
+            format!(
+                "the store-all step needs about {needed} bytes ({:.1} GiB) and this machine has {available} bytes ({:.1} GiB) available: run it on a larger machine or with smaller dims",
+                needed as f64 / GIB,
+                available as f64 / GIB
+            ),
+        ));
+    }
+    Ok(())
+}
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
 impl<'m> Executor<'m> {
     /// Loads constants (from `bytes`, the model file, where it stores them), generates inputs
     /// and runs the folded nodes that compute derived constants.
@@ -216,6 +242,9 @@ impl<'m> Executor<'m> {
         seed: u64,
     ) -> crate::error::Result<Executor<'m>> {
         crate::alloc::reuse_freed_pages();
+        if dev.is_cpu() {
+            fits_in_memory(tg, crate::alloc::available_memory())?;
+        }
         let kerr = |e: KernelError| exec_err("", "", e.0);
         let (consts, sources) = constants(model, stored, seed, &dev).map_err(kerr)?;
         let mut ex = Executor {
