@@ -78,7 +78,8 @@ pub enum PlannerError {
     #[error("invalid dimension {value} in {what}: {message}")]
     InvalidDim {
         what: String,
-        value: i64,
+        /// The dimension as given, or the shape whose element count overflows.
+        value: String,
         message: String,
     },
     #[error("node {node:?} ({op_type}) has a data-dependent output shape ({detail}); only shapes computable from the model's constants and bound dims are supported")]

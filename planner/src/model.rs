@@ -798,8 +798,12 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
         if value == 0 || value > i64::MAX as u64 {
             return Err(PlannerError::InvalidDim {
                 what: format!("symbolic dimension {name:?}"),
-                value: value.min(i64::MAX as u64) as i64,
-                message: "bound dims must be positive".into(),
+                value: value.to_string(),
+                message: if value == 0 {
+                    "bound dims must be positive".into()
+                } else {
+                    format!("bound dims must be at most {}", i64::MAX)
+                },
             });
         }
         dims.insert(name.clone(), value);
@@ -855,7 +859,7 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
             if x <= 0 {
                 return Err(PlannerError::InvalidDim {
                     what: format!("graph input {:?}", v.name),
-                    value: x,
+                    value: x.to_string(),
                     message: "input dims must be positive".into(),
                 });
             }
@@ -864,8 +868,8 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
         if numel(&shape).is_none_or(|n| n.checked_mul(dtype.bits()).is_none()) {
             return Err(PlannerError::InvalidDim {
                 what: format!("graph input {:?}", v.name),
-                value: i64::MAX,
-                message: "element count overflows".into(),
+                value: format!("{shape:?}"),
+                message: "the element count of this shape overflows".into(),
             });
         }
         let kind = if param {

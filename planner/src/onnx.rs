@@ -135,7 +135,7 @@ pub fn decode_tensor(t: &TensorProto, what: &str) -> Result<Decoded> {
         if d < 0 {
             return Err(PlannerError::InvalidDim {
                 what: format!("tensor {what:?}"),
-                value: d,
+                value: d.to_string(),
                 message: "tensor dimensions must be non-negative".into(),
             });
         }
@@ -143,8 +143,8 @@ pub fn decode_tensor(t: &TensorProto, what: &str) -> Result<Decoded> {
     }
     let n = numel(&shape).ok_or_else(|| PlannerError::InvalidDim {
         what: format!("tensor {what:?}"),
-        value: i64::MAX,
-        message: "element count overflows".into(),
+        value: format!("{shape:?}"),
+        message: "the element count of this shape overflows".into(),
     })?;
     let external = t.data_location.value() == 1 || !t.external_data.is_empty();
     if external || t.segment.is_some() {

@@ -1216,11 +1216,30 @@ pub(crate) fn sweep_budgets(fractions: &[f64], peak: u64) -> Result<Vec<u64>> {
             "sweep fraction {f} must be a positive number"
         )));
     }
-    Ok(fractions
+    fractions
         .iter()
-        .map(|&f| (f * peak as f64).ceil().min(u64::MAX as f64) as u64)
-        .collect())
+        .map(|&f| {
+            fraction_of(f, peak).ok_or_else(|| {
+                SolverError::InvalidArgument(format!(
+                    "sweep fraction {f}: {f} × the store-all peak ({peak} bytes) is more bytes than a budget can be"
+                ))
+            })
+        })
+        .collect()
 }
+
+/// `f` × `peak` bytes, rounded up (`peak` itself at 1: an `f64` is not exact past 2^53);
+/// `None` past `u64::MAX`.
+fn fraction_of(f: f64, peak: u64) -> Option<u64> {
+    if f == 1.0 {
+        return Some(peak);
+    }
+    let b = (f * peak as f64).ceil();
+    (b.is_finite() && b < TWO_TO_64).then_some(b as u64)
+}
+
+/// 2^64: the least `f64` a `u64` cannot hold (`u64::MAX as f64` rounds up to it).
+const TWO_TO_64: f64 = 18_446_744_073_709_551_616.0;
 
 /// The relative gap of a plan costing `cost` to a lower bound `bound`: `(cost - bound) / cost`,
 /// at least 0 (and 0 for a plan that costs nothing).
@@ -1238,12 +1257,7 @@ pub fn parse_budget(s: &str, store_all_peak: u64) -> Result<u64> {
     let bad = |why: &str| SolverError::InvalidArgument(format!("budget {s:?}: {why}"));
     let (value, unit) = split_number(s).map_err(|why| bad(&why))?;
     if unit == "x" {
-        let b = (value * store_all_peak as f64).ceil();
-        return if b.is_finite() && b <= u64::MAX as f64 {
-            Ok(b as u64)
-        } else {
-            Err(bad("too large"))
-        };
+        return fraction_of(value, store_all_peak).ok_or_else(|| bad("too large"));
     }
     bytes_of(s, value, &unit, " or x").map_err(|why| bad(&why))
 }
@@ -1314,6 +1328,9 @@ fn bytes_of(
             ))
         }
     };
+    if !value.is_finite() {
+        return Err("too large".into());
+    }
     if scale == 1.0 {
         // Digits alone are read exactly (an f64 is not, past 2^53).
         let digits = text.trim().trim_end_matches(['b', 'B']).trim();
@@ -1325,7 +1342,7 @@ fn bytes_of(
         }
     }
     let b = (value * scale).floor();
-    if b.is_finite() && b <= u64::MAX as f64 {
+    if b.is_finite() && b < TWO_TO_64 {
         Ok(b as u64)
     } else {
         Err("too large".into())
@@ -1371,6 +1388,22 @@ mod tests {
         for (s, want) in cases {
             assert_eq!(parse_budget(s, 1000).unwrap(), want, "{s}");
         }
+    }
+
+    /// Past 2^53 an `f64` is not exact: 1x is the store-all peak itself, and 2^64 bytes (or
+    /// an infinite number) is too large, not u64::MAX or "not a whole number".
+    #[test]
+    fn budgets_at_the_edges_of_the_number_range() {
+        let peak = (1u64 << 60) + 1;
+        assert_eq!(parse_budget("1x", peak).unwrap(), peak);
+        assert_eq!(parse_budget("1.0x", peak).unwrap(), peak);
+        for s in ["16777216TiB", "18446744073709551616", "1e400", "1e400x"] {
+            let e = parse_budget(s, 1000).unwrap_err().to_string();
+            assert!(e.contains("too large"), "{s}: {e}");
+        }
+        let e = sweep_budgets(&[0.5, 1e30], 1000).unwrap_err().to_string();
+        assert!(e.contains("1000000000000000000000000000000"), "{e}");
+        assert_eq!(sweep_budgets(&[1.0], peak).unwrap(), vec![peak]);
     }
 
     #[test]

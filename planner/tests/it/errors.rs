@@ -56,14 +56,23 @@ fn unbound_dims_are_all_listed_and_unknown_or_zero_dims_rejected() {
         load(&g.bytes(), &dims(&[("batch", 0), ("seq", 3)])),
         Err(PlannerError::InvalidDim { .. })
     ));
+    // Past i64::MAX the error shows the value given, not a clamped one.
+    let e = load(&g.bytes(), &dims(&[("batch", u64::MAX), ("seq", 3)]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("18446744073709551615") && e.contains("at most 9223372036854775807"),
+        "{e}"
+    );
     let neg = G::new(17)
         .input("a", F32, &[D::V(-3)])
         .node("Relu", "r", &["a"], &["c"], vec![])
         .output("c");
     match load(&neg.bytes(), &ImportOptions::default()) {
-        Err(PlannerError::InvalidDim {
-            what, value: -3, ..
-        }) => assert!(what.contains("\"a\"")),
+        Err(PlannerError::InvalidDim { what, value, .. }) => {
+            assert!(what.contains("\"a\""));
+            assert_eq!(value, "-3");
+        }
         other => panic!("expected InvalidDim, got {other:?}"),
     }
 }
