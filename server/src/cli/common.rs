@@ -46,13 +46,18 @@ impl Failure {
     }
 
     /// Exit 3: no schedule fits `budget_bytes`; the message gives the least budget that does.
-    pub fn infeasible(budget_bytes: u64, min_feasible_budget_bytes: u64) -> Failure {
-        let min = min_feasible_budget_bytes;
+    pub fn infeasible(
+        budget_bytes: u64,
+        min_feasible_budget_bytes: u64,
+        solver: Option<&str>,
+    ) -> Failure {
         Failure::new(
             3,
-            format!(
-                "budget {budget_bytes} bytes is infeasible: the minimum feasible budget is {min} bytes ({})",
-                human_bytes(min)
+            remat_server::pipeline::infeasible_message(
+                budget_bytes,
+                min_feasible_budget_bytes,
+                solver,
+                &|b| format!("{b} bytes ({})", human_bytes(b)),
             ),
         )
     }

@@ -142,7 +142,12 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
         Stop::Infeasible {
             budget_bytes,
             min_feasible_budget_bytes,
-        } => Err(Failure::infeasible(budget_bytes, min_feasible_budget_bytes)),
+            solver,
+        } => Err(Failure::infeasible(
+            budget_bytes,
+            min_feasible_budget_bytes,
+            solver.as_deref(),
+        )),
         Stop::Planned | Stop::Validated { ok: true } => Ok(()),
     }
 }
@@ -223,7 +228,11 @@ fn torch_plan(args: &PlanArgs, bytes: &[u8], req: &PlanRequest) -> Result<(), Fa
     let doc = &planned.document;
     emit(args, doc, torch::summary(doc))?;
     if planned.infeasible {
-        return Err(Failure::infeasible(doc.budget_bytes, doc.min_peak_bytes));
+        return Err(Failure::infeasible(
+            doc.budget_bytes,
+            doc.min_peak_bytes,
+            None,
+        ));
     }
     if doc
         .validation

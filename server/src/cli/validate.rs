@@ -151,7 +151,14 @@ fn planned_run(job: &PlanJob<'_, Bar>, loaded: Loaded, json: bool) -> Result<(),
         Stop::Infeasible {
             budget_bytes,
             min_feasible_budget_bytes,
-        } => return Err(Failure::infeasible(budget_bytes, min_feasible_budget_bytes)),
+            solver,
+        } => {
+            return Err(Failure::infeasible(
+                budget_bytes,
+                min_feasible_budget_bytes,
+                solver.as_deref(),
+            ))
+        }
         Stop::NotRun(e) => return Err(e.into()),
         Stop::Validated { ok } => ok,
         // `validate(true)` runs every feasible plan: a job that did not is a bug.

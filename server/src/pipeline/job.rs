@@ -60,6 +60,10 @@ pub enum Stop {
     Infeasible {
         budget_bytes: u64,
         min_feasible_budget_bytes: u64,
+        /// The one solver the plan was asked of (`None` for `auto`): where the budget is at
+        /// or above the least peak remat knows, that solver alone found nothing, and the
+        /// error says so instead of calling the budget infeasible.
+        solver: Option<String>,
     },
     /// Planned; nobody asked to run the plan.
     Planned,
@@ -75,16 +79,61 @@ impl Stop {
     /// For callers that need a schedule: the `infeasible_budget` error of an infeasible job
     /// (422 with the budget and the minimum feasible budget in its details).
     pub fn infeasible_error(&self) -> Option<EngineError> {
-        match *self {
+        match self {
             Stop::Infeasible {
                 budget_bytes,
                 min_feasible_budget_bytes,
-            } => Some(solver_error(SolverError::Infeasible {
-                budget: budget_bytes,
-                min_feasible: min_feasible_budget_bytes,
-            })),
+                solver,
+            } => {
+                let e = solver_error(SolverError::Infeasible {
+                    budget: *budget_bytes,
+                    min_feasible: *min_feasible_budget_bytes,
+                });
+                Some(match solver {
+                    Some(s) => EngineError {
+                        message: infeasible_message(
+                            *budget_bytes,
+                            *min_feasible_budget_bytes,
+                            Some(s),
+                            &|b| format!("{b} bytes"),
+                        ),
+                        details: {
+                            let mut d = e.details.clone();
+                            d["solver"] = s.as_str().into();
+                            d
+                        },
+                        ..e
+                    },
+                    None => e,
+                })
+            }
             _ => None,
         }
+    }
+}
+
+/// Why a plan has no schedule, as the CLI and the API say it: the budget and the least peak
+/// remat knows (each shown by `bytes`); when one `solver` was asked for and the budget is at
+/// or above that least peak, that the solver alone found none, and that `auto` tries them all.
+pub fn infeasible_message(
+    budget: u64,
+    min_feasible: u64,
+    solver: Option<&str>,
+    bytes: &dyn Fn(u64) -> String,
+) -> String {
+    match solver {
+        Some(s) if budget >= min_feasible => format!(
+            "budget {budget} bytes: solver {s} found no schedule within it, but remat reaches peaks down to {}: plan with the default solver (auto), which tries every method",
+            bytes(min_feasible)
+        ),
+        Some(s) => format!(
+            "budget {budget} bytes is infeasible: the minimum feasible budget is {} (solver {s} alone may need more)",
+            bytes(min_feasible)
+        ),
+        None => format!(
+            "budget {budget} bytes is infeasible: the minimum feasible budget is {}",
+            bytes(min_feasible)
+        ),
     }
 }
 
@@ -372,6 +421,8 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             _ if planned.report.status == Status::Infeasible => Stop::Infeasible {
                 budget_bytes: opts.budget,
                 min_feasible_budget_bytes: planned.report.min_feasible_budget_bytes.unwrap_or(0),
+                solver: (opts.algorithm != remat_solver::plan::Algorithm::Auto)
+                    .then(|| opts.algorithm.to_string()),
             },
             None => Stop::Planned,
             Some(Ok(v)) => Stop::Validated { ok: v.ok },

@@ -20,7 +20,9 @@ mod solve;
 pub mod torch;
 
 pub use execute::{exec_error, not_runnable, validate_schedule, validation_report};
-pub use job::{default_threads, Costs, PlanJob, PlanOutcome, Progress, Quiet, Stop};
+pub use job::{
+    default_threads, infeasible_message, Costs, PlanJob, PlanOutcome, Progress, Quiet, Stop,
+};
 pub use load::{import_options, load, planner_error, ExecModel, Loaded};
 pub use solve::{
     decisions, plan_document, plan_loaded, plan_options, seconds_text, solver_error,
