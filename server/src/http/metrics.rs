@@ -131,7 +131,7 @@ impl Metrics {
         )?;
         let database_up = IntGauge::new(
             "database_up",
-            "Whether the shared queue's database answered the last scrape",
+            "Whether the plan store's database (the embedded SQLite file, or the shared queue's PostgreSQL) answered the last scrape",
         )?;
         registry.register(Box::new(shared_queued.clone()))?;
         registry.register(Box::new(shared_running.clone()))?;

@@ -66,7 +66,7 @@ pub fn app(state: AppState) -> Router {
         router = router.layer(
             CorsLayer::new()
                 .allow_origin(AllowOrigin::list(state.inner.cors.clone()))
-                .allow_methods([Method::GET, Method::POST, Method::DELETE])
+                .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
                 .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
                 .expose_headers([header::LOCATION, header::RETRY_AFTER]),
         );

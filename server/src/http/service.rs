@@ -98,15 +98,20 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"))
 )]
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    if let Store::Postgres(pg) = &state.inner.store {
+    match &state.inner.store {
         // The shared queue as the database has it now; a database that does not answer is
         // `remat_database_up 0`, not a failed scrape.
-        match pg.queue_stats().await {
+        Store::Postgres(pg) => match pg.queue_stats().await {
             Ok(stats) => state.inner.metrics.set_shared(Some(&stats)),
             Err(e) => {
                 tracing::warn!(error = %e, "metrics: cannot read the shared queue");
                 state.inner.metrics.set_shared(None);
             }
+        },
+        // The embedded file: up when it answers, as `/healthz` checks it.
+        Store::Sqlite(s) => {
+            let up = s.ping().is_ok();
+            state.inner.metrics.database_up.set(i64::from(up));
         }
     }
     let (content_type, text) = state.inner.metrics.render().map_err(ApiError::internal)?;

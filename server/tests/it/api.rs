@@ -195,6 +195,8 @@ async fn a_validating_job_reports_the_phase_and_records_histograms() {
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
     let m = t.get("/metrics").await.text;
     assert!(m.contains("remat_validation_seconds_count 1"), "{m}");
+    // The embedded store answers: up, as /healthz says.
+    assert!(m.contains("remat_database_up 1"), "{m}");
     assert!(
         m.contains("remat_solve_seconds_count{kind=\"plan\"} 1"),
         "{m}"
@@ -751,6 +753,11 @@ async fn cors_is_off_by_default_and_on_for_the_given_origin() {
         r.header("access-control-allow-origin").as_deref(),
         Some("https://viewer.example")
     );
+    // The measured validation of a torch plan is a PUT: a browser's preflight for it passes.
+    let methods = r.header("access-control-allow-methods").unwrap_or_default();
+    for m in ["GET", "POST", "PUT", "DELETE"] {
+        assert!(methods.contains(m), "{methods}");
+    }
     let r = on
         .send(
             Request::get("/healthz")
