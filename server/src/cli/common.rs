@@ -96,8 +96,17 @@ impl ModelArgs {
         }
     }
 
-    /// The model file's bytes (exit 2 when it cannot be read).
+    /// The model file's bytes (exit 2 when it cannot be read, or when a `--dim` is given
+    /// twice with two values: which one was meant is not for remat to guess).
     pub fn read(&self) -> Result<Vec<u8>, Failure> {
+        for (i, (name, value)) in self.dims.iter().enumerate() {
+            if let Some((_, other)) = self.dims[..i].iter().find(|(n, v)| n == name && v != value) {
+                return Err(Failure::new(
+                    2,
+                    format!("--dim {name} is given twice, as {other} and {value}: give it once"),
+                ));
+            }
+        }
         read_model(&self.model)
     }
 }

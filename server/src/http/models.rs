@@ -5,7 +5,7 @@ use super::records::{json_response, raw, store_error, stored_error};
 use super::state::AppState;
 use super::store::JobStatus;
 use crate::engine::PlanRequest;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::get;
@@ -55,7 +55,17 @@ pub struct HistoryEntry {
 pub async fn history(
     State(state): State<AppState>,
     Path(hash): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
+    // Every plan, oldest first: a parameter (`limit`, as /v1/plans takes) would be ignored.
+    if let Some((key, _)) = super::options::query_pairs(query.as_deref())?.first() {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!(
+                "unknown query parameter `{key}`: the history takes none (every plan of the model, oldest first; GET /v1/plans?model=HASH&limit=N lists the latest)"
+            ),
+        ));
+    }
     let rows = state
         .inner
         .store

@@ -35,16 +35,41 @@ impl EnvelopeOptions {
     /// Reads an envelope's `options` (`null` or absent: none). The budget comes back apart,
     /// as it was sent, for [`resolve`] to read: a number there is bytes, and its check
     /// names `options.budget`.
+    /// An error names the field by its path (`options.dims.batch: invalid type: string "2",
+    /// expected u64`).
     pub fn read(
         options: Option<serde_json::Value>,
-    ) -> Result<(EnvelopeOptions, Option<serde_json::Value>), serde_json::Error> {
+    ) -> Result<(EnvelopeOptions, Option<serde_json::Value>), String> {
         let mut options = match options {
             None | Some(serde_json::Value::Null) => return Ok((EnvelopeOptions::default(), None)),
             Some(v) => v,
         };
         let budget = options.as_object_mut().and_then(|map| map.remove("budget"));
-        Ok((serde_json::from_value(options)?, budget))
+        let read = serde_json::from_value(options.clone())
+            .map_err(|e| located(&options).unwrap_or_else(|| format!("options: {e}")))?;
+        Ok((read, budget))
     }
+}
+
+/// The first error in `options` with the path of the field it is in: each flattened part read
+/// on its own (a flattened struct's error has no path).
+fn located(options: &serde_json::Value) -> Option<String> {
+    fn at<T: serde::de::DeserializeOwned>(
+        part: serde_json::Map<String, serde_json::Value>,
+    ) -> Option<String> {
+        let e = serde_path_to_error::deserialize::<_, T>(serde_json::Value::Object(part)).err()?;
+        let path = e.path().to_string();
+        Some(match path.as_str() {
+            "" | "." => format!("options: {}", e.into_inner()),
+            _ => format!("options.{path}: {}", e.into_inner()),
+        })
+    }
+    let (submit, request) = options
+        .as_object()?
+        .clone()
+        .into_iter()
+        .partition(|(k, _)| k == "wait" || k == "refresh");
+    at::<PlanRequest>(request).or_else(|| at::<SubmitOptions>(submit))
 }
 
 /// The options of a query string: the request's fields under their query names (`dim`,
@@ -190,6 +215,7 @@ pub fn resolve(
             )));
         }
     }
+    let mut from_query = std::collections::HashMap::new();
     for binding in &query.dims {
         let (name, value) = binding.split_once('=').ok_or_else(|| {
             invalid(format!(
@@ -207,6 +233,15 @@ pub fn resolve(
                 "dim {binding:?}: value {value:?} of `{name}` is not a non-negative integer"
             ))
         })?;
+        // The query's value wins over the envelope's; the query itself says it once.
+        if let Some(&other) = from_query.get(name) {
+            if other != value {
+                return Err(invalid(format!(
+                    "dim {name} is given twice, as {other} and {value}: give it once"
+                )));
+            }
+        }
+        from_query.insert(name, value);
         request.dims.insert(name.to_string(), value);
     }
     if request.dims.keys().any(|k| k.trim().is_empty()) {
@@ -281,6 +316,40 @@ pub fn resolve(
     })
 }
 
+/// Refuses the options that do not apply to a job of `kind` (a plan has one budget, a sweep
+/// its fractions; `max_overhead` bounds a `maximize` search): given, they would be ignored
+/// and the job stored under options it did not use.
+pub fn check_applies(kind: Kind, request: &PlanRequest) -> Result<(), ApiError> {
+    let refuse = |field: &str, why: &str| Err(invalid(format!("{field} does not apply {why}")));
+    match kind {
+        Kind::Plan if !request.fractions.is_empty() => refuse(
+            "fraction",
+            "to a plan: a plan has one budget; a sweep (POST /v1/sweeps) plans at each fraction",
+        ),
+        Kind::Sweep if request.budget.is_some() => refuse(
+            "budget",
+            "to a sweep: it plans at each fraction of the store-all peak (fraction=...)",
+        ),
+        Kind::Sweep if request.validate.is_some() || request.timing_rounds.is_some() => refuse(
+            if request.validate.is_some() {
+                "validate"
+            } else {
+                "timing_rounds"
+            },
+            "to a sweep: validate a plan (POST /v1/plans?validate=true)",
+        ),
+        Kind::Sweep if request.maximize.is_some() => refuse(
+            "maximize",
+            "to a sweep: it is a plan's search (POST /v1/plans?maximize=...)",
+        ),
+        _ if request.max_overhead.is_some() && request.maximize.is_none() => refuse(
+            "max_overhead",
+            "without maximize: it bounds the overhead of the largest value maximize finds",
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// The options that decide the result, in one canonical text: the display name is left out,
 /// parameter and input lists are sorted, and fractions only count for sweeps.
 pub fn canonical(kind: Kind, request: &PlanRequest) -> String {
@@ -310,6 +379,64 @@ mod tests {
 
     fn pairs(q: &str) -> Vec<(String, String)> {
         query_pairs(Some(q)).unwrap()
+    }
+
+    /// Options that a job of the kind would ignore are refused, naming them.
+    #[test]
+    fn options_that_do_not_apply_to_the_kind_are_refused() {
+        let req = |q: &str| {
+            resolve(None, Query::parse(&pairs(q)).unwrap(), caps())
+                .unwrap()
+                .request
+        };
+        for (kind, q, field) in [
+            (Kind::Plan, "budget=0.5x&fraction=0.5", "fraction"),
+            (Kind::Sweep, "budget=0.5x", "budget"),
+            (Kind::Sweep, "validate=true", "validate"),
+            (Kind::Sweep, "timing_rounds=4", "timing_rounds"),
+            (Kind::Sweep, "maximize=batch", "maximize"),
+            (Kind::Plan, "budget=1GiB&max_overhead=0.1", "max_overhead"),
+        ] {
+            let e = check_applies(kind, &req(q)).unwrap_err();
+            assert!(
+                e.error
+                    .message
+                    .starts_with(&format!("{field} does not apply")),
+                "{q}: {}",
+                e.error.message
+            );
+        }
+        for (kind, q) in [
+            (Kind::Plan, "budget=0.5x&validate=true&timing_rounds=4"),
+            (Kind::Plan, "budget=1GiB&maximize=batch&max_overhead=0.1"),
+            (Kind::Sweep, "fraction=0.5&solver=dp&time_limit=5"),
+        ] {
+            assert!(check_applies(kind, &req(q)).is_ok(), "{q}");
+        }
+    }
+
+    /// A value of the wrong type is named by its path in the envelope.
+    #[test]
+    fn envelope_errors_name_the_field_by_its_path() {
+        for (options, path) in [
+            (
+                serde_json::json!({"dims": {"batch": "2"}}),
+                "options.dims.batch: ",
+            ),
+            (
+                serde_json::json!({"dims": {"batch": -2}}),
+                "options.dims.batch: ",
+            ),
+            (
+                serde_json::json!({"time_limit": "abc"}),
+                "options.time_limit: ",
+            ),
+        ] {
+            let e = EnvelopeOptions::read(Some(options.clone())).unwrap_err();
+            assert!(e.starts_with(path), "{options}: {e}");
+        }
+        let e = EnvelopeOptions::read(Some(serde_json::json!({"colour": 1}))).unwrap_err();
+        assert!(e.contains("colour"), "{e}");
     }
 
     #[test]

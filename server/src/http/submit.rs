@@ -93,7 +93,8 @@ fn prepare(
                 let invalid_envelope =
                     |e: serde_json::Error| ApiError::bad_request("invalid_envelope", format!("the envelope: {e}"));
                 let envelope: Envelope = serde_json::from_value(value).map_err(invalid_envelope)?;
-                let options = EnvelopeOptions::read(envelope.options).map_err(invalid_envelope)?;
+                let options = EnvelopeOptions::read(envelope.options)
+                    .map_err(|e| ApiError::bad_request("invalid_envelope", format!("the envelope: {e}")))?;
                 let (model, format) = match envelope.model {
                     serde_json::Value::String(b64) => {
                         let bytes = base64::engine::general_purpose::STANDARD.decode(b64.trim()).map_err(|e| {
@@ -302,6 +303,7 @@ pub async fn submit(
         model_hash,
         resolved,
     } = prepared;
+    super::options::check_applies(kind, &resolved.request)?;
     let store = &state.inner.store;
     let cache_key = sha256_hex(
         format!(

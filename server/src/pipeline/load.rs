@@ -49,6 +49,7 @@ pub fn load<'a>(
                     format!("graph JSON is not UTF-8: {e}"),
                 )
             })?;
+            refuse_onnx_options(req, "a node-link graph", "written")?;
             let name = req.name.clone().unwrap_or_else(|| "graph".to_string());
             let problem = remat_solver::io::parse_node_link(text, &name).map_err(|e| {
                 EngineError::new(ErrorKind::BadInput, "malformed_graph", e.to_string())
@@ -93,6 +94,38 @@ pub fn load<'a>(
                 }),
             })
         }
+    }
+}
+
+/// Refuses the options that shape an ONNX model's training graph (`dims`, `params`, `inputs`)
+/// for a model whose sizes and parameters are fixed in the file (`what`, `fixed`: how they
+/// were fixed): given, they would be ignored, and the plan would not be of the model asked for.
+pub fn refuse_onnx_options(req: &PlanRequest, what: &str, fixed: &str) -> Result<(), EngineError> {
+    let named = |items: Vec<&str>| items.join(", ");
+    let given = if !req.dims.is_empty() {
+        Some(("dims", named(req.dims.keys().map(String::as_str).collect())))
+    } else if !req.params.is_empty() {
+        Some((
+            "params",
+            named(req.params.iter().map(String::as_str).collect()),
+        ))
+    } else if !req.inputs.is_empty() {
+        Some((
+            "inputs",
+            named(req.inputs.iter().map(String::as_str).collect()),
+        ))
+    } else {
+        None
+    };
+    match given {
+        Some((field, names)) => Err(EngineError::new(
+            ErrorKind::BadInput,
+            "invalid_option",
+            format!(
+                "{field} ({names}) apply to ONNX models; {what} has the sizes and parameters it was {fixed} with: leave {field} out"
+            ),
+        )),
+        None => Ok(()),
     }
 }
 

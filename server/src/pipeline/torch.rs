@@ -122,7 +122,7 @@ fn refuse_free_options(req: &PlanRequest) -> Result<(), EngineError> {
              with remat.torch.measure (docs/torch.md)",
         ));
     }
-    Ok(())
+    super::load::refuse_onnx_options(req, "a captured PyTorch graph", "captured")
 }
 
 /// The `infeasible_budget` error of an infeasible torch-sac plan (the service's 422; the CLI

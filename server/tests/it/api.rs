@@ -454,6 +454,10 @@ async fn list_and_history_of_a_model() {
     let none = t.get("/v1/models/0000/history").await;
     assert_eq!(none.status, StatusCode::NOT_FOUND);
     none.error();
+    // It takes no parameter: a `limit` would be ignored, so it is refused, naming it.
+    let limited = t.get(&format!("/v1/models/{hash}/history?limit=1")).await;
+    assert_eq!(limited.status, StatusCode::BAD_REQUEST, "{}", limited.text);
+    assert!(limited.text.contains("`limit`"), "{}", limited.text);
 }
 
 #[tokio::test]
@@ -939,4 +943,24 @@ async fn identical_posts_arriving_together_make_one_job() {
     ids.dedup();
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert_eq!(t.engine.calls.load(Ordering::SeqCst), 1);
+}
+
+/// A dim given twice with two values is refused, naming both (which one was meant is not the
+/// service's to guess); twice with one value is that value.
+#[tokio::test]
+async fn a_dim_given_twice_with_two_values_is_refused() {
+    let t = test_app().await;
+    let r = t
+        .post_json("/v1/plans?dim=batch=2&dim=batch=3", &graph("ok"))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(
+        r.text.contains("dim batch is given twice, as 2 and 3"),
+        "{}",
+        r.text
+    );
+    let r = t
+        .post_json("/v1/plans?dim=batch=2&dim=batch=2", &graph("ok"))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
 }

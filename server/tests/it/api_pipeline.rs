@@ -511,6 +511,7 @@ async fn a_measured_validation_attaches_to_its_torch_sac_plan_and_nothing_else()
         ("ok", serde_json::json!("yes")),
         ("measured_step_overhead", serde_json::json!("fast")),
         ("measured_step_overhead", serde_json::json!(-1.5)),
+        ("measured_overhead", serde_json::json!(-5.0)),
     ] {
         let mut w = v.clone();
         w[field] = bad;

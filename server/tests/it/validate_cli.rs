@@ -829,3 +829,38 @@ fn a_validation_that_needs_more_memory_than_the_machine_has_is_refused() {
         "{t}"
     );
 }
+
+/// `--dim`, `--param` and `--input` shape an ONNX model's training graph; a node-link graph and
+/// a captured PyTorch graph have theirs fixed in the file, so the options are refused, naming
+/// them, instead of ignored (the plan would not be of the model asked for). A `--dim` given
+/// twice with two values is refused too.
+#[test]
+fn options_that_shape_an_onnx_model_are_refused_where_they_do_not_apply() {
+    let node_link =
+        root().join("../shared/bench/graphs/random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json");
+    let cases: [(&str, &[&str], &str); 3] = [
+        (
+            node_link.to_str().unwrap(),
+            &["--dim", "batch=64"],
+            "dims (batch) apply to ONNX models; a node-link graph",
+        ),
+        (
+            "fixtures/torch/stack.torch.json",
+            &["--param", "foo"],
+            "params (foo) apply to ONNX models; a captured PyTorch graph",
+        ),
+        (
+            MODEL,
+            &["--dim", "batch=2", "--dim", "batch=3"],
+            "--dim batch is given twice, as 2 and 3",
+        ),
+    ];
+    for (model, extra, want) in cases {
+        let mut args = vec!["plan", model, "--budget", "0.9x"];
+        args.extend_from_slice(extra);
+        let o = remat(&args);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{model}: {t}");
+        assert!(t.contains(want), "{model}: {t}");
+    }
+}

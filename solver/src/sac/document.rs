@@ -187,12 +187,16 @@ pub fn check_validation(doc: &PlanDocument, validation: &serde_json::Value) -> R
         Some(e) if e.is_finite() && e >= 0.0 => {}
         _ => return bad("grad_max_rel_err", "missing or not a number ≥ 0".into()),
     }
+    // A step's time relative to the unplanned one's: above -1 (a step takes some time).
     if !v
         .get("measured_overhead")
         .and_then(|x| x.as_f64())
-        .is_some_and(f64::is_finite)
+        .is_some_and(|o| o.is_finite() && o > -1.0)
     {
-        return bad("measured_overhead", "missing or not a number".into());
+        return bad(
+            "measured_overhead",
+            "missing or not a number above -1".into(),
+        );
     }
     // Optional (`measure` with `op_rounds=0` leaves it out); shown beside the overhead when given.
     if let Some(x) = v.get("measured_step_overhead").filter(|x| !x.is_null()) {
