@@ -4,6 +4,7 @@ use super::common::{DeviceArg, Failure, ModelArgs};
 use clap::Args;
 use remat_exec::{measured_costs, ExecDevice};
 use remat_planner::{OpClass, Roofline, Sample};
+use remat_server::engine::ModelFormat;
 use remat_server::pipeline::{exec_error, import_options, not_runnable, planner_error};
 use std::path::PathBuf;
 
@@ -16,28 +17,27 @@ pub struct CalibrateArgs {
     /// The executor's device
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
-    /// Store-all steps timed (each op's time is its fastest), after one that warms up
-    #[arg(long, default_value_t = 3)]
-    runs: usize,
+    /// Store-all steps timed (each op's time is its fastest), after one that warms up (1 to 1000)
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    runs: u16,
     /// Where to write the rates [default: $HOME/.cache/remat/rates-DEVICE.json]
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
 }
 
 pub fn exec(args: CalibrateArgs) -> Result<(), Failure> {
-    if args.runs == 0 {
-        return Err(Failure::new(2, "--runs must be at least 1"));
-    }
     let bytes = args.model.read()?;
-    if bytes.first() == Some(&b'{') {
+    if ModelFormat::detect(&bytes) != ModelFormat::Onnx {
         return Err(not_runnable().into());
     }
+    remat_server::pipeline::not_json(&bytes)?;
     let req = args.model.request();
     let model = remat_planner::load(&bytes, &import_options(&req)).map_err(planner_error)?;
     let tg = model.training_graph().map_err(planner_error)?;
     let device: ExecDevice = args.device.into();
     measured_costs(&model, &tg, &bytes, device, 0, 1).map_err(exec_error)?;
-    let seconds = measured_costs(&model, &tg, &bytes, device, 0, args.runs).map_err(exec_error)?;
+    let seconds = measured_costs(&model, &tg, &bytes, device, 0, usize::from(args.runs))
+        .map_err(exec_error)?;
     let samples = Sample::of(&tg, &seconds);
     let name = args
         .model

@@ -146,6 +146,12 @@ impl ModelFormat {
     /// Which format the bytes are in: a JSON object whose `format` is `remat.torch-graph` is a
     /// captured PyTorch graph, another JSON object (the first non-blank byte is `{`) a
     /// node-link graph, anything else ONNX.
+    /// The bytes without a leading UTF-8 byte-order mark (editors on Windows write one before
+    /// JSON; a JSON parser does not take it).
+    pub fn without_bom(model: &[u8]) -> &[u8] {
+        model.strip_prefix(b"\xef\xbb\xbf").unwrap_or(model)
+    }
+
     pub fn detect(model: &[u8]) -> ModelFormat {
         if !Self::is_json_object(model) {
             ModelFormat::Onnx
@@ -159,7 +165,10 @@ impl ModelFormat {
     /// Whether the bytes look like a JSON object (the first non-blank byte is `{`): the cheap
     /// test, without parsing, of a body that is one of the JSON formats.
     pub fn is_json_object(model: &[u8]) -> bool {
-        model.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+        Self::without_bom(model)
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            == Some(&b'{')
     }
 
     /// Whether a JSON document says it is a captured PyTorch graph (its `format` field).
@@ -168,7 +177,7 @@ impl ModelFormat {
         struct Probe {
             format: Option<serde_json::Value>,
         }
-        serde_json::from_slice::<Probe>(json).is_ok_and(|p| {
+        serde_json::from_slice::<Probe>(Self::without_bom(json)).is_ok_and(|p| {
             p.format.as_ref().and_then(|f| f.as_str()) == Some(remat_solver::sac::FORMAT)
         })
     }

@@ -85,9 +85,10 @@ fn prepare(
     }
     // A JSON body is parsed once, below; its format comes from the parsed object.
     let (model, format, options) = if json_content || ModelFormat::is_json_object(&body) {
-        let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
-            ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
-        })?;
+        let value: serde_json::Value = serde_json::from_slice(ModelFormat::without_bom(&body))
+            .map_err(|e| {
+                ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
+            })?;
         match value {
             serde_json::Value::Object(ref map) if map.contains_key("model") => {
                 let invalid_envelope =

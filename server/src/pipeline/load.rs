@@ -42,7 +42,7 @@ pub fn load<'a>(
     let model_bytes = model;
     match format {
         ModelFormat::GraphJson => {
-            let text = std::str::from_utf8(model).map_err(|e| {
+            let text = std::str::from_utf8(ModelFormat::without_bom(model)).map_err(|e| {
                 EngineError::new(
                     ErrorKind::BadInput,
                     "malformed_graph",
@@ -70,6 +70,7 @@ pub fn load<'a>(
              with remat.torch.measure, docs/torch.md)",
         )),
         ModelFormat::Onnx => {
+            not_json(model)?;
             let opts = import_options(req);
             // `load` reports every unsupported node at once (a 422 listing them).
             let model = remat_planner::load(model, &opts).map_err(planner_error)?;
@@ -95,6 +96,26 @@ pub fn load<'a>(
             })
         }
     }
+}
+
+/// Refuses JSON that is not an object (`null`, an array, a number): it is neither ONNX nor one
+/// of the JSON formats, and the ONNX reader's error would not say so.
+pub fn not_json(model: &[u8]) -> Result<(), EngineError> {
+    let kind = match serde_json::from_slice::<serde_json::Value>(ModelFormat::without_bom(model)) {
+        Ok(serde_json::Value::Object(_)) | Err(_) => return Ok(()),
+        Ok(serde_json::Value::Array(_)) => "an array",
+        Ok(serde_json::Value::Null) => "null",
+        Ok(serde_json::Value::Bool(_)) => "a boolean",
+        Ok(serde_json::Value::Number(_)) => "a number",
+        Ok(serde_json::Value::String(_)) => "a string",
+    };
+    Err(EngineError::new(
+        ErrorKind::BadInput,
+        "malformed_graph",
+        format!(
+            "the model is JSON but {kind}, not an object: a node-link graph or a captured PyTorch graph is a JSON object (and an ONNX model is protobuf bytes)"
+        ),
+    ))
 }
 
 /// Refuses the options that shape an ONNX model's training graph (`dims`, `params`, `inputs`)

@@ -18,7 +18,7 @@ pub struct TorchPlanned {
 
 /// Reads a captured graph; a malformed one is a 400 naming the field.
 pub fn read(model: &[u8]) -> Result<TorchGraph, EngineError> {
-    let text = std::str::from_utf8(model).map_err(|e| {
+    let text = std::str::from_utf8(ModelFormat::without_bom(model)).map_err(|e| {
         EngineError::new(
             ErrorKind::BadInput,
             "malformed_graph",

@@ -864,3 +864,47 @@ fn options_that_shape_an_onnx_model_are_refused_where_they_do_not_apply() {
         assert!(t.contains(want), "{model}: {t}");
     }
 }
+
+/// JSON with a byte-order mark or leading blank lines is JSON (read as such, not as ONNX);
+/// JSON that is not an object says so; `inspect` says it reads ONNX models only.
+#[test]
+fn json_models_are_told_apart_from_onnx_whatever_comes_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = std::fs::read(
+        root().join("../shared/bench/graphs/random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json"),
+    )
+    .unwrap();
+    let write = |name: &str, head: &[u8], body: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, [head, body].concat()).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    for path in [
+        write("bom.json", b"\xef\xbb\xbf", &graph),
+        write("blank.json", b"\n\n  ", &graph),
+    ] {
+        let o = remat(&["plan", &path, "--budget", "0.9x"]);
+        assert_eq!(o.status.code(), Some(0), "{path}: {}", text(&o));
+    }
+    for (name, body, want) in [
+        ("null.json", &b"null"[..], "JSON but null, not an object"),
+        (
+            "array.json",
+            &b"[1, 2]"[..],
+            "JSON but an array, not an object",
+        ),
+    ] {
+        let path = write(name, b"", body);
+        let o = remat(&["plan", &path, "--budget", "0.9x"]);
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", text(&o));
+        assert!(text(&o).contains(want), "{name}: {}", text(&o));
+    }
+    let path = write("graph.json", b"", &graph);
+    let o = remat(&["inspect", &path]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("inspect reads ONNX models"),
+        "{}",
+        text(&o)
+    );
+}
