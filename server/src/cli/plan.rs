@@ -96,6 +96,20 @@ fn parse_overhead(s: &str) -> Result<f64, String> {
 /// Plans, prints (and writes `--out`), then exits by how the job stopped: 1 when the run
 /// failed its checks, 2 when the run could not happen, 3 when the budget is infeasible.
 pub fn exec(args: PlanArgs) -> Result<(), Failure> {
+    if let Some(out) = &args.out {
+        let same = |a: &std::path::Path, b: &std::path::Path| {
+            a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+        };
+        if same(out, &args.model.model) || args.reuse.iter().any(|r| same(out, r)) {
+            return Err(Failure::new(
+                2,
+                format!(
+                    "--out {}: that is the model or a --reuse plan, which the plan would overwrite: write it elsewhere",
+                    out.display()
+                ),
+            ));
+        }
+    }
     let bytes = args.model.read()?;
     let req = args.request();
     let torch = ModelFormat::detect(&bytes) == ModelFormat::TorchGraph;
@@ -119,7 +133,8 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
             ),
         ));
     }
-    let (reused, found) = reused_plans(&args.reuse)?;
+    // A file that cannot be read, or is not JSON, is the caller's input: exit 2.
+    let (reused, found) = reused_plans(&args.reuse).map_err(|error| Failure { code: 2, error })?;
     let outcome = PlanJob::new(&bytes, &req)
         .reuse(&reused)
         .reuse_found(&found)

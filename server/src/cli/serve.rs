@@ -135,7 +135,12 @@ pub fn exec(args: ServeArgs) -> Result<(), Failure> {
     runtime
         .block_on(http::serve(args.settings(), Arc::new(Pipeline::new())))
         .map_err(|e| Failure {
-            code: 1,
+            // A flag out of range is the caller's (exit 2, as every subcommand's bad input).
+            code: if matches!(e, http::ServerError::Config { .. }) {
+                2
+            } else {
+                1
+            },
             error: anyhow::Error::new(e),
         })
 }

@@ -1,7 +1,6 @@
 //! `remat validate`: plan a model (or read a plan) and run it on the executor.
 
 use super::common::{print_document, Bar, ExecArgs, Failure, ModelArgs};
-use anyhow::Context;
 use clap::Args;
 use remat_server::engine::document::RunDocument;
 use remat_server::engine::PlanRequest;
@@ -48,8 +47,8 @@ pub struct ValidateArgs {
 
 /// A `remat plan --json` document, read from `path`.
 fn read_plan(path: &Path) -> Result<Value, Failure> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::new(2, format!("--plan {}: cannot read it: {e}", path.display())))?;
     serde_json::from_str(&text)
         .map_err(|e| Failure::new(2, format!("{}: not JSON: {e}", path.display())))
 }

@@ -908,3 +908,67 @@ fn json_models_are_told_apart_from_onnx_whatever_comes_first() {
         text(&o)
     );
 }
+
+/// Bad input is exit 2 wherever it comes from: a `--reuse` file that is not JSON, a `--plan`
+/// file that is not there, a `serve` flag out of range.
+#[test]
+fn bad_files_and_flags_are_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let truncated = dir.path().join("truncated.json");
+    std::fs::write(&truncated, "{\"schedule\": [").unwrap();
+    let missing = dir.path().join("missing.json");
+    let db = dir.path().join("r.db");
+    let cases: [(Vec<&str>, &str); 3] = [
+        (
+            vec![
+                "plan",
+                MODEL,
+                "--dim",
+                "batch=2",
+                "--budget",
+                "0.9x",
+                "--reuse",
+                truncated.to_str().unwrap(),
+            ],
+            "not a JSON plan document",
+        ),
+        (
+            vec![
+                "validate",
+                MODEL,
+                "--dim",
+                "batch=2",
+                "--plan",
+                missing.to_str().unwrap(),
+            ],
+            "cannot read it",
+        ),
+        (
+            vec![
+                "serve",
+                "--max-time-limit",
+                "0",
+                "--db",
+                db.to_str().unwrap(),
+            ],
+            "--max-time-limit",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = remat(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(want), "{args:?}: {}", text(&o));
+    }
+    // `--out` naming the model itself would overwrite it with the plan: refused, the model
+    // left as it was.
+    let model = dir.path().join("model.onnx");
+    std::fs::copy(root().join(MODEL), &model).unwrap();
+    let before = std::fs::read(&model).unwrap();
+    let m = model.to_str().unwrap();
+    let o = remat(&[
+        "plan", m, "--dim", "batch=2", "--budget", "0.9x", "--out", m,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("would overwrite"), "{}", text(&o));
+    assert_eq!(std::fs::read(&model).unwrap(), before);
+}
