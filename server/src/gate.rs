@@ -245,6 +245,31 @@ pub fn read_baseline(path: &Path) -> Result<Option<BaselineFile>, GateError> {
             message: format!("field `version`: unsupported version {}", file.version),
         });
     }
+    // The figures a gate compares against: an overhead below -1 (a step that takes no time or
+    // less), a negative gap or one of 1 or more (a bound at or below zero) would pass or fail
+    // every later run whatever it measures.
+    for (name, f) in &file.models {
+        let bad = |field: &str, why: &str, value: f64| {
+            Err(GateError::Baseline {
+                file: path.to_path_buf(),
+                message: format!("field `models.{name}.{field}`: {value} is {why}"),
+            })
+        };
+        for (field, value) in [
+            ("max_overhead", Some(f.max_overhead)),
+            ("planned_overhead", f.planned_overhead),
+        ] {
+            if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                return bad(field, "not an overhead (a number ≥ 0)", v);
+            }
+        }
+        if let Some(g) = f
+            .planned_gap
+            .filter(|g| !(g.is_finite() && (0.0..1.0).contains(g)))
+        {
+            return bad("planned_gap", "not a gap (a fraction in [0, 1))", g);
+        }
+    }
     Ok(Some(file))
 }
 

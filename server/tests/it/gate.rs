@@ -148,6 +148,33 @@ fn corrupt_baseline_or_config_is_exit_2_naming_file_and_field() {
         "{t}"
     );
 
+    // Figures no run can have: a gate against them would pass or fail whatever it measured.
+    let doc: serde_json::Value = serde_json::from_str(&good).unwrap();
+    let name = doc["models"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    for (field, value) in [
+        ("planned_gap", serde_json::json!(-5.0)),
+        ("planned_gap", serde_json::json!(1e300)),
+        ("planned_overhead", serde_json::json!(-5.0)),
+        ("max_overhead", serde_json::json!(-1.0)),
+    ] {
+        let mut bad = doc.clone();
+        bad["models"][&name][field] = value.clone();
+        std::fs::write(d.join("remat-baseline.json"), bad.to_string()).unwrap();
+        let o = remat(d, &["gate"]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{field} {value}: {t}");
+        assert!(
+            t.contains("remat-baseline.json") && t.contains(&format!("models.{name}.{field}")),
+            "{field} {value}: {t}"
+        );
+    }
+
     // Truncated JSON.
     std::fs::write(d.join("remat-baseline.json"), &good[..good.len() / 2]).unwrap();
     let o = remat(d, &["gate"]);
