@@ -41,6 +41,7 @@ use axum::Router;
 use std::future::Future;
 use std::sync::Arc;
 use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
@@ -54,6 +55,9 @@ pub fn app(state: AppState) -> Router {
         .merge(openapi::router())
         .merge(web::router())
         .layer(DefaultBodyLimit::max(state.inner.config.body_limit))
+        // A declared Content-Length over the limit is answered 413 at once, before the body
+        // is read (and before `Expect: 100-continue` invites it).
+        .layer(RequestBodyLimitLayer::new(state.inner.config.body_limit))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::require_token,

@@ -288,6 +288,19 @@ pub async fn submit(
     query: Option<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    if headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().to_ascii_lowercase().starts_with("multipart/"))
+    {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "a form upload (multipart/form-data) is not read: send the model as the body itself \
+             (ONNX: application/octet-stream, curl --data-binary @model.onnx; a JSON graph or an \
+             envelope: application/json)",
+        ));
+    }
     let body = body_bytes(body)?;
     let engine = std::sync::Arc::clone(&state.inner.engine);
     let json_content = is_json_content(&headers);

@@ -515,6 +515,15 @@ async fn every_error_has_the_one_shape() {
             "line 1",
         ),
         (
+            Request::post("/v1/plans")
+                .header("content-type", "multipart/form-data; boundary=x")
+                .body(Body::from("--x\r\n"))
+                .unwrap(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "--data-binary",
+        ),
+        (
             Request::post("/v1/plans").body(Body::empty()).unwrap(),
             StatusCode::BAD_REQUEST,
             "empty_body",
@@ -651,6 +660,17 @@ async fn every_error_has_the_one_shape() {
         .body(Body::from(vec![b'x'; 4096]))
         .unwrap();
     assert_eq!(t.send(big).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+    // At once, from the announced length alone: a body that never comes is not waited for.
+    let never = Request::post("/v1/plans")
+        .header("content-length", "1000000000000")
+        .body(Body::from_stream(futures_util::stream::pending::<
+            Result<Vec<u8>, std::io::Error>,
+        >()))
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), t.send(never))
+        .await
+        .expect("answered before the body");
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
 #[tokio::test]
