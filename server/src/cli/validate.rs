@@ -56,6 +56,37 @@ fn read_plan(path: &Path) -> Result<Value, Failure> {
 /// A plan document's schedule mapped onto this model's training graph.
 fn schedule_from_plan(loaded: &Loaded, doc: &Value, path: &Path) -> Result<Schedule, Failure> {
     let bad = |m: String| Failure::new(2, format!("{}: {m}", path.display()));
+    if doc.get("status").and_then(Value::as_str) == Some("infeasible") {
+        return Err(bad(format!(
+            "the plan is infeasible: it has no schedule to run (its budget {} bytes is below the least peak {} bytes); plan again at a larger budget",
+            doc.get("budget_bytes").unwrap_or(&Value::Null),
+            doc.get("min_feasible_budget_bytes").unwrap_or(&Value::Null),
+        )));
+    }
+    // A plan of this model at other dims: its inputs' shapes say so before its ids do (most
+    // ids are the same at any dims, and the run would only fail its budget).
+    if let (Some(report), Some(planned)) = (
+        &loaded.inspect,
+        doc.pointer("/model/inputs").and_then(Value::as_array),
+    ) {
+        for input in planned {
+            let (Some(name), Some(shape)) = (
+                input.get("name").and_then(Value::as_str),
+                input.get("shape").and_then(Value::as_array),
+            ) else {
+                continue;
+            };
+            let shape: Vec<u64> = shape.iter().filter_map(Value::as_u64).collect();
+            let ours = report.inputs.iter().find(|i| i.name == name);
+            if let Some(ours) = ours.and_then(|i| i.shape.as_ref()) {
+                if *ours != shape {
+                    return Err(bad(format!(
+                        "the plan was made with input {name:?} of shape {shape:?}; with these --dim values it is {ours:?}: give the --dim values the plan was made with"
+                    )));
+                }
+            }
+        }
+    }
     let steps = doc
         .get("schedule")
         .ok_or_else(|| bad("no \"schedule\" (expected a `remat plan --json` document)".into()))?;

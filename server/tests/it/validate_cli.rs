@@ -972,3 +972,60 @@ fn bad_files_and_flags_are_exit_2() {
     assert!(text(&o).contains("would overwrite"), "{}", text(&o));
     assert_eq!(std::fs::read(&model).unwrap(), before);
 }
+
+/// `validate --plan` with a plan of this model at other dims says which input's shape differs
+/// (not that the run went over its budget), and with an infeasible plan that it has no
+/// schedule (not that a node is never computed).
+#[test]
+fn validate_names_why_a_plan_does_not_fit_this_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let at_2 = dir.path().join("at2.json");
+    let o = remat(&[
+        "plan",
+        MODEL,
+        "--dim",
+        "batch=2",
+        "--budget",
+        "0.9x",
+        "--out",
+        at_2.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = remat(&[
+        "validate",
+        MODEL,
+        "--dim",
+        "batch=4",
+        "--plan",
+        at_2.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("the plan was made with input") && t.contains("[2,") && t.contains("[4,"),
+        "{t}"
+    );
+    let infeasible = dir.path().join("infeasible.json");
+    let o = remat(&[
+        "plan",
+        MODEL,
+        "--dim",
+        "batch=2",
+        "--budget",
+        "1",
+        "--out",
+        infeasible.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let o = remat(&[
+        "validate",
+        MODEL,
+        "--dim",
+        "batch=2",
+        "--plan",
+        infeasible.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("the plan is infeasible"), "{t}");
+}
