@@ -328,6 +328,13 @@ impl Window {
                 pads.len()
             )));
         }
+        for (name, values) in [("strides", &strides), ("dilations", &dilations)] {
+            if let Some(v) = values.iter().find(|&&v| v == 0) {
+                return Err(cx
+                    .attrs
+                    .err(name, format!("must be positive, got {v} in {values:?}")));
+            }
+        }
         let auto_pad = cx.attrs.string("auto_pad")?.unwrap_or_default();
         if !matches!(
             auto_pad.as_str(),

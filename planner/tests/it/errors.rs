@@ -405,3 +405,96 @@ fn new_op_errors_name_the_node_and_the_problem() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Attributes and constant inputs the executor would refuse are refused at import, naming the
+/// node and what is wrong (they planned before, and only `remat validate` failed on them).
+#[test]
+fn attributes_and_constants_the_executor_would_refuse_are_refused_at_import() {
+    let x = || G::new(17).input("x", F32, &[D::V(2), D::V(3), D::V(8), D::V(8)]);
+    let cases: Vec<(G, &str)> = vec![
+        (
+            x().weight("w", &[4, 3, 3, 3])
+                .node(
+                    "Conv",
+                    "conv",
+                    &["x", "w"],
+                    &["y"],
+                    vec![a_ints("kernel_shape", &[5, 5])],
+                )
+                .output("y"),
+            "does not match the weight",
+        ),
+        (
+            x().weight("w", &[3, 4, 3, 3])
+                .node(
+                    "ConvTranspose",
+                    "ct",
+                    &["x", "w"],
+                    &["y"],
+                    vec![a_ints("strides", &[0, 0])],
+                )
+                .output("y"),
+            "must be positive",
+        ),
+        (
+            x().weight("s", &[3])
+                .node("BatchNormalization", "bn", &["x", "s"], &["y"], vec![])
+                .output("y"),
+            "takes 5 inputs",
+        ),
+        (
+            x().weight("s", &[3])
+                .weight("b", &[3])
+                .weight("m", &[3])
+                .weight("v", &[4])
+                .node(
+                    "BatchNormalization",
+                    "bn",
+                    &["x", "s", "b", "m", "v"],
+                    &["y"],
+                    vec![],
+                )
+                .output("y"),
+            "input_var has shape [4]",
+        ),
+        (
+            x().weight("s", &[3])
+                .weight("b", &[3])
+                .node(
+                    "GroupNormalization",
+                    "gn",
+                    &["x", "s", "b"],
+                    &["y"],
+                    vec![a_int("num_groups", 0)],
+                )
+                .output("y"),
+            "num_groups",
+        ),
+        (
+            x().ints("i", &[100])
+                .node("Gather", "g", &["x", "i"], &["y"], vec![a_int("axis", 1)])
+                .output("y"),
+            "index 100 out of range for axis 1 of size 3",
+        ),
+        (
+            x().init(tensor_f32("r", &[], &[2.0]))
+                .node("Dropout", "do", &["x", "r"], &["y"], vec![])
+                .output("y"),
+            "ratio 2 is not a probability",
+        ),
+        (
+            x().init(tensor_f32("roi", &[0], &[]))
+                .init(tensor_f32("sc", &[4], &[1.0, 1.0, 0.0, 0.0]))
+                .node("Resize", "rz", &["x", "roi", "sc"], &["y"], vec![])
+                .output("y"),
+            "scale 0 gives an invalid size",
+        ),
+    ];
+    for (g, want) in cases {
+        let e = load(&g.bytes(), &ImportOptions::default())
+            .map(|_| ())
+            .expect_err(want)
+            .to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}

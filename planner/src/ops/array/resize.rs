@@ -46,8 +46,13 @@ fn resize_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             }
             for (k, &a) in axes.iter().enumerate() {
                 let v = (shape[a] as f64 * sc[k]).floor();
-                if !(0.0..1e15).contains(&v) {
-                    return Err(cx.err(format!("scale {} gives an invalid size", sc[k])));
+                // An axis resized to nothing (a scale of 0, or one that rounds a size to 0)
+                // has no output to interpolate.
+                if !(1.0..1e15).contains(&v) {
+                    return Err(cx.err(format!(
+                        "scale {} gives an invalid size for axis {a} of size {}",
+                        sc[k], shape[a]
+                    )));
                 }
                 shape[a] = v as u64;
             }

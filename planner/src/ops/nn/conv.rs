@@ -5,6 +5,25 @@ use crate::error::Result;
 use crate::ops::rule::{nonneg, Ctx, OpSpec, Registry, Window};
 use crate::tensor::Fact;
 
+/// The `kernel_shape` attribute, which must be the weight's spatial dims (the executor runs
+/// the weight), or those dims when it is not given.
+fn kernel_of(cx: &Ctx, weight: &[u64]) -> Result<Vec<u64>> {
+    let spatial = weight[2..].to_vec();
+    match cx.attrs.ints("kernel_shape")? {
+        Some(k) => {
+            let k = nonneg(cx, "kernel_shape", k)?;
+            if k != spatial {
+                return Err(cx.attrs.err(
+                    "kernel_shape",
+                    format!("{k:?} does not match the weight {weight:?}"),
+                ));
+            }
+            Ok(k)
+        }
+        None => Ok(spatial),
+    }
+}
+
 fn conv_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = nchw(cx)?;
     let w = cx.input(1)?;
@@ -22,10 +41,7 @@ fn conv_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             .err("group", format!("must be positive, got {group}")));
     }
     let group = group as u64;
-    let kernel = match cx.attrs.ints("kernel_shape")? {
-        Some(k) => nonneg(cx, "kernel_shape", k)?,
-        None => w.shape[2..].to_vec(),
-    };
+    let kernel = kernel_of(cx, &w.shape)?;
     if x.shape[1] != w.shape[1].saturating_mul(group) {
         return Err(cx.err(format!(
             "input has {} channels but weight {:?} with group {group} expects {}",
@@ -71,10 +87,7 @@ fn conv_transpose_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             x.shape[1], w.shape, w.shape[0]
         )));
     }
-    let kernel = match cx.attrs.ints("kernel_shape")? {
-        Some(k) => nonneg(cx, "kernel_shape", k)?,
-        None => w.shape[2..].to_vec(),
-    };
+    let kernel = kernel_of(cx, &w.shape)?;
     let n = kernel.len();
     if n != x.rank() - 2 {
         return Err(cx.attrs.err(

@@ -21,6 +21,18 @@ fn dropout_active(cx: &Ctx) -> bool {
 }
 
 fn dropout_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+    // A ratio known at import must be a probability in [0, 1): 1 would drop everything and
+    // scale by infinity, and anything else is not a probability.
+    let ratio = if cx.opset < 12 {
+        Some(f64::from(cx.attrs.float_or("ratio", 0.5)?))
+    } else {
+        cx.opt(1)
+            .and_then(|f| f.value.as_ref())
+            .and_then(|v| v.as_f64().first().copied())
+    };
+    if let Some(r) = ratio.filter(|r| !(0.0..1.0).contains(r)) {
+        return Err(cx.err(format!("ratio {r} is not a probability in [0, 1)")));
+    }
     let x = cx.input(0)?;
     let mut out = vec![Fact::new(x.dtype, x.shape.clone())];
     if cx.n_outputs > 1 {

@@ -18,6 +18,46 @@ fn norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     Ok(out)
 }
 
+/// BatchNormalization: X and its four per-channel inputs (scale, bias, running mean and
+/// variance), each of shape `[C]`.
+fn batch_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+    if cx.inputs.len() != 5 {
+        return Err(cx.err(format!(
+            "takes 5 inputs (X, scale, B, input_mean, input_var), got {}",
+            cx.inputs.len()
+        )));
+    }
+    let x = cx.input(0)?;
+    let c = x.shape.get(1).copied().unwrap_or(1);
+    for (i, name) in [(1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")] {
+        let p = cx.input(i)?;
+        if p.shape != [c] {
+            return Err(cx.err(format!(
+                "input {name} has shape {:?}; X {:?} has {c} channels, so it must be [{c}]",
+                p.shape, x.shape
+            )));
+        }
+    }
+    norm_infer(cx)
+}
+
+/// GroupNormalization: `num_groups` must be at least 1 and divide the channels.
+fn group_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+    let x = cx.input(0)?;
+    let c = x.shape.get(1).copied().unwrap_or(1);
+    let g = cx.attrs.int_or("num_groups", 1)?;
+    if g < 1 || c % g as u64 != 0 {
+        return Err(cx.attrs.err(
+            "num_groups",
+            format!("must be at least 1 and divide the {c} channels of X, got {g}"),
+        ));
+    }
+    norm_infer(cx).map(|mut v| {
+        v.truncate(1);
+        v
+    })
+}
+
 fn bn_training(cx: &Ctx) -> bool {
     if cx.opset >= 14 {
         cx.attrs.int_or("training_mode", 0).unwrap_or(0) != 0
@@ -125,7 +165,7 @@ pub(super) fn register(r: &mut Registry) {
     r.insert(
         "BatchNormalization",
         OpSpec {
-            infer: norm_infer,
+            infer: batch_norm_infer,
             flops: |cx, _| 5.0 * cx.in_numel(0),
             diff_in: |_, i| i < 3,
             diff_out: first,
@@ -155,12 +195,7 @@ pub(super) fn register(r: &mut Registry) {
     r.insert(
         "GroupNormalization",
         OpSpec {
-            infer: |cx| {
-                norm_infer(cx).map(|mut v| {
-                    v.truncate(1);
-                    v
-                })
-            },
+            infer: group_norm_infer,
             flops: |cx, _| 5.0 * cx.in_numel(0),
             grad: group_norm_grad,
             ..OpSpec::DEFAULT
