@@ -85,22 +85,64 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// How long a connection may take to send a request's headers, at most (less where the
+/// request timeout is less): one that sends part of them and stops is closed then, not held
+/// open for ever (a client's slowness with the body is the request timeout's, a 408).
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Serves `state` on `listener` until `shutdown` resolves, then stops gracefully: waiting
 /// requests answer at once, open requests finish, and the store is closed to writes.
+///
+/// HTTP/1.1 connections served by hyper with a timer, so that a connection whose headers do
+/// not arrive within [`HEADER_READ_TIMEOUT`] (or the request timeout, if less) is closed (`axum::serve` has no timer, and such
+/// a connection stayed open for ever).
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let stopping = state.clone();
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
     let router = app(state.clone());
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down");
-            stopping.inner.shutting_down.send_replace(true);
-        })
-        .await?;
+    let header_timeout = HEADER_READ_TIMEOUT.min(state.inner.config.request_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: wait, as axum::serve does.
+                        tracing::warn!(error = %e, "cannot accept a connection");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let service = router
+                    .clone()
+                    .map_request(|r: axum::http::Request<hyper::body::Incoming>| r.map(axum::body::Body::new));
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(header_timeout)
+                    .serve_connection(
+                        TokioIo::new(stream),
+                        hyper_util::service::TowerToHyperService::new(service),
+                    );
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::trace!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down");
+    state.inner.shutting_down.send_replace(true);
+    graceful.shutdown().await;
     state.shutdown();
     Ok(())
 }

@@ -746,7 +746,7 @@ fn bad_databases_and_devices_are_refused_with_the_reason_and_no_password() {
         "--workers",
         "0",
     ]);
-    assert_eq!(code, Some(1), "{text}");
+    assert_eq!(code, Some(2), "{text}");
     assert!(text.contains("--workers"), "{text}");
     // A pause between looks that is no pause, or not a number, is refused naming the flag.
     for bad in ["0", "-1", "soon", "inf"] {
@@ -760,7 +760,7 @@ fn bad_databases_and_devices_are_refused_with_the_reason_and_no_password() {
     }
     // A cap on the solver's time that no clock holds is refused, not met with a panic later.
     let (code, text) = run(&["serve", "--addr", "127.0.0.1:0", "--max-time-limit=1e30"]);
-    assert_eq!(code, Some(1), "{text}");
+    assert_eq!(code, Some(2), "{text}");
     assert!(
         text.contains("--max-time-limit") && text.contains("1e30 is not a positive number"),
         "{text}"

@@ -146,3 +146,40 @@ async fn a_job_in_flight_at_shutdown_is_failed_after_restart() {
     assert_eq!(plan["status"], "failed");
     server.stop().await;
 }
+
+/// A connection that sends part of a request's headers and stops is closed once the request
+/// timeout (at most 30 s) has passed, not held open for ever; the server keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_headers_never_end_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::Sqlite(Arc::new(
+        SqliteStore::open(&dir.path().join("r.db")).unwrap(),
+    ));
+    let config = remat_server::http::Config {
+        request_timeout: Duration::from_millis(500),
+        ..test_config()
+    };
+    let state = AppState::new(Arc::new(TestEngine::default()), store, config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        serve_on(listener, state, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut buf)).await;
+    assert!(closed.is_ok(), "the connection is still open after 10 s");
+    let (status, _) = call("GET", &format!("http://{addr}/healthz"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let _ = stop.send(());
+    task.await.unwrap();
+}
