@@ -63,30 +63,24 @@ fn schedule_from_plan(loaded: &Loaded, doc: &Value, path: &Path) -> Result<Sched
             doc.get("min_feasible_budget_bytes").unwrap_or(&Value::Null),
         )));
     }
-    // A plan of this model at other dims: its inputs' shapes say so before its ids do (most
-    // ids are the same at any dims, and the run would only fail its budget).
-    if let (Some(report), Some(planned)) = (
-        &loaded.inspect,
-        doc.pointer("/model/inputs").and_then(Value::as_array),
-    ) {
-        for input in planned {
-            let (Some(name), Some(shape)) = (
-                input.get("name").and_then(Value::as_str),
-                input.get("shape").and_then(Value::as_array),
-            ) else {
-                continue;
-            };
-            let shape: Vec<u64> = shape.iter().filter_map(Value::as_u64).collect();
-            let ours = report.inputs.iter().find(|i| i.name == name);
-            if let Some(ours) = ours.and_then(|i| i.shape.as_ref()) {
-                if *ours != shape {
-                    return Err(bad(format!(
-                        "the plan was made with input {name:?} of shape {shape:?}; with these --dim values it is {ours:?}: give the --dim values the plan was made with"
-                    )));
-                }
-            }
-        }
-    }
+    // The first input the plan names whose shape here is another (the plan was made at
+    // other dims, or of another model).
+    let reshaped = loaded.inspect.as_ref().and_then(|report| {
+        let planned = doc.pointer("/model/inputs").and_then(Value::as_array)?;
+        planned.iter().find_map(|input| {
+            let name = input.get("name").and_then(Value::as_str)?;
+            let shape: Vec<u64> = input
+                .get("shape")
+                .and_then(Value::as_array)?
+                .iter()
+                .filter_map(Value::as_u64)
+                .collect();
+            let ours = report.inputs.iter().find(|i| i.name == name)?.shape.as_ref()?;
+            (*ours != shape).then(|| {
+                format!("the plan was made with input {name:?} of shape {shape:?}, which is {ours:?} here")
+            })
+        })
+    });
     let steps = doc
         .get("schedule")
         .ok_or_else(|| bad("no \"schedule\" (expected a `remat plan --json` document)".into()))?;
@@ -95,11 +89,19 @@ fn schedule_from_plan(loaded: &Loaded, doc: &Value, path: &Path) -> Result<Sched
             "\"schedule\" is not a list of {{\"op\": \"compute\" | \"free\", \"node\": ID}}: {e}"
         ))
     })?;
-    Schedule::from_json_steps(&loaded.problem, &steps).map_err(|e| {
-        bad(format!(
-            "{e}: the id is not in this model's training graph (is the plan for another model, or other --dim values?)"
-        ))
-    })
+    // Ids that map but shapes that differ: this model at other dims (most ids are the same at
+    // any dims, and the run would only fail its budget). Ids that do not map: another model,
+    // or this one at dims that change its graph.
+    match (Schedule::from_json_steps(&loaded.problem, &steps), reshaped) {
+        (Ok(schedule), None) => Ok(schedule),
+        (Ok(_), Some(reshaped)) => Err(bad(format!(
+            "{reshaped}: give the --dim values the plan was made with"
+        ))),
+        (Err(e), reshaped) => Err(bad(format!(
+            "{e}: the id is not in this model's training graph (is the plan for another model, or other --dim values?{})",
+            reshaped.map_or_else(String::new, |r| format!(" {r}"))
+        ))),
+    }
 }
 
 /// Exit 1 when the run failed its checks.

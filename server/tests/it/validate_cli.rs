@@ -203,8 +203,8 @@ fn a_budget_is_read_or_refused_naming_its_text() {
     assert!(text(&o).contains("budget     976.6 KiB"), "{}", text(&o));
 }
 
-/// HiGHS warns when a solve stops at its time limit (here the bound's LP, given a
-/// millisecond): remat reports the bound it has and its source, and the warning, which names
+/// HiGHS warns when a solve stops at its time limit (here the bound's LP, given 50 ms, time
+/// enough to build its model and not to solve it): remat reports the bound it has and its source, and the warning, which names
 /// nothing a user can act on, is left out unless `RUST_LOG` asks for it.
 #[test]
 fn highs_time_limit_warnings_are_not_printed_unless_asked_for() {
@@ -218,7 +218,7 @@ fn highs_time_limit_warnings_are_not_printed_unless_asked_for() {
         "--time-limit",
         "2",
         "--bound-time",
-        "0.001",
+        "0.05",
     ];
     let warning = "HiGHS emitted a warning";
     let o = remat(&args);
