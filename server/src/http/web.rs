@@ -88,11 +88,24 @@ pub fn router() -> Router<AppState> {
 pub async fn fallback(method: Method, uri: Uri) -> Response {
     let path = uri.path();
     let no_route = || ApiError::not_found(format!("no route for {method} {path}")).into_response();
-    if (method != Method::GET && method != Method::HEAD)
-        || path == "/v1"
-        || path.starts_with("/v1/")
-    {
+    if path == "/v1" || path.starts_with("/v1/") {
         return no_route();
+    }
+    if method != Method::GET && method != Method::HEAD {
+        // A page of the viewer takes GET and HEAD only: another method is 405, with `Allow`.
+        let page = is_app_page(path) || lookup(path).is_some() || path == "/";
+        if !page {
+            return no_route();
+        }
+        let mut r = ApiError::new(
+            axum::http::StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("method {method} is not allowed on {path}"),
+        )
+        .into_response();
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET,HEAD"));
+        return r;
     }
     // The viewer's own pages (`/plans/{id}`) are rendered by `index.html` (a single-page app).
     let found = if is_app_page(path) {

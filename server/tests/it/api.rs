@@ -871,6 +871,26 @@ async fn static_files_do_not_escape_the_embedded_set() {
         );
         r.error();
     }
+    // The viewer's pages take GET and HEAD: another method is 405 with `Allow`, not 404.
+    for method in ["PUT", "OPTIONS", "DELETE"] {
+        let r = t
+            .send(
+                Request::builder()
+                    .method(method)
+                    .uri("/")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(
+            r.status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method}: {}",
+            r.text
+        );
+        assert_eq!(r.header("allow").as_deref(), Some("GET,HEAD"), "{method}");
+        r.error();
+    }
 }
 
 #[tokio::test]
