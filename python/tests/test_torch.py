@@ -536,6 +536,36 @@ def test_layers_are_regions_only_without_blocks_and_never_wrapped_when_writing_t
     assert v["ok"], v["problems"]
 
 
+class SpectralBlock(nn.Module):
+    """A block whose forward updates buffers it reads (spectral norm's power iteration)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.l1 = nn.utils.spectral_norm(nn.Linear(d, 4 * d))
+        self.l2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.l2(torch.relu(self.l1(x)))
+
+
+def test_a_region_that_updates_a_buffer_it_read_is_never_wrapped() -> None:
+    """A re-run would start from the buffer as the forward left it (spectral norm's `u`), and
+    compute another weight: a gradient 52% off, silently, before this rule. BatchNorm's running
+    statistics, read and written by one op, leave their blocks wrappable."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[SpectralBlock(32) for _ in range(3)])
+    x = torch.randn(2, 16, 32)
+    graph = rt.capture(model, (x,))
+    assert all(r["writes_input"] for r in graph["regions"]), graph["regions"]
+    full = rt.baseline(graph, "full")
+    assert not any(r["wrapped"] for r in full["regions"])
+    v = rt.measure(model, (x,), rt.plan(graph, "min"), rounds=1, op_rounds=0)
+    assert v["ok"] and v["grad_max_rel_err"] == 0.0, v["problems"]
+    resnet = torchvision.models.resnet18(num_classes=10)
+    graph = rt.capture(resnet, (torch.randn(2, 3, 32, 32),))
+    assert not any(r["writes_input"] for r in graph["regions"])
+
+
 class SelfCheckpointing(nn.Module):
     """Checkpoints its own blocks, as a model with its own activation checkpointing does."""
 
@@ -986,3 +1016,26 @@ def test_a_gradient_off_by_more_than_its_own_runs_differ_is_named() -> None:
     assert nan.worst != nan.worst and nan.worst_param == "b"
     gone = grad_check({k: v for k, v in ref.items() if k != "b"}, ref, ref, 1e-6)
     assert gone.problems == ["gradients of b differ in presence"]
+
+
+def test_capture_and_measure_leave_the_users_random_state_and_gradients_as_they_were() -> None:
+    """Both seed the generators for their steps and compute gradients: a user's next dropout
+    mask or shuffle, and gradients accumulated before the call, must not change because of it
+    (both were reset to seed 0 and measure dropped `.grad`, before)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(32), Block(32))
+    x = torch.randn(2, 8, 32)
+    model(x).sum().backward()
+    before = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert before
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        expected = torch.rand(3)
+        torch.manual_seed(seed)
+        graph = rt.capture(model, (x,))
+        assert torch.equal(torch.rand(3), expected), f"capture reset the generator (seed {seed})"
+        torch.manual_seed(seed)
+        rt.measure(model, (x,), rt.plan(graph, "min"), rounds=1, op_rounds=0)
+        assert torch.equal(torch.rand(3), expected), f"measure reset the generator (seed {seed})"
+    for n, p in model.named_parameters():
+        assert p.grad is not None and torch.equal(p.grad, before[n]), n

@@ -16,15 +16,17 @@ execution model reads. Nothing here computes a plan figure: the trace is data.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import time
 import warnings
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import torch
 from torch import nn
@@ -361,8 +363,14 @@ class _Recording:
         self.region_inputs: dict[int, set[int]] = defaultdict(set)
         # storage -> the regions it was passed to (parameters and the model's inputs included)
         self.input_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        # region -> the first in-place op of its forward that wrote one of its inputs
+        # region -> the first in-place op of its forward that wrote one of its inputs, or a
+        # buffer that an earlier op of its forward read
         self.region_writes: dict[int, str] = {}
+        # The model's buffers (storage -> True), and per region the first op of its forward
+        # that read each (by the storage's id): a re-run of the region would read the value
+        # the forward's later in-place write left (spectral norm's power iteration).
+        self.buffers: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.buffer_reads: dict[int, dict[int, int]] = defaultdict(dict)
         self.region_stop: dict[int, int] = {}
         self.region_trigger: dict[int, int] = {}
         self.fixed_bytes = 0
@@ -377,6 +385,12 @@ class _Recording:
             if st is not None and st not in self.known:
                 self.known[st] = -1
                 self.fixed_bytes += st.nbytes()
+
+    def register_buffers(self, tensors: Iterable[torch.Tensor]) -> None:
+        for t in tensors:
+            st = _storage(t)
+            if st is not None:
+                self.buffers[st] = True
 
     def _died(self, index: int) -> None:
         s = self.storages[index]
@@ -428,6 +442,12 @@ class _Recording:
             self.known[st] = sid
             weakref.finalize(st, self._died, sid)
             outputs.append(sid)
+        if region is not None and len(self.buffers):
+            reads = self.buffer_reads[region]
+            for t in _tensors((args, kwargs)):
+                st = _storage(t)
+                if st is not None and st in self.buffers:
+                    reads.setdefault(id(st), index)
         if mutable:
             for a in _written(func, args, kwargs):
                 i = self.index_of(a)
@@ -436,6 +456,13 @@ class _Recording:
                 st = _storage(a)
                 if region is not None and st is not None and region in self.input_of.get(st, ()):
                     self.region_writes.setdefault(region, name)
+                # A buffer an earlier op of the region read: the re-run's read would see this
+                # write (BatchNorm's running statistics are read and written by one op, whose
+                # outputs do not depend on them).
+                if region is not None and st is not None and st in self.buffers:
+                    first = self.buffer_reads[region].get(id(st))
+                    if first is not None and first < index:
+                        self.region_writes.setdefault(region, name)
         cost = seconds
         if cost_kind == "flops":
             cost = float(_flops(func, args, kwargs, out))
@@ -541,6 +568,47 @@ class _Recording:
         return hook
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def leaves_the_model_as_it_was(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fn(model, example_inputs, ...)` with the global random generators ([`own_rng`]) and the
+    model's parameter gradients put back as they were after it, whether it returns or raises:
+    what it runs seeds the generators and computes gradients, and a user's training around it
+    (dropout masks, shuffles, gradients accumulated over steps) must not change because of it."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        model = args[0] if args else kwargs.get("model")
+        example = args[1] if len(args) > 1 else kwargs.get("example_inputs")
+        if not isinstance(model, nn.Module):
+            return fn(*args, **kwargs)  # its own checks name what is wrong
+        try:
+            device = model_device(model, as_inputs(example))  # type: ignore[arg-type]
+        except Exception:
+            return fn(*args, **kwargs)
+        grads = {p: p.grad for p in model.parameters()}
+        try:
+            with own_rng(device):
+                return fn(*args, **kwargs)
+        finally:
+            for p, g in grads.items():
+                p.grad = g
+
+    return wrapped
+
+
+@contextlib.contextmanager
+def own_rng(device: torch.device) -> Iterator[None]:
+    """Runs the block with the global random generators (the CPU's, and `device`'s on CUDA) put
+    back as they were after it: the steps remat runs seed them, and a user's later dropout masks
+    and shuffles must not depend on a capture or a measurement having run."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
 def _stop_op(stop: int | None, first: int) -> int | None:
     return None if stop is None or stop < first else stop
 
@@ -633,6 +701,7 @@ def _run(
     return loss
 
 
+@leaves_the_model_as_it_was
 def capture(
     model: nn.Module,
     example_inputs: ExampleInputs,
@@ -760,6 +829,7 @@ def _pass_b(
 ) -> _Recording:
     b = _Recording(model, region_fqns, device, forward_only=False)
     b.register_external(externals)
+    b.register_buffers(model.buffers())
     loss = _run(model, inputs, loss_fn, b, cost, seed)
     del loss
     b.phase = "done"

@@ -27,6 +27,7 @@ from ._capture import (
     default_loss,
     first_difference,
     host_copies,
+    leaves_the_model_as_it_was,
     model_device,
     put_back,
 )
@@ -360,6 +361,7 @@ def grad_check(
     )
 
 
+@leaves_the_model_as_it_was
 def measure(
     model: nn.Module,
     example_inputs: ExampleInputs,

@@ -761,8 +761,9 @@ impl Resolved {
             })?;
             if let Some(op) = &reg.writes_input {
                 return Err(SolverError::InvalidArgument(format!(
-                    "plan wraps region {r} ({}), whose forward writes its input in place ({op}): \
-                     checkpointing would write the saved input again when the region re-runs",
+                    "plan wraps region {r} ({}), whose forward writes its input in place ({op}), or a \
+                     buffer an earlier op of it read: the re-run would write the saved input again, \
+                     or read the buffer as the forward left it",
                     graph.region_label(r)
                 )));
             }
