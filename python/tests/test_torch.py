@@ -1039,3 +1039,26 @@ def test_capture_and_measure_leave_the_users_random_state_and_gradients_as_they_
         assert torch.equal(torch.rand(3), expected), f"measure reset the generator (seed {seed})"
     for n, p in model.named_parameters():
         assert p.grad is not None and torch.equal(p.grad, before[n]), n
+
+
+def test_copying_or_pickling_a_model_with_a_plan_applied_is_refused() -> None:
+    """A wrapped region runs the original module's forward: a deep copy made while the plan is
+    applied (an EMA or teacher model) ran the original's blocks with the original's weights,
+    its gradients landing in the original's parameters. Refused, naming the region; after
+    remove() the model copies and pickles as any other."""
+    import copy
+    import pickle
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(32), Block(32))
+    x = torch.randn(2, 8, 32)
+    handle = rt.apply(model, rt.baseline(rt.capture(model, (x,)), "full"), (x,))
+    assert handle.wrapped
+    with pytest.raises(rt.AppliedError, match=r"region '\d' is wrapped"):
+        copy.deepcopy(model)
+    with pytest.raises(rt.AppliedError, match="cannot pickle"):
+        pickle.dumps(model)
+    handle.remove()
+    twin = copy.deepcopy(model)
+    assert torch.equal(twin(x), model(x))
+    pickle.dumps(model)

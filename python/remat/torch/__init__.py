@@ -10,6 +10,7 @@ region), and measure it in PyTorch.
 from ._apply import Applied, apply, load_plan
 from ._capture import capture, default_loss, find_regions
 from ._errors import (
+    AppliedError,
     CaptureError,
     MeasureError,
     OpMismatchError,
@@ -22,6 +23,7 @@ from ._service import ServiceError, attach
 
 __all__ = [
     "Applied",
+    "AppliedError",
     "CaptureError",
     "MeasureError",
     "OpMismatchError",

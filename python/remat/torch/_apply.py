@@ -18,7 +18,7 @@ from torch.utils.checkpoint import (
 )
 
 from ._capture import ExampleInputs, Inputs, _tensors, as_inputs, fingerprint, signature
-from ._errors import OpMismatchError, PlanMismatchError
+from ._errors import AppliedError, OpMismatchError, PlanMismatchError
 
 Plan = dict[str, Any]
 
@@ -279,7 +279,7 @@ def apply(
                 **kwargs,
             )
 
-        module.forward = functools.update_wrapper(forward, original)
+        module.forward = functools.update_wrapper(_WrappedForward(forward, fqn), original)
         wrapped[fqn] = module
     hooks = []
     if counters:
@@ -297,6 +297,38 @@ def apply(
         hooks.append(model.register_forward_pre_hook(begin))
         hooks.append(model.register_forward_hook(end, always_call=True))
     return Applied(plan, wrapped, hooks)
+
+
+class _WrappedForward:
+    """A wrapped region's forward, set on its module while a plan is applied. It runs the
+    original module's forward, so a copy of the module (`copy.deepcopy`, an EMA or teacher model
+    made after `apply`) would run the original's blocks, with the original's weights, its
+    gradients landing in the original's parameters: copying or pickling it is refused, naming
+    the region."""
+
+    def __init__(self, fn: Any, fqn: str) -> None:
+        self._fn = fn
+        self._fqn = fqn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def _refuse(self, what: str) -> AppliedError:
+        return AppliedError(
+            f"cannot {what} a model while a remat plan is applied to it (region {self._fqn!r} "
+            "is wrapped, and its copy would run this model's region): copy it before applying "
+            "the plan, or call remove() on the handle apply/checkpoint returned, copy, and "
+            "apply again; torch.save(model.state_dict()) saves the weights either way"
+        )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        raise self._refuse("copy")
+
+    def __copy__(self) -> Any:
+        raise self._refuse("copy")
+
+    def __reduce__(self) -> Any:
+        raise self._refuse("pickle")
 
 
 class _Rerun:

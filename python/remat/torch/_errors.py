@@ -19,5 +19,9 @@ class OpMismatchError(RematTorchError):
     """A planned region ran an op sequence that differs from the captured one."""
 
 
+class AppliedError(RematTorchError):
+    """What cannot be done to a model while a plan is applied to it (copying it, pickling it)."""
+
+
 class MeasureError(RematTorchError):
     """A measurement asked with bad settings, or steps that cannot be compared."""
