@@ -7,7 +7,9 @@ with the predicted peak within 2%, and every parameter gradient must equal the u
 from __future__ import annotations
 
 import json
+import re
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -1062,3 +1064,32 @@ def test_copying_or_pickling_a_model_with_a_plan_applied_is_refused() -> None:
     twin = copy.deepcopy(model)
     assert torch.equal(twin(x), model(x))
     pickle.dumps(model)
+
+
+def test_edited_plans_and_arguments_of_the_wrong_kind_are_refused_naming_them() -> None:
+    """An edited plan document is refused by apply naming the region and the field (a raw
+    KeyError before, or, for "wrapped": "false", a region wrapped); a string where a list of
+    regions or fractions belongs is named as such."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(32), Block(32))
+    x = torch.randn(2, 8, 32)
+    graph = rt.capture(model, (x,))
+    good = rt.baseline(graph, "full")
+    edits: list[tuple[str, Any, str]] = [
+        ("wrapped", "false", "'wrapped' is missing or not true/false"),
+        ("keep", [["aten.mm.default"]], "is not [op, occurrence]"),
+        ("keep", [["aten.not_an_op.default", 0]], "is not [op, occurrence]"),
+        ("ops", None, "'ops' is missing"),
+        ("fqn", 3, "'fqn' is missing or not a string"),
+    ]
+    for field, value, message in edits:
+        bad = copy.deepcopy(good)
+        bad["regions"][0][field] = value
+        with pytest.raises(rt.PlanMismatchError, match=re.escape(message)):
+            rt.apply(model, bad, (x,))
+    with pytest.raises(rt.CaptureError, match="regions must be a list"):
+        rt.capture(model, (x,), regions="0")
+    with pytest.raises(ValueError, match="fractions must be a list of numbers"):
+        rt.sweep(graph, "0.5")  # type: ignore[arg-type]

@@ -28,7 +28,49 @@ def load_plan(plan: Plan | str) -> Plan:
         plan = json.loads(plan)
     if not isinstance(plan, dict) or plan.get("format") != "remat.torch-plan":
         raise PlanMismatchError("not a remat.torch-plan document (its 'format' field differs)")
+    _check_regions(plan.get("regions"))
     return plan
+
+
+def _check_regions(regions: Any) -> None:
+    """Refuses a plan whose `regions` `apply` cannot read as written (an edited or truncated
+    document), naming the region and the field: every region has a string `fqn`, a whole
+    `call` (0 when absent), a boolean `wrapped`, a list of op names `ops` and a list of
+    `[op, occurrence]` pairs `keep`, each an op the region runs at least that many times."""
+    if not isinstance(regions, list):
+        raise PlanMismatchError("the plan's 'regions' is not a list")
+    for i, r in enumerate(regions):
+        where = f"regions[{i}]"
+        if not isinstance(r, dict):
+            raise PlanMismatchError(f"{where} is not an object")
+        if not isinstance(r.get("fqn"), str):
+            raise PlanMismatchError(f"{where}: 'fqn' is missing or not a string")
+        where = f"{where} ({r['fqn']})"
+        call = r.get("call", 0)
+        if isinstance(call, bool) or not isinstance(call, int) or call < 0:
+            raise PlanMismatchError(f"{where}: 'call' {call!r} is not a whole number >= 0")
+        if not isinstance(r.get("wrapped"), bool):
+            raise PlanMismatchError(f"{where}: 'wrapped' is missing or not true/false")
+        ops = r.get("ops")
+        if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
+            raise PlanMismatchError(f"{where}: 'ops' is missing or not a list of op names")
+        keep = r.get("keep")
+        if not isinstance(keep, list):
+            raise PlanMismatchError(f"{where}: 'keep' is missing or not a list")
+        for k in keep:
+            ok = (
+                isinstance(k, list)
+                and len(k) == 2
+                and isinstance(k[0], str)
+                and isinstance(k[1], int)
+                and not isinstance(k[1], bool)
+                and 0 <= k[1] < ops.count(k[0])
+            )
+            if not ok:
+                raise PlanMismatchError(
+                    f"{where}: 'keep' entry {k!r} is not [op, occurrence] of an op the region "
+                    "runs that many times"
+                )
 
 
 def check_fingerprint(model: nn.Module, inputs: Inputs | None, plan: Plan) -> None:

@@ -70,6 +70,19 @@ def call(model: nn.Module, inputs: Inputs) -> Any:
     return model(*inputs.args, **inputs.kwargs)
 
 
+def check_loss(loss: Any, error: type[Exception]) -> None:
+    """Raises `error` naming `loss_fn` when its value cannot be backpropagated: not a
+    one-element tensor, or one that does not require grad (nothing it depends on does)."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise error(f"loss_fn must return a one-element tensor, got {shape}")
+    if not loss.requires_grad:
+        raise error(
+            "loss_fn returned a tensor that does not require grad: nothing it depends on does "
+            "(parameters frozen, grad disabled, or a loss computed from detached values)"
+        )
+
+
 def default_loss(output: Any) -> torch.Tensor:
     """The ONNX path's loss rule: the sum of the means of the floating-point outputs."""
     leaves = [
@@ -149,6 +162,11 @@ def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
     (fqn, module).
     """
     modules = dict(model.named_modules())
+    if isinstance(regions, str):
+        raise CaptureError(
+            f"regions must be a list of module names or a predicate, got the string {regions!r} "
+            f"(one region: regions=[{regions!r}])"
+        )
     if regions is not None and not callable(regions):
         names = list(regions)
         for fqn in names:
@@ -685,8 +703,7 @@ def _run(
         ):
             out = call(model, inputs)
             loss = loss_fn(out)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise CaptureError("loss_fn must return a one-element tensor")
+            check_loss(loss, CaptureError)
             del out
             if rec.forward_only:
                 rec.forward_end = len(rec.ops)

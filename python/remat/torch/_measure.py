@@ -24,6 +24,7 @@ from ._capture import (
     _tensors,
     as_inputs,
     call,
+    check_loss,
     default_loss,
     first_difference,
     host_copies,
@@ -147,6 +148,7 @@ def _peak_step(
         tracker = _StorageMeter([*model.parameters(), *model.buffers(), *_tensors(inputs)])
     with tracker:
         loss = loss_fn(call(model, inputs))
+        check_loss(loss, MeasureError)
         loss.backward()
     if meter == "cuda":
         torch.cuda.synchronize(device)
@@ -185,6 +187,7 @@ def _timed_step(
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     loss = loss_fn(call(model, inputs))
+    check_loss(loss, MeasureError)
     loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -59,6 +59,14 @@ def sweep(
     the budget: a plan found at a smaller budget is kept where it is cheaper
     (`reused_from_budget_bytes`)."""
     text = graph if isinstance(graph, str) else json.dumps(graph)
+    if isinstance(fractions, (str, bytes)) or (
+        fractions is not None
+        and not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in fractions)
+    ):
+        raise ValueError(
+            f"remat sweep: fractions must be a list of numbers (fractions of the unplanned "
+            f"peak, e.g. [0.5, 0.7]), got {fractions!r}"
+        )
     values = None if fractions is None else [float(f) for f in fractions]
     try:
         return json.loads(_remat.sweep(text, values))
