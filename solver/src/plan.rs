@@ -1296,6 +1296,9 @@ fn split_number(s: &str) -> std::result::Result<(f64, String), String> {
         }
     }
     let (num, unit) = t.split_at(end);
+    if num.is_empty() && t.starts_with('-') {
+        return Err("cannot be negative".into());
+    }
     if num.is_empty() {
         return Err("expected a number first, such as 12GiB, 800MB or 0.8x".into());
     }
@@ -1402,6 +1405,8 @@ mod tests {
             let e = parse_budget(s, 1000).unwrap_err().to_string();
             assert!(e.contains("too large"), "{s}: {e}");
         }
+        let e = parse_budget("-5", 1000).unwrap_err().to_string();
+        assert!(e.contains("cannot be negative"), "{e}");
         let e = sweep_budgets(&[0.5, 1e30], 1000).unwrap_err().to_string();
         assert!(e.contains("sweep fraction 1e30"), "{e}");
         assert_eq!(sweep_budgets(&[1.0], peak).unwrap(), vec![peak]);

@@ -790,7 +790,8 @@ def capture(
                     f"no repeated blocks found in {type(model).__name__}: nothing to checkpoint, "
                     "the plan can only run the step as it is; name the modules to checkpoint "
                     "(regions=[fqn, ...] or a predicate)",
-                    stacklevel=2,
+                    # The caller of `capture` (past `leaves_the_model_as_it_was`'s wrapper).
+                    stacklevel=3,
                 )
         # Pass B: the ordinary step; with measured costs, again until each op has been timed
         # `timing_rounds` times, keeping its least time (a kernel's first call may pay for its
