@@ -1083,6 +1083,7 @@ def test_edited_plans_and_arguments_of_the_wrong_kind_are_refused_naming_them() 
         ("keep", [["aten.not_an_op.default", 0]], "is not [op, occurrence]"),
         ("ops", None, "'ops' is missing"),
         ("fqn", 3, "'fqn' is missing or not a string"),
+        ("fqn", "no.such.block", "region 'no.such.block', which is not a module"),
     ]
     for field, value, message in edits:
         bad = copy.deepcopy(good)

@@ -252,7 +252,12 @@ def apply(
                 f"the plan's regions of module {fqn!r} are its calls {sorted(by_call)}, "
                 f"not 0 to {n - 1}"
             )
-        module = modules[fqn]
+        module = modules.get(fqn)
+        if module is None or fqn == "":
+            raise PlanMismatchError(
+                f"the plan wraps region {fqn!r}, which is not a module of this model "
+                "(an edited plan, or one made for another model)"
+            )
         if "forward" in module.__dict__:
             raise PlanMismatchError(
                 f"region {fqn!r} ({type(module).__name__}) is already wrapped "
