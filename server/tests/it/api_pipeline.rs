@@ -512,6 +512,7 @@ async fn a_measured_validation_attaches_to_its_torch_sac_plan_and_nothing_else()
         ("measured_step_overhead", serde_json::json!("fast")),
         ("measured_step_overhead", serde_json::json!(-1.5)),
         ("measured_overhead", serde_json::json!(-5.0)),
+        ("peak_rel_diff", serde_json::json!(0.5)),
     ] {
         let mut w = v.clone();
         w[field] = bad;
@@ -530,6 +531,42 @@ async fn a_measured_validation_attaches_to_its_torch_sac_plan_and_nothing_else()
         );
         assert!(r.text.contains(field), "{field}: {}", r.text);
     }
+    // `ok: true` with figures that fail measure's own checks: refused, naming why.
+    let predicted = v["predicted_peak_bytes"].as_u64().unwrap();
+    let budget = v["budget_bytes"].as_u64().unwrap();
+    for (edit, why) in [
+        (
+            serde_json::json!({"measured_peak_bytes": 2 * budget, "peak_rel_diff": (2 * budget) as f64 / predicted as f64 - 1.0}),
+            "above the budget",
+        ),
+        (
+            serde_json::json!({"grad_max_rel_err": 0.9, "grad_tolerance": 1e-6, "grad_reference_rel_err": 0.0}),
+            "largest gradient error",
+        ),
+    ] {
+        let mut w = v.clone();
+        for (k, x) in edit.as_object().unwrap() {
+            w[k] = x.clone();
+        }
+        let r = t.put(&uri, serde_json::to_vec(&w).unwrap()).await;
+        assert_eq!(
+            r.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{why}: {}",
+            r.text
+        );
+        assert!(
+            r.text.contains(why) && r.text.contains("`ok`"),
+            "{why}: {}",
+            r.text
+        );
+        // The same figures with `ok: false` are a failed measurement, stored as such.
+        w["ok"] = false.into();
+        let r = t.put(&uri, serde_json::to_vec(&w).unwrap()).await;
+        assert_eq!(r.status, StatusCode::OK, "{why}: {}", r.text);
+    }
+    let r = t.put(&uri, serde_json::to_vec(&v).unwrap()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     let mut w = v.clone();
     w.as_object_mut().unwrap().remove("measured_peak_bytes");
     let r = t.put(&uri, serde_json::to_vec(&w).unwrap()).await;

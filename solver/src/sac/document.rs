@@ -223,8 +223,67 @@ pub fn check_validation(doc: &PlanDocument, validation: &serde_json::Value) -> R
             );
         }
     }
+    // The figures must say what `ok` says (`remat.torch.measure`'s rules, docs/torch.md): a
+    // measurement edited to pass, or assembled by hand, is not stored as passed.
+    let measured = whole("measured_peak_bytes").unwrap_or(0);
+    let predicted = doc.predicted.peak_bytes;
+    let peak_rel = if predicted > 0 {
+        measured as f64 / predicted as f64 - 1.0
+    } else {
+        0.0
+    };
+    if let Some(x) = v.get("peak_rel_diff").filter(|x| !x.is_null()) {
+        if !x
+            .as_f64()
+            .is_some_and(|d| (d - peak_rel).abs() <= 1e-9 * (1.0 + peak_rel.abs()))
+        {
+            return bad(
+                "peak_rel_diff",
+                format!("{x} is not measured_peak_bytes / predicted_peak_bytes - 1 ({peak_rel})"),
+            );
+        }
+    }
+    if v.get("ok").and_then(|x| x.as_bool()) == Some(true) {
+        let num = |field: &str| v.get(field).and_then(|x| x.as_f64());
+        let failed = if doc.status == "fits" && measured > doc.budget_bytes {
+            Some(format!(
+                "the measured peak {measured} bytes is above the budget {} bytes",
+                doc.budget_bytes
+            ))
+        } else if peak_rel.abs() > MEASURED_PEAK_TOLERANCE {
+            Some(format!(
+                "the measured peak differs from the predicted one by {:+.2}%",
+                100.0 * peak_rel
+            ))
+        } else {
+            // The most any parameter may differ by: the tolerance, or SPREAD_FACTOR times
+            // what the unplanned run differs from itself by (its largest over parameters).
+            let allowed = num("grad_tolerance")
+                .map(|t| t.max(GRAD_SPREAD_FACTOR * num("grad_reference_rel_err").unwrap_or(0.0)));
+            match (num("grad_max_rel_err"), allowed) {
+                (Some(e), Some(a)) if e > a => Some(format!(
+                    "the largest gradient error {e:e} is above what measure allows ({a:e})"
+                )),
+                _ => None,
+            }
+        };
+        if let Some(why) = failed {
+            return bad(
+                "ok",
+                format!("true, but {why}: the measurement failed its checks"),
+            );
+        }
+    }
     Ok(())
 }
+
+/// How far a measured peak may be from the predicted one in a measurement that passed
+/// (`remat.torch.measure`: 2%).
+const MEASURED_PEAK_TOLERANCE: f64 = 0.02;
+
+/// `remat.torch.measure`'s `SPREAD_FACTOR`: a gradient may differ from the unplanned run's by
+/// this many times what the unplanned run differs from itself by.
+const GRAD_SPREAD_FACTOR: f64 = 8.0;
 
 /// The plan document of `p`.
 pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocument {
