@@ -460,8 +460,18 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             let mut req = self.request.clone();
             req.maximize = None;
             req.dims.insert(dim.to_string(), value);
-            let loaded =
-                load(self.model, format, &req).map_err(|e| maximize::at_value(dim, value, e))?;
+            let loaded = match load(self.model, format, &req) {
+                Ok(loaded) => loaded,
+                // A value the model cannot be imported at (GPT-2's positions end at n_positions:
+                // its Gather refuses seq=256), once a smaller one imported: that value does not
+                // fit, and the search goes on below it. At the first value, the error is the
+                // request's (a dim the model lacks) and is the answer.
+                Err(e) if !probes.is_empty() && e.kind == ErrorKind::BadInput => {
+                    probes.push(maximize::probe_not_imported(value, &e.message));
+                    return Ok(false);
+                }
+                Err(e) => return Err(maximize::at_value(dim, value, e)),
+            };
             let peak = remat_solver::store_all_peak(&loaded.problem);
             let floor = loaded.problem.footprint_lower_bound();
             if floor > budget_bytes {

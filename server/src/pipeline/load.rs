@@ -162,6 +162,11 @@ pub fn planner_error(e: PlannerError) -> EngineError {
             EngineError::new(ErrorKind::Unprocessable, "unbound_dims", message)
                 .with_details(json!({ "names": names }))
         }
+        // The request names a dim the model does not have: the option is wrong, not the model.
+        PlannerError::UnknownDim { known, .. } => {
+            EngineError::new(ErrorKind::BadInput, "invalid_option", message)
+                .with_details(json!({ "known_dims": known }))
+        }
         _ => EngineError::new(ErrorKind::BadInput, "malformed_model", message),
     }
 }

@@ -160,6 +160,17 @@ pub fn probe_below_floor(value: u64, peak: u64, floor: u64, budget: u64) -> Maxi
     }
 }
 
+/// A value the model does not import at (a dim past what its weights cover): not planned.
+pub fn probe_not_imported(value: u64, why: &str) -> MaximizeProbe {
+    MaximizeProbe {
+        value,
+        fits: false,
+        overhead: None,
+        store_all_peak_bytes: 0,
+        reason: format!("the model does not import at this value: {why}"),
+    }
+}
+
 /// The verdict on one planned value.
 pub fn probe(value: u64, peak: u64, report: &PlanReport, limit: f64) -> MaximizeProbe {
     let (fits, overhead, reason) = match report.status {

@@ -136,6 +136,27 @@ fn the_largest_batch_of_gpt2_fits_at_ten_percent() {
     check_answer("fixtures/models/gpt2.legacy.onnx", &req, "batch", false);
 }
 
+/// GPT-2's positions end at its `n_positions` (128 in the fixture): past it the model does not
+/// import (its position Gather is out of range). That value does not fit, and the answer is the
+/// largest that imports and fits, not an error (it was `malformed_model` at seq=256).
+#[test]
+fn a_value_the_model_does_not_import_at_does_not_fit() {
+    let bytes = std::fs::read(root().join("fixtures/models/gpt2.legacy.onnx")).unwrap();
+    let req = request(&[("batch", 1), ("seq", 100)], "4GiB", "seq", None);
+    let out = PlanJob::new(&bytes, &req).validate(false).run().unwrap();
+    let m = out.document.maximize.as_ref().expect("a maximize report");
+    assert_eq!((m.value, m.next_value), (128, Some(129)), "{:?}", m.probes);
+    let past = m
+        .probes
+        .iter()
+        .find(|p| p.value == 129)
+        .expect("seq=129 probed");
+    assert!(
+        !past.fits && past.reason.contains("does not import"),
+        "{past:?}"
+    );
+}
+
 #[test]
 fn maximize_errors_name_what_is_wrong() {
     let bytes = std::fs::read(root().join("fixtures/grad/tiny_cnn.onnx")).unwrap();
@@ -154,6 +175,8 @@ fn maximize_errors_name_what_is_wrong() {
         "{}",
         e.message
     );
+    // A dim the model lacks is the request's fault, not the model's.
+    assert_eq!(e.code, "invalid_option", "{}", e.message);
     let e = err(request(&[], "1GiB", "batch", Some(-1.0)));
     assert!(e.message.contains("max_overhead"), "{}", e.message);
     // Nothing fits: the least peak at batch 1 is over a 1 KB device.
