@@ -745,19 +745,37 @@ pub fn render_markdown(outcome: &Outcome) -> String {
             "\n{m}: not in the baseline yet (`remat gate --update` records it)."
         );
     }
+    for m in &outcome.dropped_models {
+        let _ = writeln!(
+            s,
+            "\n{m}: in the baseline but no longer in the config: it is not gated any more \
+             (`remat gate --update` drops it from the baseline)."
+        );
+    }
     s
+}
+
+/// A value inside a workflow command's `key=value` settings, escaped as GitHub's toolkit
+/// escapes it (`%`, CR, LF, `:` and `,`): a model named `a,b` or `x::y` would otherwise end the
+/// setting or the command.
+fn github_property(v: &str) -> String {
+    github_message(v).replace(':', "%3A").replace(',', "%2C")
+}
+
+/// A workflow command's message, escaped (`%`, CR, LF).
+fn github_message(v: &str) -> String {
+    v.replace('%', "%25")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A")
 }
 
 /// GitHub Actions workflow commands: one `::error` annotation per regression.
 pub fn render_github(outcome: &Outcome, config_path: &Path) -> String {
     let mut s = String::new();
+    let file = github_property(&config_path.display().to_string());
     for r in outcome.regressions() {
-        let _ = writeln!(
-            s,
-            "::error file={},title=remat gate: {} {}::{} {} → {} ({}){}",
-            config_path.display(),
-            r.model,
-            r.figure,
+        let message = format!(
+            "{} {} → {} ({}){}",
             r.figure,
             show(r.old, r.unit),
             show(r.new, r.unit),
@@ -768,12 +786,25 @@ pub fn render_github(outcome: &Outcome, config_path: &Path) -> String {
                 format!(": {}", r.note)
             }
         );
+        let _ = writeln!(
+            s,
+            "::error file={file},title={}::{}",
+            github_property(&format!("remat gate: {} {}", r.model, r.figure)),
+            github_message(&message)
+        );
     }
     for m in &outcome.new_models {
         let _ = writeln!(
             s,
-            "::warning file={},title=remat gate: {m}::not in the baseline; run remat gate --update",
-            config_path.display()
+            "::warning file={file},title={}::not in the baseline; run remat gate --update",
+            github_property(&format!("remat gate: {m}"))
+        );
+    }
+    for m in &outcome.dropped_models {
+        let _ = writeln!(
+            s,
+            "::warning file={file},title={}::in the baseline but no longer in the config: not gated any more",
+            github_property(&format!("remat gate: {m}"))
         );
     }
     s.push_str(&render_text(outcome));
@@ -791,4 +822,48 @@ pub fn measure_all(
         out.insert(m.name.clone(), measure(m, base)?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(model: &str) -> Outcome {
+        Outcome {
+            rows: vec![Row {
+                model: model.to_string(),
+                figure: "store_all_peak_bytes",
+                old: Some(100.0),
+                new: Some(200.0),
+                change: Some(100.0),
+                unit: "bytes",
+                regression: true,
+                note: String::new(),
+            }],
+            figures: BTreeMap::new(),
+            new_models: vec![],
+            dropped_models: vec!["gone".to_string()],
+        }
+    }
+
+    /// A model name with a comma, `::` or a newline stays inside its annotation's title, and
+    /// a model taken out of the config shows in every format.
+    #[test]
+    fn github_annotations_are_escaped_and_dropped_models_show_everywhere() {
+        let gh = render_github(&outcome("res,net::x%\n"), Path::new("remat.toml"));
+        let error = gh.lines().find(|l| l.starts_with("::error")).unwrap();
+        assert!(
+            error.starts_with("::error file=remat.toml,title=remat gate%3A res%2Cnet%3A%3Ax%25%0A store_all_peak_bytes::"),
+            "{error}"
+        );
+        assert!(
+            gh.lines().any(|l| l.starts_with("::warning")
+                && l.contains("gone")
+                && l.contains("no longer in the config")),
+            "{gh}"
+        );
+        assert!(render_markdown(&outcome("m"))
+            .contains("gone: in the baseline but no longer in the config"));
+        assert!(render_text(&outcome("m")).contains("no longer in the config"));
+    }
 }

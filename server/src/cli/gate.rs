@@ -1,7 +1,6 @@
 //! `remat gate`: fail CI when training memory regresses against a baseline.
 
 use super::common::{print_json, Failure};
-use anyhow::Context;
 use clap::{Args, ValueEnum};
 use remat_server::gate;
 use std::path::{Path, PathBuf};
@@ -76,15 +75,31 @@ pub fn exec(args: GateArgs) -> Result<(), Failure> {
             print!("{}", gate::render_github(&outcome, &args.config));
             if let Some(path) = std::env::var_os("GITHUB_STEP_SUMMARY") {
                 use std::io::Write;
-                let mut f = std::fs::OpenOptions::new()
+                // A summary file that cannot be written is the environment's fault (exit 2),
+                // not a regression (exit 1, which the regressions keep below).
+                let written = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
                     .open(&path)
-                    .with_context(|| {
-                        format!("opening GITHUB_STEP_SUMMARY {}", Path::new(&path).display())
-                    })?;
-                f.write_all(gate::render_markdown(&outcome).as_bytes())
-                    .context("writing GITHUB_STEP_SUMMARY")?;
+                    .and_then(|mut f| f.write_all(gate::render_markdown(&outcome).as_bytes()));
+                if let Err(e) = written {
+                    let n = outcome.regressions().count();
+                    return Err(Failure::new(
+                        2,
+                        format!(
+                            "cannot write GITHUB_STEP_SUMMARY {}: {e}{}",
+                            Path::new(&path).display(),
+                            if n > 0 {
+                                format!(
+                                    " ({n} memory regression(s) against {})",
+                                    args.baseline.display()
+                                )
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    ));
+                }
             }
         }
     }

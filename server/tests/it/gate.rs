@@ -116,6 +116,20 @@ fn gate_passes_on_its_baseline_fails_on_growth_and_passes_after_update() {
         md.contains("| model | figure |") && md.contains("regression"),
         "{md}"
     );
+    // A summary file that cannot be written is exit 2 (not the 1 of a regression), and the
+    // message still counts the regressions.
+    let o = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .current_dir(d)
+        .args(["gate", "--format", "github"])
+        .env("GITHUB_STEP_SUMMARY", d.join("no-such-folder/summary.md"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("cannot write GITHUB_STEP_SUMMARY") && text(&o).contains("regression"),
+        "{}",
+        text(&o)
+    );
 
     // Accept the change: the gate passes again.
     let o = remat(d, &["gate", "--update"]);
