@@ -258,6 +258,15 @@ pub fn resolve(
         return Err(invalid(format!("fraction {f}: expected a positive number")));
     }
 
+    if let Some(m) = request
+        .max_overhead
+        .filter(|m| !(m.is_finite() && *m >= 0.0))
+    {
+        return Err(invalid(format!(
+            "max_overhead {m}: expected a non-negative fraction (0.1 is 10%)"
+        )));
+    }
+
     let mut clamped = serde_json::Map::new();
     // Each of the solve and the bound gets at most the server's cap.
     for (key, value, zero_ok) in [
@@ -406,6 +415,14 @@ mod tests {
                 e.error.message
             );
         }
+        // A max_overhead that is no fraction is refused before any job is made.
+        let q = Query::parse(&pairs("budget=1GiB&maximize=batch&max_overhead=-1")).unwrap();
+        let e = resolve(None, q, caps()).unwrap_err();
+        assert!(
+            e.error.message.contains("max_overhead -1"),
+            "{}",
+            e.error.message
+        );
         for (kind, q) in [
             (Kind::Plan, "budget=0.5x&validate=true&timing_rounds=4"),
             (Kind::Plan, "budget=1GiB&maximize=batch&max_overhead=0.1"),
