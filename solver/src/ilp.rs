@@ -491,17 +491,11 @@ pub struct LpBound {
 fn run(p: &Problem, opts: &IlpOptions, relax: bool, model: Model) -> Result<IlpOutcome> {
     let start = Instant::now();
     if opts.budget < p.footprint_lower_bound() {
-        return Ok(IlpOutcome {
-            status: IlpStatus::Infeasible,
-            schedule: None,
-            stats: None,
-            objective: None,
-            lower_bound: None,
-            gap: None,
-            seconds: start.elapsed().as_secs_f64(),
-            size: ModelSize::default(),
-            warm_started: false,
-        });
+        return Ok(IlpOutcome::unsolved(
+            IlpStatus::Infeasible,
+            start,
+            ModelSize::default(),
+        ));
     }
     let layout = Layout::new(p, model)?;
     // Building the model cannot stop on the clock: one whose rows take longer to build than
@@ -520,17 +514,7 @@ fn run(p: &Problem, opts: &IlpOptions, relax: bool, model: Model) -> Result<IlpO
             time_left = left,
             "the MILP is not built: its rows take longer to build than the time limit leaves (raise the time limit to build it)"
         );
-        return Ok(IlpOutcome {
-            status: IlpStatus::NoSolution,
-            schedule: None,
-            stats: None,
-            objective: None,
-            lower_bound: None,
-            gap: None,
-            seconds: start.elapsed().as_secs_f64(),
-            size,
-            warm_started: false,
-        });
+        return Ok(IlpOutcome::unsolved(IlpStatus::NoSolution, start, size));
     }
     let g = &layout.g;
     let max_bytes = g.bytes.iter().copied().max().unwrap_or(1).max(1) as f64;
@@ -622,6 +606,23 @@ struct Raw {
     seconds: f64,
     size: ModelSize,
     warm_started: bool,
+}
+
+impl IlpOutcome {
+    /// An answer without a solve: no schedule, objective or bound.
+    fn unsolved(status: IlpStatus, start: Instant, size: ModelSize) -> IlpOutcome {
+        IlpOutcome {
+            status,
+            schedule: None,
+            stats: None,
+            objective: None,
+            lower_bound: None,
+            gap: None,
+            seconds: start.elapsed().as_secs_f64(),
+            size,
+            warm_started: false,
+        }
+    }
 }
 
 impl Raw {

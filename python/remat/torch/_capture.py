@@ -769,9 +769,9 @@ def capture(
             "and let remat plan the checkpointing"
         )
     region_fqns = find_regions(model, regions)
-    saved_grads = {n: p.grad for n, p in model.named_parameters()}
     # The captured steps run in training mode: BatchNorm's running statistics (and any other
-    # buffer a step updates) go back to what they were, as the gradients do.
+    # buffer a step updates) go back to what they were, as the gradients do (the decorator
+    # `leaves_the_model_as_it_was` puts those back).
     saved_buffers = host_copies(model)
     for p in model.parameters():
         p.grad = None
@@ -810,8 +810,6 @@ def capture(
                 model, inputs, doc, loss_fn, rounds=wrap_rounds, seed=seed, device=device
             )
     finally:
-        for n, p in model.named_parameters():
-            p.grad = saved_grads[n]
         put_back(model, saved_buffers)
     return doc
 

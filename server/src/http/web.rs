@@ -93,7 +93,7 @@ pub async fn fallback(method: Method, uri: Uri) -> Response {
     }
     if method != Method::GET && method != Method::HEAD {
         // A page of the viewer takes GET and HEAD only: another method is 405, with `Allow`.
-        let page = is_app_page(path) || lookup(path).is_some() || path == "/";
+        let page = is_app_page(path) || lookup(path).is_some();
         if !page {
             return no_route();
         }

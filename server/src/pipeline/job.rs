@@ -7,7 +7,9 @@ use super::execute::{validate_schedule, validation_report};
 use super::load::{load, Loaded};
 use super::maximize;
 use super::reuse;
-use super::solve::{plan_document, plan_loaded_reusing, plan_options, solver_error, Planned};
+use super::solve::{
+    infeasible_message, plan_document, plan_loaded_reusing, plan_options, solver_error, Planned,
+};
 use crate::engine::document::{MaximizeReport, PlanDocument};
 use crate::engine::{EngineError, ErrorKind, History, ModelFormat, NoHistory, Phase, PlanRequest};
 use remat_exec::{ExecDevice, ValidateOptions};
@@ -109,31 +111,6 @@ impl Stop {
             }
             _ => None,
         }
-    }
-}
-
-/// Why a plan has no schedule, as the CLI and the API say it: the budget and the least peak
-/// remat knows (each shown by `bytes`); when one `solver` was asked for and the budget is at
-/// or above that least peak, that the solver alone found none, and that `auto` tries them all.
-pub fn infeasible_message(
-    budget: u64,
-    min_feasible: u64,
-    solver: Option<&str>,
-    bytes: &dyn Fn(u64) -> String,
-) -> String {
-    match solver {
-        Some(s) if budget >= min_feasible => format!(
-            "budget {budget} bytes: solver {s} found no schedule within it, but remat reaches peaks down to {}: plan with the default solver (auto), which tries every method",
-            bytes(min_feasible)
-        ),
-        Some(s) => format!(
-            "budget {budget} bytes is infeasible: the minimum feasible budget is {} (solver {s} alone may need more)",
-            bytes(min_feasible)
-        ),
-        None => format!(
-            "budget {budget} bytes is infeasible: the minimum feasible budget is {}",
-            bytes(min_feasible)
-        ),
     }
 }
 

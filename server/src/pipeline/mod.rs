@@ -20,13 +20,12 @@ mod solve;
 pub mod torch;
 
 pub use execute::{exec_error, not_runnable, validate_schedule, validation_report};
-pub use job::{
-    default_threads, infeasible_message, Costs, PlanJob, PlanOutcome, Progress, Quiet, Stop,
-};
+pub use job::{default_threads, Costs, PlanJob, PlanOutcome, Progress, Quiet, Stop};
 pub use load::{import_options, load, not_json, planner_error, ExecModel, Loaded};
 pub use solve::{
-    decisions, plan_document, plan_loaded, plan_options, seconds_text, solver_error,
-    sweep_document, valid_seconds, Planned, DEFAULT_FRACTIONS, DEFAULT_TIME_LIMIT, MAX_SECONDS,
+    decisions, infeasible_message, plan_document, plan_loaded, plan_options, seconds_text,
+    solver_error, sweep_document, valid_seconds, Planned, DEFAULT_FRACTIONS, DEFAULT_TIME_LIMIT,
+    MAX_SECONDS,
 };
 
 use crate::engine::{Engine, EngineError, History, ModelFormat, Phase, PlanRequest};

@@ -34,16 +34,41 @@ pub fn solver_error(e: SolverError) -> EngineError {
         } => EngineError::new(
             ErrorKind::Unprocessable,
             "infeasible_budget",
-            format!(
-                "budget {budget} bytes is infeasible: the minimum feasible budget is {min_feasible} bytes"
-            ),
+            infeasible_message(budget, min_feasible, None, &|b| format!("{b} bytes")),
         )
         .with_details(json!({ "budget_bytes": budget, "min_feasible_budget_bytes": min_feasible })),
-        SolverError::InvalidArgument(m) => EngineError::new(ErrorKind::BadInput, "invalid_option", m),
+        SolverError::InvalidArgument(m) => {
+            EngineError::new(ErrorKind::BadInput, "invalid_option", m)
+        }
         SolverError::Unavailable { .. } => {
             EngineError::new(ErrorKind::BadInput, "invalid_option", e.to_string())
         }
         other => EngineError::new(ErrorKind::Internal, "internal", other.to_string()),
+    }
+}
+
+/// Why a plan has no schedule, as the CLI and the API say it: the budget and the least peak
+/// remat knows (each shown by `bytes`); when one `solver` was asked for and the budget is at
+/// or above that least peak, that the solver alone found none, and that `auto` tries them all.
+pub fn infeasible_message(
+    budget: u64,
+    min_feasible: u64,
+    solver: Option<&str>,
+    bytes: &dyn Fn(u64) -> String,
+) -> String {
+    match solver {
+        Some(s) if budget >= min_feasible => format!(
+            "budget {budget} bytes: solver {s} found no schedule within it, but remat reaches peaks down to {}: plan with the default solver (auto), which tries every method",
+            bytes(min_feasible)
+        ),
+        Some(s) => format!(
+            "budget {budget} bytes is infeasible: the minimum feasible budget is {} (solver {s} alone may need more)",
+            bytes(min_feasible)
+        ),
+        None => format!(
+            "budget {budget} bytes is infeasible: the minimum feasible budget is {}",
+            bytes(min_feasible)
+        ),
     }
 }
 

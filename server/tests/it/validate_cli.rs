@@ -979,26 +979,19 @@ fn bad_files_and_flags_are_exit_2() {
 #[test]
 fn validate_names_why_a_plan_does_not_fit_this_model() {
     let dir = tempfile::tempdir().unwrap();
+    let plan_at = |budget: &str, out: &str| {
+        let args = [
+            "plan", MODEL, "--dim", "batch=2", "--budget", budget, "--out", out,
+        ];
+        remat(&args)
+    };
+    let validate =
+        |batch: &str, plan: &str| remat(&["validate", MODEL, "--dim", batch, "--plan", plan]);
     let at_2 = dir.path().join("at2.json");
-    let o = remat(&[
-        "plan",
-        MODEL,
-        "--dim",
-        "batch=2",
-        "--budget",
-        "0.9x",
-        "--out",
-        at_2.to_str().unwrap(),
-    ]);
+    let at_2 = at_2.to_str().unwrap();
+    let o = plan_at("0.9x", at_2);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let o = remat(&[
-        "validate",
-        MODEL,
-        "--dim",
-        "batch=4",
-        "--plan",
-        at_2.to_str().unwrap(),
-    ]);
+    let o = validate("batch=4", at_2);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(
@@ -1006,25 +999,10 @@ fn validate_names_why_a_plan_does_not_fit_this_model() {
         "{t}"
     );
     let infeasible = dir.path().join("infeasible.json");
-    let o = remat(&[
-        "plan",
-        MODEL,
-        "--dim",
-        "batch=2",
-        "--budget",
-        "1",
-        "--out",
-        infeasible.to_str().unwrap(),
-    ]);
+    let infeasible = infeasible.to_str().unwrap();
+    let o = plan_at("1", infeasible);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
-    let o = remat(&[
-        "validate",
-        MODEL,
-        "--dim",
-        "batch=2",
-        "--plan",
-        infeasible.to_str().unwrap(),
-    ]);
+    let o = validate("batch=2", infeasible);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(t.contains("the plan is infeasible"), "{t}");
