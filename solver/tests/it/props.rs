@@ -239,6 +239,30 @@ proptest! {
         prop_assert_eq!(simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?, st);
     }
 
+    /// The least peak `auto` reports when nothing fits (the portfolio's greedy descents,
+    /// stopped when the peak stops falling) is a budget the portfolio then meets: a point on
+    /// the paths of its full runs, never below the least peak those pass through.
+    #[test]
+    fn portfolio_meets_the_least_peak_of_its_descents(p in arb_plain_dag(14), runs in 1usize..=4) {
+        use remat_solver::search::{min_peak_portfolio, portfolio_search, SearchLimits};
+        let limits = SearchLimits { work: 400_000, time: Duration::from_secs(3600) };
+        let low = min_peak_portfolio(&p, limits, runs)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(low.best.is_none());
+        let (_, least) = low.lowest.expect("the descents evaluate at least one schedule");
+        let full = portfolio_search(&p, p.footprint_lower_bound(), limits, runs)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if full.best.is_none() {
+            let (_, full_low) = full.lowest.expect("the search evaluates a schedule");
+            prop_assert!(least.peak_bytes >= full_low.peak_bytes);
+        }
+        let again = portfolio_search(&p, least.peak_bytes, limits, runs)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let (s, st) = again.best.expect("a schedule within the least peak reported");
+        prop_assert!(st.peak_bytes <= least.peak_bytes);
+        prop_assert_eq!(simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?, st);
+    }
+
     #[test]
     fn min_budget_sound_on_plain_dags(p in arb_plain_dag(14)) {
         let mb = min_feasible_budget(&p);
