@@ -94,7 +94,14 @@ pub enum PlannerError {
         name: String,
         inputs: Vec<String>,
     },
-    #[error("the model has no floating-point output to build a loss from")]
+    /// `--param NAME` on an input that cannot be trained.
+    #[error("--param {name:?}: the input is {dtype}; a parameter must be floating point")]
+    ParamNotFloat { name: String, dtype: String },
+    #[error(
+        "the model has no floating-point output computed from a data input to build a loss \
+         from (an output computed from parameters and constants alone is folded at import: \
+         if a graph input taken for a parameter is data, name it with --input NAME)"
+    )]
     NoLoss,
     #[error("lowering the training graph: {0}")]
     Lowering(String),

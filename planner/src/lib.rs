@@ -32,8 +32,14 @@
 //! 3. has an initializer → parameter;
 //! 4. not floating point → data;
 //! 5. has a symbolic or unknown dim → data;
-//! 6. if rules 1-5 found no data input at all, the first graph input is data;
-//! 7. otherwise (floating point, fully static) → parameter.
+//! 6. is read as the activation operand of an op (input 0 of Conv, ConvTranspose, Gemm, a
+//!    normalization, a pooling or a recurrent op; directly or through Reshape, Flatten,
+//!    Squeeze, Unsqueeze, Identity or Cast) → data: CLIP's `pixel_values` and Whisper's
+//!    `input_features` beside their integer token ids, an MLP's `x` beside its labels;
+//! 7. if rules 1-6 found no data input at all, the first graph input is data;
+//! 8. otherwise (floating point, fully static) → parameter.
+//!
+//! `--param` on an input that is not floating point is an error.
 //!
 //! Parameter candidates (and initializers, `Constant` nodes and constant subgraphs such as
 //! `ConstantOfShape` of a constant shape) that the live graph reads become *trainable

@@ -263,10 +263,74 @@ fn display_name(n: &NodeProto, index: usize) -> String {
     }
 }
 
+/// Ops whose input 0 is the activation they transform: a graph input read there (directly or
+/// through views) is data, never a weight ([`classify_inputs`], rule 6).
+const ACTIVATION_SLOT_OPS: &[&str] = &[
+    "Conv",
+    "ConvTranspose",
+    "Gemm",
+    "BatchNormalization",
+    "LayerNormalization",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "RMSNormalization",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "LpPool",
+    "LSTM",
+    "GRU",
+    "RNN",
+];
+
+/// Ops that pass their input 0 on as a view or a cast, followed when looking for the op an
+/// input reaches.
+const PASS_THROUGH_OPS: &[&str] = &[
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Cast",
+];
+
+/// The graph inputs that reach input 0 of an [`ACTIVATION_SLOT_OPS`] op of the main graph,
+/// directly or through [`PASS_THROUGH_OPS`] (their input 0).
+fn read_as_activations(g: &GraphProto) -> HashSet<String> {
+    let mut readers: HashMap<&str, Vec<&NodeProto>> = HashMap::new();
+    for n in &g.node {
+        if let Some(first) = n.input.first().filter(|i| !i.is_empty()) {
+            readers.entry(first.as_str()).or_default().push(n);
+        }
+    }
+    let mut found = HashSet::new();
+    for input in &g.input {
+        let mut stack = vec![input.name.as_str()];
+        let mut seen: HashSet<&str> = HashSet::new();
+        while let Some(v) = stack.pop() {
+            if !seen.insert(v) {
+                continue;
+            }
+            for n in readers.get(v).into_iter().flatten() {
+                let op = n.op_type.as_str();
+                let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
+                if default_domain && ACTIVATION_SLOT_OPS.contains(&op) {
+                    found.insert(input.name.clone());
+                } else if default_domain && PASS_THROUGH_OPS.contains(&op) {
+                    stack.extend(n.output.first().map(String::as_str));
+                }
+            }
+        }
+    }
+    found
+}
+
 /// Decides which graph inputs are parameters (the rule is documented in the crate docs).
 fn classify_inputs(
     inputs: &[&ValueInfoProto],
     initializers: &HashSet<&str>,
+    activations: &HashSet<String>,
     opts: &ImportOptions,
 ) -> Result<HashMap<String, bool>> {
     let names: Vec<String> = inputs.iter().map(|v| v.name.clone()).collect();
@@ -277,6 +341,16 @@ fn classify_inputs(
                     which,
                     name: n.clone(),
                     inputs: names.clone(),
+                });
+            }
+        }
+    }
+    for v in inputs {
+        if opts.params.contains(&v.name) {
+            if let Some(dtype) = declared(v).dtype.filter(|t| !t.is_float()) {
+                return Err(PlannerError::ParamNotFloat {
+                    name: v.name.clone(),
+                    dtype: format!("{dtype:?}").to_lowercase(),
                 });
             }
         }
@@ -299,6 +373,9 @@ fn classify_inputs(
                 .as_ref()
                 .is_none_or(|dims| dims.iter().any(|x| x.is_err()))
             {
+                return Some(false);
+            }
+            if activations.contains(name) {
                 return Some(false);
             }
             None
@@ -745,7 +822,7 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
 
     let init_names: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
     let graph_inputs: Vec<&ValueInfoProto> = g.input.iter().collect();
-    let is_param = classify_inputs(&graph_inputs, &init_names, opts)?;
+    let is_param = classify_inputs(&graph_inputs, &init_names, &read_as_activations(g), opts)?;
 
     // Symbolic dims of the data inputs: every one must be bound, every binding must exist.
     let mut symbolic: Vec<String> = vec![];

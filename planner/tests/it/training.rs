@@ -126,7 +126,7 @@ fn weights_as_initializers_constants_or_constant_subgraphs_are_parameters() {
 
 #[test]
 fn parameter_rule_overrides() {
-    // A static float input first: without data inputs found by rules 1-5, it is data.
+    // A static float input first: without data inputs found by rules 1-6, it is data (rule 7).
     let g = G::new(17)
         .input("x", F32, &[D::V(2), D::V(4)])
         .input("w", F32, &[D::V(4), D::V(4)])
@@ -146,6 +146,77 @@ fn parameter_rule_overrides() {
     assert_eq!(kinds, vec![ValueKind::Param, ValueKind::Data]);
     let t = m.training_graph().expect("training graph");
     assert_eq!(t.params_bytes, 2 * 4 * 4);
+}
+
+/// Rule 6: a static float input read as an op's activation operand is data, beside an
+/// integer input (found by rule 4) that would otherwise leave it to rule 8: an MLP that
+/// computes its own loss from labels, and an image tower beside token ids (CLIP).
+#[test]
+fn static_float_input_read_as_an_activation_is_data() {
+    let mlp_with_labels = G::new(17)
+        .input("x", F32, &[D::V(4), D::V(8)])
+        .input("labels", I64, &[D::V(4)])
+        .input("w", F32, &[D::V(3), D::V(8)])
+        .node("Flatten", "flat", &["x"], &["xf"], vec![])
+        .node("Gemm", "fc", &["xf", "w"], &["h"], vec![a_int("transB", 1)])
+        .node(
+            "SoftmaxCrossEntropyLoss",
+            "ce",
+            &["h", "labels"],
+            &["loss"],
+            vec![],
+        )
+        .output("loss");
+    let m = load(&mlp_with_labels.bytes(), &ImportOptions::default()).expect("imports");
+    let kinds: Vec<ValueKind> = m.inputs.iter().map(|&v| m.values[v].kind).collect();
+    assert_eq!(
+        kinds,
+        vec![ValueKind::Data, ValueKind::Data, ValueKind::Param]
+    );
+    let t = m.training_graph().expect("training graph");
+    assert!(ids(&t).contains(&"f:fc"), "{:?}", ids(&t));
+    assert_eq!(t.params_bytes, 3 * 8 * 4);
+
+    let two_towers = G::new(17)
+        .input("ids", I64, &[D::V(2), D::V(5)])
+        .input("pixels", F32, &[D::V(2), D::V(3), D::V(8), D::V(8)])
+        .input("emb", F32, &[D::V(10), D::V(4)])
+        .input("patch", F32, &[D::V(4), D::V(3), D::V(4), D::V(4)])
+        .node("Gather", "lookup", &["emb", "ids"], &["t"], vec![])
+        .node(
+            "Conv",
+            "patchify",
+            &["pixels", "patch"],
+            &["p"],
+            vec![a_ints("strides", &[4, 4])],
+        )
+        .output("t")
+        .output("p");
+    let m = load(&two_towers.bytes(), &ImportOptions::default()).expect("imports");
+    let kinds: Vec<ValueKind> = m.inputs.iter().map(|&v| m.values[v].kind).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ValueKind::Data,
+            ValueKind::Data,
+            ValueKind::Param,
+            ValueKind::Param
+        ]
+    );
+    let t = m.training_graph().expect("training graph");
+    assert!(ids(&t).contains(&"f:patchify"), "{:?}", ids(&t));
+
+    // --param on the integer input is refused by name.
+    let opts = ImportOptions {
+        params: vec!["ids".into()],
+        ..Default::default()
+    };
+    let err = load(&two_towers.bytes(), &opts).expect_err("an int64 parameter");
+    assert!(
+        err.to_string()
+            .contains("--param \"ids\": the input is i64; a parameter must be floating point"),
+        "{err}"
+    );
 }
 
 #[test]
