@@ -94,6 +94,13 @@ pub enum PlannerError {
         name: String,
         inputs: Vec<String>,
     },
+    /// A tensor kept in an external file that cannot be read (`external`).
+    #[error("tensor {tensor:?}, external data {location:?}: {reason}")]
+    ExternalData {
+        tensor: String,
+        location: String,
+        reason: String,
+    },
     /// `--param NAME` on an input that cannot be trained.
     #[error("--param {name:?}: the input is {dtype}; a parameter must be floating point")]
     ParamNotFloat { name: String, dtype: String },

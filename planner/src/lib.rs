@@ -90,6 +90,7 @@
 
 pub mod cost;
 pub mod error;
+pub mod external;
 pub mod fuse;
 pub mod inspect;
 mod layout;

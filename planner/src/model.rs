@@ -802,7 +802,8 @@ pub struct ImportOptions {
 /// [`classify_constants`] once the exporter's decompositions are fused (`crate::import`);
 /// the second result says which values are constants.
 pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<bool>)> {
-    let proto = parse_model(bytes)?;
+    let mut proto = parse_model(bytes)?;
+    crate::external::check_no_external_shapes(&mut proto)?;
     let Some(g) = proto.graph.as_ref() else {
         return Err(malformed("the protobuf has no graph"));
     };

@@ -363,8 +363,7 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
         message,
     };
     let path = base_dir.join(&model.path);
-    let bytes =
-        std::fs::read(&path).map_err(|e| err(format!("cannot read {}: {e}", path.display())))?;
+    let bytes = ModelFormat::read_file(&path).map_err(err)?;
     let format = ModelFormat::detect(&bytes);
     if format == ModelFormat::TorchGraph {
         return measure_torch(model, &bytes).map_err(err);

@@ -2,6 +2,7 @@
 
 mod build;
 mod errors;
+mod external;
 mod fixtures;
 mod fuzz;
 mod hostile;

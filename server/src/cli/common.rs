@@ -130,9 +130,8 @@ fn parse_dim(s: &str) -> Result<(String, u64), String> {
 }
 
 fn read_model(path: &Path) -> Result<Vec<u8>, Failure> {
-    std::fs::read(path)
-        .with_context(|| format!("cannot read model {}", path.display()))
-        .map_err(|error| Failure { code: 2, error })
+    remat_server::engine::ModelFormat::read_file(path)
+        .map_err(|e| Failure::new(2, format!("model {e}")))
 }
 
 /// The executor's device.

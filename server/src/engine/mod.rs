@@ -191,6 +191,39 @@ impl ModelFormat {
         }
     }
 
+    /// A model file's bytes, an ONNX model's external data (tensors kept in files beside it:
+    /// `onnx.save(..., save_as_external_data=True)`, the dynamo exporter's `.onnx.data`) read
+    /// into it from the file's folder. The error names the file, or the tensor and its data
+    /// file.
+    pub fn read_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if Self::detect(&bytes) != ModelFormat::Onnx {
+            return Ok(bytes);
+        }
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        let (inlined, done) = remat_planner::external::inline_external_data(&bytes, dir)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if done.tensors > 0 {
+            tracing::info!(
+                tensors = done.tensors,
+                bytes = done.bytes,
+                "read the model's external data"
+            );
+        }
+        if done.left_external > 0 {
+            tracing::warn!(
+                tensors = done.left_external,
+                "floating-point tensors past 1 GiB left in their external files: the executor \
+                 seeds them (planning needs only their shapes)"
+            );
+        }
+        Ok(match inlined {
+            std::borrow::Cow::Borrowed(_) => bytes,
+            std::borrow::Cow::Owned(v) => v,
+        })
+    }
+
     /// The name the store keeps (`onnx`, `graph_json`: the serde names).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -167,6 +167,16 @@ pub fn planner_error(e: PlannerError) -> EngineError {
             EngineError::new(ErrorKind::BadInput, "invalid_option", message)
                 .with_details(json!({ "known_dims": known }))
         }
+        // `params` / `inputs` name an input the model lacks, or a parameter it cannot train.
+        PlannerError::UnknownInput { .. } | PlannerError::ParamNotFloat { .. } => {
+            EngineError::new(ErrorKind::BadInput, "invalid_option", message)
+        }
+        // A model whose shapes depend on data kept in a file beside it: the body carries no
+        // files (the CLI reads them from the model's folder).
+        PlannerError::ExternalData {
+            tensor, location, ..
+        } => EngineError::new(ErrorKind::Unprocessable, "external_data", message)
+            .with_details(json!({ "tensor": tensor, "location": location })),
         _ => EngineError::new(ErrorKind::BadInput, "malformed_model", message),
     }
 }

@@ -1007,3 +1007,55 @@ fn validate_names_why_a_plan_does_not_fit_this_model() {
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(t.contains("the plan is infeasible"), "{t}");
 }
+
+/// An ONNX model whose weights are in a file beside it (`onnx.save(...,
+/// save_as_external_data=True)`, the dynamo exporter's `.onnx.data`): the CLI reads them,
+/// and a missing file is an error naming the tensor and the file (exit 2), never seeded
+/// weights without a word.
+#[test]
+fn external_data_beside_the_model_is_read_and_a_missing_file_named() {
+    use onnx_protobuf::tensor_proto::DataLocation;
+    use onnx_protobuf::{Message, ModelProto, StringStringEntryProto};
+    let bytes = std::fs::read(root().join(MODEL)).expect("fixture");
+    let mut model = ModelProto::parse_from_bytes(&bytes).expect("parses");
+    let mut data = vec![];
+    let g = model.graph.as_mut().expect("graph");
+    let mut moved = 0;
+    for t in g.initializer.iter_mut().filter(|t| !t.raw_data.is_empty()) {
+        let raw = std::mem::take(&mut t.raw_data);
+        let entry = |key: &str, value: String| StringStringEntryProto {
+            key: key.into(),
+            value,
+            ..Default::default()
+        };
+        t.external_data = vec![
+            entry("location", "tiny_cnn.onnx.data".into()),
+            entry("offset", data.len().to_string()),
+            entry("length", raw.len().to_string()),
+        ];
+        t.data_location = DataLocation::EXTERNAL.into();
+        data.extend_from_slice(&raw);
+        moved += 1;
+    }
+    assert!(moved >= 4, "the fixture keeps its weights inline: {moved}");
+    let dir = tempfile::tempdir().expect("temp folder");
+    let path = dir.path().join("tiny_cnn.onnx");
+    std::fs::write(&path, model.write_to_bytes().expect("encodes")).expect("write");
+    let p = path.to_str().expect("utf-8 path");
+    let run = || remat(&["validate", p, "--dim", "batch=2", "--budget", "0.95x"]);
+
+    let o = run();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("external data \"tiny_cnn.onnx.data\": cannot open"),
+        "{t}"
+    );
+
+    std::fs::write(dir.path().join("tiny_cnn.onnx.data"), &data).expect("write");
+    let o = run();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("validation passed on cpu"), "{t}");
+    assert!(t.contains("from the file, 0 seeded"), "{t}");
+}
