@@ -4,15 +4,15 @@
 /// Failures of the service itself: opening the store, binding the port, bad server flags.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot open the plan store {path}: {source}")]
+    // The store's error is in the message, not a `source`: an error chain says it once.
+    #[error("cannot open the plan store {path}: {error}")]
     OpenStore {
         /// The file, or the database URL with its password redacted.
         path: String,
-        #[source]
-        source: super::store::StoreError,
+        error: super::store::StoreError,
     },
     #[error("plan store: {0}")]
-    Store(#[source] super::store::StoreError),
+    Store(super::store::StoreError),
     #[error("cannot bind {addr}: {source}")]
     Bind {
         addr: String,

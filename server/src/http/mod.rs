@@ -160,9 +160,9 @@ pub struct Serve {
 
 /// Opens the store `db` names: a PostgreSQL database (its schema migrated) or a SQLite file.
 pub async fn open_store(db: &str, connections: usize) -> Result<Store, ServerError> {
-    let opening = |source| ServerError::OpenStore {
+    let opening = |error| ServerError::OpenStore {
         path: store::redact(db),
-        source,
+        error,
     };
     if store::is_postgres_url(db) {
         let pg = store::PgStore::new(db, connections).map_err(opening)?;
@@ -172,6 +172,10 @@ pub async fn open_store(db: &str, connections: usize) -> Result<Store, ServerErr
         }
         Ok(Store::Postgres(pg))
     } else {
+        store::check_sqlite_path(db).map_err(|message| ServerError::Config {
+            option: "db",
+            message,
+        })?;
         let sqlite =
             store::SqliteStore::open(std::path::Path::new(db)).map_err(|e| opening(e.into()))?;
         Ok(Store::Sqlite(Arc::new(sqlite)))

@@ -725,6 +725,48 @@ fn bad_databases_and_devices_are_refused_with_the_reason_and_no_password() {
             "{command}: the password shows: {text}"
         );
     }
+    // The scheme in any case is PostgreSQL's; a password in the query is redacted too.
+    let upper = format!(
+        "PostgreSQL://{}:not-the-{}@127.0.0.1:{}/postgres",
+        pg::USER,
+        pg::PASSWORD,
+        cluster.port
+    );
+    let query = format!(
+        "postgres://{}@127.0.0.1:{}/postgres?password=not-the-{}",
+        pg::USER,
+        cluster.port,
+        pg::PASSWORD
+    );
+    for url in [&upper, &query] {
+        let (code, text) = run(&["worker", "--db", url]);
+        assert_eq!(code, Some(1), "{url}: {text}");
+        assert!(text.contains("password authentication failed"), "{text}");
+        assert!(!text.contains("not-the-"), "the password shows: {text}");
+    }
+    // What is neither a PostgreSQL URL nor a file path is refused before any file is made
+    // (a libpq string would be a SQLite file named after the password).
+    let dir = tempfile::tempdir().expect("temp folder");
+    for db in [
+        "postgress://remat:not-the-pw@127.0.0.1/postgres".to_string(),
+        format!(
+            "host=127.0.0.1 user=remat password=not-the-pw port={}",
+            cluster.port
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_remat"))
+            .args(["serve", "--addr", "127.0.0.1:0", "--db", &db])
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("running remat");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{db}: {text}");
+        assert!(text.contains("--db"), "{text}");
+        assert!(!text.contains("not-the-"), "the password shows: {text}");
+        let made: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(made.is_empty(), "{db}: files made: {made:?}");
+    }
     // A worker needs PostgreSQL, and a GPU only when built for it.
     let (code, text) = run(&["worker", "--db", "remat.db"]);
     assert_eq!(code, Some(2), "{text}");
@@ -763,6 +805,47 @@ fn bad_databases_and_devices_are_refused_with_the_reason_and_no_password() {
     assert_eq!(code, Some(2), "{text}");
     assert!(
         text.contains("--max-time-limit") && text.contains("1e30 is not a positive number"),
+        "{text}"
+    );
+}
+
+/// A schema edited or damaged since remat made it is refused at start, naming what is
+/// missing, not met with queries failing one by one (a job queued forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_schema_is_refused_at_start_naming_what_is_missing() {
+    let db = pg::database().await;
+    remat_server::http::open_store(&db, 2)
+        .await
+        .expect("migrates an empty database");
+    let (client, connection) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute("ALTER TABLE jobs DROP COLUMN attempts")
+        .await
+        .unwrap();
+    let err = remat_server::http::open_store(&db, 2)
+        .await
+        .err()
+        .expect("a damaged schema is refused")
+        .to_string();
+    assert!(
+        err.contains("lacks column jobs.attempts") && err.contains("restore it"),
+        "{err}"
+    );
+    // The error chain says it once.
+    assert_eq!(err.matches("lacks").count(), 1, "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(["worker", "--db", &db])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running remat");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert_eq!(
+        text.matches("lacks column jobs.attempts").count(),
+        1,
         "{text}"
     );
 }

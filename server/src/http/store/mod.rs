@@ -8,8 +8,8 @@ mod sqlite;
 mod types;
 
 pub use postgres::{
-    is_postgres_url, redact, worker_lost_error, Leased, PgStore, QueueStats, Takes,
-    DELETED_CHANNEL, FINISHED_CHANNEL,
+    check_sqlite_path, is_postgres_url, redact, worker_lost_error, Leased, PgStore, QueueStats,
+    Takes, DELETED_CHANNEL, FINISHED_CHANNEL,
 };
 pub use sqlite::SqliteStore;
 pub use types::{

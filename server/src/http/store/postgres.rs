@@ -109,46 +109,182 @@ fn pool_error(e: PoolError) -> StoreError {
     }
 }
 
-/// `url` with its password (if any) replaced by `***`, for messages and logs.
+/// The tables and columns the migrations create, read from their `CREATE TABLE` statements:
+/// each column is a line of its own that starts with the column's name.
+fn schema_columns() -> Vec<(String, Vec<String>)> {
+    let mut tables: Vec<(String, Vec<String>)> = vec![];
+    for (_, sql) in MIGRATIONS {
+        let mut current: Option<(String, Vec<String>)> = None;
+        for line in sql.lines().map(str::trim) {
+            if let Some(rest) = line.strip_prefix("CREATE TABLE ") {
+                let name = rest.split([' ', '(']).next().unwrap_or_default();
+                current = Some((name.to_string(), vec![]));
+            } else if line.starts_with(");") {
+                tables.extend(current.take());
+            } else if let Some((_, cols)) = current.as_mut() {
+                let first = line.split_whitespace().next().unwrap_or_default();
+                if !first.is_empty() && !line.starts_with("--") {
+                    cols.push(first.to_string());
+                }
+            }
+        }
+    }
+    tables
+}
+
+/// Refuses a database whose tables lack a column the migrations create, or the uniqueness of
+/// `jobs.active_key` (one in-flight job per identical post), naming what is missing: an
+/// edited or damaged schema otherwise shows as queries failing one by one, a job queued
+/// forever, a generic error per request.
+async fn check_schema(tx: &tokio_postgres::Transaction<'_>) -> Result<(), StoreError> {
+    let have: Vec<(String, String)> = tx
+        .query(
+            "SELECT table_name::text, column_name::text FROM information_schema.columns
+             WHERE table_schema = current_schema()",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut missing = vec![];
+    for (table, cols) in schema_columns() {
+        if !have.iter().any(|(t, _)| *t == table) {
+            missing.push(format!("table {table}"));
+            continue;
+        }
+        for c in cols {
+            if !have.iter().any(|(t, col)| *t == table && *col == c) {
+                missing.push(format!("column {table}.{c}"));
+            }
+        }
+    }
+    let unique = tx
+        .query(
+            "SELECT 1 FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'jobs'
+             AND indexdef LIKE 'CREATE UNIQUE INDEX%(active_key)%'",
+            &[],
+        )
+        .await?;
+    if unique.is_empty() && !missing.iter().any(|m| m == "table jobs") {
+        missing.push("the unique index on jobs.active_key".to_string());
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::Corrupt(format!(
+        "the database's schema (version {}) lacks {}: it was edited or damaged since remat \
+         created it; restore it from a backup, or start on an empty database",
+        MIGRATIONS.last().map_or(0, |m| m.0),
+        missing.join(", ")
+    )))
+}
+
+/// `url` with its password (if any) replaced by `***`, for messages and logs: the one in
+/// the user info (`user:PASSWORD@`) and every `password=` parameter (a URL's query, a libpq
+/// `key=value` string).
 pub fn redact(url: &str) -> String {
+    redact_parameters(&redact_userinfo(url))
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };
     let rest = &url[scheme_end + 3..];
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let authority = &rest[..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end + 3],
-                    &userinfo[..colon],
-                    &url[scheme_end + 3 + at..]
-                ),
-                None => url.to_string(),
-            }
-        }
+    let Some(at) = authority.rfind('@') else {
+        return url.to_string();
+    };
+    let userinfo = &authority[..at];
+    match userinfo.find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &userinfo[..colon],
+            &url[scheme_end + 3 + at..]
+        ),
         None => url.to_string(),
     }
 }
 
-/// Whether `db` names a PostgreSQL database (`postgres://` or `postgresql://`) rather than a
-/// SQLite file.
+fn redact_parameters(s: &str) -> String {
+    const KEY: &str = "password=";
+    let lower = s.to_ascii_lowercase();
+    let mut out = String::with_capacity(s.len());
+    let mut from = 0;
+    while let Some(i) = lower[from..].find(KEY).map(|i| from + i) {
+        let value = i + KEY.len();
+        let end = s[value..]
+            .find(|c: char| c == '&' || c.is_whitespace())
+            .map_or(s.len(), |e| value + e);
+        out.push_str(&s[from..value]);
+        out.push_str("***");
+        from = end;
+    }
+    out.push_str(&s[from..]);
+    out
+}
+
+/// Whether `db` names a PostgreSQL database (`postgres://` or `postgresql://`, the scheme in
+/// any case) rather than a SQLite file.
 pub fn is_postgres_url(db: &str) -> bool {
-    db.starts_with("postgres://") || db.starts_with("postgresql://")
+    let lower = db.trim_start().to_ascii_lowercase();
+    lower.starts_with("postgres://") || lower.starts_with("postgresql://")
+}
+
+/// Refuses, for `--db`, what is neither a PostgreSQL URL nor plausibly a SQLite file path: a
+/// URL of another scheme (a typo such as `postgress://`) and a libpq `key=value` connection
+/// string, which would otherwise become the name of a new SQLite file (its password in the
+/// file name). The message has the password redacted.
+pub fn check_sqlite_path(db: &str) -> Result<(), String> {
+    if let Some(scheme) = db.split_once("://").map(|(s, _)| s) {
+        return Err(format!(
+            "{}: a URL of scheme {scheme:?}, which remat does not know: a PostgreSQL database \
+             is postgres://user:password@host:port/db (or postgresql://), a SQLite store a file path",
+            redact(db)
+        ));
+    }
+    const LIBPQ_KEYS: [&str; 6] = [
+        "host=",
+        "hostaddr=",
+        "user=",
+        "password=",
+        "dbname=",
+        "port=",
+    ];
+    let conninfo = db.split_whitespace().any(|w| {
+        LIBPQ_KEYS
+            .iter()
+            .any(|k| w.to_ascii_lowercase().starts_with(k))
+    });
+    if conninfo {
+        return Err(format!(
+            "{}: a libpq key=value connection string, which remat does not read: give the \
+             database as postgres://user:password@host:port/db",
+            redact(db)
+        ));
+    }
+    Ok(())
 }
 
 impl PgStore {
     /// A pool of at most `connections` connections to `url`; nothing is connected yet.
     pub fn new(url: &str, connections: usize) -> Result<PgStore, StoreError> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
-            StoreError::Unavailable(format!(
-                "{} is not a PostgreSQL connection URL: {e}",
-                redact(url)
-            ))
-        })?;
+        // URL schemes are case-insensitive; tokio-postgres reads only lowercase ones.
+        let url = url.trim_start();
+        let lowered = match url.split_once("://") {
+            Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
+            None => url.to_string(),
+        };
+        let config: tokio_postgres::Config =
+            lowered.parse().map_err(|e: tokio_postgres::Error| {
+                StoreError::Unavailable(format!(
+                    "{} is not a PostgreSQL connection URL: {e}",
+                    redact(url)
+                ))
+            })?;
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -220,6 +356,7 @@ impl PgStore {
                 )));
             }
         }
+        check_schema(&tx).await?;
         tx.commit().await?;
         Ok(applied)
     }
@@ -674,7 +811,7 @@ async fn commit_with_notice(
 
 #[cfg(test)]
 mod tests {
-    use super::{is_postgres_url, redact};
+    use super::{check_sqlite_path, is_postgres_url, redact};
 
     #[test]
     fn passwords_are_redacted_from_urls() {
@@ -694,5 +831,38 @@ mod tests {
         assert_eq!(redact("remat.db"), "remat.db");
         assert!(is_postgres_url("postgresql://x/y") && is_postgres_url("postgres://x"));
         assert!(!is_postgres_url("remat.db") && !is_postgres_url("/var/lib/remat.db"));
+    }
+
+    /// A password in a query string, in a libpq string or behind a mistyped scheme is never
+    /// printed; an uppercase scheme is PostgreSQL's; what is no file path is refused.
+    #[test]
+    fn every_password_form_is_redacted_and_odd_stores_refused() {
+        assert_eq!(
+            redact("postgres://remat@db/plans?sslmode=disable&password=s3cret&x=1"),
+            "postgres://remat@db/plans?sslmode=disable&password=***&x=1"
+        );
+        assert_eq!(
+            redact("host=db user=remat PASSWORD=s3cret dbname=plans"),
+            "host=db user=remat PASSWORD=*** dbname=plans"
+        );
+        assert_eq!(
+            redact("postgress://remat:s3cret@db/plans"),
+            "postgress://remat:***@db/plans"
+        );
+        assert!(is_postgres_url("PostgreSQL://remat:pw@db/plans"));
+        assert!(is_postgres_url("POSTGRES://db/plans"));
+        let typo = check_sqlite_path("postgress://remat:s3cret@db/plans").expect_err("a URL");
+        assert!(
+            typo.contains("scheme \"postgress\"") && !typo.contains("s3cret"),
+            "{typo}"
+        );
+        let kv = check_sqlite_path("host=db user=remat password=s3cret dbname=plans")
+            .expect_err("a libpq string");
+        assert!(
+            kv.contains("libpq key=value") && !kv.contains("s3cret"),
+            "{kv}"
+        );
+        assert!(check_sqlite_path("remat.db").is_ok());
+        assert!(check_sqlite_path("/var/lib/remat/plans v2.db").is_ok());
     }
 }

@@ -138,14 +138,50 @@ pub fn interrupted_error() -> ErrorObject {
 pub enum StoreError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("postgres: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
+    /// A query or connection that failed: the message is the database's own (severity,
+    /// SQLSTATE, message, detail, hint), which tokio-postgres's "db error" leaves to its source;
+    /// not a `source` itself, so that an error chain says it once.
+    #[error("postgres: {}", postgres_message(.0))]
+    Postgres(tokio_postgres::Error),
     /// No connection to the database.
     #[error("the database is unreachable: {0}")]
     Unavailable(String),
     /// The database holds what this version cannot read.
     #[error("{0}")]
     Corrupt(String),
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        StoreError::Postgres(e)
+    }
+}
+
+/// What a PostgreSQL error says: the server's report where there is one (`ERROR 42703:
+/// column "attempts" does not exist`, with its detail and hint), otherwise the client's error
+/// and its causes.
+pub fn postgres_message(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut m = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+        if let Some(d) = db.detail() {
+            m.push_str(&format!(" (detail: {d})"));
+        }
+        if let Some(h) = db.hint() {
+            m.push_str(&format!(" (hint: {h})"));
+        }
+        return m;
+    }
+    let mut m = e.to_string();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !m.ends_with(&text) {
+            m.push_str(": ");
+            m.push_str(&text);
+        }
+        source = s.source();
+    }
+    m
 }
 
 impl StoreError {
