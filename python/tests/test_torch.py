@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -654,6 +654,35 @@ def test_default_regions_are_blocks_in_containers_or_held_as_attributes() -> Non
     check_plans(Towers(), (torch.randn(4, 16, 32),))
 
 
+class SequentialBlocks(nn.Module):
+    """Blocks written as plain `nn.Sequential`s of layers in a ModuleList."""
+
+    def __init__(self, d: int = 32, n: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(n)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + b(x)
+        return x
+
+
+def test_plain_sequential_blocks_are_regions_not_their_layers() -> None:
+    # Without other blocks, the Sequentials are the regions (their Linear layers were, and a
+    # plan could then save nothing); a stage of blocks (a Sequential of Blocks) never is one.
+    assert rt.find_regions(SequentialBlocks()) == ["blocks.0", "blocks.1", "blocks.2"]
+    stages = nn.Sequential(nn.Sequential(Block(32), Block(32)), nn.Sequential(Block(32)))
+    assert rt.find_regions(stages) == ["0.0", "0.1"]
+    torch.manual_seed(0)
+    model, x = SequentialBlocks(), torch.randn(4, 16, 32)
+    graph = rt.capture(model, (x,))
+    least = rt.plan(graph, "min")
+    assert least["predicted"]["peak_bytes"] < least["unplanned_peak_bytes"]
+    check_plans(model, (x,))
+
+
 def test_keyword_inputs_as_hugging_face_takes_them() -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
@@ -1094,3 +1123,100 @@ def test_edited_plans_and_arguments_of_the_wrong_kind_are_refused_naming_them() 
         rt.capture(model, (x,), regions="0")
     with pytest.raises(ValueError, match="fractions must be a list of numbers"):
         rt.sweep(graph, "0.5")  # type: ignore[arg-type]
+
+
+def test_a_compiled_model_is_refused_by_capture_apply_and_measure() -> None:
+    torch.manual_seed(0)
+    model = Stack(16, n=2)
+    x = torch.randn(2, 8, 16)
+    graph = rt.capture(model, (x,))
+    plan = rt.plan(graph, "min")
+    compiled = cast(nn.Module, torch.compile(model))
+    for call in (
+        lambda: rt.capture(compiled, (x,)),
+        lambda: rt.apply(compiled, plan),
+        lambda: rt.measure(compiled, (x,), plan, rounds=1, op_rounds=0),
+    ):
+        with pytest.raises(rt.RematTorchError, match="compiled with torch.compile.*_orig_mod"):
+            call()
+
+
+def test_autocast_with_its_cast_cache_is_refused_and_without_it_plans_run_exactly() -> None:
+    torch.manual_seed(0)
+    model = Stack(16, n=3)
+    x = torch.randn(2, 8, 16)
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        pytest.raises(rt.CaptureError, match="cache_enabled=False"),
+    ):
+        rt.capture(model, (x,))
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        graph = rt.capture(model, (x,))
+        plan = rt.plan(graph, "min")
+        v = rt.measure(model, (x,), plan, rounds=1, op_rounds=0)
+    assert v["ok"], v["problems"]
+    assert v["grad_max_rel_err"] == 0.0
+    # The plan applied, a step under autocast with the cache is refused by name, not with
+    # another op where the captured one was expected.
+    with rt.apply(model, plan, (x,)):
+        with (
+            torch.autocast("cpu", dtype=torch.bfloat16),
+            pytest.raises(rt.OpMismatchError, match="region 'blocks.0'.*cache_enabled=False"),
+        ):
+            model(x).mean().backward()
+
+
+def test_a_region_given_a_key_value_cache_is_refused_at_capture() -> None:
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, vocab_size=100)
+    model = GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, 100, (2, 16))
+    try:
+        rt.capture(model, {"input_ids": ids})
+    except rt.CaptureError as e:
+        assert re.search(r"region 'transformer.h.0' \(GPT2Block\).*use_cache=False", str(e)), e
+    else:
+        # Older transformers (the lowest torch's environment) hand the blocks no cache object,
+        # only return each block's keys and values: nothing grows, and plans run exactly.
+        assert not _gpt2_blocks_take_a_cache(model, ids)
+        check_plans(model, {"input_ids": ids})
+    graph = rt.capture(model, {"input_ids": ids, "use_cache": False})
+    assert [r["fqn"] for r in graph["regions"]] == ["transformer.h.0", "transformer.h.1"]
+
+
+def test_measure_reports_no_memtracker_figure_where_memtracker_cannot_run() -> None:
+    # weight_norm computes the weight in a pre-hook of its module, which MemTracker's own
+    # hooks run at another point: the planned step under MemTracker differs from the capture.
+    # The second opinion is then null, the measurement itself unchanged.
+    from torch.nn.utils.parametrizations import weight_norm
+
+    torch.manual_seed(0)
+    model = Stack(16, n=3)
+    for b in model.blocks:
+        weight_norm(cast(Block, b).fc1)
+    x = torch.randn(2, 8, 16)
+    graph = rt.capture(model, (x,))
+    plan = rt.plan(graph, "min")
+    with pytest.warns(UserWarning, match="MemTracker could not measure the planned step"):
+        v = rt.measure(model, (x,), plan, rounds=1, op_rounds=0)
+    assert v["ok"], v["problems"]
+    assert v["grad_max_rel_err"] == 0.0
+    assert v["memtracker_peak_bytes"] is None
+
+
+def _gpt2_blocks_take_a_cache(model: nn.Module, ids: torch.Tensor) -> bool:
+    """Whether this transformers hands GPT-2's first block a key/value cache object."""
+    seen: list[bool] = []
+
+    def hook(_: nn.Module, args: Any, kwargs: Any) -> None:
+        leaves = [*args, *kwargs.values()]
+        seen.append(any(hasattr(x, "get_seq_length") for x in leaves))
+
+    first = cast(GPT2LMHeadModel, model).transformer.h[0]
+    h = first.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+    finally:
+        h.remove()
+    return any(seen)

@@ -17,7 +17,17 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from ._capture import ExampleInputs, Inputs, _tensors, as_inputs, fingerprint, signature
+from ._capture import (
+    AUTOCAST_CACHE,
+    ExampleInputs,
+    Inputs,
+    _tensors,
+    as_inputs,
+    autocast_caches,
+    fingerprint,
+    refuse_compiled,
+    signature,
+)
 from ._errors import AppliedError, OpMismatchError, PlanMismatchError
 
 Plan = dict[str, Any]
@@ -142,7 +152,8 @@ class _Policy:
             raise OpMismatchError(
                 f"region {self.fqn!r} ran {name} as its op #{self.position}, where the captured "
                 f"step ran {expected}: the forward differs from the capture (data-dependent "
-                "control flow or other shapes); capture again"
+                "control flow, other shapes, another train/eval mode, or torch.autocast on in "
+                "one and off in the other); capture again as the step runs"
             )
         self.position += 1
         return self._decide(name, self.counter)
@@ -232,6 +243,7 @@ def apply(
     its selective-checkpoint policy. Refuses a plan made for another model (or, given
     `example_inputs`, other shapes). Returns a handle whose `remove()` undoes it."""
     plan = load_plan(plan)
+    refuse_compiled(model, PlanMismatchError)
     inputs = None if example_inputs is None else as_inputs(example_inputs)
     check_fingerprint(model, inputs, plan)
     modules = dict(model.named_modules())
@@ -295,6 +307,15 @@ def apply(
                 )
             ):
                 return _orig(*args, **kwargs)
+            if torch.compiler.is_compiling():
+                raise AppliedError(
+                    f"region {_calls.fqn!r} runs under torch.compile: a remat plan runs in "
+                    "eager mode (torch.compile does not take the selective-checkpoint policy it "
+                    "applies); train the model uncompiled"
+                )
+            devices = [t.device for t in _tensors((args, kwargs))]
+            if devices and autocast_caches(devices[0]):
+                raise OpMismatchError(f"region {_calls.fqn!r}: {AUTOCAST_CACHE}")
             # The re-run must see what the forward saw: a list the caller appends to later
             # (DenseNet's layers take the block's growing list of features) is copied, every
             # container level, keeping the tensors.

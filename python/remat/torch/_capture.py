@@ -156,10 +156,11 @@ def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
     `nn.ModuleDict` that share one class with at least one sibling (GPT2Block, LlamaDecoderLayer,
     BasicBlock), and the children of any other module that share a class and hold no
     `nn.ModuleList` (Inception's blocks, held as attributes; not T5's encoder and decoder, which
-    hold the blocks), outermost only. PyTorch's own layers without submodules (`nn.Linear`,
-    `nn.BatchNorm2d`, `nn.ReLU`) are layers, not blocks: regions only in a model that has no
-    blocks at all (VGG's `features`). `regions` may name FQNs instead, or be a predicate on
-    (fqn, module).
+    hold the blocks), outermost only. Without such blocks, plain `nn.Sequential`s of layers in
+    a container (`nn.ModuleList(nn.Sequential(...) for _ in range(n))`). PyTorch's own layers
+    without submodules (`nn.Linear`, `nn.BatchNorm2d`, `nn.ReLU`) are layers, not blocks:
+    regions only in a model that has none of those (VGG's `features`). `regions` may name FQNs
+    instead, or be a predicate on (fqn, module).
     """
     modules = dict(model.named_modules())
     if isinstance(regions, str):
@@ -186,8 +187,10 @@ def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
             for fqn in _repeated_children(modules, containers_only=False, layers=False)
             if not any(isinstance(m, nn.ModuleList) for m in modules[fqn].modules())
         ]
-        chosen = list(dict.fromkeys(blocks)) or _repeated_children(
-            modules, containers_only=True, layers=True
+        chosen = (
+            list(dict.fromkeys(blocks))
+            or _sequential_blocks(modules)
+            or _repeated_children(modules, containers_only=True, layers=True)
         )
     # Outermost only: a region inside another region is dropped.
     chosen_set = set(chosen)
@@ -224,6 +227,32 @@ def _repeated_children(
         for _, c in kids:
             by_class[type(c)] += 1
         chosen += [f"{fqn}.{name}" if fqn else name for name, c in kids if by_class[type(c)] >= 2]
+    return chosen
+
+
+def _sequential_blocks(modules: dict[str, nn.Module]) -> list[str]:
+    """Blocks written as plain `nn.Sequential`s of layers in a container (`nn.ModuleList(
+    nn.Sequential(nn.Linear(...), nn.GELU(), nn.Linear(...)) for _ in range(n))`): the
+    children of a container that are exactly `nn.Sequential`, share that class with a sibling
+    and hold no block themselves (a module with submodules that is not a container). For models
+    without other blocks: a stage of blocks (ResNet's `layer1`) is never one."""
+
+    def holds_block(m: nn.Module) -> bool:
+        return any(
+            any(d.children()) and not isinstance(d, _CONTAINERS) for d in m.modules() if d is not m
+        )
+
+    chosen = []
+    for fqn, m in modules.items():
+        if not isinstance(m, _CONTAINERS):
+            continue
+        kids = [
+            (name, c)
+            for name, c in m.named_children()
+            if type(c) is nn.Sequential and not holds_block(c)
+        ]
+        if len(kids) >= 2:
+            chosen += [f"{fqn}.{name}" if fqn else name for name, _ in kids]
     return chosen
 
 
@@ -272,6 +301,45 @@ def model_device(model: nn.Module, inputs: Inputs) -> torch.device:
             "remat plans one device at a time"
         )
     return devices.pop() if devices else torch.device("cpu")
+
+
+def refuse_compiled(model: nn.Module, error: type[Exception]) -> None:
+    """Refuses a `torch.compile`d model: plans run in eager mode (PyTorch's compiler takes
+    selective-checkpoint policies of another form, and fails inside its own code)."""
+    if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
+        raise error(
+            "the model is compiled with torch.compile: remat.torch captures, applies and "
+            "measures plans in eager mode (torch.compile does not take the selective-checkpoint "
+            "policy a plan applies); use the module it wraps, model._orig_mod, uncompiled"
+        )
+
+
+def autocast_caches(device: torch.device) -> bool:
+    """Whether `torch.autocast` is on for `device` with its cast cache (`cache_enabled`, on
+    by default): the first forward casts the weights, the next one, and a region's re-run,
+    reuse the casts, so the op sequences differ."""
+    try:
+        on = torch.is_autocast_enabled(device.type)
+    except TypeError:  # torch < 2.4: no device argument
+        on = (
+            torch.is_autocast_cpu_enabled() if device.type == "cpu" else torch.is_autocast_enabled()
+        )
+    return bool(on) and torch.is_autocast_cache_enabled()
+
+
+AUTOCAST_CACHE = (
+    "torch.autocast is on with its cast cache (cache_enabled=True, the default): its first "
+    "forward casts the weights, later ones reuse the casts, so a region re-run by checkpointing "
+    "runs other ops than its forward did; use torch.autocast(..., cache_enabled=False) around "
+    "capture, measure and every training step (the plan is made for the autocast it was "
+    "captured under)"
+)
+
+
+def _is_kv_cache(x: Any) -> bool:
+    """A Hugging Face key/value cache (`DynamicCache`, `EncoderDecoderCache`): what a
+    decoder's blocks append to."""
+    return hasattr(x, "update") and hasattr(x, "get_seq_length") and not isinstance(x, dict)
 
 
 @dataclass
@@ -558,6 +626,15 @@ class _Recording:
             self.module_calls[fqn] += 1
             m = self.region_index.get(fqn)
             if m is not None:
+                cache = next((x for x in tree_leaves((args, kwargs)) if _is_kv_cache(x)), None)
+                if cache is not None:
+                    raise CaptureError(
+                        f"region {fqn!r} ({type(module).__name__}) is given a key/value cache "
+                        f"({type(cache).__name__}): checkpointing re-runs the region in the "
+                        "backward, which would append to the cache again; train without one: "
+                        "use_cache=False in the inputs, or model.config.use_cache = False (as "
+                        "Hugging Face's own gradient checkpointing does)"
+                    )
                 r = len(self.calls)
                 self.calls.append((m, self.region_calls[m]))
                 self.region_calls[m] += 1
@@ -752,7 +829,10 @@ def capture(
         if isinstance(given, bool) or not isinstance(given, int) or given < fewest:
             raise CaptureError(f"{arg} must be a whole number >= {fewest}, got {given!r}")
     loss_fn = loss_fn or default_loss
+    refuse_compiled(model, CaptureError)
     device = model_device(model, inputs)
+    if autocast_caches(device):
+        raise CaptureError(AUTOCAST_CACHE)
     hf = [
         n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
     ]

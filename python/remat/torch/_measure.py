@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from ._capture import (
     leaves_the_model_as_it_was,
     model_device,
     put_back,
+    refuse_compiled,
 )
 from ._errors import MeasureError
 
@@ -387,6 +389,7 @@ def measure(
             raise MeasureError(f"{arg} must be a whole number >= {fewest}, got {given!r}")
     op_rounds = rounds if op_rounds is None else op_rounds
     plan = load_plan(plan)
+    refuse_compiled(model, MeasureError)
     inputs = as_inputs(example_inputs)
     loss_fn = loss_fn or default_loss
     device = model_device(model, inputs)
@@ -410,7 +413,18 @@ def measure(
         # hooks change the step it measures, so it is reported, not judged.
         memtracker_peak = None
         if memtracker_runs(model, device):
-            memtracker_peak, _, _ = _peak_step(model, inputs, loss_fn, seed, device, "MemTracker")
+            try:
+                memtracker_peak, _, _ = _peak_step(
+                    model, inputs, loss_fn, seed, device, "MemTracker"
+                )
+            except Exception as e:  # noqa: BLE001 - a second opinion that cannot run is none
+                # Its hooks can change the ops a region runs (a parametrized weight is computed
+                # in the module's pre-hook: `weight_norm`), which the plan's policy refuses.
+                warnings.warn(
+                    f"remat.torch.measure: PyTorch's MemTracker could not measure the planned "
+                    f"step ({type(e).__name__}: {e}); memtracker_peak_bytes is null",
+                    stacklevel=2,
+                )
             restore_buffers()
 
     least = {"base": _LeastOps("unplanned"), "plan": _LeastOps("planned")}
