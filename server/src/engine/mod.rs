@@ -312,6 +312,13 @@ pub trait Engine: Send + Sync + 'static {
     fn detect(&self, model: &[u8]) -> ModelFormat {
         ModelFormat::detect(model)
     }
+
+    /// Refuses, before a job is made of it (and the bytes stored for the workers of a shared
+    /// queue), a model that cannot be read at all: ONNX bytes that are no protobuf of a model.
+    /// Cheap next to the job (a parse, no import); what only the import finds is the job's.
+    fn check(&self, _model: &[u8], _format: ModelFormat) -> Result<(), EngineError> {
+        Ok(())
+    }
 }
 
 /// The summary figures of an engine document: its own `summary` object when it has one, else

@@ -122,6 +122,19 @@ pub fn public_error(err: &EngineError) -> (StatusCode, ErrorObject) {
     )
 }
 
+impl From<EngineError> for ApiError {
+    /// An engine error met before any job was made (no id).
+    fn from(err: EngineError) -> Self {
+        let (status, error) = public_error(&err);
+        ApiError {
+            status,
+            error: Box::new(error),
+            id: None,
+            headers: Vec::new(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {

@@ -138,6 +138,7 @@ fn prepare(
         (body, ModelFormat::Onnx, None)
     };
     let resolved = resolve(options, query, caps)?;
+    engine.check(&model, format).map_err(ApiError::from)?;
     Ok(Prepared {
         model_hash: sha256_hex(&model),
         model,

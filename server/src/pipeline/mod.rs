@@ -100,6 +100,13 @@ impl Engine for Pipeline {
         to_value(&outcome.document)
     }
 
+    fn check(&self, model: &[u8], format: ModelFormat) -> Result<(), EngineError> {
+        if format == ModelFormat::Onnx {
+            remat_planner::onnx::parse_model(model).map_err(load::planner_error)?;
+        }
+        Ok(())
+    }
+
     fn sweep(
         &self,
         model: &[u8],

@@ -849,3 +849,37 @@ async fn a_damaged_schema_is_refused_at_start_naming_what_is_missing() {
         "{text}"
     );
 }
+
+/// ONNX bytes that are no model are refused by the replica before anything is stored (the
+/// models table holds the bytes the workers read; garbage stayed there until a DELETE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_no_model_is_refused_before_it_is_stored() {
+    use std::io::{Read, Write};
+    let db = pg::database().await;
+    let replica = Proc::serve(&db, 0, &[]);
+    let body = b"\x08\x07not an onnx model, only bytes".repeat(1000);
+    let addr = replica.url.trim_start_matches("http://").to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).expect("connects");
+    write!(
+        conn,
+        "POST /v1/plans?budget=0.5x HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    conn.write_all(&body).unwrap();
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(reply.contains("\"malformed_model\""), "{reply}");
+    let (client, connection) = tokio_postgres::connect(&db, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let models: i64 = client
+        .query_one("SELECT count(*) FROM models", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(models, 0, "the bytes were stored");
+    assert_eq!(count_jobs(&db).await, 0);
+}
