@@ -193,13 +193,20 @@ async fn wait_for(
 /// (2 s by default) while the notices are followed, every 20 ms at first and then up to every
 /// 250 ms while they are not (the listener reconnecting). Counted by what ended the wait
 /// (`remat_shared_waits_total`).
-async fn poll_for(state: &AppState, kind: Kind, id: &str, wait: Duration) -> Result<(), ApiError> {
+async fn poll_for(
+    state: &AppState,
+    kind: Kind,
+    id: &str,
+    wait: Duration,
+) -> Result<Option<JobStatus>, ApiError> {
     let Store::Postgres(pg) = &state.inner.store else {
-        return Ok(());
+        return Ok(None);
     };
     if wait.is_zero() {
-        return Ok(());
+        return Ok(None);
     }
+    let mut last = None;
+    let mut unreachable = false;
     let key = format!("{}/{id}", kind.as_str());
     let mut ended = state.inner.ended.subscribe();
     let end = tokio::time::Instant::now() + wait;
@@ -208,9 +215,18 @@ async fn poll_for(state: &AppState, kind: Kind, id: &str, wait: Duration) -> Res
     // What woke the wait before this look: none yet, a notice, or the timer.
     let mut woken_by = "already";
     let ended_by = loop {
-        match pg.status(kind, id).await.map_err(store_error)? {
-            Some(status) if !status.is_terminal() => {}
-            _ => break woken_by,
+        match pg.status(kind, id).await {
+            Ok(Some(status)) if !status.is_terminal() => last = Some(status),
+            Ok(_) => break woken_by,
+            // The database out of reach for a while (a restart, a failover): the job is in it
+            // and runs on; the wait goes on until it ends or the database answers again.
+            Err(e) if e.is_unavailable() => {
+                if !unreachable {
+                    tracing::warn!(error = %e, id, "the database is unreachable while a post waits for its job; looking again");
+                    unreachable = true;
+                }
+            }
+            Err(e) => return Err(store_error(e)),
         }
         let now = tokio::time::Instant::now();
         if *shutdown.borrow() {
@@ -239,7 +255,7 @@ async fn poll_for(state: &AppState, kind: Kind, id: &str, wait: Duration) -> Res
         .waits
         .with_label_values(&[ended_by])
         .inc();
-    Ok(())
+    Ok(last)
 }
 
 /// The answer to a submission once the wait is over: the plan (`done_status`), the job's
@@ -427,8 +443,27 @@ pub async fn submit(
                 Some(Claim::Existing(existing)) => (existing, StatusCode::OK),
                 Some(Claim::Created) => (id, StatusCode::CREATED),
             };
-            poll_for(&state, kind, &id, resolved.wait).await?;
-            answer(&state, kind, &id, status).await
+            let last = poll_for(&state, kind, &id, resolved.wait).await?;
+            match answer(&state, kind, &id, status).await {
+                // The job exists (its claim was answered) but the database cannot be read
+                // now: its id, to look it up later, rather than a 503 the client could only
+                // retry (a `refresh` post would make a second job).
+                Err(e) if e.error.code == "database_unavailable" => {
+                    let status = last.unwrap_or(JobStatus::Queued);
+                    let mut response = json_response(
+                        StatusCode::ACCEPTED,
+                        &Accepted {
+                            id: id.clone(),
+                            status,
+                        },
+                    );
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                    Ok(with_location(response, kind, &id))
+                }
+                other => other,
+            }
         }
     }
 }

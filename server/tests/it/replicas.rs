@@ -625,6 +625,20 @@ async fn restarting_postgres_under_load_answers_503_and_loses_no_job() {
         }));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // A post whose job is queued before the database goes and which waits across the outage:
+    // answered with its job (done, or 202 with its id), never a 503 without one.
+    let waiting = {
+        let (base, model) = (base.clone(), resnet50());
+        tokio::spawn(async move {
+            must(
+                "POST",
+                &format!("{base}/v1/plans?{SLOW}&wait=60"),
+                Some(&model),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
     cluster.pause().unwrap();
     let down_from = seen.lock().unwrap().len();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -644,6 +658,14 @@ async fn restarting_postgres_under_load_answers_503_and_loses_no_job() {
         l.await.unwrap();
     }
 
+    let waited = waiting.await.unwrap();
+    assert!(
+        waited.status == StatusCode::CREATED || waited.status == StatusCode::ACCEPTED,
+        "{} {}",
+        waited.status,
+        waited.body
+    );
+    assert!(waited.body["id"].is_string(), "{}", waited.body);
     let seen = seen.lock().unwrap().clone();
     let unavailable: Vec<_> = seen[down_from..]
         .iter()
