@@ -29,14 +29,23 @@ pub struct WorkerArgs {
     /// at start that it can open the GPU.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
-    /// Jobs this worker runs at once (default: the number of cores).
-    #[arg(long)]
+    /// Jobs this worker runs at once, at least 1 (default: the number of cores).
+    #[arg(long, value_parser = at_least_one)]
     pub threads: Option<usize>,
-    /// Threads each exact solve may use (default: the number of cores).
-    #[arg(long)]
+    /// Threads each exact solve may use, at least 1 (default: the number of cores).
+    #[arg(long, value_parser = at_least_one)]
     pub solver_threads: Option<usize>,
     #[command(flatten)]
     pub lease: LeaseArgs,
+}
+
+/// A count of threads: a whole number of at least 1 (0 would run nothing).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (0 threads would run nothing)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
 }
 
 impl WorkerArgs {

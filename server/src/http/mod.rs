@@ -81,8 +81,25 @@ pub fn app(state: AppState) -> Router {
             state.clone(),
             middleware::track,
         ))
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().on_failure(log_failure))
         .with_state(state)
+}
+
+/// A response that failed (5xx): an error, but a 503 (a full queue's back-pressure, a
+/// database out of reach, shutting down: each answered with `Retry-After` and logged where it
+/// arises) only a warning.
+fn log_failure(
+    failure: tower_http::classify::ServerErrorsFailureClass,
+    latency: std::time::Duration,
+    _span: &tracing::Span,
+) {
+    use tower_http::classify::ServerErrorsFailureClass as F;
+    match failure {
+        F::StatusCode(s) if s == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
+            tracing::warn!(status = %s, ?latency, "response failed")
+        }
+        other => tracing::error!(classification = %other, ?latency, "response failed"),
+    }
 }
 
 /// How long a connection may take to send a request's headers, at most (less where the
@@ -185,8 +202,15 @@ pub async fn open_store(db: &str, connections: usize) -> Result<Store, ServerErr
 /// Logs to stderr (`RUST_LOG` filters; [`default_filter`] of `default` otherwise), unless the
 /// binary installed its own subscriber already.
 pub fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter(default)));
+    // `RUST_LOG` that does not name `highs` leaves HiGHS's warnings out too.
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(given) if !given.trim().is_empty() && !given.contains("highs") => {
+            tracing_subscriber::EnvFilter::try_new(default_filter(&given)).ok()
+        }
+        _ => None,
+    }
+    .or_else(|| tracing_subscriber::EnvFilter::try_from_default_env().ok())
+    .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(default_filter(default)));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -197,7 +221,7 @@ pub fn init_logging(default: &str) {
 /// The log filter without `RUST_LOG`: `default`, less HiGHS's own warnings. HiGHS warns when a
 /// solve stops at its time limit ("HiGHS emitted a warning: Highs_run"), which remat's bounds
 /// and MILP do by design and report themselves (a plan's bound and its source); `RUST_LOG`
-/// that names `highs` shows them.
+/// that names `highs` shows them (one that does not gets this filter added).
 pub fn default_filter(default: &str) -> String {
     format!("{default},highs=error")
 }

@@ -789,6 +789,12 @@ fn bad_databases_and_devices_are_refused_with_the_reason_and_no_password() {
         let made: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(made.is_empty(), "{db}: files made: {made:?}");
     }
+    // A worker of no threads would run nothing.
+    for flag in ["--threads=0", "--solver-threads=0"] {
+        let (code, text) = run(&["worker", "--db", &cluster.url("postgres"), flag]);
+        assert_eq!(code, Some(2), "{flag}: {text}");
+        assert!(text.contains("must be at least 1"), "{flag}: {text}");
+    }
     // A worker needs PostgreSQL, and a GPU only when built for it.
     let (code, text) = run(&["worker", "--db", "remat.db"]);
     assert_eq!(code, Some(2), "{text}");

@@ -323,6 +323,9 @@ impl PgStore {
         let tx = client.transaction().await?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .await?;
+        // "relation ... already exists, skipping" at every start is no news.
+        tx.batch_execute("SET LOCAL client_min_messages = warning")
+            .await?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS remat_migrations (
                  version    INTEGER PRIMARY KEY,
