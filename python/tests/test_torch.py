@@ -1220,3 +1220,27 @@ def _gpt2_blocks_take_a_cache(model: nn.Module, ids: torch.Tensor) -> bool:
     finally:
         h.remove()
     return any(seen)
+
+
+class EmaBlock(Block):
+    """A block that keeps a running mean of its input in a buffer, updated in place."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__(d)
+        self.register_buffer("ema", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ema = cast(torch.Tensor, self.ema)
+        ema.mul_(0.9)
+        ema.add_(0.1 * x.detach().mean())
+        return super().forward(x)
+
+
+def test_a_model_whose_every_region_writes_a_buffer_warns_that_none_can_be_wrapped() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(EmaBlock(16), EmaBlock(16))
+    x = torch.randn(2, 8, 16)
+    with pytest.warns(UserWarning, match=r"every region writes .* '0', runs aten\.add_"):
+        graph = rt.capture(model, (x,))
+    assert all(r["writes_input"] for r in graph["regions"])
+    assert not any(r["wrapped"] for r in rt.plan(graph, "min")["regions"])

@@ -883,6 +883,16 @@ def capture(
                 _least_times(b, again)
         sig = signature(model, inputs, region_fqns)
         doc = _document(a, b, sig, device, cost, name or type(model).__name__)
+        writing = [r for r in doc["regions"] if r.get("writes_input")]
+        if writing and len(writing) == len(doc["regions"]):
+            first = writing[0]
+            warnings.warn(
+                f"every region writes an input or a buffer in place (the first, "
+                f"{first['fqn']!r}, runs {first['writes_input']}), so none can be checkpointed "
+                "and the plan can only run the step as it is: a re-run would write it again "
+                "(docs/torch.md, 'writes_input'); name other modules (regions=[fqn, ...])",
+                stacklevel=3,
+            )
         if cost == "measured" and wrap_rounds:
             from ._wrapcost import price_wrapping  # it plans and applies: imported late
 
