@@ -911,3 +911,41 @@ async fn a_body_that_is_no_model_is_refused_before_it_is_stored() {
     assert_eq!(models, 0, "the bytes were stored");
     assert_eq!(count_jobs(&db).await, 0);
 }
+
+/// Posts arriving together on two replicas never queue more jobs than `--queue`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_arriving_together_never_pass_the_queue_bound() {
+    let db = pg::database().await;
+    let a = Proc::serve(&db, 0, &["--queue", "8"]);
+    let b = Proc::serve(&db, 0, &["--queue", "8"]);
+    let model = Arc::new(vgg16());
+    let mut posts = vec![];
+    for i in 0..32 {
+        let base = if i % 2 == 0 {
+            a.url.clone()
+        } else {
+            b.url.clone()
+        };
+        let model = Arc::clone(&model);
+        posts.push(tokio::spawn(async move {
+            let budget = 0.99 - 0.001 * f64::from(i);
+            must(
+                "POST",
+                &format!("{base}/v1/plans?budget={budget:.3}x&wait=0"),
+                Some(&model),
+            )
+            .await
+        }));
+    }
+    let mut accepted = 0;
+    for p in posts {
+        let r = p.await.unwrap();
+        match r.status {
+            StatusCode::ACCEPTED => accepted += 1,
+            StatusCode::SERVICE_UNAVAILABLE => assert_eq!(r.body["error"]["code"], "queue_full"),
+            other => panic!("{other}: {}", r.body),
+        }
+    }
+    assert_eq!(accepted, 8);
+    assert_eq!(count_jobs(&db).await, 8);
+}

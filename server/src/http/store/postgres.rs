@@ -33,6 +33,9 @@ pub const FINISHED_CHANNEL: &str = "remat_finished";
 /// The advisory lock the migrations take (any constant; the same in every process).
 const MIGRATION_LOCK: i64 = 0x7265_6d61_7431;
 
+/// The advisory lock under which a post counts the queue and inserts its job.
+const QUEUE_LOCK: i64 = 0x7265_6d61_7432;
+
 const ROW_COLUMNS: &str = "id, status, model_hash, model_name, model_format, options, created_at, \
                            updated_at, summary, error, error_status";
 
@@ -404,18 +407,23 @@ impl PgStore {
                 return Ok(Some(Claim::Existing(row.get(0))));
             }
         }
-        let waiting: i64 = tx
-            .query_one("SELECT count(*) FROM jobs WHERE status = 'queued'", &[])
-            .await?
-            .get(0);
-        if waiting >= i64::try_from(queue).unwrap_or(i64::MAX) {
-            return Ok(Some(Claim::QueueFull));
-        }
         tx.execute(
             "INSERT INTO models (hash, format, bytes) VALUES ($1, $2, $3) ON CONFLICT (hash) DO NOTHING",
             &[&job.model_hash, &job.model_format, &model],
         )
         .await?;
+        // The count and the insert under one lock, held to the commit, so that posts arriving
+        // together on any replicas never pass `--queue` (they passed it by a quarter).
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&QUEUE_LOCK])
+            .await?;
+        let waiting: i64 = tx
+            .query_one("SELECT count(*) FROM jobs WHERE status = 'queued'", &[])
+            .await?
+            .get(0);
+        if waiting >= i64::try_from(queue).unwrap_or(i64::MAX) {
+            // Returning without a commit rolls the model's row back too.
+            return Ok(Some(Claim::QueueFull));
+        }
         let active_key = reuse.then_some(job.cache_key);
         let inserted = tx
             .query_opt(
