@@ -31,6 +31,7 @@ pub struct Metrics {
     pub shared_running: IntGaugeVec,
     /// Shared queue: seconds since the oldest running job of a kind was claimed.
     pub shared_oldest_lease: GaugeVec,
+    pub shared_oldest_queued: GaugeVec,
     /// Shared queue: 1 when the database answered the scrape's query, else 0.
     pub database_up: IntGauge,
 }
@@ -129,6 +130,13 @@ impl Metrics {
             ),
             &["kind"],
         )?;
+        let shared_oldest_queued = GaugeVec::new(
+            Opts::new(
+                "shared_oldest_queued_seconds",
+                "Seconds since the oldest job waiting in the shared queue was posted, by kind and by work (solve: plan only; validate: plan and run it); one that grows says no worker takes that work",
+            ),
+            &["kind", "work"],
+        )?;
         let database_up = IntGauge::new(
             "database_up",
             "Whether the plan store's database (the embedded SQLite file, or the shared queue's PostgreSQL) answered the last scrape",
@@ -136,6 +144,7 @@ impl Metrics {
         registry.register(Box::new(shared_queued.clone()))?;
         registry.register(Box::new(shared_running.clone()))?;
         registry.register(Box::new(shared_oldest_lease.clone()))?;
+        registry.register(Box::new(shared_oldest_queued.clone()))?;
         registry.register(Box::new(database_up.clone()))?;
         Ok(Metrics {
             registry,
@@ -151,6 +160,7 @@ impl Metrics {
             shared_queued,
             shared_running,
             shared_oldest_lease,
+            shared_oldest_queued,
             database_up,
         })
     }
@@ -176,6 +186,11 @@ impl Metrics {
             self.shared_oldest_lease
                 .with_label_values(&[kind])
                 .set(s.map_or(0.0, |s| s.oldest_lease_seconds));
+            for (i, work) in ["solve", "validate"].into_iter().enumerate() {
+                self.shared_oldest_queued
+                    .with_label_values(&[kind, work])
+                    .set(s.map_or(0.0, |s| s.oldest_queued_seconds[i]));
+            }
         }
     }
 

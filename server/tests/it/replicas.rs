@@ -948,4 +948,17 @@ async fn posts_arriving_together_never_pass_the_queue_bound() {
     }
     assert_eq!(accepted, 8);
     assert_eq!(count_jobs(&db).await, 8);
+    // No worker takes them: the age of the oldest queued job grows (what to alert on), by work.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let text = metrics(&a.url).await;
+    let age = |work: &str| -> f64 {
+        let name = format!("remat_shared_oldest_queued_seconds{{kind=\"plan\",work=\"{work}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(age("solve") >= 1.0, "{text}");
+    assert_eq!(age("validate"), 0.0, "{text}");
 }

@@ -61,6 +61,10 @@ pub struct QueueStats {
     pub running: i64,
     /// Seconds since the oldest running job of this kind was claimed (0 when none runs).
     pub oldest_lease_seconds: f64,
+    /// Seconds since the oldest queued job of this kind that only solves, and of this kind
+    /// that also validates, was posted (0 when none waits): a queue no worker takes from (a
+    /// validation with only `--solve` workers) shows as an age that grows.
+    pub oldest_queued_seconds: [f64; 2],
 }
 
 /// Which jobs a worker takes: those that only solve, those that also run the plan, or both.
@@ -776,7 +780,11 @@ impl PgStore {
                         count(*) FILTER (WHERE status = 'queued'),
                         count(*) FILTER (WHERE status IN ('solving', 'validating')),
                         COALESCE(EXTRACT(EPOCH FROM now() - min(leased_at)
-                                 FILTER (WHERE status IN ('solving', 'validating')))::float8, 0)
+                                 FILTER (WHERE status IN ('solving', 'validating')))::float8, 0),
+                        COALESCE(EXTRACT(EPOCH FROM now() - min(created_at::timestamptz)
+                                 FILTER (WHERE status = 'queued' AND NOT validate))::float8, 0),
+                        COALESCE(EXTRACT(EPOCH FROM now() - min(created_at::timestamptz)
+                                 FILTER (WHERE status = 'queued' AND validate))::float8, 0)
                  FROM jobs WHERE status IN ('queued', 'solving', 'validating')
                  GROUP BY kind",
                 &[],
@@ -789,6 +797,7 @@ impl PgStore {
                 queued: r.get(1),
                 running: r.get(2),
                 oldest_lease_seconds: r.get(3),
+                oldest_queued_seconds: [r.get(4), r.get(5)],
             })
             .collect())
     }
