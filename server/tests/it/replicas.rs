@@ -215,12 +215,18 @@ async fn metrics(base: &str) -> String {
 
 /// The value of counter `name` (with its labels) in a `/metrics` text.
 fn counter(text: &str, name: &str) -> u64 {
+    value(text, name)
+}
+
+/// The value of metric `name` (with its labels) in a `/metrics` text.
+fn value<T: std::str::FromStr>(text: &str, name: &str) -> T {
     let name = format!("{name} ");
-    text.lines()
+    let v = text
+        .lines()
         .find_map(|l| l.strip_prefix(&name))
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-        .parse()
-        .unwrap()
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    v.parse()
+        .unwrap_or_else(|_| panic!("{name}: {v:?} is no number"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -952,12 +958,10 @@ async fn posts_arriving_together_never_pass_the_queue_bound() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let text = metrics(&a.url).await;
     let age = |work: &str| -> f64 {
-        let name = format!("remat_shared_oldest_queued_seconds{{kind=\"plan\",work=\"{work}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&name))
-            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-            .parse()
-            .unwrap()
+        value(
+            &text,
+            &format!("remat_shared_oldest_queued_seconds{{kind=\"plan\",work=\"{work}\"}}"),
+        )
     };
     assert!(age("solve") >= 1.0, "{text}");
     assert_eq!(age("validate"), 0.0, "{text}");
