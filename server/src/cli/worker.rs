@@ -103,6 +103,7 @@ pub fn exec(args: WorkerArgs) -> Result<(), Failure> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
         .max(1);
     let config = args.lease.worker_config(threads, args.takes());
+    let config_name = config.name.clone();
     let metrics = Arc::new(Metrics::new().context("metrics registry")?);
     let workers = Workers::start(&args.db, Arc::new(pipeline), metrics, config)
         .map_err(|e| failed(http::ServerError::Store(e)))?;
@@ -119,7 +120,16 @@ pub fn exec(args: WorkerArgs) -> Result<(), Failure> {
         device.name()
     );
     runtime.block_on(http::shutdown_signal());
-    println!("remat worker: stopping; the jobs running finish first");
-    workers.stop();
+    println!(
+        "remat worker: stopping; the jobs running finish first (a second Ctrl-C or SIGTERM puts \
+         them back in the queue and stops at once)"
+    );
+    let workers = Arc::new(workers);
+    let draining = Arc::clone(&workers);
+    runtime.block_on(http::drain_or_give_back(
+        &args.db,
+        &config_name,
+        move || draining.stop(),
+    ));
     Ok(())
 }

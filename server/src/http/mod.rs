@@ -259,12 +259,40 @@ pub async fn serve(settings: Serve, engine: Arc<dyn Engine>) -> Result<(), Serve
     }
     serve_on(listener, state.clone(), shutdown_signal()).await?;
     // On PostgreSQL the jobs this replica runs finish and are stored (their leases stay
-    // renewed meanwhile); a second signal is not waited for: SIGKILL leaves them to the lease.
+    // renewed meanwhile); a second signal puts them back in the queue and exits at once.
     if state.workers() > 0 && state.store().is_postgres() {
-        println!("remat serve: stopping; the jobs this replica runs finish first");
-        tokio::task::block_in_place(|| state.finish_shared_jobs());
+        println!("remat serve: stopping; the jobs this replica runs finish first (a second Ctrl-C or SIGTERM puts them back in the queue and stops at once)");
+        let name = state.inner.config.shared_workers.name.clone();
+        let draining = state.clone();
+        drain_or_give_back(&db, &name, move || draining.finish_shared_jobs()).await;
     }
     Ok(())
+}
+
+/// Waits, after a first signal, for `drain` (the workers finishing and storing the jobs they
+/// run, on a thread of its own); a second Ctrl-C or SIGTERM stops at once instead: the jobs
+/// the workers named `name` hold go back to the queue of `db` for another worker (not left to
+/// their leases), and the process exits with status 130.
+pub async fn drain_or_give_back(db: &str, name: &str, drain: impl FnOnce() + Send + 'static) {
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        drain();
+        let _ = done_tx.send(());
+    });
+    tokio::select! {
+        _ = done_rx => {}
+        _ = shutdown_signal() => {
+            let given = match store::PgStore::new(db, 1) {
+                Ok(pg) => pg.give_back(name).await,
+                Err(e) => Err(e),
+            };
+            match given {
+                Ok(n) => eprintln!("remat: stopped at once; {n} job(s) put back in the queue for another worker"),
+                Err(e) => eprintln!("remat: stopped at once; the jobs running could not be put back ({e}): they go back when their leases run out"),
+            }
+            std::process::exit(130);
+        }
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -966,3 +966,55 @@ async fn posts_arriving_together_never_pass_the_queue_bound() {
     assert!(age("solve") >= 1.0, "{text}");
     assert_eq!(age("validate"), 0.0, "{text}");
 }
+
+/// A worker told twice to stop stops at once and puts the job it ran back in the queue, not
+/// counted against its attempts: another worker takes it at once, not when the lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_puts_the_running_job_back_and_stops_at_once() {
+    let db = pg::database().await;
+    let replica = Proc::serve(&db, 0, &[]);
+    // A lease far longer than the test: only a give-back lets the second worker take the job.
+    let mut first = Proc::worker(&db, &["--lease", "600"]);
+    let posted = must(
+        "POST",
+        &format!("{}/v1/plans?{SLOW}&wait=0", replica.url),
+        Some(&resnet50()),
+    )
+    .await;
+    assert_eq!(posted.status, StatusCode::ACCEPTED, "{}", posted.body);
+    let id = posted.body["id"].as_str().unwrap().to_string();
+    let url = format!("{}/v1/plans/{id}", replica.url);
+    until(&url, Duration::from_secs(30), |v| v["status"] == "solving").await;
+    let pid = first.child.id() as libc::pid_t;
+    // SAFETY: kill(2) on the child this test started and still holds.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = first.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the worker did not stop at once: {}",
+            first.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(130), "{}", first.output());
+    assert!(
+        first.output().contains("1 job(s) put back in the queue"),
+        "{}",
+        first.output()
+    );
+    assert_eq!(job_row(&db, &id).await, (0, "queued".to_string()));
+    let second = Proc::worker(&db, &["--lease", "600"]);
+    let done = until(&url, Duration::from_secs(120), |v| {
+        v["status"] == "done" || v["status"] == "failed"
+    })
+    .await;
+    assert_eq!(done["status"], "done", "{done}");
+    assert_eq!(job_row(&db, &id).await, (1, "done".to_string()));
+    drop(second);
+}

@@ -772,6 +772,24 @@ impl PgStore {
     }
 
     /// Waiting and running jobs per kind, and the age of the oldest running job's claim.
+    /// Puts the jobs that the workers named `name/<index>` hold back in the queue (a process
+    /// stopping at once, on a second signal): another worker takes each at once rather than
+    /// when its lease runs out; the claim is not counted against its attempts, as no worker
+    /// died. Returns how many.
+    pub async fn give_back(&self, name: &str) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let owners = format!("{}/%", like_escape(name));
+        Ok(client
+            .execute(
+                "UPDATE jobs SET status = 'queued', lease_owner = NULL, leased_at = NULL,
+                                 lease_until = NULL, attempts = GREATEST(attempts - 1, 0),
+                                 updated_at = $2
+                 WHERE lease_owner LIKE $1 AND status IN ('solving', 'validating')",
+                &[&owners, &now()],
+            )
+            .await?)
+    }
+
     pub async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
         let client = self.client().await?;
         let rows = client
@@ -801,6 +819,13 @@ impl PgStore {
             })
             .collect())
     }
+}
+
+/// `s` with LIKE's wildcards and escape character escaped.
+fn like_escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_")
 }
 
 /// The error of a job that stopped `attempts` workers in a row (each died while running it).
