@@ -1255,6 +1255,25 @@ pub fn gap(cost: f64, bound: f64) -> f64 {
     }
 }
 
+/// Whether a budget text asks for the least budget (`"min"`, any case): [`least_budget`].
+pub fn is_min_budget(s: &str) -> bool {
+    s.trim().eq_ignore_ascii_case("min")
+}
+
+/// The least budget `auto` meets with the limits of `opts`: the minimum feasible budget its
+/// plan reports for a budget nothing fits (what an infeasible budget's error names), for a
+/// budget of `"min"`. A plan with these limits at that budget fits it.
+pub fn least_budget(p: &Problem, opts: &PlanOptions) -> Result<u64> {
+    let mut at_zero = opts.clone();
+    at_zero.budget = 0;
+    at_zero.algorithm = Algorithm::Auto;
+    at_zero.bound_time = Duration::ZERO;
+    let (_, report) = plan(p, &at_zero)?;
+    Ok(report
+        .min_feasible_budget_bytes
+        .unwrap_or_else(|| crate::budget::min_feasible_budget(p).bytes))
+}
+
 /// Parses a budget: a size ([`parse_bytes`]: `"123"`, `"12GiB"`, `"800MB"`, `"1.5 GB"`,
 /// `"1e9"`) or `"0.8x"` (a fraction of `store_all_peak`, rounded up).
 pub fn parse_budget(s: &str, store_all_peak: u64) -> Result<u64> {

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 pub struct PlanArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Memory budget: bytes, a size ("12GiB", "800MB") or a fraction of the store-all peak
-    /// ("0.8x"); with --maximize, the device's memory
+    /// Memory budget: bytes, a size ("12GiB", "800MB"), a fraction of the store-all peak
+    /// ("0.8x") or "min" (the least peak remat reaches); with --maximize, the device's memory
     #[arg(long, visible_alias = "device-memory")]
     budget: String,
     /// Find the largest value of this dim (e.g. batch, or INPUT:AXIS) whose plan fits the

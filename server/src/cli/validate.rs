@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 pub struct ValidateArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Memory budget: bytes, a size ("12GiB") or a fraction of the store-all peak ("0.6x");
-    /// with --plan, defaults to the plan's budget_bytes
+    /// Memory budget: bytes, a size ("12GiB"), a fraction of the store-all peak ("0.6x") or
+    /// "min" (the least peak remat reaches); with --plan, defaults to the plan's budget_bytes
     #[arg(long)]
     budget: Option<String>,
     /// auto, ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
@@ -152,9 +152,10 @@ pub fn exec(args: ValidateArgs) -> Result<(), Failure> {
     let cost_model = job.measure_costs(&mut loaded)?;
     let schedule = schedule_from_plan(&loaded, doc, path)?;
     let budget = match &req.budget {
-        Some(b) => Some(
-            remat_solver::plan::parse_budget(b, remat_solver::store_all_peak(&loaded.problem))
-                .map_err(|e| Failure::new(2, e.to_string()))?,
+        Some(_) => Some(
+            remat_server::pipeline::plan_options(&loaded.problem, &req, 1)
+                .map_err(|e| Failure::new(2, e.message))?
+                .budget,
         ),
         None => None,
     };

@@ -105,9 +105,14 @@ pub fn plan_options(
         )
     })?;
     let peak = remat_solver::store_all_peak(problem);
+    let min = plan::is_min_budget(budget_text);
     // The error names the budget text itself (`budget "12 parsecs": unknown unit ...`).
-    let budget = plan::parse_budget(budget_text, peak)
-        .map_err(|e| EngineError::new(ErrorKind::BadInput, "invalid_option", e.to_string()))?;
+    let budget = if min {
+        0
+    } else {
+        plan::parse_budget(budget_text, peak)
+            .map_err(|e| EngineError::new(ErrorKind::BadInput, "invalid_option", e.to_string()))?
+    };
     let algorithm: Algorithm =
         req.solver
             .as_deref()
@@ -140,13 +145,19 @@ pub fn plan_options(
         false,
     )?;
     let bound = secs("bound_time", req.bound_time.unwrap_or(0.0), true)?;
-    Ok(PlanOptions {
+    let mut opts = PlanOptions {
         budget,
         algorithm,
         time_limit: Duration::from_secs_f64(seconds),
         threads,
         bound_time: Duration::from_secs_f64(bound),
-    })
+    };
+    if min {
+        // `"min"`: the least peak `auto` reaches with these limits (what an infeasible
+        // budget's error names), found first.
+        opts.budget = plan::least_budget(problem, &opts).map_err(solver_error)?;
+    }
+    Ok(opts)
 }
 
 /// Plans a loaded model. An infeasible budget is an `Ok` with `Status::Infeasible`.

@@ -1059,3 +1059,27 @@ fn external_data_beside_the_model_is_read_and_a_missing_file_named() {
     assert!(t.contains("validation passed on cpu"), "{t}");
     assert!(t.contains("from the file, 0 seeded"), "{t}");
 }
+
+/// `--budget min` plans at the least peak remat reaches: the budget an infeasible budget's
+/// error names, and a plan that fits it.
+#[test]
+fn budget_min_plans_at_the_least_peak_an_infeasible_budget_names() {
+    let o = remat(&["plan", MODEL, "--dim", "batch=2", "--budget", "1000"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{t}");
+    let named: u64 = t
+        .split("the minimum feasible budget is ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no minimum in {t}"));
+    for min in ["min", "MIN"] {
+        let o = remat(&["plan", MODEL, "--dim", "batch=2", "--budget", min, "--json"]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{t}");
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert_eq!(doc["budget_bytes"], named, "{t}");
+        let peak = doc["predicted"]["peak_bytes"].as_u64().unwrap();
+        assert!(peak <= named, "{t}");
+    }
+}

@@ -219,6 +219,20 @@ proptest! {
         prop_assert!(st.peak_bytes <= mb.bytes);
     }
 
+    /// A budget of "min" is met: `auto` at `least_budget` fits it (with the same limits).
+    #[test]
+    fn auto_fits_the_least_budget_it_names(p in arb_plain_dag(14)) {
+        let mut opts = PlanOptions::new(0);
+        opts.time_limit = Duration::from_millis(300);
+        let least = remat_solver::plan::least_budget(&p, &opts)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        opts.budget = least;
+        let (s, r) = plan(&p, &opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_ne!(r.status, Status::Infeasible, "least budget {}", least);
+        let st = simulate(&p, &s).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(st.peak_bytes <= least);
+    }
+
     /// The search's greedy phase follows the same path whatever the budget until it fits
     /// it: the least peak an unsuccessful search passed through (which `auto` reports as the
     /// minimum feasible budget) is a budget the same search then meets.
