@@ -148,6 +148,20 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
         eprintln!("--reuse: {file} skipped: {why}");
     }
     emit(&args, &outcome.document, plan_summary(&outcome.document))?;
+    let found_by = &outcome.document.report.solver;
+    if args.solver != "auto"
+        && matches!(outcome.stop, Stop::Planned | Stop::Validated { .. })
+        && found_by != &args.solver
+        && !args.json
+    {
+        // A fixed solver that found nothing better than its start (a baseline, the peak
+        // descent) says so, rather than leave "feasible (chen-greedy)" to be read as a fault.
+        eprintln!(
+            "note: --solver {} found no schedule cheaper than {found_by}'s within the time limit ({} s); --solver auto combines every solver",
+            args.solver,
+            args.time_limit
+        );
+    }
     match outcome.stop {
         Stop::NotRun(e) => Err(e.into()),
         Stop::Validated { ok: false } => Err(Failure::new(
