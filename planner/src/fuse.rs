@@ -18,7 +18,9 @@
 //!   attention code never does), an optional `Add` mask, `Softmax`, optionally
 //!   `Where(IsNaN(p), 0, p)`, then `MatMul(p, v)` → `Attention(q, kᵀ, v, mask)` marked with
 //!   the attribute `remat.key_transposed`. PyTorch's fused attention kernels keep q, k, v,
-//!   the output and the row log-sum-exp, not the probabilities.
+//!   the output and the row log-sum-exp, not the probabilities. Not where the mask is computed
+//!   from a value that may be trained (a learned position bias): its gradient is not one the
+//!   fused op gives.
 //! - Layer norm below opset 17: `ReduceMean`/`Sub`/`Pow`/`ReduceMean`/`Add`/`Sqrt`/`Div`
 //!   (+ `Mul` γ, `Add` β) → `LayerNormalization` (saves x and the statistics).
 
@@ -326,6 +328,12 @@ impl View<'_> {
         if self.only_user(scores)? != *parts.first().unwrap_or(&sm) {
             return None;
         }
+        // A mask that may take a gradient (a learned bias: BEiT's and Swin's relative position
+        // tables, T5's position bias, a bias computed by a layer) stays decomposed: the fused
+        // op's backward gives its q, k and v gradients only, and the bias would get none.
+        if mask.is_some_and(|m| self.may_take_gradient(m)) {
+            return None;
+        }
         let (qs, ks) = self.pair(m1)?;
         let mq = self.producer(qs, "Mul")?;
         let mk = self.producer(ks, "Mul")?;
@@ -395,6 +403,52 @@ impl View<'_> {
 
     fn is_const(&self, v: ValueId) -> bool {
         self.model.values[v].kind == ValueKind::Const
+    }
+
+    /// Whether `v` is computed from a value that may be trained: a floating-point initializer
+    /// or parameter graph input of at least two elements (a `Constant` node's output never is,
+    /// nor a data input). Before `classify_constants`, so a parameter candidate counts.
+    fn may_take_gradient(&self, v: ValueId) -> bool {
+        let mut stack = vec![v];
+        let mut seen: HashSet<ValueId> = HashSet::new();
+        while let Some(x) = stack.pop() {
+            if !seen.insert(x) {
+                continue;
+            }
+            let value = &self.model.values[x];
+            let float = value.fact.as_ref().is_some_and(|f| f.dtype.is_float());
+            if !float {
+                continue; // no gradient flows through an integer or boolean value
+            }
+            match value.producer {
+                None => {
+                    let trainable = value.kind == ValueKind::Const
+                        && value.fact.as_ref().is_some_and(|f| f.numel() >= 2);
+                    if trainable {
+                        return true;
+                    }
+                }
+                Some((p, _)) => {
+                    // Only the inputs the op differentiates (not a Shape's, a CastLike's
+                    // type template, a Where's condition).
+                    let inputs = &self.model.graph[p].inputs;
+                    let diff = crate::model::with_ctx(self.model, p, |spec, cx| {
+                        (0..inputs.len())
+                            .map(|i| (spec.diff_in)(cx, i))
+                            .collect::<Vec<bool>>()
+                    })
+                    .unwrap_or_default();
+                    stack.extend(
+                        inputs
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| diff.get(*i) == Some(&true))
+                            .filter_map(|(_, v)| *v),
+                    );
+                }
+            }
+        }
+        false
     }
 
     /// The layer norm that exporters write below opset 17 (PyTorch's `layer_norm` symbolic):

@@ -37,7 +37,9 @@
 //!    Squeeze, Unsqueeze, Identity or Cast) → data: CLIP's `pixel_values` and Whisper's
 //!    `input_features` beside their integer token ids, an MLP's `x` beside its labels;
 //! 7. if rules 1-6 found no data input at all, the first graph input is data;
-//! 8. otherwise (floating point, fully static) → parameter.
+//! 8. is concatenated (`Concat`, directly or through those views) with a data input → data
+//!    (RAFT's second frame beside its first);
+//! 9. otherwise (floating point, fully static) → parameter.
 //!
 //! `--param` on an input that is not floating point is an error.
 //!

@@ -295,16 +295,19 @@ const PASS_THROUGH_OPS: &[&str] = &[
     "Cast",
 ];
 
-/// The graph inputs that reach input 0 of an [`ACTIVATION_SLOT_OPS`] op of the main graph,
-/// directly or through [`PASS_THROUGH_OPS`] (their input 0).
-fn read_as_activations(g: &GraphProto) -> HashSet<String> {
-    let mut readers: HashMap<&str, Vec<&NodeProto>> = HashMap::new();
-    for n in &g.node {
-        if let Some(first) = n.input.first().filter(|i| !i.is_empty()) {
-            readers.entry(first.as_str()).or_default().push(n);
+/// Calls `reads(input, node, slot)` for each node of the main graph (default domain) that
+/// reads a graph input, directly or through [`PASS_THROUGH_OPS`] (their input 0), at `slot`.
+fn walk_from_inputs<'a>(g: &'a GraphProto, mut reads: impl FnMut(&'a str, &'a NodeProto, usize)) {
+    let mut readers: HashMap<&str, Vec<(&NodeProto, usize)>> = HashMap::new();
+    for n in g
+        .node
+        .iter()
+        .filter(|n| n.domain.is_empty() || n.domain == "ai.onnx")
+    {
+        for (slot, i) in n.input.iter().enumerate().filter(|(_, i)| !i.is_empty()) {
+            readers.entry(i.as_str()).or_default().push((n, slot));
         }
     }
-    let mut found = HashSet::new();
     for input in &g.input {
         let mut stack = vec![input.name.as_str()];
         let mut seen: HashSet<&str> = HashSet::new();
@@ -312,18 +315,48 @@ fn read_as_activations(g: &GraphProto) -> HashSet<String> {
             if !seen.insert(v) {
                 continue;
             }
-            for n in readers.get(v).into_iter().flatten() {
-                let op = n.op_type.as_str();
-                let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
-                if default_domain && ACTIVATION_SLOT_OPS.contains(&op) {
-                    found.insert(input.name.clone());
-                } else if default_domain && PASS_THROUGH_OPS.contains(&op) {
+            for &(n, slot) in readers.get(v).into_iter().flatten() {
+                reads(input.name.as_str(), n, slot);
+                if slot == 0 && PASS_THROUGH_OPS.contains(&n.op_type.as_str()) {
                     stack.extend(n.output.first().map(String::as_str));
                 }
             }
         }
     }
+}
+
+/// The graph inputs that reach input 0 of an [`ACTIVATION_SLOT_OPS`] op of the main graph,
+/// directly or through [`PASS_THROUGH_OPS`] (their input 0).
+fn read_as_activations(g: &GraphProto) -> HashSet<String> {
+    let mut found = HashSet::new();
+    walk_from_inputs(g, |input, n, slot| {
+        if slot == 0 && ACTIVATION_SLOT_OPS.contains(&n.op_type.as_str()) {
+            found.insert(input.to_string());
+        }
+    });
     found
+}
+
+/// For each graph input, the other graph inputs it is concatenated with: both reach one
+/// `Concat` of the main graph (any slot), directly or through [`PASS_THROUGH_OPS`].
+fn concatenated_with(g: &GraphProto) -> HashMap<String, HashSet<String>> {
+    // The graph inputs that reach each Concat (by its first output's name).
+    let mut at: HashMap<&str, HashSet<String>> = HashMap::new();
+    walk_from_inputs(g, |input, n, _| {
+        if let Some(out) = n.output.first().filter(|_| n.op_type == "Concat") {
+            at.entry(out.as_str())
+                .or_default()
+                .insert(input.to_string());
+        }
+    });
+    let mut partners: HashMap<String, HashSet<String>> = HashMap::new();
+    for group in at.values() {
+        for a in group {
+            let others = group.iter().filter(|b| *b != a).cloned();
+            partners.entry(a.clone()).or_default().extend(others);
+        }
+    }
+    partners
 }
 
 /// Decides which graph inputs are parameters (the rule is documented in the crate docs).
@@ -331,6 +364,7 @@ fn classify_inputs(
     inputs: &[&ValueInfoProto],
     initializers: &HashSet<&str>,
     activations: &HashSet<String>,
+    partners: &HashMap<String, HashSet<String>>,
     opts: &ImportOptions,
 ) -> Result<HashMap<String, bool>> {
     let names: Vec<String> = inputs.iter().map(|v| v.name.clone()).collect();
@@ -384,6 +418,28 @@ fn classify_inputs(
     if !decided.contains(&Some(false)) {
         if let Some(first) = decided.iter_mut().find(|d| d.is_none()) {
             *first = Some(false);
+        }
+    }
+    // Rule 8: concatenated with data (RAFT's two frames), to a fixed point.
+    loop {
+        let data: HashSet<&str> = inputs
+            .iter()
+            .zip(&decided)
+            .filter(|(_, d)| **d == Some(false))
+            .map(|(v, _)| v.name.as_str())
+            .collect();
+        let mut changed = false;
+        for (v, d) in inputs.iter().zip(decided.iter_mut()) {
+            let joined = partners
+                .get(&v.name)
+                .is_some_and(|p| p.iter().any(|o| data.contains(o.as_str())));
+            if d.is_none() && joined {
+                *d = Some(false);
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
         }
     }
     Ok(names
@@ -823,7 +879,13 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
 
     let init_names: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
     let graph_inputs: Vec<&ValueInfoProto> = g.input.iter().collect();
-    let is_param = classify_inputs(&graph_inputs, &init_names, &read_as_activations(g), opts)?;
+    let is_param = classify_inputs(
+        &graph_inputs,
+        &init_names,
+        &read_as_activations(g),
+        &concatenated_with(g),
+        opts,
+    )?;
 
     // Symbolic dims of the data inputs: every one must be bound, every binding must exist.
     let mut symbolic: Vec<String> = vec![];

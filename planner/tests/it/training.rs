@@ -206,6 +206,26 @@ fn static_float_input_read_as_an_activation_is_data() {
     let t = m.training_graph().expect("training graph");
     assert!(ids(&t).contains(&"f:patchify"), "{:?}", ids(&t));
 
+    // Rule 8: two frames concatenated before the network (RAFT): the second is data too.
+    let frames = G::new(17)
+        .input("img1", F32, &[D::V(1), D::V(3), D::V(8), D::V(8)])
+        .input("img2", F32, &[D::V(1), D::V(3), D::V(8), D::V(8)])
+        .weight("w", &[4, 3, 3, 3])
+        .node(
+            "Concat",
+            "pair",
+            &["img1", "img2"],
+            &["both"],
+            vec![a_int("axis", 0)],
+        )
+        .node("Conv", "conv", &["both", "w"], &["y"], vec![])
+        .output("y");
+    let m = load(&frames.bytes(), &ImportOptions::default()).expect("imports");
+    let kind = |name: &str| m.values.iter().find(|v| v.name == name).map(|v| v.kind);
+    assert_eq!(kind("img1"), Some(ValueKind::Data));
+    assert_eq!(kind("img2"), Some(ValueKind::Data));
+    assert_eq!(kind("w"), Some(ValueKind::Param));
+
     // --param on the integer input is refused by name.
     let opts = ImportOptions {
         params: vec!["ids".into()],
@@ -706,6 +726,77 @@ fn decomposed_sdpa_keeps_what_the_attention_op_keeps() {
     // the 4-byte scale constant its Mul reads.
     let probs = 2 * 4 * 5 * 5 * 4;
     assert_eq!(saved("eager"), 4 * 2 * 4 * 5 * 8 * 4 + probs + 4, "eager");
+}
+
+/// An additive mask that may be trained (a learned position bias, as BEiT's, Swin's and T5's)
+/// keeps the attention decomposed, so that the bias takes its gradient: the fused op's
+/// backward gives q, k and v theirs only. A constant mask (a causal mask written as a
+/// `Constant`) is fused as before.
+#[test]
+fn attention_with_a_learned_bias_stays_decomposed_and_the_bias_is_a_parameter() {
+    let shape = [D::V(2), D::V(4), D::V(5), D::V(8)];
+    let graph = |learned: bool| {
+        let mut g = G::new(17)
+            .input("x", F32, &shape)
+            .weight("wq", &[8, 8])
+            .weight("wk", &[8, 8])
+            .weight("wv", &[8, 8])
+            .init(tensor_f32("s", &[], &[0.5]));
+        g = if learned {
+            g.init(tensor_f32("bias", &[1, 4, 5, 5], &[0.1; 100]))
+        } else {
+            g.node(
+                "Constant",
+                "causal",
+                &[],
+                &["bias"],
+                vec![a_tensor(
+                    "value",
+                    tensor_f32("c", &[1, 1, 5, 5], &[0.0; 25]),
+                )],
+            )
+        };
+        g.node("MatMul", "q", &["x", "wq"], &["q"], vec![])
+            .node("MatMul", "k", &["x", "wk"], &["k"], vec![])
+            .node("MatMul", "v", &["x", "wv"], &["v"], vec![])
+            .node(
+                "Transpose",
+                "kt",
+                &["k"],
+                &["kt"],
+                vec![a_ints("perm", &[0, 1, 3, 2])],
+            )
+            .node("Mul", "qs", &["q", "s"], &["qs"], vec![])
+            .node("Mul", "ks", &["kt", "s"], &["ks"], vec![])
+            .node("MatMul", "scores", &["qs", "ks"], &["sc"], vec![])
+            .node("Add", "mask", &["sc", "bias"], &["scm"], vec![])
+            .node("Softmax", "sm", &["scm"], &["p"], vec![a_int("axis", -1)])
+            .node("MatMul", "pv", &["p", "v"], &["y"], vec![])
+            .output("y")
+    };
+    let opts = ImportOptions {
+        inputs: vec!["x".into()],
+        ..Default::default()
+    };
+    let fused = |m: &remat_planner::Model| {
+        m.graph
+            .node_weights()
+            .any(|n| n.op_type == "Attention" && !n.skipped)
+    };
+    let learned = load(&graph(true).bytes(), &opts).expect("imports");
+    assert!(
+        !fused(&learned),
+        "a learned bias was fused away from its gradient"
+    );
+    let kind = |m: &remat_planner::Model, name: &str| {
+        m.values.iter().find(|v| v.name == name).map(|v| v.kind)
+    };
+    assert_eq!(kind(&learned, "bias"), Some(ValueKind::Param));
+    let t = learned.training_graph().expect("training graph");
+    assert_eq!(t.params_bytes, (3 * 64 + 100) * 4);
+    assert!(ids(&t).contains(&"b:mask"), "{:?}", ids(&t));
+    let constant = load(&graph(false).bytes(), &opts).expect("imports");
+    assert!(fused(&constant), "a constant mask is fused");
 }
 
 /// A float `Constant` read as a MatMul weight is a trainable parameter in general (Paddle
