@@ -70,6 +70,20 @@ export function planQuery(opts) {
   return q.toString();
 }
 
+/**
+ * Is the model a training step captured from PyTorch (a JSON object whose `format` is
+ * `remat.torch-graph`, docs/torch.md)? Those are planned in the torch-sac model: no solver, no
+ * dims, budgets as fractions of the unplanned peak or `min`.
+ */
+export function isTorchGraph(bytes) {
+  if (!isGraphJson(bytes)) return false;
+  try {
+    return JSON.parse(new TextDecoder().decode(bytes))?.format === 'remat.torch-graph';
+  } catch {
+    return false;
+  }
+}
+
 /** Is the model a graph JSON (first non-blank byte `{`)? Mirrors the server's detection. */
 export function isGraphJson(bytes) {
   const view = new Uint8Array(bytes);
@@ -100,13 +114,20 @@ export function postSweep(bytes, opts, signal) {
 
 /**
  * Posts a sweep and waits for it (polling when the server answers 202); resolves with the sweep
- * document. `onStatus(status)` on every poll.
+ * record ({id, model: {hash}, sweep}). `onStatus(status)` on every poll.
  */
 export async function sweepOf(bytes, opts, onStatus) {
   const res = await postSweep(bytes, opts);
-  let out = res.json;
-  if (res.status === 202) out = await poll('sweep', out.id, { onStatus });
-  return out?.sweep ?? out;
+  if (res.status === 202) return poll('sweep', res.json.id, { onStatus });
+  return res.json;
+}
+
+/** SHA-256 of bytes in hex, as the API's model hash of ONNX bytes; null where the browser has no
+ *  `crypto.subtle` (a page not served from localhost or https). */
+export async function sha256Hex(bytes) {
+  if (!globalThis.crypto?.subtle) return null;
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
+  return [...digest].map((b) => b.toString(16).padStart(2, '0')).join('');
 }
 
 export async function getPlan(id, signal) {
@@ -134,14 +155,42 @@ const sleep = (ms, signal) =>
     });
   });
 
+/** Answers worth asking again: no answer at all, or a gateway or server that is (re)starting. */
+export function isTransient(e) {
+  return e instanceof ApiError && (e.status === 0 || e.status === 502 || e.status === 503 || e.status === 504);
+}
+
+/** Milliseconds to wait before retry `n` (0, 1, ...): doubling from 1 s, at most 10 s. */
+export function retryDelay(n) {
+  return Math.min(10_000, 1000 * 2 ** n);
+}
+
 /**
  * Polls a job until it is done or failed; `onStatus(status)` on every answer. Resolves with
- * the final record; a failed job rejects with its error.
+ * the final record; a failed job rejects with its error. A server out of reach (restarting, a
+ * network blip) is asked again with backoff for `retryMs` before the poll gives up: the job is
+ * stored and goes on without us (`onStatus('unreachable, retrying in N s')` meanwhile).
  */
-export async function poll(kind, id, { onStatus, signal, intervalMs = 500 } = {}) {
+export async function poll(kind, id, { onStatus, signal, intervalMs = 500, retryMs = 90_000, backoff = retryDelay } = {}) {
   const get = kind === 'sweep' ? getSweep : getPlan;
+  let failures = 0;
+  let since = null;
   for (;;) {
-    const rec = await get(id, signal);
+    let rec;
+    try {
+      rec = await get(id, signal);
+    } catch (e) {
+      if (!isTransient(e)) throw e;
+      since ??= Date.now();
+      const wait = backoff(failures);
+      if (Date.now() - since + wait > retryMs) throw e;
+      failures += 1;
+      onStatus?.(`server unreachable, retrying in ${Math.round(wait / 1000)} s`, null);
+      await sleep(wait, signal);
+      continue;
+    }
+    failures = 0;
+    since = null;
     onStatus?.(rec?.status ?? 'unknown', rec);
     if (rec?.status === 'done') return rec;
     if (rec?.status === 'failed') {

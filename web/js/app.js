@@ -2,7 +2,7 @@
 
 import { h } from './dom.js';
 import { parseRoute, startRouter } from './router.js';
-import { renderUpload } from './upload.js';
+import { renderUpload, leaveUpload } from './upload.js';
 import { renderPlan, renderHistory, viewState, leavePage } from './planpage.js';
 
 window.__remat = viewState;
@@ -11,6 +11,9 @@ const main = document.getElementById('main');
 
 function render() {
   const route = parseRoute(location.pathname, location.search);
+  // The upload view's polling stops when it is left: a plan done later does not take the user
+  // away from the page they went to (its link is in the recent plans and the model's history).
+  leaveUpload();
   viewState.ready = false;
   window.scrollTo(0, 0);
   document.title = 'remat';

@@ -67,7 +67,8 @@ export function destroyChart(u) {
  * `storeAll`: bytes or null.
  */
 export function timelineChart(el, { memory, measured, heap = [], budget, storeAll }) {
-  const steps = memory.map((_, i) => i + 1);
+  // Steps are numbered from 0, as the API numbers them (`timeline[].step`, `measured_peak_step`).
+  const steps = memory.map((_, i) => i);
   const hasMeasured = measured.some((v) => isNum(v));
   const series = [
     { label: 'step', value: (u, v) => (v == null ? '—' : `step ${v}`) },
@@ -114,10 +115,10 @@ export function timelineText({ memory, measured, heap = [], budget }) {
   const hPeak = peakStep(heap.map((v) => (isNum(v) ? v : null)));
   const hasHeap = heap.some((v) => isNum(v));
   const parts = [`${memory.length} schedule steps.`];
-  if (peak) parts.push(`Predicted peak ${fmtBytes(peak.bytes)} at step ${peak.step + 1}.`);
+  if (peak) parts.push(`Predicted peak ${fmtBytes(peak.bytes)} at step ${peak.step}.`);
   if (isNum(budget)) parts.push(`Budget ${fmtBytes(budget)}.`);
-  parts.push(mPeak ? `Measured peak ${fmtBytes(mPeak.bytes)} at step ${mPeak.step + 1}.` : 'Not measured (not validated).');
-  if (hPeak) parts.push(`Heap peak ${fmtBytes(hPeak.bytes)} during step ${hPeak.step + 1}.`);
+  parts.push(mPeak ? `Measured peak ${fmtBytes(mPeak.bytes)} at step ${mPeak.step}.` : 'Not measured (not validated).');
+  if (hPeak) parts.push(`Heap peak ${fmtBytes(hPeak.bytes)} during step ${hPeak.step}.`);
   const rows = sampleIndices(memory.length, 60, peak ? [peak.step] : []);
   return h(
     'div',
@@ -130,7 +131,7 @@ export function timelineText({ memory, measured, heap = [], budget }) {
       h('p', {}, parts.join(' ')),
       h(
         'table',
-        { class: 'data' },
+        { class: 'data table-x' },
         h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Step'), h('th', { scope: 'col' }, 'Predicted'), h('th', { scope: 'col' }, 'Measured'), hasHeap ? h('th', { scope: 'col' }, 'Heap peak') : null)),
         h(
           'tbody',
@@ -139,7 +140,7 @@ export function timelineText({ memory, measured, heap = [], budget }) {
             h(
               'tr',
               {},
-              h('td', {}, i + 1),
+              h('td', {}, i),
               h('td', {}, fmtBytes(memory[i])),
               h('td', {}, isNum(measured[i]) ? fmtBytes(measured[i]) : '—'),
               hasHeap ? h('td', {}, isNum(heap[i]) ? fmtBytes(heap[i]) : '—') : null,
@@ -162,12 +163,15 @@ export function sweepFractions(min, storeAll, count = 8) {
 }
 
 /**
- * Points of the Pareto chart: {frontier: [[budget, overhead]], baselines: [{name, points,
- * feasible (this plan's baseline fits its budget)}], plan: [[budget, overhead]], history:
- * [[budget, overhead]]}.
+ * Points of the Pareto chart: {frontier: [[budget, overhead]], infeasible (sweep points with no
+ * plan), baselines: [{name, points, feasible (this plan's baseline fits its budget)}], plan:
+ * [[budget, overhead]], history: [[budget, overhead]], withinBudget: [{name, overhead}] (this
+ * plan's own baselines that fit its budget)}.
  */
 export function paretoSeries({ doc, sweep, history, planId }) {
-  const frontier = sweep ? sweep.points.filter((p) => isNum(p.overhead) && p.status !== 'infeasible').map((p) => [p.budgetBytes, p.overhead]) : [];
+  const feasible = (p) => isNum(p.overhead) && p.status !== 'infeasible';
+  const frontier = sweep ? sweep.points.filter(feasible).map((p) => [p.budgetBytes, p.overhead]) : [];
+  const infeasible = sweep ? sweep.points.length - frontier.length : 0;
   // Each baseline: its point in this plan (at its peak; over the budget or not), and its
   // overhead at every budget of the sweep where it fits.
   const baselines = new Map();
@@ -189,7 +193,18 @@ export function paretoSeries({ doc, sweep, history, planId }) {
   const others = (history ?? [])
     .filter((e) => e.id !== planId && e.status === 'done' && isNum(e.budgetBytes) && isNum(e.overhead))
     .map((e) => [e.budgetBytes, e.overhead]);
-  return { frontier, baselines: [...baselines.values()], plan, history: others };
+  return { frontier, infeasible, baselines: [...baselines.values()], plan, history: others, withinBudget: baselinesWithin(doc) };
+}
+
+/**
+ * This plan's baselines that fit its budget, with their overhead. Only the plan's own: a sweep
+ * has baselines at budgets up to store-all, above this plan's, which say nothing of this budget.
+ */
+export function baselinesWithin(doc) {
+  const budget = doc?.budgetBytes;
+  return (doc?.baselines ?? [])
+    .filter((b) => b.feasible && isNum(b.overhead) && !(isNum(b.peakBytes) && isNum(budget) && b.peakBytes > budget))
+    .map((b) => ({ name: b.name, overhead: b.overhead }));
 }
 
 /** The Pareto chart. */
@@ -232,6 +247,13 @@ export function paretoChart(el, pts) {
   return u;
 }
 
+/** "Frontier of 9 budgets: 3 with a plan, 6 infeasible (no schedule fits)."; the chart draws the 3. */
+export function frontierSentence(feasible, infeasible) {
+  const total = feasible + infeasible;
+  if (!infeasible) return `Frontier of ${total} budgets.`;
+  return `Frontier of ${total} budgets: ${feasible} with a plan, ${infeasible} infeasible (no schedule fits).`;
+}
+
 /** The Pareto chart's text alternative: every point as a row. */
 export function paretoText(pts) {
   const rows = [
@@ -240,13 +262,12 @@ export function paretoText(pts) {
     ...pts.baselines.flatMap((b) => b.points.map(([x, y]) => [b.feasible ? b.name : `${b.name} (over budget)`, x, y])),
     ...pts.history.map(([x, y]) => ['other plan', x, y]),
   ];
-  const best = pts.baselines.filter((b) => b.feasible).flatMap((b) => b.points.map((p) => ({ name: b.name, overhead: p[1] })));
-  best.sort((a, b) => a.overhead - b.overhead);
+  const best = [...(pts.withinBudget ?? [])].sort((a, b) => a.overhead - b.overhead);
   const plan = pts.plan[0];
   const sentence = [
     plan ? `This plan: ${fmtOverhead(plan[1])} compute at a budget of ${fmtBytes(plan[0])}.` : 'This plan has no overhead figure.',
     best.length ? `Best baseline within the budget: ${best[0].name} at ${fmtOverhead(best[0].overhead)}.` : 'No baseline fits the budget.',
-    pts.frontier.length ? `Frontier of ${pts.frontier.length} budgets.` : 'No frontier computed.',
+    pts.frontier.length || pts.infeasible ? frontierSentence(pts.frontier.length, pts.infeasible) : 'No frontier computed.',
   ].join(' ');
   return h(
     'div',
@@ -259,7 +280,7 @@ export function paretoText(pts) {
       h('p', {}, sentence),
       h(
         'table',
-        { class: 'data' },
+        { class: 'data table-x' },
         h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Series'), h('th', { scope: 'col' }, 'Memory'), h('th', { scope: 'col' }, 'Overhead'))),
         h('tbody', {}, rows.map(([s, x, y]) => h('tr', {}, h('td', {}, s), h('td', {}, fmtBytes(x)), h('td', {}, fmtOverhead(y))))),
       ),

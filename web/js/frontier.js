@@ -4,15 +4,16 @@
 // graph: what differs between them is what the chart compares the frontier with and how the
 // sweep is asked for.
 
-import { sweepOf } from './api.js';
-import { destroyChart, paretoChart, paretoSeries, paretoText } from './charts.js';
+import { isGraphJson, sha256Hex, sweepOf } from './api.js';
+import { destroyChart, frontierSentence, paretoChart, paretoSeries, paretoText } from './charts.js';
 import { h, mount } from './dom.js';
 import { normalizeSweep } from './model.js';
-import { loadSweep, saveSweep, session } from './session.js';
+import { loadSweep, saveSweep, session, sweepKey } from './session.js';
 import { describeError } from './upload.js';
 
 /**
- * The frontier of the plan `planId` of the model `hash`.
+ * The frontier of the plan `planId` of the model `hash` at `dims` (the plan's own, a maximized
+ * dim at the value found: the sweep is posted and kept at them).
  *
  * - `doc`: the plan's figures the chart shows beside the frontier (`budgetBytes`,
  *   `predicted.overhead`, `baselines`);
@@ -26,11 +27,12 @@ import { describeError } from './upload.js';
  * above them) and `draw()`, to call once they are in the page (the chart takes its width) and
  * whenever `history()` changes.
  */
-export function frontierOf({ hash, planId, doc, history = () => [], file, sweepOptions, intro, pick }) {
+export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], file, sweepOptions, intro, pick }) {
   const chartEl = h('div', { class: 'chart', 'data-testid': 'pareto' });
   const textEl = h('div');
   const status = h('span', { class: 'muted', role: 'status', 'aria-live': 'polite' });
-  let sweep = hash ? loadSweep(hash) : null;
+  const key = sweepKey(hash, dims);
+  let sweep = sweepDoc(loadSweep(key));
   let chart = null;
   const draw = () => {
     const pts = paretoSeries({ doc, sweep: sweep ? normalizeSweep(sweep) : null, history: history(), planId });
@@ -43,6 +45,13 @@ export function frontierOf({ hash, planId, doc, history = () => [], file, sweepO
   // This session's upload is this model (or a file picked here, whose hash is not known yet).
   const ours = () => session.model && (!session.model.hash || session.model.hash === hash);
   const button = h('button', { type: 'button', class: 'btn small', 'data-testid': 'sweep-button', onclick: () => run() }, sweep ? 'Recompute the frontier' : 'Compute the frontier');
+  // The session's model before a file was picked here: back to it when the file is refused.
+  let before = null;
+  const refuse = (theirs) => {
+    session.model = before;
+    input.value = '';
+    mount(status, h('span', { class: 'warn', role: 'alert' }, `That file is not this plan's model (its hash ${theirs.slice(0, 12)}…, this plan's ${hash.slice(0, 12)}…): pick the file this plan was made from.`));
+  };
   const input = h('input', {
     type: 'file',
     accept: file.accept,
@@ -51,7 +60,14 @@ export function frontierOf({ hash, planId, doc, history = () => [], file, sweepO
     onchange: async () => {
       const f = input.files?.[0];
       if (!f) return;
-      session.model = file.model(await f.arrayBuffer(), f);
+      mount(status, 'reading the file…');
+      const bytes = await f.arrayBuffer();
+      before = session.model;
+      // ONNX bytes are hashed as they are: a wrong file is refused before any sweep. A JSON
+      // graph's hash is of the server's canonical text, checked on the sweep's answer.
+      const theirs = hash && !isGraphJson(bytes) ? await sha256Hex(bytes) : null;
+      if (theirs && theirs !== hash) return refuse(theirs);
+      session.model = { ...file.model(bytes, f), hash: theirs };
       run();
     },
   });
@@ -62,9 +78,14 @@ export function frontierOf({ hash, planId, doc, history = () => [], file, sweepO
     const tick = (s) => mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     try {
       tick('uploading');
-      sweep = await sweepOf(session.model.bytes, sweepOptions(), tick);
-      saveSweep(hash, sweep);
-      mount(status, `frontier of ${normalizeSweep(sweep).points.length} budgets`);
+      const record = await sweepOf(session.model.bytes, sweepOptions(), tick);
+      const theirs = record?.model?.hash;
+      if (hash && theirs && theirs !== hash) return refuse(theirs);
+      if (!session.model.hash) session.model.hash = theirs ?? null;
+      sweep = sweepDoc(record);
+      saveSweep(key, sweep);
+      const pts = paretoSeries({ doc, sweep: normalizeSweep(sweep), history: [], planId });
+      mount(status, frontierSentence(pts.frontier.length, pts.infeasible));
       draw();
     } catch (e) {
       mount(status, `frontier failed: ${describeError(e).join('; ')}`);
@@ -74,4 +95,9 @@ export function frontierOf({ hash, planId, doc, history = () => [], file, sweepO
   }
   const tools = h('div', { class: 'chart-tools' }, h('p', { class: 'muted' }, intro), ours() ? button : h('label', { class: 'muted' }, pick, input), status);
   return { chartEl, textEl, tools, draw };
+}
+
+/** The sweep document of a sweep record (or a document kept as it is, by older pages). */
+function sweepDoc(record) {
+  return record?.sweep ?? record ?? null;
 }

@@ -190,6 +190,51 @@ export function normalizeSweep(doc) {
   return { storeAllPeakBytes: storeAll, points, graph: obj(o.graph) };
 }
 
+/**
+ * The dims a plan was made at: its options' `dims`, the dim it maximized at the value found.
+ * `null` when the options maximize a dim whose value is not known here (a history entry whose
+ * plan document was not read): such a plan is at dims we cannot name.
+ */
+export function planDims(options, maximize) {
+  const o = obj(options);
+  const dims = { ...obj(o.dims) };
+  if (o.maximize === undefined || o.maximize === null) return dims;
+  const m = obj(maximize);
+  if (str(m.dim) !== str(o.maximize) || !isNum(m.value)) return null;
+  dims[m.dim] = m.value;
+  return dims;
+}
+
+/** Dims as text, names sorted: "batch=2, seq=8"; "" without dims. */
+export function dimsText(dims) {
+  return Object.keys(obj(dims))
+    .sort()
+    .map((k) => `${k}=${dims[k]}`)
+    .join(', ');
+}
+
+/**
+ * What makes two plans of one model comparable on one chart: the same dims (maximized ones at
+ * their value) and the same graph inputs treated as parameters or data. `null` when the dims
+ * are not known.
+ */
+export function setupKey(options, maximize) {
+  const dims = planDims(options, maximize);
+  if (dims === null) return null;
+  const o = obj(options);
+  const sorted = (x) => arr(x).map(String).sort();
+  return JSON.stringify([dimsText(dims), sorted(o.params), sorted(o.inputs)]);
+}
+
+/**
+ * Whether a history entry is one of the viewer's own probes (upload.js): a store-all plan at
+ * the store-all peak ("1.0x") or at one byte ("1", refused with the minimum feasible budget).
+ */
+export function isProbe(entry) {
+  const o = obj(entry?.options);
+  return o.solver === 'store-all' && (o.budget === '1.0x' || o.budget === '1') && !o.maximize;
+}
+
 /** History of a model: `{model, plans: [...]}` or a bare array; oldest first. */
 export function normalizeHistory(h) {
   const list = Array.isArray(h) ? h : arr(obj(h).plans);
@@ -209,6 +254,10 @@ export function normalizeHistory(h) {
       planStatus: str(s.status),
       solver: str(s.solver) ?? str(obj(o.options).solver),
       error: err && { code: str(err.code) ?? 'error', message: str(err.message) ?? '' },
+      // Known once the plan document is read (figures.js) when the options maximize a dim.
+      dims: planDims(o.options, null),
+      setup: setupKey(o.options, null),
+      probe: isProbe(o),
     };
   });
   entries.sort((a, b) => String(a.createdAt ?? '').localeCompare(String(b.createdAt ?? '')));

@@ -4,7 +4,7 @@
 import { ApiError, getPlan, getHistory, poll } from './api.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtCostIn, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtTime, isNum } from './format.js';
-import { normalizeRecord, normalizeHistory, normalizeSweep, decisionCounts, measuredSeries, isTorchPlan } from './model.js';
+import { normalizeRecord, normalizeHistory, decisionCounts, measuredSeries, isTorchPlan, planDims, setupKey, dimsText } from './model.js';
 import { renderTorchPlan } from './torchpage.js';
 import { timelineChart, timelineText, sweepFractions } from './charts.js';
 import { frontierOf } from './frontier.js';
@@ -169,20 +169,24 @@ export async function renderPlan(root, id) {
   const countText = Object.entries(counts).map(([k, n]) => `${n} ${k}`).join(' · ');
 
   const timelineEl = h('div', { class: 'chart', 'data-testid': 'timeline' });
-  // Pareto: this plan, its baselines, the model's other plans and (when computed) the frontier.
+  // Pareto: this plan, its baselines, the model's other plans made at the same dims (the
+  // overhead of a plan at batch 19 says nothing of batch 2) and, when computed, the frontier.
   let history = [];
+  const dims = planDims(rec.options, doc.maximize) ?? rec.options.dims ?? {};
+  const setup = setupKey(rec.options, doc.maximize);
   const frontier = frontierOf({
     hash: rec.model.hash,
+    dims,
     planId: rec.id,
     doc,
-    history: () => history,
+    history: () => history.filter((e) => e.setup === setup),
     file: {
       accept: '.onnx,.json',
       label: 'Model file for the frontier',
       testid: 'sweep-file',
       model: (bytes, f) => ({ bytes, fileName: f.name, name: rec.model.name, dims: rec.options.dims ?? {}, hash: null }),
     },
-    sweepOptions: () => ({ dims: session.model.dims, name: session.model.name, solver: rec.options.solver, time_limit: Math.min(Number(rec.options.time_limit) || 10, 10), wait: 1, fraction: sweepFractions(session.model.min, doc.storeAllPeakBytes) }),
+    sweepOptions: () => ({ dims, name: session.model.name, solver: rec.options.solver, time_limit: Math.min(Number(rec.options.time_limit) || 10, 10), wait: 1, fraction: sweepFractions(minFeasible(doc, dims, rec.model.hash), doc.storeAllPeakBytes) }),
     intro: 'Compute overhead by budget: this plan, each baseline at its peak, this model’s other plans, and the frontier when computed.',
     pick: 'To compute the frontier, pick the model file: ',
   });
@@ -260,7 +264,7 @@ export async function renderPlan(root, id) {
       history = normalizeHistory(await getHistory(rec.model.hash, ctrl.signal));
       await fillFigures(history, rec.id, doc, ctrl.signal);
       if (ctrl.signal.aborted) return;
-      mount(historyEl, historyTable(history, rec.id));
+      mount(historyEl, historyView(history, rec.id));
       frontier.draw();
     } catch (e) {
       if (ctrl.signal.aborted) return;
@@ -272,31 +276,69 @@ export async function renderPlan(root, id) {
   viewState.ready = true;
 }
 
-/** The table of a model's plans, newest first, the current one marked. */
-export function historyTable(entries, currentId) {
-  if (entries.length === 0) return h('p', { class: 'muted' }, 'No plans.');
+/**
+ * The least budget to sweep from: the upload's (found by its probe) when the upload was this
+ * model at these dims, else the plan's own minimum feasible budget (null: the server's grid).
+ */
+function minFeasible(doc, dims, hash) {
+  const m = session.model;
+  if (m && m.hash === hash && isNum(m.min) && dimsText(m.dims) === dimsText(dims)) return m.min;
+  return doc.minFeasibleBudgetBytes;
+}
+
+/**
+ * The history table with a switch for the viewer's failed probes (the one-byte budget asked
+ * only for its error's minimum feasible budget): hidden by default, they would fill the table.
+ */
+export function historyView(entries, currentId) {
+  const noise = entries.filter((e) => e.probe && e.status === 'failed' && e.id !== currentId).length;
+  const box = h('div', {}, historyTable(entries, currentId, { showProbes: false }));
+  if (noise === 0) return box;
+  const toggle = h('input', { type: 'checkbox', 'data-testid': 'show-probes', onchange: () => mount(box, historyTable(entries, currentId, { showProbes: toggle.checked })) });
+  return h('div', {}, h('label', { class: 'check muted' }, toggle, `Show the viewer's ${noise} failed probe${noise === 1 ? '' : 's'} (one-byte budgets asked for the minimum)`), box);
+}
+
+/**
+ * The table of a model's plans, newest first, the current one marked; the viewer's probes
+ * marked as such, its failed ones left out unless `showProbes`.
+ */
+export function historyTable(entries, currentId, { showProbes = true } = {}) {
+  const shown = entries.filter((e) => showProbes || !(e.probe && e.status === 'failed' && e.id !== currentId));
+  if (shown.length === 0) return h('p', { class: 'muted' }, 'No plans.');
   return h(
-    'table',
-    { class: 'data' },
-    h('thead', {}, h('tr', {}, ['Created', 'Plan', 'Status', 'Solver', 'Budget', 'Peak', 'Overhead'].map((t) => h('th', { scope: 'col' }, t)))),
+    'div',
+    { class: 'table-x' },
     h(
-      'tbody',
-      {},
-      [...entries].reverse().map((e) =>
-        h(
-          'tr',
-          { class: e.id === currentId ? 'selected' : '' },
-          h('td', {}, fmtTime(e.createdAt)),
-          h('td', {}, e.id === currentId ? h('strong', {}, 'this plan') : h('a', { href: planUrl(e.id), 'data-nav': true }, e.id)),
-          h('td', {}, h('span', { class: `badge status-${e.status}` }, e.status), e.error ? h('span', { class: 'muted' }, ` ${e.error.code}`) : ''),
-          h('td', {}, e.solver ?? '—'),
-          h('td', { class: 'num' }, isNum(e.budgetBytes) ? fmtBytes(e.budgetBytes) : e.budget ?? '—'),
-          h('td', { class: 'num' }, fmtBytes(e.peakBytes)),
-          h('td', { class: 'num' }, fmtOverhead(e.overhead)),
+      'table',
+      { class: 'data', 'data-testid': 'history-table' },
+      h('thead', {}, h('tr', {}, ['Created', 'Plan', 'Status', 'Dims', 'Solver', 'Budget', 'Peak', 'Overhead'].map((t) => h('th', { scope: 'col' }, t)))),
+      h(
+        'tbody',
+        {},
+        [...shown].reverse().map((e) =>
+          h(
+            'tr',
+            { class: e.id === currentId ? 'selected' : '', dataset: e.probe ? { probe: 'true' } : {} },
+            h('td', {}, fmtTime(e.createdAt)),
+            h('td', {}, e.id === currentId ? h('strong', {}, 'this plan') : h('a', { href: planUrl(e.id), 'data-nav': true }, e.id)),
+            h('td', {}, h('span', { class: `badge status-${e.status}` }, e.status), e.error ? h('span', { class: 'muted' }, ` ${e.error.code}`) : '', e.probe ? h('span', { class: 'badge probe', title: "The viewer's probe of the model (store-all at 1.0× or at one byte)" }, 'probe') : ''),
+            h('td', { 'data-testid': 'history-dims' }, entryDims(e)),
+            h('td', {}, e.solver ?? '—'),
+            h('td', { class: 'num' }, isNum(e.budgetBytes) ? fmtBytes(e.budgetBytes) : e.budget ?? '—'),
+            h('td', { class: 'num' }, fmtBytes(e.peakBytes)),
+            h('td', { class: 'num' }, fmtOverhead(e.overhead)),
+          ),
         ),
       ),
     ),
   );
+}
+
+/** An entry's dims as text; a maximized dim whose value is not known reads "batch=largest". */
+export function entryDims(e) {
+  const o = e.options ?? {};
+  const dims = e.dims ?? { ...(o.dims ?? {}), ...(o.maximize ? { [o.maximize]: 'largest' } : {}) };
+  return dimsText(dims) || '—';
 }
 
 /** The history view, /?model=HASH. */
@@ -317,7 +359,7 @@ export async function renderHistory(root, hash) {
         { class: 'panel' },
         h('h1', {}, 'History of a model'),
         h('p', { class: 'muted' }, 'Model ', h('code', {}, hash), ` · ${entries.length} plans, ${done.length} done`),
-        historyTable(entries, null),
+        historyView(entries, null),
       ),
     );
   } catch (e) {

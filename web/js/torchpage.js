@@ -122,7 +122,7 @@ export function renderTorchPlan(root, raw) {
       { class: 'panel', 'aria-labelledby': 'h-regions' },
       h('h2', { id: 'h-regions' }, 'Regions'),
       h('p', { class: 'muted' }, 'Each region is checkpointed with torch.utils.checkpoint (non-reentrant) and a selective policy: the listed ops (aten op #occurrence) are kept, the others recomputed when backward first needs the region.'),
-      h('table', { class: 'tensors', 'data-testid': 'torch-regions' }, h('thead', {}, h('tr', {}, h('th', {}, 'Region'), h('th', {}, 'Class'), h('th', {}, 'Plan'), h('th', {}, 'Kept ops'), h('th', {}, 'Re-run cost'))), h('tbody', {}, rows)),
+      h('div', { class: 'table-x' }, h('table', { class: 'tensors', 'data-testid': 'torch-regions' }, h('thead', {}, h('tr', {}, h('th', {}, 'Region'), h('th', {}, 'Class'), h('th', {}, 'Plan'), h('th', {}, 'Kept ops'), h('th', {}, 'Re-run cost'))), h('tbody', {}, rows))),
     ),
     frontier.section,
   );

@@ -1,7 +1,7 @@
 // The upload view: pick a model, bind its symbolic dims, choose a budget between the minimum
 // feasible one and the store-all peak, choose a solver, plan, and follow the job until it is done.
 
-import { ApiError, postPlan, poll, isGraphJson, listPlans, setToken } from './api.js';
+import { ApiError, postPlan, poll, isGraphJson, isTorchGraph, listPlans, setToken } from './api.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtOverhead, fmtRatio, fmtTime, isNum } from './format.js';
 import { normalizeRecord, normalizeHistory } from './model.js';
@@ -29,16 +29,51 @@ export function sliderBytes(min, max, permille) {
 /** Describes an API error for people, with its details (unsupported ops, minimum budget). */
 export function describeError(e) {
   if (!(e instanceof ApiError)) return [String(e?.message ?? e)];
-  const lines = [`${e.message} (${e.code})`];
   const d = e.details ?? {};
-  if (Array.isArray(d.unsupported)) for (const u of d.unsupported.slice(0, 20)) lines.push(`unsupported: ${u.node ?? '?'} — ${u.op_type ?? '?'}${u.domain ? ` (${u.domain})` : ''}`);
+  const unsupported = Array.isArray(d.unsupported) ? d.unsupported : [];
+  // The server's message names every unsupported node too: its head is enough above the list.
+  const message = unsupported.length ? e.message.split(': ')[0] : e.message;
+  const lines = [`${message} (${e.code})`];
+  for (const u of unsupported.slice(0, 20)) lines.push(`unsupported: ${u.node ?? '?'} — ${u.op_type ?? '?'}${u.domain ? ` (${u.domain})` : ''}${u.reason ? `: ${u.reason}` : ''}`);
+  if (unsupported.length > 20) lines.push(`… and ${unsupported.length - 20} more`);
   if (isNum(d.min_feasible_budget_bytes)) lines.push(`minimum feasible budget: ${fmtBytes(d.min_feasible_budget_bytes)} (${fmtBytesExact(d.min_feasible_budget_bytes)})`);
+  if (e.code === 'payload_too_large') lines.push(bodyLimitText(e));
   if (e.status === 401) lines.push('This server requires a token: set it below.');
   return lines;
 }
 
+/** What a 413 says of the server's limit: its figure where the error gives one. */
+function bodyLimitText(e) {
+  const d = e.details ?? {};
+  const limit = [d.limit_bytes, d.limit, d.body_limit].find(isNum);
+  if (isNum(limit)) return `The server takes models up to ${fmtBytes(limit)} (${fmtBytesExact(limit)}).`;
+  return 'The file is larger than the server takes (its --body-limit, 512 MiB unless set otherwise; the error does not say).';
+}
+
+/**
+ * The dims the form shows after the server asked for `asked`: every dim already on the form
+ * (its typed value kept) and the newly asked ones, in the order first seen. The server names
+ * only the dims still unbound, so the form would otherwise lose those just typed.
+ */
+export function mergeDimNames(shown, asked) {
+  return [...new Set([...shown, ...asked])];
+}
+
+/** The polling of the upload view, stopped when the view is left (a plan done later is not
+ *  opened over the page the user went to). */
+let current = null;
+
+/** Stops the upload view's probe or plan polling. */
+export function leaveUpload() {
+  current?.abort();
+  current = null;
+}
+
 export function renderUpload(root) {
-  const state = { bytes: null, fileName: null, baseName: null, dimNames: [], storeAll: null, min: null, hash: null, busy: false, abort: null };
+  leaveUpload();
+  const view = new AbortController();
+  current = view;
+  const state = { bytes: null, fileName: null, baseName: null, torch: false, dimNames: [], storeAll: null, min: null, hash: null, busy: false, abort: null };
   const statusBox = h('div', { class: 'status', role: 'status', 'aria-live': 'polite', 'data-testid': 'upload-status' });
   const errorBox = h('div', { class: 'error-box', role: 'alert', hidden: true });
   const fileInput = h('input', { type: 'file', id: 'model-file', accept: '.onnx,.json,application/json,application/octet-stream', 'data-testid': 'model-file', onchange: () => onFile() });
@@ -70,7 +105,14 @@ export function renderUpload(root) {
   const setStatus = (...parts) => mount(statusBox, ...parts);
   const showError = (e) => {
     errorBox.hidden = !e;
-    if (e) mount(errorBox, describeError(e).map((l) => h('div', {}, l)));
+    if (e) mount(errorBox, describeError(e).map((l) => h('div', {}, l)), e.planId ? h('div', {}, 'The job is stored and goes on: ', planLink(e.planId)) : null);
+  };
+  const planLink = (id) => h('a', { href: planUrl(id), 'data-nav': true, 'data-testid': 'job-link' }, `plan ${id}`);
+  // Each job's controller also stops when the view is left.
+  const jobSignal = () => {
+    const ctrl = new AbortController();
+    view.signal.addEventListener('abort', () => ctrl.abort());
+    return ctrl;
   };
   const dims = () => {
     const out = {};
@@ -79,11 +121,14 @@ export function renderUpload(root) {
   };
   const budgetBytes = () => sliderBytes(state.min, state.storeAll, Number(slider.value));
 
+  // A captured PyTorch graph's top budget is its unplanned peak; a free schedule's, store-all.
+  const topName = () => (state.torch ? 'unplanned' : 'store-all');
+
   function showBudget() {
     if (!isNum(state.storeAll)) return;
     const b = budgetBytes();
-    budgetOut.textContent = `${fmtBytes(b)} — ${fmtRatio(b / state.storeAll)} of the store-all peak (${fmtBytesExact(b)})`;
-    slider.setAttribute('aria-valuetext', `${fmtBytes(b)}, ${fmtRatio(b / state.storeAll)} of store-all`);
+    budgetOut.textContent = `${fmtBytes(b)} — ${fmtRatio(b / state.storeAll)} of the ${topName()} peak (${fmtBytesExact(b)})`;
+    slider.setAttribute('aria-valuetext', `${fmtBytes(b)}, ${fmtRatio(b / state.storeAll)} of ${topName()}`);
   }
 
   function showDims(names) {
@@ -94,7 +139,13 @@ export function renderUpload(root) {
       h('legend', {}, 'Symbolic dimensions'),
       h('p', { class: 'muted' }, 'The model has dimensions without a size. Bind each to a value, then check the model again.'),
       names.map((n) =>
-        h('label', { class: 'field inline' }, h('span', {}, n), h('input', { type: 'number', min: '1', step: '1', required: true, 'data-dim': n, value: prev[n] ?? '', 'aria-label': `value of dimension ${n}` })),
+        h(
+          'label',
+          { class: 'field inline' },
+          h('span', {}, n),
+          // Enter checks the model (the form's own submit would plan, which needs the check first).
+          h('input', { type: 'number', min: '1', step: '1', required: true, 'data-dim': n, value: prev[n] ?? '', 'aria-label': `value of dimension ${n}`, onkeydown: (ev) => ev.key === 'Enter' && (ev.preventDefault(), probe()) }),
+        ),
       ),
     );
     dimsBox.hidden = names.length === 0;
@@ -123,15 +174,32 @@ export function renderUpload(root) {
 
   async function runJob(opts, label, signal) {
     const t0 = performance.now();
-    const tick = (status) => setStatus(h('span', { class: 'spinner', 'aria-hidden': 'true' }), `${label}: ${status} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    const tick = (status, id) => setStatus(h('span', { class: 'spinner', 'aria-hidden': 'true' }), `${label}: ${status} (${((performance.now() - t0) / 1000).toFixed(1)} s)`, id ? [' — ', planLink(id)] : null);
     tick('uploading');
     const res = await postPlan(state.bytes, opts, signal);
     if (res.status === 202) {
       const id = res.json?.id;
       if (!id) throw new ApiError(502, 'bad_response', 'the server accepted the job without an id');
-      return poll('plan', id, { onStatus: (s) => tick(s), signal });
+      try {
+        return await poll('plan', id, { onStatus: (s) => tick(s, id), signal });
+      } catch (e) {
+        // The job may well go on (a server restarting): its page is where to find it.
+        if (e instanceof ApiError && e.status !== 422) e.planId = id;
+        throw e;
+      }
     }
     return res.json;
+  }
+
+  /** The probe of a captured PyTorch graph: one plan at its unplanned peak ("1.0x") answers
+   *  both ends of the slider (`unplanned_peak_bytes`, and `min_peak_bytes`, the least peak). */
+  async function probeTorch(base, signal) {
+    const raw = await runJob({ name: base.name, wait: 30, budget: '1.0x' }, 'Reading the captured graph', signal);
+    const plan = raw?.plan ?? {};
+    state.hash = raw?.model?.hash ?? null;
+    state.storeAll = isNum(plan.unplanned_peak_bytes) ? plan.unplanned_peak_bytes : null;
+    if (!isNum(state.storeAll)) throw new ApiError(502, 'bad_response', 'the torch-sac plan has no unplanned_peak_bytes');
+    state.min = isNum(plan.min_peak_bytes) ? plan.min_peak_bytes : state.storeAll;
   }
 
   // First contact: a store-all plan gives the store-all peak (and tells which dims to bind);
@@ -140,7 +208,7 @@ export function renderUpload(root) {
     if (!state.bytes) return;
     // A new file or new dims: the probe in flight (if any) is abandoned.
     state.abort?.abort();
-    const ctrl = new AbortController();
+    const ctrl = jobSignal();
     state.abort = ctrl;
     state.busy = true;
     showError(null);
@@ -148,28 +216,18 @@ export function renderUpload(root) {
     planBtn.disabled = true;
     const base = { dims: dims(), name: nameInput.value || state.baseName, wait: 30 };
     try {
-      const rec = normalizeRecord(await runJob({ ...base, budget: '1.0x', solver: 'store-all' }, 'Reading the model', ctrl.signal));
-      if (ctrl.signal.aborted) return;
-      state.hash = rec.model.hash;
-      state.storeAll = rec.doc?.storeAllPeakBytes ?? rec.doc?.predicted.peakBytes ?? null;
-      if (!isNum(state.storeAll)) throw new ApiError(502, 'bad_response', 'the store-all plan has no store_all_peak_bytes');
-      showDims(state.dimNames.filter((n) => n in base.dims));
-      try {
-        const low = normalizeRecord(await runJob({ ...base, budget: '1', solver: 'store-all' }, 'Finding the minimum budget', ctrl.signal));
-        state.min = low.doc?.predicted.peakBytes ?? state.storeAll;
-      } catch (e) {
-        if (e instanceof ApiError && e.code === 'infeasible_budget' && isNum(e.details?.min_feasible_budget_bytes)) state.min = e.details.min_feasible_budget_bytes;
-        else throw e;
-      }
+      let nodes = null;
+      if (state.torch) await probeTorch(base, ctrl.signal);
+      else nodes = await probeFree(base, ctrl.signal);
       if (ctrl.signal.aborted) return;
       state.min = Math.min(state.min, state.storeAll);
       session.model = { bytes: state.bytes, fileName: state.fileName, name: base.name, dims: base.dims, hash: state.hash, min: state.min, storeAll: state.storeAll };
-      const nodes = rec.doc?.graph.nodes;
+      const least = state.torch ? 'least reachable peak' : 'minimum feasible budget';
       setStatus(
-        `${state.fileName}: ${isNum(nodes) ? `${nodes} nodes, ` : ''}store-all peak ${fmtBytes(state.storeAll)}, minimum feasible budget ${fmtBytes(state.min)}. `,
+        `${state.fileName}: ${isNum(nodes) ? `${nodes} nodes, ` : ''}${topName()} peak ${fmtBytes(state.storeAll)}, ${least} ${fmtBytes(state.min)}. `,
         state.hash ? h('a', { href: historyUrl(state.hash), 'data-nav': true }, 'Earlier plans of this model') : null,
       );
-      budgetRange.textContent = `from ${fmtBytes(state.min)} (minimum feasible) to ${fmtBytes(state.storeAll)} (store-all)`;
+      budgetRange.textContent = `from ${fmtBytes(state.min)} (${state.torch ? 'least reachable' : 'minimum feasible'}) to ${fmtBytes(state.storeAll)} (${topName()})`;
       slider.value = String(state.storeAll > state.min ? Math.max(0, Math.min(1000, Math.round((1000 * (0.8 * state.storeAll - state.min)) / (state.storeAll - state.min)))) : 1000);
       slider.disabled = false;
       planBtn.disabled = false;
@@ -177,7 +235,7 @@ export function renderUpload(root) {
     } catch (e) {
       if (ctrl.signal.aborted) return;
       if (e instanceof ApiError && e.code === 'unbound_dims' && Array.isArray(e.details?.names)) {
-        showDims(e.details.names.map(String));
+        showDims(mergeDimNames(state.dimNames, e.details.names.map(String)));
         setStatus('Bind the symbolic dimensions to continue.');
         dimsBox.querySelector('input')?.focus();
       } else {
@@ -189,18 +247,55 @@ export function renderUpload(root) {
     }
   }
 
+  /** The probe of an ONNX model or node-link graph: its store-all plan, then a one-byte budget
+   *  whose refusal names the minimum feasible budget. Answers the graph's node count. */
+  async function probeFree(base, signal) {
+    const rec = normalizeRecord(await runJob({ ...base, budget: '1.0x', solver: 'store-all' }, 'Reading the model', signal));
+    state.hash = rec.model.hash;
+    state.storeAll = rec.doc?.storeAllPeakBytes ?? rec.doc?.predicted.peakBytes ?? null;
+    if (!isNum(state.storeAll)) throw new ApiError(502, 'bad_response', 'the store-all plan has no store_all_peak_bytes');
+    try {
+      const low = normalizeRecord(await runJob({ ...base, budget: '1', solver: 'store-all' }, 'Finding the minimum budget', signal));
+      state.min = low.doc?.predicted.peakBytes ?? state.storeAll;
+    } catch (e) {
+      if (e instanceof ApiError && e.code === 'infeasible_budget' && isNum(e.details?.min_feasible_budget_bytes)) state.min = e.details.min_feasible_budget_bytes;
+      else throw e;
+    }
+    return rec.doc?.graph.nodes ?? null;
+  }
+
+  // A captured PyTorch graph is planned in the torch-sac model: no free-schedule solver, no
+  // validation on the executor, no dims.
+  function showKind() {
+    mount(solverSel, state.torch ? h('option', { value: '' }, 'torch-sac (captured PyTorch graph)') : SOLVERS.map(([v, l]) => h('option', { value: v }, l)));
+    solverSel.disabled = state.torch;
+    validateBox.disabled = state.torch || isGraphJson(state.bytes);
+    validateBox.title = validateBox.disabled ? 'Validation runs ONNX models only (a captured graph: remat.torch.measure in PyTorch)' : '';
+    if (validateBox.disabled) validateBox.checked = false;
+  }
+
   async function onFile() {
     const file = fileInput.files?.[0];
     if (!file) return;
-    state.bytes = await file.arrayBuffer();
+    state.abort?.abort();
+    showError(null);
+    setStatus(h('span', { class: 'spinner', 'aria-hidden': 'true' }), `reading the file (${fmtBytes(file.size)})…`);
+    slider.disabled = true;
+    planBtn.disabled = true;
+    try {
+      state.bytes = await file.arrayBuffer();
+    } catch (e) {
+      setStatus('');
+      showError(new Error(`The file could not be read: ${e?.message ?? e}`));
+      return;
+    }
+    state.torch = isTorchGraph(state.bytes);
     state.fileName = file.name;
     state.baseName = file.name.replace(/\.(onnx|json)$/i, '');
     state.storeAll = null;
     state.min = null;
     nameInput.placeholder = state.baseName;
-    validateBox.disabled = isGraphJson(state.bytes);
-    validateBox.title = validateBox.disabled ? 'Validation runs ONNX models only' : '';
-    if (validateBox.disabled) validateBox.checked = false;
+    showKind();
     showDims([]);
     await probe();
   }
@@ -208,7 +303,7 @@ export function renderUpload(root) {
   async function onSubmit(ev) {
     ev.preventDefault();
     if (!state.bytes || !isNum(state.storeAll) || state.busy) return;
-    const ctrl = new AbortController();
+    const ctrl = jobSignal();
     state.abort = ctrl;
     state.busy = true;
     planBtn.disabled = true;
@@ -216,7 +311,7 @@ export function renderUpload(root) {
     try {
       const opts = {
         budget: String(budgetBytes()),
-        solver: solverSel.value,
+        solver: state.torch ? undefined : solverSel.value,
         time_limit: timeInput.value,
         bound_time: Number(boundInput.value) > 0 ? boundInput.value : undefined,
         validate: validateBox.checked ? 'true' : undefined,
@@ -227,10 +322,11 @@ export function renderUpload(root) {
         ...maximizeOptions(),
       };
       const rec = normalizeRecord(await runJob(opts, 'Planning', ctrl.signal));
+      if (ctrl.signal.aborted) return;
       if (!rec.id) throw new ApiError(502, 'bad_response', 'the plan has no id');
       navigate(planUrl(rec.id));
     } catch (e) {
-      if (e?.name === 'AbortError') return;
+      if (e?.name === 'AbortError' || ctrl.signal.aborted) return;
       setStatus('');
       showError(e);
     } finally {
@@ -292,7 +388,7 @@ async function loadRecent(el) {
       el,
       h(
         'table',
-        { class: 'data' },
+        { class: 'data table-x' },
         h('thead', {}, h('tr', {}, ['Model', 'Created', 'Status', 'Budget', 'Peak', 'Overhead', ''].map((t) => h('th', { scope: 'col' }, t)))),
         h(
           'tbody',

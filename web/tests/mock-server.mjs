@@ -109,7 +109,7 @@ export function planProblem(p, budget, { recomputeAll = false } = {}) {
   return { base, best, recompute };
 }
 
-function planDoc(p, budget, solver, { validate = false, model = null } = {}) {
+function planDoc(p, budget, solver, { validate = false, model = null, timingRounds = 2 } = {}) {
   const { base, best } = planProblem(p, budget);
   const storeAllCost = p.nodes.reduce((s, x) => s + x.cost, 0);
   const low = planProblem(p, 0, { recomputeAll: true }).best.peak;
@@ -166,6 +166,8 @@ function planDoc(p, budget, solver, { validate = false, model = null } = {}) {
       store_all_step_seconds: 0.0123,
       measured_overhead: overhead * 0.9,
       measured_step_overhead: overhead * 0.95,
+      // As the executor: the rounds asked for (`timing_rounds`, default 2).
+      timing_rounds: timingRounds,
       timeline: measured.map((m, step) => ({ step, predicted_bytes: best.memory[step], measured_bytes: m })),
     };
   }
@@ -252,7 +254,7 @@ async function submit(kind, req, res, q, body) {
     if (kind === 'plan') {
       const storeAll = planProblem(problem, Infinity).base.peak;
       const budget = parseBudget(q.get('budget'), storeAll);
-      result = planDoc(problem, budget, q.get('solver') ?? 'auto', { validate: q.get('validate') === 'true', model });
+      result = planDoc(problem, budget, q.get('solver') ?? 'auto', { validate: q.get('validate') === 'true', model, timingRounds: Number(q.get('timing_rounds') ?? 2) });
     } else {
       const storeAll = planProblem(problem, Infinity).base.peak;
       const fractions = q.getAll('fraction').length ? q.getAll('fraction').map(Number) : [1, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2];
