@@ -47,9 +47,12 @@ pub struct Inlined {
 /// subgraphs included) from its file under `dir` (the model file's folder) into its
 /// `raw_data`. The bytes come back unchanged when nothing is external. Errors name the tensor
 /// and the file: a location that is absolute or leaves `dir`, a missing file, a range past
-/// the file's end, a length that is not the tensor's.
+/// the file's end, a length that is not the tensor's. Bytes that are no model come back as
+/// they are: what reads them next says what is wrong with them.
 pub fn inline_external_data<'a>(bytes: &'a [u8], dir: &Path) -> Result<(Cow<'a, [u8]>, Inlined)> {
-    let mut model = parse_model(bytes)?;
+    let Ok(mut model) = parse_model(bytes) else {
+        return Ok((Cow::Borrowed(bytes), Inlined::default()));
+    };
     let mut done = Inlined::default();
     let mut any = false;
     if let Some(g) = model.graph.as_mut() {

@@ -1244,3 +1244,19 @@ def test_a_model_whose_every_region_writes_a_buffer_warns_that_none_can_be_wrapp
         graph = rt.capture(model, (x,))
     assert all(r["writes_input"] for r in graph["regions"])
     assert not any(r["wrapped"] for r in rt.plan(graph, "min")["regions"])
+
+
+def test_apply_refuses_an_edited_plan_that_wraps_a_region_writing_its_input() -> None:
+    torch.manual_seed(0)
+    layers = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.ReLU(inplace=True), nn.Conv2d(8, 8, 3), nn.ReLU(inplace=True)
+    )
+    x = torch.randn(2, 3, 16, 16)
+    graph = rt.capture(layers, (x,))
+    plan = rt.plan(graph, "min")
+    writing = [r for r in plan["regions"] if r.get("writes_input")]
+    assert [r["fqn"] for r in writing] == ["1", "3"]
+    assert not any(r["wrapped"] for r in writing)
+    writing[0]["wrapped"] = True
+    with pytest.raises(rt.PlanMismatchError, match=r"regions\[1\] \(1\).*aten\.relu_"):
+        rt.apply(layers, plan)

@@ -61,6 +61,12 @@ def _check_regions(regions: Any) -> None:
             raise PlanMismatchError(f"{where}: 'call' {call!r} is not a whole number >= 0")
         if not isinstance(r.get("wrapped"), bool):
             raise PlanMismatchError(f"{where}: 'wrapped' is missing or not true/false")
+        if r["wrapped"] and r.get("writes_input"):
+            raise PlanMismatchError(
+                f"{where}: the plan wraps a region that writes an input or a buffer in place "
+                f"({r['writes_input']}): a re-run would write it a second time (an edited plan; "
+                "remat never wraps such a region)"
+            )
         ops = r.get("ops")
         if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):
             raise PlanMismatchError(f"{where}: 'ops' is missing or not a list of op names")

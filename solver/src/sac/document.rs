@@ -84,6 +84,11 @@ pub struct RegionDoc {
     /// The ops the policy sees, in order (a run that differs is refused).
     pub ops: Vec<String>,
     pub rerun_cost: f64,
+    /// The op by which the region writes one of its inputs or a buffer in place (the captured
+    /// graph's `writes_input`): never wrapped, and `remat.torch.apply` refuses a plan (an
+    /// edited one) that wraps it, as a re-run would write it a second time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writes_input: Option<String>,
 }
 
 /// Parses a budget for a captured graph: bytes or a size (`"8GiB"`), `"0.5x"` of the
@@ -311,6 +316,7 @@ pub fn document(graph: &TorchGraph, p: &SacPlan, report: &SacReport) -> PlanDocu
                     .map(|o| o.op.clone())
                     .collect(),
                 rerun_cost: s.rerun_cost.get(&r).copied().unwrap_or(0.0),
+                writes_input: reg.writes_input.clone(),
             }
         })
         .collect();
