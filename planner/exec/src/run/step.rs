@@ -445,6 +445,43 @@ impl Executor<'_> {
         Ok(())
     }
 
+    /// The extra values (batch statistics, ...) the backward of folded node `ix` keeps, computed
+    /// from its inputs: a folded node has no training node whose forward would have made them
+    /// (a layer norm of a parameter alone, weight normalization's norm).
+    fn folded_extras(
+        &self,
+        ix: NodeIndex,
+        ins: &[Option<Tensor>],
+        needs: &[bool],
+    ) -> crate::error::Result<Extras> {
+        let model = self.model;
+        let node = &model.graph[ix];
+        let rule = remat_planner::model::with_ctx(model, ix, |spec, cx| {
+            let outs: Vec<remat_planner::tensor::Fact> = node
+                .outputs
+                .iter()
+                .map(|v| {
+                    v.and_then(|v| model.values[v].fact.clone())
+                        .unwrap_or_else(|| {
+                            remat_planner::tensor::Fact::new(
+                                remat_planner::tensor::DType::F32,
+                                vec![0],
+                            )
+                        })
+                })
+                .collect();
+            (spec.grad)(cx, &outs, needs)
+        });
+        let mut extras = Extras::new();
+        for saved in rule.map(|r| r.saved).unwrap_or_default() {
+            if let Saved::Extra { tag, .. } = saved {
+                let out = self.with_kernel(ix, |k, cx| k.run_extra(cx, tag, ins))?;
+                extras.insert(tag.to_string(), out);
+            }
+        }
+        Ok(extras)
+    }
+
     /// Pushes a gradient contribution `g` of the derived constant `v` (a transposed or tied
     /// weight) back through the folded node that computes it, to the parameters it comes
     /// from, as it arrives: the backward is linear in `g`, so contributions need no summing
@@ -495,7 +532,8 @@ impl Executor<'_> {
         }
         let ins = self.folded_inputs(ix, depth)?;
         let outs = self.run_folded(ix, depth)?;
-        let r = self.backward_kernel(ix, &ins, &outs, &Extras::new(), &grads, &needs)?;
+        let extras = self.folded_extras(ix, &ins, &needs)?;
+        let r = self.backward_kernel(ix, &ins, &outs, &extras, &grads, &needs)?;
         for (slot, g) in r.into_iter().enumerate() {
             let (Some(g), Some(Some(x))) = (g, node.inputs.get(slot)) else {
                 continue;

@@ -720,3 +720,115 @@ fn another_threads_allocations_are_not_the_runs() {
         "heap after the run: {lb} B beside, {la} B alone"
     );
 }
+
+/// A layer norm of a parameter alone (a normalized positional table, weight normalization's
+/// norm) is folded at import: its backward runs when the gradient reaches the derived value,
+/// with the batch statistics it keeps computed then (it failed: "the backward needs the extra
+/// value stats, which is not resident"). Its gradient is checked against central differences
+/// of the executor's own loss.
+#[test]
+fn the_backward_of_a_folded_layer_norm_of_a_parameter_matches_finite_differences() {
+    use onnx_protobuf::attribute_proto::AttributeType;
+    use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
+    use onnx_protobuf::type_proto::{Tensor as TypeTensor, Value as TypeValue};
+    use onnx_protobuf::{
+        AttributeProto, GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto,
+        TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    let f32_tensor = |name: &str, dims: &[i64], values: &[f32]| {
+        let mut t = TensorProto::new();
+        t.name = name.into();
+        t.dims = dims.to_vec();
+        t.data_type = 1;
+        t.raw_data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        t
+    };
+    let pos: Vec<f32> = (0..32).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect();
+    let w: Vec<f32> = (0..32).map(|i| ((i * 5 % 13) as f32 - 6.0) * 0.1).collect();
+    let model_bytes = |pos: &[f32]| {
+        let mut g = GraphProto::new();
+        let mut shape = TensorShapeProto::new();
+        for d in [2, 4, 8] {
+            let mut dim = Dimension::new();
+            dim.value = Some(dimension::Value::DimValue(d));
+            shape.dim.push(dim);
+        }
+        let mut tt = TypeTensor::new();
+        tt.elem_type = 1;
+        tt.shape = Some(shape).into();
+        let mut tp = TypeProto::new();
+        tp.value = Some(TypeValue::TensorType(tt));
+        let mut x = ValueInfoProto::new();
+        x.name = "x".into();
+        x.type_ = Some(tp).into();
+        g.input.push(x);
+        g.initializer.push(f32_tensor("pos", &[4, 8], pos));
+        g.initializer.push(f32_tensor("scale", &[8], &[1.5; 8]));
+        g.initializer.push(f32_tensor("bias", &[8], &[0.1; 8]));
+        g.initializer.push(f32_tensor("w", &[8, 4], &w));
+        let node = |op: &str, name: &str, ins: &[&str], out: &str| {
+            let mut n = NodeProto::new();
+            n.op_type = op.into();
+            n.name = name.into();
+            n.input = ins.iter().map(|s| s.to_string()).collect();
+            n.output = vec![out.into()];
+            n
+        };
+        let mut ln = node("LayerNormalization", "ln", &["pos", "scale", "bias"], "p");
+        let mut axis = AttributeProto::new();
+        axis.name = "axis".into();
+        axis.type_ = AttributeType::INT.into();
+        axis.i = -1;
+        ln.attribute.push(axis);
+        g.node.push(ln);
+        g.node.push(node("Add", "add", &["x", "p"], "h"));
+        g.node.push(node("Mul", "sq", &["h", "h"], "h2"));
+        g.node.push(node("MatMul", "mm", &["h2", "w"], "y"));
+        let mut out = ValueInfoProto::new();
+        out.name = "y".into();
+        g.output.push(out);
+        let mut m = ModelProto::new();
+        m.ir_version = 8;
+        let mut opset = OperatorSetIdProto::new();
+        opset.version = 17;
+        m.opset_import.push(opset);
+        m.graph = Some(g).into();
+        m.write_to_bytes().expect("encodes")
+    };
+    let x: Vec<f32> = (0..64).map(|i| ((i * 3 % 7) as f32 - 3.0) * 0.2).collect();
+    let run = |pos: &[f32]| {
+        let bytes = model_bytes(pos);
+        let (model, tg) = import(&bytes, &[]);
+        let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0).expect("executor");
+        ex.set_input(
+            "x",
+            Tensor::from_vec(x.clone(), vec![2, 4, 8], &Device::Cpu).expect("x"),
+        )
+        .expect("input");
+        let r = ex
+            .run(&store_all(&tg.to_problem()), &mut |_, _| {})
+            .expect("store-all run");
+        let id = model
+            .values
+            .iter()
+            .position(|v| v.name == "pos")
+            .expect("pos");
+        let g = r.grads.get(&id).map(|t| flat(t).expect("gradient values"));
+        (r.loss, g)
+    };
+    let (_, grad) = run(&pos);
+    let grad = grad.expect("pos takes a gradient");
+    let eps = 1e-2f32;
+    for i in [0, 5, 13, 22, 31] {
+        let mut up = pos.clone();
+        up[i] += eps;
+        let mut down = pos.clone();
+        down[i] -= eps;
+        let fd = (run(&up).0 - run(&down).0) / f64::from(2.0 * eps);
+        let g = grad[i];
+        assert!(
+            (fd - g).abs() <= 2e-3 + 2e-2 * fd.abs(),
+            "pos[{i}]: gradient {g} against central differences {fd}"
+        );
+    }
+}
