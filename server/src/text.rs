@@ -212,10 +212,18 @@ pub fn validation_summary(v: &Validation) -> String {
             human_bytes(d)
         ));
     }
-    s.push_str(&format!(
-        "  grads    max relative error {:.2e} over {} parameters (store-all loss {:.6}, plan loss {:.6})\n",
-        v.grad_max_rel_err, v.params_checked, v.store_all_loss, v.loss
-    ));
+    if v.params_checked == 0 {
+        // Nothing to compare: saying "0 error" would read as a check that passed.
+        s.push_str(&format!(
+            "  grads    no parameter takes a gradient: nothing to compare (store-all loss {:.6}, plan loss {:.6})\n",
+            v.store_all_loss, v.loss
+        ));
+    } else {
+        s.push_str(&format!(
+            "  grads    max relative error {:.2e} over {} parameters (store-all loss {:.6}, plan loss {:.6})\n",
+            v.grad_max_rel_err, v.params_checked, v.store_all_loss, v.loss
+        ));
+    }
     if let Some(note) = &v.grad_note {
         s.push_str(&format!("           {note}\n"));
     }
