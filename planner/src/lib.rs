@@ -32,8 +32,8 @@
 //! 3. has an initializer → parameter;
 //! 4. not floating point → data;
 //! 5. has a symbolic or unknown dim → data;
-//! 6. is read as the activation operand of an op (input 0 of Conv, ConvTranspose, Gemm, a
-//!    normalization, a pooling or a recurrent op; directly or through Reshape, Flatten,
+//! 6. is read as the activation operand of an op (input 0 of Conv, ConvTranspose, Gemm,
+//!    MatMul, a normalization, a pooling or a recurrent op; directly or through Reshape, Flatten,
 //!    Squeeze, Unsqueeze, Identity or Cast) → data: CLIP's `pixel_values` and Whisper's
 //!    `input_features` beside their integer token ids, an MLP's `x` beside its labels;
 //! 7. if rules 1-6 found no data input at all, the first graph input is data;

@@ -269,6 +269,7 @@ const ACTIVATION_SLOT_OPS: &[&str] = &[
     "Conv",
     "ConvTranspose",
     "Gemm",
+    "MatMul",
     "BatchNormalization",
     "LayerNormalization",
     "InstanceNormalization",

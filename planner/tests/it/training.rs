@@ -206,6 +206,35 @@ fn static_float_input_read_as_an_activation_is_data() {
     let t = m.training_graph().expect("training graph");
     assert!(ids(&t).contains(&"f:patchify"), "{:?}", ids(&t));
 
+    // A three-dimensional input into a linear layer is exported as MatMul, not Gemm: its first
+    // operand is the activation too.
+    let tokens_with_labels = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4), D::V(8)])
+        .input("labels", I64, &[D::V(2), D::V(4)])
+        .input("w", F32, &[D::V(8), D::V(3)])
+        .node("MatMul", "proj", &["x", "w"], &["h"], vec![])
+        .node(
+            "Transpose",
+            "t",
+            &["h"],
+            &["ht"],
+            vec![a_ints("perm", &[0, 2, 1])],
+        )
+        .node(
+            "SoftmaxCrossEntropyLoss",
+            "ce",
+            &["ht", "labels"],
+            &["loss"],
+            vec![],
+        )
+        .output("loss");
+    let m = load(&tokens_with_labels.bytes(), &ImportOptions::default()).expect("imports");
+    let kinds: Vec<ValueKind> = m.inputs.iter().map(|&v| m.values[v].kind).collect();
+    assert_eq!(
+        kinds,
+        vec![ValueKind::Data, ValueKind::Data, ValueKind::Param]
+    );
+
     // Rule 8: two frames concatenated before the network (RAFT): the second is data too.
     let frames = G::new(17)
         .input("img1", F32, &[D::V(1), D::V(3), D::V(8), D::V(8)])
