@@ -114,6 +114,19 @@ impl Model {
             .map(|v| v.and_then(|v| self.values[v].fact.clone()))
             .collect()
     }
+
+    /// The facts of node `ix`'s outputs as an op's gradient and cost rules take them (an
+    /// output without one, or absent, as an empty float tensor).
+    pub fn output_facts(&self, ix: NodeIndex) -> Vec<Fact> {
+        self.graph[ix]
+            .outputs
+            .iter()
+            .map(|v| {
+                v.and_then(|v| self.values[v].fact.clone())
+                    .unwrap_or_else(|| Fact::new(DType::F32, vec![0]))
+            })
+            .collect()
+    }
 }
 
 fn malformed(what: impl Into<String>) -> PlannerError {

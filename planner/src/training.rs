@@ -224,14 +224,7 @@ pub fn derive(model: &Model, name: &str) -> Result<TrainingGraph> {
                     any && v.is_some_and(|v| is_float(model, v)) && (spec.diff_out)(cx, k)
                 })
                 .collect();
-            let outs: Vec<Fact> = node
-                .outputs
-                .iter()
-                .map(|v| {
-                    v.and_then(|v| model.values[v].fact.clone())
-                        .unwrap_or_else(|| Fact::new(crate::tensor::DType::F32, vec![0]))
-                })
-                .collect();
+            let outs = model.output_facts(ix);
             let flops = (spec.flops)(cx, &outs);
             let grad = any.then(|| (spec.grad)(cx, &outs, &needs));
             NodeInfo {

@@ -455,22 +455,8 @@ impl Executor<'_> {
         needs: &[bool],
     ) -> crate::error::Result<Extras> {
         let model = self.model;
-        let node = &model.graph[ix];
         let rule = remat_planner::model::with_ctx(model, ix, |spec, cx| {
-            let outs: Vec<remat_planner::tensor::Fact> = node
-                .outputs
-                .iter()
-                .map(|v| {
-                    v.and_then(|v| model.values[v].fact.clone())
-                        .unwrap_or_else(|| {
-                            remat_planner::tensor::Fact::new(
-                                remat_planner::tensor::DType::F32,
-                                vec![0],
-                            )
-                        })
-                })
-                .collect();
-            (spec.grad)(cx, &outs, needs)
+            (spec.grad)(cx, &model.output_facts(ix), needs)
         });
         let mut extras = Extras::new();
         for saved in rule.map(|r| r.saved).unwrap_or_default() {
