@@ -808,7 +808,8 @@ fn auto_after_dp(
         // report: it is the path the search follows at every budget it has not met, so every
         // infeasible budget gets the same answer, and a plan at that peak meets it. Stopped
         // when the peak stops falling (not when the work is spent, as the search at a budget
-        // above it would be): 0.2-1 s instead of 5-9 s on the fixture models, the same least
+        // above it would be): 0.02-1.5 s instead of 0.9-15 s on the fixture models and benchmark
+        // graphs, the same least
         // peak (docs/bench/solver-tuning.md).
         let found = search::min_peak_portfolio(p, limits(start), runs)?;
         let low = crate::budget::min_feasible_budget(p);

@@ -684,45 +684,50 @@ fn decomposed_group_norm_keeps_what_the_native_op_keeps() {
     assert_eq!(saved(true), expect, "decomposed");
 }
 
-/// Attention written the way both exporters decompose `scaled_dot_product_attention` (scale
-/// split over q and kᵀ) keeps what the opset 23 `Attention` op keeps (q, k, v, output and
-/// the row log-sum-exp); eager attention (one scale after the product) keeps its
-/// probabilities.
+/// `x[2, 4, 5, 8]` projected to q, k, v by `wq`, `wk`, `wv` (8×8 each), with the scalar
+/// `s` = 0.5 beside them.
+fn qkv(opset: i64) -> G {
+    G::new(opset)
+        .input("x", F32, &[D::V(2), D::V(4), D::V(5), D::V(8)])
+        .weight("wq", &[8, 8])
+        .weight("wk", &[8, 8])
+        .weight("wv", &[8, 8])
+        .init(tensor_f32("s", &[], &[0.5]))
+        .node("MatMul", "q", &["x", "wq"], &["q"], vec![])
+        .node("MatMul", "k", &["x", "wk"], &["k"], vec![])
+        .node("MatMul", "v", &["x", "wv"], &["v"], vec![])
+        .node(
+            "Transpose",
+            "kt",
+            &["k"],
+            &["kt"],
+            vec![a_ints("perm", &[0, 1, 3, 2])],
+        )
+}
+
+/// [`qkv`] and the scores of scaled dot-product attention as both exporters write them:
+/// `MatMul(Mul(q, s), Mul(kᵀ, s))`, in `sc`.
+fn sdpa_scores(opset: i64) -> G {
+    qkv(opset)
+        .node("Mul", "qs", &["q", "s"], &["qs"], vec![])
+        .node("Mul", "ks", &["kt", "s"], &["ks"], vec![])
+        .node("MatMul", "scores", &["qs", "ks"], &["sc"], vec![])
+}
+
 #[test]
 fn decomposed_sdpa_keeps_what_the_attention_op_keeps() {
-    let shape = [D::V(2), D::V(4), D::V(5), D::V(8)];
     let graph = |kind: &str| {
-        let mut g = G::new(if kind == "native" { 23 } else { 17 })
-            .input("x", F32, &shape)
-            .weight("wq", &[8, 8])
-            .weight("wk", &[8, 8])
-            .weight("wv", &[8, 8])
-            .init(tensor_f32("s", &[], &[0.5]))
-            .init(tensor_f32("s2", &[], &[0.25]))
-            .node("MatMul", "q", &["x", "wq"], &["q"], vec![])
-            .node("MatMul", "k", &["x", "wk"], &["k"], vec![])
-            .node("MatMul", "v", &["x", "wv"], &["v"], vec![]);
-        g = match kind {
-            "native" => g.node("Attention", "attn", &["q", "k", "v"], &["y"], vec![]),
-            _ => {
-                g = g.node(
-                    "Transpose",
-                    "kt",
-                    &["k"],
-                    &["kt"],
-                    vec![a_ints("perm", &[0, 1, 3, 2])],
-                );
-                g = if kind == "sdpa" {
-                    g.node("Mul", "qs", &["q", "s"], &["qs"], vec![])
-                        .node("Mul", "ks", &["kt", "s"], &["ks"], vec![])
-                        .node("MatMul", "scores", &["qs", "ks"], &["sc"], vec![])
-                } else {
-                    g.node("MatMul", "scores", &["q", "kt"], &["raw"], vec![])
-                        .node("Mul", "scale", &["raw", "s2"], &["sc"], vec![])
-                };
-                g.node("Softmax", "sm", &["sc"], &["p"], vec![a_int("axis", -1)])
-                    .node("MatMul", "pv", &["p", "v"], &["y"], vec![])
-            }
+        let g = match kind {
+            "native" => qkv(23).node("Attention", "attn", &["q", "k", "v"], &["y"], vec![]),
+            "sdpa" => sdpa_scores(17)
+                .node("Softmax", "sm", &["sc"], &["p"], vec![a_int("axis", -1)])
+                .node("MatMul", "pv", &["p", "v"], &["y"], vec![]),
+            _ => qkv(17)
+                .init(tensor_f32("s2", &[], &[0.25]))
+                .node("MatMul", "scores", &["q", "kt"], &["raw"], vec![])
+                .node("Mul", "scale", &["raw", "s2"], &["sc"], vec![])
+                .node("Softmax", "sm", &["sc"], &["p"], vec![a_int("axis", -1)])
+                .node("MatMul", "pv", &["p", "v"], &["y"], vec![]),
         };
         g.output("y")
     };
@@ -763,15 +768,9 @@ fn decomposed_sdpa_keeps_what_the_attention_op_keeps() {
 /// `Constant`) is fused as before.
 #[test]
 fn attention_with_a_learned_bias_stays_decomposed_and_the_bias_is_a_parameter() {
-    let shape = [D::V(2), D::V(4), D::V(5), D::V(8)];
     let graph = |learned: bool| {
-        let mut g = G::new(17)
-            .input("x", F32, &shape)
-            .weight("wq", &[8, 8])
-            .weight("wk", &[8, 8])
-            .weight("wv", &[8, 8])
-            .init(tensor_f32("s", &[], &[0.5]));
-        g = if learned {
+        let g = sdpa_scores(17);
+        let g = if learned {
             g.init(tensor_f32("bias", &[1, 4, 5, 5], &[0.1; 100]))
         } else {
             g.node(
@@ -785,20 +784,7 @@ fn attention_with_a_learned_bias_stays_decomposed_and_the_bias_is_a_parameter() 
                 )],
             )
         };
-        g.node("MatMul", "q", &["x", "wq"], &["q"], vec![])
-            .node("MatMul", "k", &["x", "wk"], &["k"], vec![])
-            .node("MatMul", "v", &["x", "wv"], &["v"], vec![])
-            .node(
-                "Transpose",
-                "kt",
-                &["k"],
-                &["kt"],
-                vec![a_ints("perm", &[0, 1, 3, 2])],
-            )
-            .node("Mul", "qs", &["q", "s"], &["qs"], vec![])
-            .node("Mul", "ks", &["kt", "s"], &["ks"], vec![])
-            .node("MatMul", "scores", &["qs", "ks"], &["sc"], vec![])
-            .node("Add", "mask", &["sc", "bias"], &["scm"], vec![])
+        g.node("Add", "mask", &["sc", "bias"], &["scm"], vec![])
             .node("Softmax", "sm", &["scm"], &["p"], vec![a_int("axis", -1)])
             .node("MatMul", "pv", &["p", "v"], &["y"], vec![])
             .output("y")
