@@ -375,7 +375,8 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
     let min_budget = budget::min_feasible_budget(p).bytes;
     let cap = model.max_overhead.unwrap_or(DEFAULT_MAX_OVERHEAD);
     // One thread: HiGHS's result may depend on the thread count.
-    let opts = pipeline::plan_options(p, &req, 1).map_err(|e| err(e.message))?;
+    let opts =
+        pipeline::plan_options(p, &req, 1, &Default::default()).map_err(|e| err(e.message))?;
     let (_, report) = plan::plan(p, &opts).map_err(|e| err(e.to_string()))?;
     let feasible = report.status != Status::Infeasible;
     Ok(Figures {

@@ -265,6 +265,7 @@ fn run() -> Result<(), String> {
                 } else {
                     g.bound
                 }),
+                cancel: Default::default(),
             };
             let t = Instant::now();
             let (schedule, report) = plan(&p, &opts).map_err(|e| format!("{}: {e}", g.name))?;

@@ -47,6 +47,7 @@
 //! the spine). A 96-layer GPT-2 (4,523 nodes) is about 9,000 columns, solved in a third of a
 //! second (`docs/bench/transformers.md`).
 
+use crate::cancel::Cancel;
 use crate::error::{Result, SolverError};
 use crate::highs_run::{self, Run};
 use crate::problem::{NodeId, NodeKind, Problem};
@@ -270,18 +271,20 @@ fn footprint(p: &Problem, v: NodeId) -> u64 {
 /// and the chosen spine snapshots, within `time_limit` in all; the module's documentation says
 /// what it is and why it bounds every schedule.
 pub fn time_point_bound(p: &Problem, budget: u64, time_limit: Duration) -> Result<TimePointBound> {
-    time_point_bound_within(p, budget, time_limit, time_limit)
+    time_point_bound_within(p, budget, time_limit, time_limit, &Cancel::default())
 }
 
 /// [`time_point_bound`], with the pivot's relaxation (the first, and the one that bounds most
 /// often) allowed `pivot_limit` even where that is more than `time_limit`; the snapshots after
 /// it get what is left of `time_limit`. On graphs of tens of thousands of nodes the pivot's LP
-/// alone takes seconds (1-2 s on a 384-layer GPT-2's 18,059 nodes).
+/// alone takes seconds (1-2 s on a 384-layer GPT-2's 18,059 nodes). A raised `cancel` stops
+/// it with [`SolverError::Cancelled`].
 pub fn time_point_bound_within(
     p: &Problem,
     budget: u64,
     time_limit: Duration,
     pivot_limit: Duration,
+    cancel: &Cancel,
 ) -> Result<TimePointBound> {
     let start = Instant::now();
     let Some(tp) = TimePoints::of(p) else {
@@ -303,7 +306,8 @@ pub fn time_point_bound_within(
         if left.is_zero() {
             break;
         }
-        let one = solve(p, &tp, budget, snapshot, left)?;
+        cancel.check()?;
+        let one = solve(p, &tp, budget, snapshot, left, cancel)?;
         out.columns = out.columns.max(one.columns);
         out.rows = out.rows.max(one.rows);
         if one.infeasible {
@@ -326,6 +330,7 @@ fn solve(
     budget: u64,
     snapshot: Option<usize>,
     time_limit: Duration,
+    cancel: &Cancel,
 ) -> Result<TimePointBound> {
     let start = Instant::now();
     let mut out = TimePointBound::empty(tp.spine.len());
@@ -540,7 +545,7 @@ fn solve(
                 .map_err(|_| opt("presolve"))?;
         }
         out.infeasible = false;
-        if let Run::Done(solved, _) = highs_run::solve(model, limit)? {
+        if let Run::Done(solved, _) = highs_run::solve(model, limit, cancel)? {
             match solved.status() {
                 HighsModelStatus::Optimal => {
                     out.bound = Some(base + solved.objective_value() * cost_unit);

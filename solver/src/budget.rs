@@ -149,6 +149,7 @@ pub fn min_feasible_budget(p: &Problem) -> MinBudget {
         let limits = crate::search::SearchLimits {
             work: DESCENT_WORK as u64,
             time: std::time::Duration::from_secs(MIN_PEAK_SECONDS),
+            cancel: crate::Cancel::default(),
         };
         if let Ok(out) = crate::search::min_peak_search(p, limits, 0) {
             if let Some((s, _)) = out.lowest {

@@ -59,6 +59,9 @@ pub enum SolverError {
     Unavailable { solver: String, why: String },
     #[error("{0}")]
     InvalidArgument(String),
+    /// The plan's [`crate::Cancel`] was raised before it ended.
+    #[error("the plan was cancelled before it ended")]
+    Cancelled,
 }
 
 pub type Result<T, E = SolverError> = std::result::Result<T, E>;

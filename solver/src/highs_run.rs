@@ -14,6 +14,7 @@
 //! passes first, [`solve`] answers with those and asks HiGHS to stop at its next check (the
 //! interrupt flag); the thread ends on its own then, owning the model until it does.
 
+use crate::cancel::Cancel;
 use crate::error::{Result, SolverError};
 use highs_sys::{
     kHighsCallbackMipImprovingSolution, kHighsCallbackMipInterrupt, HighsCallbackDataIn,
@@ -21,7 +22,7 @@ use highs_sys::{
 };
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the callbacks saw of a MIP solve so far.
 #[derive(Debug, Default, Clone)]
@@ -93,16 +94,22 @@ unsafe extern "C" fn on_event(
 }
 
 /// Solves `model` (its `time_limit` option already set to `limit`), waiting at most `limit`
-/// plus a grace of 0.25 s and 2%.
-pub(crate) fn solve(model: highs::Model, limit: Duration) -> Result<Run> {
+/// plus a grace of 0.25 s and 2%, or until `cancel` is raised ([`SolverError::Cancelled`]:
+/// HiGHS is asked to stop, as at the deadline, and its thread ends on its own).
+pub(crate) fn solve(model: highs::Model, limit: Duration, cancel: &Cancel) -> Result<Run> {
     solve_waiting(
         model,
         limit + Duration::from_millis(250) + limit.mul_f64(0.02),
+        cancel,
     )
 }
 
+/// How often the wait for HiGHS looks at the cancel flag.
+const CANCEL_POLL: Duration = Duration::from_millis(100);
+
 /// [`solve`], waiting at most `wait`.
-fn solve_waiting(mut model: highs::Model, wait: Duration) -> Result<Run> {
+fn solve_waiting(mut model: highs::Model, wait: Duration, cancel: &Cancel) -> Result<Run> {
+    cancel.check()?;
     let shared = Arc::new(Mutex::new(Shared::default()));
     let user = Arc::as_ptr(&shared) as *mut c_void;
     // SAFETY: the pointer is HiGHS's own; `user` outlives the solve (the thread holds an `Arc`).
@@ -130,7 +137,24 @@ fn solve_waiting(mut model: highs::Model, wait: Duration) -> Result<Run> {
             drop(keep);
         })
         .map_err(|e| SolverError::Ilp(format!("cannot start the HiGHS thread: {e}")))?;
-    match rx.recv_timeout(wait) {
+    let deadline = Instant::now() + wait;
+    let answer = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.min(CANCEL_POLL)) {
+            Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() && !cancel.is_cancelled() => {
+                continue
+            }
+            other => break other,
+        }
+    };
+    if cancel.is_cancelled() && answer.is_err() {
+        let mut s = shared
+            .lock()
+            .map_err(|_| SolverError::Ilp("HiGHS callback state poisoned".into()))?;
+        s.stop = true;
+        return Err(SolverError::Cancelled);
+    }
+    match answer {
         Ok(Ok(solved)) => {
             let progress = shared
                 .lock()
@@ -177,7 +201,9 @@ mod tests {
     #[test]
     fn the_callbacks_see_the_final_solution_and_a_valid_bound() {
         let (m, value, weight, cap) = knapsack(40);
-        let Run::Done(solved, progress) = solve(m, Duration::from_secs(60)).expect("solves") else {
+        let Run::Done(solved, progress) =
+            solve(m, Duration::from_secs(60), &Cancel::default()).expect("solves")
+        else {
             panic!("a 40-item knapsack overran a minute");
         };
         let x = solved.get_solution().columns().to_vec();
@@ -200,7 +226,7 @@ mod tests {
     #[test]
     fn a_solve_past_its_deadline_answers_with_what_it_had() {
         let (m, value, weight, cap) = knapsack(400);
-        match solve_waiting(m, Duration::ZERO).expect("runs") {
+        match solve_waiting(m, Duration::ZERO, &Cancel::default()).expect("runs") {
             Run::Overran(p) => {
                 // Whatever had been found is a solution of the model.
                 if let Some((obj, x)) = p.incumbent {
@@ -212,5 +238,16 @@ mod tests {
             }
             Run::Done(..) => panic!("a 400-item knapsack solved before the thread started"),
         }
+    }
+
+    #[test]
+    fn a_cancelled_solve_does_not_start() {
+        let (m, ..) = knapsack(40);
+        let cancel = Cancel::armed();
+        cancel.cancel();
+        assert!(matches!(
+            solve(m, Duration::from_secs(60), &cancel),
+            Err(SolverError::Cancelled)
+        ));
     }
 }

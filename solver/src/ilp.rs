@@ -45,6 +45,7 @@
 //! running at the deadline (HiGHS waits unchecked for its analytic-centre IPM) answers with the
 //! incumbent and dual bound its callbacks saw.
 
+use crate::cancel::Cancel;
 use crate::error::{Result, SolverError};
 use crate::highs_run::{self, Run};
 use crate::problem::Problem;
@@ -68,6 +69,8 @@ pub struct IlpOptions {
     pub mip_gap: f64,
     /// A feasible schedule to start from; ignored unless it is in stage form and fits.
     pub warm_start: Option<Schedule>,
+    /// Stops the solve ([`SolverError::Cancelled`]) when raised.
+    pub cancel: Cancel,
 }
 
 impl IlpOptions {
@@ -78,6 +81,7 @@ impl IlpOptions {
             threads: 1,
             mip_gap: 1e-4,
             warm_start: None,
+            cancel: Cancel::default(),
         }
     }
 }
@@ -468,7 +472,13 @@ pub fn lp_bound(
 ) -> Result<LpBound> {
     let mut opts = IlpOptions::new(budget, time_limit);
     opts.threads = threads;
-    let out = run(p, &opts, true, model)?;
+    lp_bound_with(p, model, &opts)
+}
+
+/// [`lp_bound`] with the budget, time limit, threads and cancel flag of `opts` (its gap and
+/// warm start are not used).
+pub fn lp_bound_with(p: &Problem, model: Model, opts: &IlpOptions) -> Result<LpBound> {
+    let out = run(p, opts, true, model)?;
     Ok(LpBound {
         status: out.status,
         bound: out.lower_bound,
@@ -550,6 +560,7 @@ fn run(p: &Problem, opts: &IlpOptions, relax: bool, model: Model) -> Result<IlpO
             mip_gap: opts.mip_gap,
             warm: warm_ok,
             presolve,
+            cancel: &opts.cancel,
         };
         let mut out = solve_once(&layout, params(true))?;
         if out.status == IlpStatus::Infeasible {
@@ -596,6 +607,7 @@ struct SolveParams<'a> {
     warm: Option<&'a Vec<f64>>,
     /// Whether HiGHS presolves the model (see `run`).
     presolve: bool,
+    cancel: &'a Cancel,
 }
 
 struct Raw {
@@ -871,7 +883,7 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
         size,
         warm_started,
     };
-    let solved = match highs_run::solve(hm, time_limit)? {
+    let solved = match highs_run::solve(hm, time_limit, sp.cancel)? {
         Run::Done(solved, _) => solved,
         Run::Overran(progress) => {
             // HiGHS passed its time limit (see `highs_run`): answer with what it had found.

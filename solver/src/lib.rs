@@ -7,7 +7,7 @@
 //! Architecture invariant: this crate knows nothing of ONNX, tensors or HTTP.
 //!
 //! The modules are layered, each using only those above it:
-//! `problem`, `schedule` (and `io`) → `baselines`, `dp`, `search`, `ilp` → `budget` → `plan`.
+//! `problem`, `schedule` (and `io`, `cancel`) → `baselines`, `dp`, `search`, `ilp` → `budget` → `plan`.
 //!
 //! # Example
 //!
@@ -56,11 +56,13 @@
 //! # Ok::<(), remat_solver::SolverError>(())
 //! ```
 
+pub mod cancel;
 pub mod error;
 pub mod io;
 pub mod problem;
 pub mod schedule;
 
+pub use cancel::Cancel;
 pub use error::{Result, SolverError};
 pub use problem::{Node, NodeId, NodeKind, Problem};
 pub use schedule::{simulate, store_all, store_all_peak, with_frees, Schedule, Stats, Step};

@@ -20,6 +20,7 @@
 //! limit is the whole plan's ([`PlanOptions::time_limit`] says what runs past it).
 
 use crate::baselines::{self, Baseline};
+use crate::cancel::Cancel;
 use crate::error::{Result, SolverError};
 use crate::problem::Problem;
 use crate::schedule::{self, simulate, store_all, Schedule, Stats};
@@ -120,6 +121,9 @@ pub struct PlanOptions {
     /// (times in `docs/bench/solver-tuning.md`), then the same model as a MILP
     /// ([`crate::ilp::boundary_bound`]) for the rest of the time. Zero (the default) skips it.
     pub bound_time: Duration,
+    /// Raised, the plan ends with [`SolverError::Cancelled`] at its next look (between phases,
+    /// in the search, the MILP's wait and the bound: [`crate::cancel`]). Never by default.
+    pub cancel: Cancel,
 }
 
 impl PlanOptions {
@@ -131,6 +135,7 @@ impl PlanOptions {
             time_limit: Duration::from_secs(10),
             threads: 1,
             bound_time: Duration::ZERO,
+            cancel: Cancel::default(),
         }
     }
 }
@@ -551,11 +556,12 @@ pub fn plan_reusing(
     opts: &PlanOptions,
     earlier: &[Earlier],
 ) -> Result<(Schedule, PlanReport)> {
+    opts.cancel.check()?;
     let start = Instant::now();
     let full = simulate(p, &store_all(p))?;
     let budget = opts.budget;
     let base = baselines::baselines(p, budget);
-    phase_done("baselines", start);
+    phase_done(opts, "baselines", start)?;
     let mut pool = Pool {
         budget,
         best: None,
@@ -604,14 +610,14 @@ pub fn plan_reusing(
     if matches!(opts.algorithm, Algorithm::Auto | Algorithm::Ilp) {
         let t = Instant::now();
         pool.offer_earlier(p, earlier)?;
-        phase_done("earlier plans", t);
+        phase_done(opts, "earlier plans", t)?;
     }
     // Every needed node is computed at least once: store-all's cost bounds every schedule.
     pool.bound(full.compute_cost, BoundSource::StoreAll);
     if !pool.time_points_ran {
         let t = Instant::now();
         time_point_bound(p, opts, &mut pool, start)?;
-        phase_done("time-point bound", t);
+        phase_done(opts, "time-point bound", t)?;
     }
     let bound_seconds = if opts.bound_time.is_zero() {
         0.0
@@ -695,13 +701,15 @@ pub fn plan_reusing(
     Ok((best.schedule, report))
 }
 
-/// A debug event with the time a phase of the plan took (`RUST_LOG=remat_solver=debug`).
-fn phase_done(phase: &str, since: Instant) {
+/// A debug event with the time a phase of the plan took (`RUST_LOG=remat_solver=debug`); the
+/// plan's look at its cancel flag between phases.
+fn phase_done(opts: &PlanOptions, phase: &str, since: Instant) -> Result<()> {
     tracing::debug!(
         phase,
         seconds = since.elapsed().as_secs_f64(),
         "plan phase done"
     );
+    opts.cancel.check()
 }
 
 fn offer_baselines(pool: &mut Pool, base: &[Baseline]) {
@@ -724,7 +732,7 @@ fn auto(
     if crate::dp::as_training_chain(p).is_some() {
         let t = Instant::now();
         let sol = crate::dp::solve_chain_with(p, opts.budget, crate::dp::DpMode::Auto)?;
-        phase_done("chain DP", t);
+        phase_done(opts, "chain DP", t)?;
         if let Some(s) = sol.schedule {
             let stats = simulate(p, &s)?;
             if sol.optimal {
@@ -777,7 +785,7 @@ fn auto_after_dp(
     // (figures: docs/bench/transformers.md).
     let t = Instant::now();
     pool.offer_segments(p, crate::segments::solve(p, opts.budget))?;
-    phase_done("segment program", t);
+    phase_done(opts, "segment program", t)?;
     let total = opts.time_limit;
     let left = |start: Instant| total.saturating_sub(start.elapsed());
     let binaries = ilp_binaries(p)?;
@@ -795,6 +803,7 @@ fn auto_after_dp(
     let limits = |start: Instant| search::SearchLimits {
         work: search::SearchLimits::for_time(slice).work,
         time: left(start).min(slice).max(floor),
+        cancel: opts.cancel.clone(),
     };
     let floor_bytes = p.footprint_lower_bound();
     let needed = p.needed().iter().filter(|&&n| n).count();
@@ -834,8 +843,9 @@ fn auto_after_dp(
         let descended = crate::budget::descend_to_budget(p, target);
         let pruned = crate::budget::prune_recomputations(p, &descended, opts.budget, PRUNE_WORK);
         pool.offer_schedule(p, "descent", pruned)?;
+        opts.cancel.check()?;
     }
-    phase_done("descent ladder", t);
+    phase_done(opts, "descent ladder", t)?;
     // The bound before the search: the search uses the time that is left, and on graphs of
     // tens of thousands of nodes, where its time is cut, the bound needs its seconds more
     // (the segment program's schedule is the plan there: docs/bench/transformers.md).
@@ -844,11 +854,11 @@ fn auto_after_dp(
     if beside.is_none() {
         let t = Instant::now();
         time_point_bound(p, opts, pool, start)?;
-        phase_done("time-point bound", t);
+        phase_done(opts, "time-point bound", t)?;
     }
     let t = Instant::now();
     let found = search::portfolio_search(p, opts.budget, limits(start), runs)?;
-    phase_done("search", t);
+    phase_done(opts, "search", t)?;
     // The search's greedy phase does not depend on the budget until it fits it, so the least
     // peak it passed through here is one a plan with the same limits reaches (unless the
     // clock cuts it): it may report a lower minimum than `min_feasible_budget`.
@@ -859,7 +869,7 @@ fn auto_after_dp(
     if let Some(finish) = beside {
         let t = Instant::now();
         finish(pool)?;
-        phase_done("time-point bound (joined)", t);
+        phase_done(opts, "time-point bound (joined)", t)?;
     }
     if exact && pool.best.is_none() {
         let more = search::horizon_search(p, opts.budget, limits(start), 0xBEEF)?;
@@ -885,11 +895,11 @@ fn auto_after_dp(
             pool.prune_best(p)?;
             pool.offer_pruned(p, "min-peak", &low.schedule, None)?;
         }
-        phase_done("min-peak schedule", t);
+        phase_done(opts, "min-peak schedule", t)?;
     }
     let t = Instant::now();
     pool.prune_best(p)?;
-    phase_done("pruning", t);
+    phase_done(opts, "pruning", t)?;
     if exact {
         // HiGHS counts only its own solve: the model build before it and the pruning after it
         // get a share of the limit, so that `auto` ends within it.
@@ -903,12 +913,12 @@ fn auto_after_dp(
         let t = Instant::now();
         let share = left(start).saturating_sub(margin).mul_f64(BOUNDARY_SHARE);
         boundary_milp(p, opts, pool, share)?;
-        phase_done("boundary MILP", t);
+        phase_done(opts, "boundary MILP", t)?;
         if !settled_pool(pool, OPTIMAL_GAP / 10.0) {
             let t = Instant::now();
             run_ilp(p, opts, pool, left(start).saturating_sub(margin), false)?;
             pool.prune_best(p)?;
-            phase_done("MILP", t);
+            phase_done(opts, "MILP", t)?;
         }
     }
     Ok(())
@@ -937,6 +947,7 @@ fn milp_options(opts: &PlanOptions, pool: &Pool, time: Duration) -> crate::ilp::
     // docs/bench/solver-tuning.md).
     o.mip_gap = OPTIMAL_GAP / 10.0;
     o.warm_start = pool.warm();
+    o.cancel = opts.cancel.clone();
     o
 }
 
@@ -1057,7 +1068,7 @@ fn time_points_within(
     let left = opts.time_limit.saturating_sub(start.elapsed());
     let limit = bound_share(opts.time_limit).min(left).max(TIME_POINTS_MIN);
     let pivot = left.clamp(limit, TIME_POINTS_MAX.max(limit));
-    crate::bound::time_point_bound_within(p, opts.budget, limit, pivot)
+    crate::bound::time_point_bound_within(p, opts.budget, limit, pivot, &opts.cancel)
 }
 
 /// Raises the pool's lower bound to the relaxation's.
@@ -1115,7 +1126,10 @@ fn lp_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<f64> {
     } else {
         return Ok(0.0);
     };
-    let lp = crate::ilp::lp_bound(p, model, opts.budget, opts.bound_time, opts.threads.max(1))?;
+    let mut lp_opts = crate::ilp::IlpOptions::new(opts.budget, opts.bound_time);
+    lp_opts.threads = opts.threads.max(1);
+    lp_opts.cancel = opts.cancel.clone();
+    let lp = crate::ilp::lp_bound_with(p, model, &lp_opts)?;
     if let Some(b) = lp.bound {
         pool.bound(b, BoundSource::Lp);
     }

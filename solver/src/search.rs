@@ -12,6 +12,7 @@
 //! annealing on cost plus a penalty on bytes over budget); every candidate is scored by
 //! [`simulate`].
 
+use crate::cancel::Cancel;
 use crate::error::Result;
 use crate::problem::{NodeId, Problem};
 use crate::schedule::{simulate, with_frees, Schedule, Stats, Step};
@@ -222,12 +223,15 @@ pub struct SearchOutcome {
 
 /// How long the local search runs: a work budget, so that a run reproduces, and a wall-clock
 /// cap that only a slow machine reaches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SearchLimits {
     /// Schedule steps to simulate in all (each evaluation costs the length of its schedule).
     pub work: u64,
     /// Wall-clock cap.
     pub time: Duration,
+    /// Looked at with the clock: once raised, the search ends with
+    /// [`crate::SolverError::Cancelled`].
+    pub cancel: Cancel,
 }
 
 impl SearchLimits {
@@ -241,6 +245,7 @@ impl SearchLimits {
         SearchLimits {
             work: (time.as_secs_f64() * Self::WORK_PER_SECOND as f64) as u64,
             time,
+            cancel: Cancel::default(),
         }
     }
 }
@@ -323,7 +328,7 @@ fn search(
             return true;
         }
         clock = clock.wrapping_add(1);
-        clock.is_multiple_of(64) && start.elapsed() >= time_limit
+        clock.is_multiple_of(64) && (start.elapsed() >= time_limit || limits.cancel.is_cancelled())
     };
 
     let (mut cur_sched, mut cur_stats) = eval(&x, &mut evaluations, &mut work)?;
@@ -430,6 +435,7 @@ fn search(
         };
     }
 
+    limits.cancel.check()?;
     if stall_limit.is_some() {
         return done(best, lowest, evaluations, work);
     }
@@ -477,6 +483,7 @@ fn search(
             }
         }
     }
+    limits.cancel.check()?;
     Ok(SearchOutcome {
         best,
         lowest,
@@ -506,6 +513,7 @@ pub fn portfolio_search(
         let share = SearchLimits {
             work: limits.work.saturating_sub(total.work) / left as u64,
             time: limits.time.saturating_sub(start.elapsed()) / left as u32,
+            cancel: limits.cancel.clone(),
         };
         total.merge(horizon_search(p, budget, share, seed as u64)?);
     }
@@ -529,13 +537,14 @@ pub fn min_peak_portfolio(p: &Problem, limits: SearchLimits, runs: usize) -> Res
     let share = SearchLimits {
         work: limits.work / runs as u64,
         time: limits.time / runs as u32,
+        cancel: limits.cancel.clone(),
     };
     let mut total = SearchOutcome::empty();
     for seed in 0..runs as u64 {
         let mut out = search(
             p,
             p.footprint_lower_bound(),
-            share,
+            share.clone(),
             seed,
             Some(PORTFOLIO_STALL),
         )?;
@@ -713,9 +722,10 @@ mod tests {
         let limits = SearchLimits {
             work: 200_000,
             time: Duration::from_secs(600),
+            cancel: Cancel::default(),
         };
-        let a = horizon_search(&p, budget, limits, 11).unwrap();
-        let b = horizon_search(&p, budget, limits, 11).unwrap();
+        let a = horizon_search(&p, budget, limits.clone(), 11).unwrap();
+        let b = horizon_search(&p, budget, limits.clone(), 11).unwrap();
         assert!(!a.capped && a.work >= limits.work);
         assert_eq!(a.evaluations, b.evaluations);
         let (sa, _) = a.best.expect("a schedule within the budget");
@@ -729,14 +739,16 @@ mod tests {
         let limits = SearchLimits {
             work: 400_000,
             time: Duration::from_secs(600),
+            cancel: Cancel::default(),
         };
-        let all = portfolio_search(&p, budget, limits, 4).unwrap();
+        let all = portfolio_search(&p, budget, limits.clone(), 4).unwrap();
         let first = horizon_search(
             &p,
             budget,
             SearchLimits {
                 work: limits.work / 4,
                 time: limits.time / 4,
+                cancel: Cancel::default(),
             },
             0,
         )
@@ -754,9 +766,26 @@ mod tests {
         let limits = SearchLimits {
             work: u64::MAX,
             time: Duration::from_millis(50),
+            cancel: Cancel::default(),
         };
-        let out = horizon_search(&p, budget, limits, 3).unwrap();
+        let out = horizon_search(&p, budget, limits.clone(), 3).unwrap();
         assert!(out.capped && out.work < limits.work);
+    }
+
+    #[test]
+    fn a_cancelled_search_ends_with_cancelled() {
+        let p = training_chain(16);
+        let budget = simulate(&p, &store_all(&p)).unwrap().peak_bytes * 3 / 5;
+        let limits = SearchLimits {
+            work: u64::MAX,
+            time: Duration::from_secs(3600),
+            cancel: Cancel::armed(),
+        };
+        limits.cancel.cancel();
+        let out = portfolio_search(&p, budget, limits.clone(), 4);
+        assert_eq!(out.err(), Some(crate::SolverError::Cancelled));
+        let out = min_peak_portfolio(&p, limits, 4);
+        assert_eq!(out.err(), Some(crate::SolverError::Cancelled));
     }
 
     #[test]

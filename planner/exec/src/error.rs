@@ -33,6 +33,9 @@ pub enum ExecFault {
     Memory,
     /// A kernel or the runner failed on input it accepted.
     Failed,
+    /// The run's [`remat_solver::Cancel`] was raised ([`crate::Executor::cancel`]): it stopped
+    /// after the step it was running.
+    Cancelled,
 }
 
 impl ExecError {

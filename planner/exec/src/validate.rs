@@ -37,6 +37,9 @@ pub struct ValidateOptions {
     /// The solver's cost of each training node (the plan's cost model: roofline or measured
     /// seconds), for the predicted overhead; `None`: the importer's FLOPs.
     pub costs: Option<Vec<f64>>,
+    /// Stops [`validate`] after the step it is running once raised (the executor's
+    /// [`Executor::cancel`]). Never by default.
+    pub cancel: remat_solver::Cancel,
 }
 
 /// Timing rounds at most, unless [`ValidateOptions::min_timing_rounds`] asks for more (see
@@ -55,6 +58,7 @@ impl Default for ValidateOptions {
             timing_seconds: 2.0,
             min_timing_rounds: 2,
             costs: None,
+            cancel: remat_solver::Cancel::default(),
         }
     }
 }
@@ -261,6 +265,7 @@ pub fn validate(
     progress: &mut (dyn FnMut(&str, usize, usize) + Send),
 ) -> crate::error::Result<Validation> {
     let mut ex = Executor::new(model, tg, model_bytes, opts.device, opts.seed)?;
+    ex.cancel = opts.cancel.clone();
     let mut v = validate_with(
         &mut ex,
         tg,

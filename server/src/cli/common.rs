@@ -36,6 +36,15 @@ impl From<EngineError> for Failure {
     }
 }
 
+/// Exits with 130 at once when a second signal stopped `remat serve` or `remat worker`
+/// ([`remat_server::http::Stopped::GaveBack`]): the workers' threads still run the jobs that
+/// were put back in the queue, and nothing may wait for them.
+pub fn exit_if_gave_back(stopped: remat_server::http::Stopped) {
+    if stopped == remat_server::http::Stopped::GaveBack {
+        std::process::exit(130);
+    }
+}
+
 impl Failure {
     /// A failure with `code` and a message.
     pub fn new(code: u8, message: impl std::fmt::Display) -> Failure {

@@ -132,7 +132,7 @@ pub fn exec(args: ServeArgs) -> Result<(), Failure> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime
+    let stopped = runtime
         .block_on(http::serve(args.settings(), Arc::new(Pipeline::new())))
         .map_err(|e| Failure {
             // A flag out of range is the caller's (exit 2, as every subcommand's bad input).
@@ -142,7 +142,9 @@ pub fn exec(args: ServeArgs) -> Result<(), Failure> {
                 1
             },
             error: anyhow::Error::new(e),
-        })
+        })?;
+    super::common::exit_if_gave_back(stopped);
+    Ok(())
 }
 
 #[cfg(test)]

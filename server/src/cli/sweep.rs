@@ -51,7 +51,12 @@ pub fn exec(args: SweepArgs) -> Result<(), Failure> {
     let doc = if format == ModelFormat::TorchGraph {
         torch::sweep(&bytes, &req)?
     } else {
-        sweep_document(&load(&bytes, format, &req)?, &req, default_threads())?
+        sweep_document(
+            &load(&bytes, format, &req)?,
+            &req,
+            default_threads(),
+            &Default::default(),
+        )?
     };
     if args.json {
         print_document(&doc)

@@ -153,7 +153,7 @@ pub fn exec(args: ValidateArgs) -> Result<(), Failure> {
     let schedule = schedule_from_plan(&loaded, doc, path)?;
     let budget = match &req.budget {
         Some(_) => Some(
-            remat_server::pipeline::plan_options(&loaded.problem, &req, 1)
+            remat_server::pipeline::plan_options(&loaded.problem, &req, 1, &Default::default())
                 .map_err(|e| Failure::new(2, e.message))?
                 .budget,
         ),

@@ -126,10 +126,11 @@ pub fn exec(args: WorkerArgs) -> Result<(), Failure> {
     );
     let workers = Arc::new(workers);
     let draining = Arc::clone(&workers);
-    runtime.block_on(http::drain_or_give_back(
+    let stopped = runtime.block_on(http::drain_or_give_back(
         &args.db,
         &config_name,
         move || draining.stop(),
     ));
+    super::common::exit_if_gave_back(stopped);
     Ok(())
 }

@@ -11,6 +11,7 @@
 
 pub mod document;
 
+use remat_solver::Cancel;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use utoipa::{IntoParams, ToSchema};
@@ -100,6 +101,8 @@ pub enum ErrorKind {
     Unprocessable,
     /// A bug or an environment failure: 500 with a generic message.
     Internal,
+    /// The job was stopped because nobody wants it any more (its `DELETE`): 410.
+    Cancelled,
 }
 
 /// A failure with a machine-readable code, a message for humans and structured details
@@ -128,6 +131,15 @@ impl EngineError {
     pub fn with_details(mut self, details: serde_json::Value) -> Self {
         self.details = details;
         self
+    }
+
+    /// A job stopped by its cancel flag (`remat_solver::Cancel`): its record was deleted.
+    pub fn cancelled() -> Self {
+        EngineError::new(
+            ErrorKind::Cancelled,
+            "cancelled",
+            "the job was deleted while it ran, and stopped",
+        )
     }
 }
 
@@ -287,9 +299,10 @@ impl History for NoHistory {
 /// are called from worker threads, never from the async runtime.
 pub trait Engine: Send + Sync + 'static {
     /// Plans one model. `history` holds the plans made of it before, which the plan may
-    /// reuse; `progress` is called when the job enters a new phase. The returned document is
-    /// the plan as the API returns it under `plan` (the real engine's is a
-    /// [`document::PlanDocument`]).
+    /// reuse; `progress` is called when the job enters a new phase; once `cancel` is raised
+    /// (the job was deleted) the plan may end early with [`EngineError::cancelled`]. The
+    /// returned document is the plan as the API returns it under `plan` (the real engine's is
+    /// a [`document::PlanDocument`]).
     fn plan(
         &self,
         model: &[u8],
@@ -297,15 +310,17 @@ pub trait Engine: Send + Sync + 'static {
         request: &PlanRequest,
         history: &dyn History,
         progress: &dyn Fn(Phase),
+        cancel: &Cancel,
     ) -> Result<serde_json::Value, EngineError>;
 
     /// The Pareto frontier (budget -> overhead) of one model, with the baselines (the real
-    /// engine's is a [`document::SweepDocument`]).
+    /// engine's is a [`document::SweepDocument`]); `cancel` as for [`Engine::plan`].
     fn sweep(
         &self,
         model: &[u8],
         format: ModelFormat,
         request: &PlanRequest,
+        cancel: &Cancel,
     ) -> Result<serde_json::Value, EngineError>;
 
     /// Which format the bytes are in ([`ModelFormat::detect`]).

@@ -94,6 +94,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::BadInput => StatusCode::BAD_REQUEST,
         ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Cancelled => StatusCode::GONE,
     }
 }
 

@@ -2,13 +2,16 @@
 //! of worker threads that run the (blocking, CPU-bound) engine off the async runtime.
 //!
 //! A job that returns an error or panics is stored as failed with its error; the worker and the
-//! server carry on. Waiters (a POST with `wait`) follow a job through a `watch` channel.
+//! server carry on. Waiters (a POST with `wait`) follow a job through a `watch` channel. A job
+//! deleted while it waits or runs is cancelled ([`Jobs::cancel`]): a worker skips it, or the
+//! engine stops at its next look.
 
 use super::error::ErrorObject;
 use super::metrics::Metrics;
 use super::run::{lower_priority, run_job, stored_document, stored_plans, Recorder, Work};
 use super::store::{JobStatus, Kind, SqliteStore};
 use crate::engine::{Engine, History, ModelFormat, PlanRequest, StoredPlan};
+use remat_solver::Cancel;
 use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -40,6 +43,8 @@ struct Shared {
     store: Arc<SqliteStore>,
     metrics: Arc<Metrics>,
     watchers: Mutex<HashMap<String, watch::Sender<JobStatus>>>,
+    /// The cancel flag of each job queued or running.
+    cancels: Mutex<HashMap<String, Cancel>>,
 }
 
 /// The queue and its workers.
@@ -65,6 +70,7 @@ impl Jobs {
             store,
             metrics,
             watchers: Mutex::new(HashMap::new()),
+            cancels: Mutex::new(HashMap::new()),
         });
         let workers = workers.max(1);
         for index in 0..workers {
@@ -92,11 +98,15 @@ impl Jobs {
     pub fn announce(&self, id: &str) {
         self.watchers()
             .insert(id.to_string(), watch::channel(JobStatus::Queued).0);
+        self.shared
+            .cancels()
+            .insert(id.to_string(), Cancel::armed());
     }
 
     /// Drops the watcher of a job that was announced but not submitted.
     pub fn forget(&self, id: &str) {
         self.watchers().remove(id);
+        self.shared.cancels().remove(id);
     }
 
     /// Queues a job whose record is already in the store. The returned receiver follows its
@@ -109,16 +119,34 @@ impl Jobs {
             .or_insert_with(|| watch::channel(JobStatus::Queued).0)
             .subscribe();
         self.shared.metrics.queue_depth.inc();
+        self.shared
+            .cancels()
+            .entry(id.clone())
+            .or_insert_with(Cancel::armed);
         match self.sender.try_send(job) {
             Ok(()) => Ok(rx),
             Err(e) => {
                 self.shared.metrics.queue_depth.dec();
                 self.watchers().remove(&id);
+                self.shared.cancels().remove(&id);
                 Err(match e {
                     TrySendError::Full(_) => Rejected::QueueFull,
                     TrySendError::Disconnected(_) => Rejected::Stopped,
                 })
             }
+        }
+    }
+
+    /// Stops job `id` (its record was deleted): a worker that takes it from the queue skips
+    /// it, a worker running it sees the flag at the engine's next look. False when the job is
+    /// not queued or running here.
+    pub fn cancel(&self, id: &str) -> bool {
+        match self.shared.cancels().get(id) {
+            Some(c) => {
+                c.cancel();
+                true
+            }
+            None => false,
         }
     }
 
@@ -135,6 +163,12 @@ impl Jobs {
     }
 }
 
+impl Shared {
+    fn cancels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cancel>> {
+        self.cancels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 fn worker(receiver: &Mutex<Receiver<Job>>, shared: &Shared) {
     lower_priority();
     loop {
@@ -144,6 +178,7 @@ fn worker(receiver: &Mutex<Receiver<Job>>, shared: &Shared) {
         };
         shared.metrics.queue_depth.dec();
         shared.metrics.jobs_running.inc();
+        let cancel = shared.cancels().get(&job.id).cloned().unwrap_or_default();
         let status = if shared.store.is_closed() {
             // The server has shut down: the next run marks this job interrupted.
             JobStatus::Failed
@@ -159,6 +194,7 @@ fn worker(receiver: &Mutex<Receiver<Job>>, shared: &Shared) {
                     model_hash: &job.model_hash,
                     job: &job.id,
                 },
+                cancel: &cancel,
             };
             let recorder = Local {
                 shared,
@@ -166,6 +202,7 @@ fn worker(receiver: &Mutex<Receiver<Job>>, shared: &Shared) {
             };
             run_job(&*shared.engine, &shared.metrics, &work, &recorder)
         };
+        shared.cancels().remove(&job.id);
         shared.metrics.jobs_running.dec();
         notify(shared, &job.id, status);
     }

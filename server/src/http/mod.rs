@@ -227,8 +227,8 @@ pub fn default_filter(default: &str) -> String {
 }
 
 /// `remat serve`: checks the settings, opens the store, starts the workers, binds, prints the
-/// URL and serves until Ctrl-C or SIGTERM.
-pub async fn serve(settings: Serve, engine: Arc<dyn Engine>) -> Result<(), ServerError> {
+/// URL and serves until Ctrl-C or SIGTERM; says how it stopped ([`drain_or_give_back`]).
+pub async fn serve(settings: Serve, engine: Arc<dyn Engine>) -> Result<Stopped, ServerError> {
     let Serve { addr, db, config } = settings;
     init_logging("info,tower_http=debug");
     config.check(store::is_postgres_url(&db))?;
@@ -264,23 +264,39 @@ pub async fn serve(settings: Serve, engine: Arc<dyn Engine>) -> Result<(), Serve
         println!("remat serve: stopping; the jobs this replica runs finish first (a second Ctrl-C or SIGTERM puts them back in the queue and stops at once)");
         let name = state.inner.config.shared_workers.name.clone();
         let draining = state.clone();
-        drain_or_give_back(&db, &name, move || draining.finish_shared_jobs()).await;
+        return Ok(drain_or_give_back(&db, &name, move || draining.finish_shared_jobs()).await);
     }
-    Ok(())
+    Ok(Stopped::Drained)
+}
+
+/// How `remat serve` or `remat worker` stopped after the first Ctrl-C or SIGTERM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// The jobs running finished and were stored (or there were none to wait for).
+    Drained,
+    /// A second signal came first: the jobs running were put back in the queue (or left to
+    /// their leases when the database could not be reached); the binary exits with 130 at
+    /// once, without waiting for them.
+    GaveBack,
 }
 
 /// Waits, after a first signal, for `drain` (the workers finishing and storing the jobs they
-/// run, on a thread of its own); a second Ctrl-C or SIGTERM stops at once instead: the jobs
+/// run, on a thread of its own); a second Ctrl-C or SIGTERM stops waiting instead: the jobs
 /// the workers named `name` hold go back to the queue of `db` for another worker (not left to
-/// their leases), and the process exits with status 130.
-pub async fn drain_or_give_back(db: &str, name: &str, drain: impl FnOnce() + Send + 'static) {
+/// their leases), and the answer is [`Stopped::GaveBack`] (the threads still run; the caller
+/// exits).
+pub async fn drain_or_give_back(
+    db: &str,
+    name: &str,
+    drain: impl FnOnce() + Send + 'static,
+) -> Stopped {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     std::thread::spawn(move || {
         drain();
         let _ = done_tx.send(());
     });
     tokio::select! {
-        _ = done_rx => {}
+        _ = done_rx => Stopped::Drained,
         _ = shutdown_signal() => {
             let given = match store::PgStore::new(db, 1) {
                 Ok(pg) => pg.give_back(name).await,
@@ -290,7 +306,7 @@ pub async fn drain_or_give_back(db: &str, name: &str, drain: impl FnOnce() + Sen
                 Ok(n) => eprintln!("remat: stopped at once; {n} job(s) put back in the queue for another worker"),
                 Err(e) => eprintln!("remat: stopped at once; the jobs running could not be put back ({e}): they go back when their leases run out"),
             }
-            std::process::exit(130);
+            Stopped::GaveBack
         }
     }
 }

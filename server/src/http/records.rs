@@ -3,7 +3,7 @@
 
 use super::cache::Fill;
 use super::error::{ApiError, ErrorObject};
-use super::state::AppState;
+use super::state::{AppState, Queue};
 use super::store::{JobStatus, Kind, Record, Row, Store, StoreError};
 use crate::engine::document::{PlanDocument, SweepDocument};
 use axum::body::Bytes;
@@ -220,7 +220,8 @@ async fn cached(
     Ok(None)
 }
 
-/// `DELETE` of one job.
+/// `DELETE` of one job. A job still queued or running stops: at once when this process runs
+/// it (or would), otherwise when its worker's lease renewal finds the record gone.
 pub async fn delete_record(state: &AppState, kind: Kind, id: &str) -> Result<StatusCode, ApiError> {
     state
         .inner
@@ -233,6 +234,13 @@ pub async fn delete_record(state: &AppState, kind: Kind, id: &str) -> Result<Sta
         .await
         .map_err(store_error)?
     {
+        let stopped = match &state.inner.queue {
+            Queue::Local(jobs) => jobs.cancel(id),
+            Queue::Shared { workers } => workers.as_ref().is_some_and(|w| w.cancel(id)),
+        };
+        if stopped {
+            tracing::info!(job = id, "deleted while queued or running: stopping it");
+        }
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!(

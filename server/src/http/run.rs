@@ -6,7 +6,8 @@
 use super::error::{public_error, ErrorObject, INTERNAL_MESSAGE};
 use super::metrics::Metrics;
 use super::store::{JobStatus, Kind, Record, Row};
-use crate::engine::{Engine, History, ModelFormat, Phase, PlanRequest, StoredPlan};
+use crate::engine::{Engine, ErrorKind, History, ModelFormat, Phase, PlanRequest, StoredPlan};
+use remat_solver::Cancel;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -30,6 +31,8 @@ pub struct Work<'a> {
     pub request: &'a PlanRequest,
     /// The plans the store holds of the model (a plan reuses or beats those that fit).
     pub history: &'a dyn History,
+    /// Raised when the job is deleted: the engine stops at its next look.
+    pub cancel: &'a Cancel,
 }
 
 /// The rows of a model's history a new plan may reuse: finished plans other than the job
@@ -119,15 +122,22 @@ pub fn run_job(
         };
         recorder.phase(status);
     };
-    let outcome = catch_unwind(AssertUnwindSafe(|| match work.kind {
-        Kind::Plan => engine.plan(
-            work.model,
-            work.format,
-            work.request,
-            work.history,
-            &progress,
-        ),
-        Kind::Sweep => engine.sweep(work.model, work.format, work.request),
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // Deleted while it waited in the queue: nothing to run.
+        if work.cancel.is_cancelled() {
+            return Err(crate::engine::EngineError::cancelled());
+        }
+        match work.kind {
+            Kind::Plan => engine.plan(
+                work.model,
+                work.format,
+                work.request,
+                work.history,
+                &progress,
+                work.cancel,
+            ),
+            Kind::Sweep => engine.sweep(work.model, work.format, work.request, work.cancel),
+        }
     }));
     let ended = Instant::now();
     let validating = *validating_since.lock().unwrap_or_else(|p| p.into_inner());
@@ -163,7 +173,14 @@ pub fn run_job(
         }
         Ok(Err(err)) => {
             let (status, error) = public_error(&err);
-            tracing::info!(code = %err.code, status = status.as_u16(), "job failed");
+            if err.kind == ErrorKind::Cancelled {
+                tracing::info!(
+                    seconds = ended.duration_since(started).as_secs_f64(),
+                    "job cancelled (deleted while it ran or waited)"
+                );
+            } else {
+                tracing::info!(code = %err.code, status = status.as_u16(), "job failed");
+            }
             Err((status.as_u16(), error))
         }
         Err(payload) => {
@@ -171,8 +188,9 @@ pub fn run_job(
             Err((500, internal_error()))
         }
     };
-    let (final_status, outcome_label) = match recorded {
+    let (final_status, outcome_label) = match &recorded {
         Ok(_) => (JobStatus::Done, "done"),
+        Err((_, e)) if e.code == "cancelled" => (JobStatus::Failed, "cancelled"),
         Err(_) => (JobStatus::Failed, "failed"),
     };
     metrics

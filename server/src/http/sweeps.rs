@@ -83,7 +83,7 @@ pub async fn get_sweep(
     tag = "sweeps",
     params(("id" = String, Path, description = "Sweep id")),
     responses(
-        (status = 204, description = "Deleted"),
+        (status = 204, description = "Deleted; a job still queued or running stops"),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 404, description = "Unknown id", body = ErrorBody),
     ),

@@ -6,7 +6,10 @@
 //! that dies (SIGKILL, a crash, a lost machine) stops renewing, the lease runs out, and another
 //! worker claims the job. Every write names the lease's owner, so a worker that lost its lease
 //! writes nothing: a job's result is stored once. While the database is unreachable, a worker
-//! keeps what it computed and retries the write until its lease would have run out.
+//! keeps what it computed and retries the write until its lease would have run out. A worker
+//! whose lease is lost (the job was deleted, or taken by another worker) stops the job at the
+//! engine's next look (`remat_solver::Cancel`), at once when the job was deleted through this
+//! process ([`Workers::cancel`]).
 //!
 //! Each worker thread (and the thread that renews its lease) has a small runtime and a database
 //! connection of its own, so the workers block on their database calls wherever they are
@@ -17,6 +20,8 @@ use super::metrics::Metrics;
 use super::run::{lower_priority, run_job, stored_document, stored_plans, Recorder, Work};
 use super::store::{JobStatus, Kind, Leased, PgStore, StoreError, Takes};
 use crate::engine::{Engine, History, ModelFormat, PlanRequest, StoredPlan};
+use remat_solver::Cancel;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -67,6 +72,7 @@ pub struct Workers {
     stop: Arc<AtomicBool>,
     count: usize,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    shared: Arc<Shared>,
 }
 
 struct Shared {
@@ -78,6 +84,8 @@ struct Shared {
     /// When a failure to reach the database was last logged (one line a while, not one a
     /// poll).
     last_complaint: Mutex<Option<Instant>>,
+    /// The cancel flag of each job running here.
+    running: Mutex<HashMap<String, Cancel>>,
 }
 
 /// A thread's own runtime and connection.
@@ -118,6 +126,7 @@ impl Workers {
             stop: Arc::clone(&stop),
             config: config.clone(),
             last_complaint: Mutex::new(None),
+            running: Mutex::new(HashMap::new()),
         });
         let mut threads = vec![];
         for index in 0..config.threads.max(1) {
@@ -133,7 +142,21 @@ impl Workers {
             stop,
             count: threads.len(),
             threads: Mutex::new(threads),
+            shared,
         })
+    }
+
+    /// Stops job `id` if one of these workers runs it (its record was deleted through this
+    /// process); true when one did. A job deleted elsewhere stops when its lease's renewal
+    /// finds the record gone, within a third of the lease.
+    pub fn cancel(&self, id: &str) -> bool {
+        match self.shared.running().get(id) {
+            Some(c) => {
+                c.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn count(&self) -> usize {
@@ -173,6 +196,10 @@ impl Shared {
             tracing::warn!(error = %e, "{what}");
             *last = Some(Instant::now());
         }
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Cancel>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn sleep(&self, d: Duration) {
@@ -238,9 +265,19 @@ fn run_leased(shared: &Arc<Shared>, db: &Db, owner: &str, job: Leased) {
     };
     tracing::info!(job = %job.id, attempt = job.attempts, "claimed");
     let done = AtomicBool::new(false);
+    let cancel = Cancel::armed();
+    shared.running().insert(job.id.clone(), cancel.clone());
     std::thread::scope(|scope| {
         scope.spawn(|| match Db::open(&shared.url) {
-            Ok(renewer) => renew(shared, &renewer, owner, &job.id, &done, &recorder.held),
+            Ok(renewer) => renew(
+                shared,
+                &renewer,
+                owner,
+                &job.id,
+                &done,
+                &recorder.held,
+                &cancel,
+            ),
             Err(e) => tracing::error!(job = %job.id, error = %e, "cannot renew the lease"),
         });
         let work = Work {
@@ -254,15 +291,27 @@ fn run_leased(shared: &Arc<Shared>, db: &Db, owner: &str, job: Leased) {
                 model_hash: &job.model_hash,
                 job: &job.id,
             },
+            cancel: &cancel,
         };
         run_job(&*shared.engine, &shared.metrics, &work, &recorder);
         done.store(true, Ordering::SeqCst);
     });
+    shared.running().remove(&job.id);
     recorder.ended();
 }
 
-/// Renews the lease every third of its length until the job is done; notes a lost lease.
-fn renew(shared: &Shared, db: &Db, owner: &str, id: &str, done: &AtomicBool, held: &AtomicBool) {
+/// Renews the lease every third of its length until the job is done; a lost lease (the job
+/// was deleted, or another worker took it) raises the job's `cancel`: nothing it computes
+/// could be stored.
+fn renew(
+    shared: &Shared,
+    db: &Db,
+    owner: &str,
+    id: &str,
+    done: &AtomicBool,
+    held: &AtomicBool,
+    cancel: &Cancel,
+) {
     let every = shared.config.lease / 3;
     let mut next = Instant::now() + every;
     while !done.load(Ordering::SeqCst) {
@@ -275,8 +324,9 @@ fn renew(shared: &Shared, db: &Db, owner: &str, id: &str, done: &AtomicBool, hel
             Ok(true) => {}
             Ok(false) => {
                 if held.swap(false, Ordering::SeqCst) {
-                    tracing::warn!(job = id, "the lease was lost (the job was deleted or taken by another worker); its outcome will not be stored here");
+                    tracing::warn!(job = id, "the lease was lost (the job was deleted or taken by another worker): the job stops, its outcome would not be stored here");
                 }
+                cancel.cancel();
             }
             Err(e) => shared.complain("cannot renew a lease; retrying", &e),
         }

@@ -91,7 +91,7 @@ fn compare(
         inspect: None,
         exec: None,
     };
-    let opts = plan_options(&flops_loaded.problem, req, threads)?;
+    let opts = plan_options(&flops_loaded.problem, req, threads, &Default::default())?;
     let by_flops = plan_loaded(&flops_loaded, &opts)?;
     let by_time = plan_loaded(loaded, &opts)?;
     if by_flops.report.status == Status::Infeasible || by_time.report.status == Status::Infeasible {

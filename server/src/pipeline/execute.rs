@@ -49,6 +49,7 @@ pub fn exec_error(e: ExecError) -> EngineError {
             (ErrorKind::BadInput, "not_runnable")
         }
         Some(ExecFault::Memory) => (ErrorKind::Unprocessable, "insufficient_memory"),
+        Some(ExecFault::Cancelled) => return EngineError::cancelled(),
         _ => (ErrorKind::Internal, "executor_failed"),
     };
     EngineError::new(kind, code, e.to_string())

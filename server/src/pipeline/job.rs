@@ -14,7 +14,7 @@ use crate::engine::document::{MaximizeReport, PlanDocument};
 use crate::engine::{EngineError, ErrorKind, History, ModelFormat, NoHistory, Phase, PlanRequest};
 use remat_exec::{ExecDevice, ValidateOptions};
 use remat_solver::plan::Status;
-use remat_solver::SolverError;
+use remat_solver::{Cancel, SolverError};
 
 /// Threads the exact solver may use by default: the machine's cores, at most 2.
 pub fn default_threads() -> usize {
@@ -163,6 +163,7 @@ pub struct PlanJob<'a, P = Quiet> {
     history: &'a dyn History,
     reuse: &'a [(String, serde_json::Value)],
     reuse_found: &'a [(String, serde_json::Value)],
+    cancel: Cancel,
     progress: P,
 }
 
@@ -185,6 +186,7 @@ impl<'a> PlanJob<'a> {
             history: &NoHistory,
             reuse: &[],
             reuse_found: &[],
+            cancel: Cancel::default(),
             progress: Quiet,
         }
     }
@@ -267,6 +269,14 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         self
     }
 
+    /// Stops the job at its next look once raised ([`EngineError::cancelled`]): in the plan
+    /// (`remat_solver::cancel`), between the values `maximize` tries, before the run.
+    /// Default: never.
+    pub fn cancel(mut self, cancel: &Cancel) -> Self {
+        self.cancel = cancel.clone();
+        self
+    }
+
     /// How the executor's progress is shown. Default: [`Quiet`] (nowhere).
     pub fn progress<Q: Progress>(self, progress: Q) -> PlanJob<'a, Q> {
         PlanJob {
@@ -282,6 +292,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             history: self.history,
             reuse: self.reuse,
             reuse_found: self.reuse_found,
+            cancel: self.cancel,
             progress,
         }
     }
@@ -293,6 +304,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             seed: self.seed,
             budget_bytes,
             min_timing_rounds: self.timing_rounds,
+            cancel: self.cancel.clone(),
             ..ValidateOptions::default()
         }
     }
@@ -340,7 +352,8 @@ impl<'a, P: Progress> PlanJob<'a, P> {
     /// asked and feasible) → document. An infeasible budget is an `Ok` whose `stop` says so.
     pub fn run_loaded(&self, loaded: Loaded<'a>) -> Result<PlanOutcome<'a>, EngineError> {
         let solved = self.solve(loaded, self.request, false)?;
-        Ok(self.finish(solved, None))
+        self.cancelled()?;
+        self.finish(solved, None)
     }
 
     /// Costs, options and the plan of one loaded model under `request`; with `quick`, a
@@ -353,7 +366,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         quick: bool,
     ) -> Result<Solved<'a>, EngineError> {
         let cost_model = self.measure_costs_for(&mut loaded, request)?;
-        let mut opts = plan_options(&loaded.problem, request, self.threads)?;
+        let mut opts = plan_options(&loaded.problem, request, self.threads, &self.cancel)?;
         if quick && remat_solver::store_all_peak(&loaded.problem) <= opts.budget {
             opts.algorithm = remat_solver::plan::Algorithm::StoreAll;
         }
@@ -373,8 +386,13 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         })
     }
 
-    /// The run (when asked and feasible) and the document of a solved job.
-    fn finish(&self, solved: Solved<'a>, maximize: Option<MaximizeReport>) -> PlanOutcome<'a> {
+    /// The run (when asked and feasible) and the document of a solved job; a run stopped by
+    /// the job's cancel flag is the job's error, not a validation that did not happen.
+    fn finish(
+        &self,
+        solved: Solved<'a>,
+        maximize: Option<MaximizeReport>,
+    ) -> Result<PlanOutcome<'a>, EngineError> {
         let Solved {
             loaded,
             cost_model,
@@ -387,10 +405,15 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         } else if self.validate {
             self.phase(Phase::Validating);
             let vopts = self.validate_options(Some(opts.budget));
-            Some(
-                self.progress
-                    .task(|p| validate_schedule(&loaded, &planned.schedule, &vopts, p)),
-            )
+            let run = self
+                .progress
+                .task(|p| validate_schedule(&loaded, &planned.schedule, &vopts, p));
+            if let Err(e) = &run {
+                if e.kind == ErrorKind::Cancelled {
+                    return Err(e.clone());
+                }
+            }
+            Some(run)
         } else {
             None
         };
@@ -408,13 +431,13 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         let validation = validation_report(&loaded, outcome.as_ref());
         let mut document = plan_document(&loaded, &planned, validation, cost_model);
         document.maximize = maximize;
-        PlanOutcome {
+        Ok(PlanOutcome {
             loaded,
             planned,
             document,
             stop,
             reuse_skipped,
-        }
+        })
     }
 
     /// `maximize`: the largest value of `dim` whose plan fits the budget within the
@@ -434,6 +457,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         let mut probes = Vec::new();
         let mut best: Option<(u64, Solved<'a>)> = None;
         let search = maximize::largest_fitting(start, maximize::MAX_VALUE, |value| {
+            self.cancelled()?;
             let mut req = self.request.clone();
             req.maximize = None;
             req.dims.insert(dim.to_string(), value);
@@ -475,6 +499,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             return Err(maximize::nothing_fits(dim, &probes));
         };
         debug_assert_eq!(search.best, Some(value));
+        self.cancelled()?;
         let report = MaximizeReport {
             dim: dim.to_string(),
             value,
@@ -483,7 +508,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             next_value: search.next,
             probes,
         };
-        Ok(self.finish(solved, Some(report)))
+        self.finish(solved, Some(report))
     }
 
     /// The plans found before that this plan is offered: the documents given, those found
@@ -521,6 +546,14 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             budget,
         ));
         Ok((earlier, skipped))
+    }
+
+    /// `Err(EngineError::cancelled())` once the job's cancel flag is raised.
+    fn cancelled(&self) -> Result<(), EngineError> {
+        if self.cancel.is_cancelled() {
+            return Err(EngineError::cancelled());
+        }
+        Ok(())
     }
 
     fn phase(&self, phase: Phase) {

@@ -30,6 +30,7 @@ pub use solve::{
 
 use crate::engine::{Engine, EngineError, History, ModelFormat, Phase, PlanRequest};
 use remat_exec::ExecDevice;
+use remat_solver::Cancel;
 use serde_json::Value;
 
 /// The real engine: planner + solver.
@@ -76,6 +77,7 @@ impl Engine for Pipeline {
         request: &PlanRequest,
         history: &dyn History,
         progress: &dyn Fn(Phase),
+        cancel: &Cancel,
     ) -> Result<Value, EngineError> {
         if format == ModelFormat::TorchGraph {
             let planned = torch::plan(model, request)?;
@@ -88,7 +90,8 @@ impl Engine for Pipeline {
             .threads(self.threads)
             .device(self.device)
             .history(history)
-            .on_phase(progress);
+            .on_phase(progress)
+            .cancel(cancel);
         let outcome = if request.maximize.is_some() {
             job.run()?
         } else {
@@ -112,11 +115,12 @@ impl Engine for Pipeline {
         model: &[u8],
         format: ModelFormat,
         request: &PlanRequest,
+        cancel: &Cancel,
     ) -> Result<Value, EngineError> {
         if format == ModelFormat::TorchGraph {
             return to_value(&torch::sweep(model, request)?);
         }
         let loaded = load(model, format, request)?;
-        to_value(&sweep_document(&loaded, request, self.threads)?)
+        to_value(&sweep_document(&loaded, request, self.threads, cancel)?)
     }
 }

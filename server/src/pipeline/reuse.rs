@@ -166,6 +166,7 @@ mod tests {
             time_limit: Duration::from_secs(5),
             threads: 1,
             bound_time: Duration::ZERO,
+            cancel: Default::default(),
         };
         let (_, report) = plan(p, &opts).expect("plans");
         serde_json::to_value(report).expect("serializes")

@@ -8,7 +8,7 @@ use crate::engine::document::{
 };
 use crate::engine::{EngineError, ErrorKind, PlanRequest};
 use remat_solver::plan::{self, Algorithm, PlanOptions, PlanReport, Status};
-use remat_solver::{NodeKind, Problem, Schedule, SolverError, Step};
+use remat_solver::{Cancel, NodeKind, Problem, Schedule, SolverError, Step};
 use serde_json::json;
 use std::time::Duration;
 
@@ -43,6 +43,7 @@ pub fn solver_error(e: SolverError) -> EngineError {
         SolverError::Unavailable { .. } => {
             EngineError::new(ErrorKind::BadInput, "invalid_option", e.to_string())
         }
+        SolverError::Cancelled => EngineError::cancelled(),
         other => EngineError::new(ErrorKind::Internal, "internal", other.to_string()),
     }
 }
@@ -91,11 +92,14 @@ pub fn seconds_text(v: f64) -> String {
     }
 }
 
-/// The solver options of a request, resolved against the problem (fractions of store-all peak).
+/// The solver options of a request, resolved against the problem (fractions of store-all peak);
+/// the plan stops when `cancel` is raised (as does the search for the least peak a `"min"`
+/// budget runs here).
 pub fn plan_options(
     problem: &Problem,
     req: &PlanRequest,
     threads: usize,
+    cancel: &Cancel,
 ) -> Result<PlanOptions, EngineError> {
     let budget_text = req.budget.as_deref().ok_or_else(|| {
         EngineError::new(
@@ -151,6 +155,7 @@ pub fn plan_options(
         time_limit: Duration::from_secs_f64(seconds),
         threads,
         bound_time: Duration::from_secs_f64(bound),
+        cancel: cancel.clone(),
     };
     if min {
         // `"min"`: the least peak `auto` reaches with these limits (what an infeasible
@@ -290,6 +295,7 @@ pub fn sweep_document(
     loaded: &Loaded,
     req: &PlanRequest,
     threads: usize,
+    cancel: &Cancel,
 ) -> Result<SweepDocument, EngineError> {
     if req.maximize.is_some() {
         return Err(EngineError::new(
@@ -300,7 +306,7 @@ pub fn sweep_document(
     }
     let mut probe = req.clone();
     probe.budget = Some(probe.budget.unwrap_or_else(|| "1.0x".to_string()));
-    let opts = plan_options(&loaded.problem, &probe, threads)?;
+    let opts = plan_options(&loaded.problem, &probe, threads, cancel)?;
     let fractions: Vec<f64> = if req.fractions.is_empty() {
         DEFAULT_FRACTIONS.to_vec()
     } else {

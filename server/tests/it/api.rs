@@ -258,6 +258,92 @@ async fn a_full_queue_answers_503_with_retry_after() {
     );
 }
 
+/// Polls `/metrics` until it holds `line` (ten seconds at most).
+async fn metrics_reach(t: &TestApp, line: &str) -> String {
+    for _ in 0..1000 {
+        let m = t.get("/metrics").await.text;
+        if m.lines().any(|l| l == line) {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "/metrics never showed {line:?}:\n{}",
+        t.get("/metrics").await.text
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_running_job_stops_it() {
+    let t = test_app().await;
+    let r = t
+        .post_json("/v1/plans?wait=0&budget=1", &graph("until_cancelled"))
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    let job = r.header("location").unwrap();
+    let mut status = Value::Null;
+    for _ in 0..1000 {
+        status = t.get(&job).await.json()["status"].clone();
+        if status == "solving" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, "solving");
+    assert_eq!(t.delete(&job).await.status, StatusCode::NO_CONTENT);
+    // The engine sees its cancel flag and the worker is free again, long before the minute
+    // the engine would otherwise run (it would end `not_cancelled`, counted as failed).
+    let m = metrics_reach(
+        &t,
+        "remat_jobs_total{kind=\"plan\",outcome=\"cancelled\"} 1",
+    )
+    .await;
+    assert!(m.contains("remat_jobs_running 0"), "{m}");
+    assert_eq!(t.get(&job).await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_job_deleted_while_queued_never_runs() {
+    let t = test_app_with(Config {
+        workers: 1,
+        ..test_config()
+    })
+    .await;
+    let first = t
+        .post_json("/v1/plans?wait=0&budget=1", &graph("gate"))
+        .await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{}", first.text);
+    let first = first.header("location").unwrap();
+    for _ in 0..1000 {
+        if t.get(&first).await.json()["status"] == "solving" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let queued = t.post_json("/v1/plans?wait=0&budget=2", &graph("ok")).await;
+    assert_eq!(queued.json()["status"], "queued", "{}", queued.text);
+    let queued = queued.header("location").unwrap();
+    assert_eq!(t.delete(&queued).await.status, StatusCode::NO_CONTENT);
+    t.engine.gate.open();
+    assert_eq!(t.wait_done(&first).await["status"], "done");
+    // The embedded queue's worker takes the deleted job and skips it; the shared queue's
+    // record is gone, and no worker claims it.
+    if store() == StoreKind::Sqlite {
+        metrics_reach(
+            &t,
+            "remat_jobs_total{kind=\"plan\",outcome=\"cancelled\"} 1",
+        )
+        .await;
+    }
+    metrics_reach(&t, "remat_job_queue_depth 0").await;
+    metrics_reach(&t, "remat_jobs_running 0").await;
+    assert_eq!(
+        t.engine.calls.load(Ordering::SeqCst),
+        1,
+        "the deleted job ran"
+    );
+}
+
 #[tokio::test]
 async fn engine_errors_map_to_statuses_and_are_stored() {
     let t = test_app().await;

@@ -36,6 +36,11 @@ impl Real {
             .await
     }
 
+    async fn delete(&self, uri: &str) -> Reply {
+        self.send(Request::delete(uri).body(Body::empty()).unwrap())
+            .await
+    }
+
     async fn put(&self, uri: &str, body: Vec<u8>) -> Reply {
         self.send(
             Request::put(uri)
@@ -337,6 +342,47 @@ async fn validate_true_runs_the_plan_and_reports_measured_figures() {
             .contains("the store-all step needs about"),
         "{v}"
     );
+}
+
+/// A validation of resnet18 with 64 timing rounds (two minutes and more on two cores),
+/// deleted once it runs on the executor: the run stops after the step it was in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_validating_plan_stops_the_executor() {
+    let t = real_app();
+    let r = t
+        .post(
+            "/v1/plans?dim=batch=8&budget=0.9x&validate=true&timing_rounds=64&wait=0",
+            "application/octet-stream",
+            resnet18(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    let job = r.header("location").unwrap();
+    let mut status = Value::Null;
+    for _ in 0..12_000 {
+        status = t.get(&job).await.json()["status"].clone();
+        if status == "validating" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, "validating");
+    let deleted = std::time::Instant::now();
+    assert_eq!(t.delete(&job).await.status, StatusCode::NO_CONTENT);
+    let line = "remat_jobs_total{kind=\"plan\",outcome=\"cancelled\"} 1";
+    let mut metrics = String::new();
+    while deleted.elapsed() < std::time::Duration::from_secs(30) {
+        metrics = t.get("/metrics").await.text;
+        if metrics.lines().any(|l| l == line) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        metrics.lines().any(|l| l == line),
+        "not stopped 30 s after the DELETE:\n{metrics}"
+    );
+    assert!(metrics.contains("remat_jobs_running 0"), "{metrics}");
 }
 
 fn torch_graph(name: &str) -> Vec<u8> {

@@ -1,7 +1,8 @@
 //! Test engines and helpers shared by the API tests.
 //!
 //! `TestEngine` does what the posted model asks: a graph JSON `{"behave": "..."}` selects
-//! `ok`, `sleep:<ms>`, `gate` (block until the test opens the gate), `bad_input`,
+//! `ok`, `sleep:<ms>`, `gate` (block until the test opens the gate), `until_cancelled` (run
+//! until the job's cancel flag is raised, at most a minute), `bad_input`,
 //! `unsupported_ops`, `unbound_dims`, `infeasible`, `internal` or `panic`. ONNX bytes (anything
 //! not JSON) plan when they start with `ONNX` and are malformed otherwise. A successful plan
 //! echoes the options it saw, so tests can check what reached the engine.
@@ -14,6 +15,7 @@ use remat_server::engine::{
     Engine, EngineError, ErrorKind, History, ModelFormat, Phase, PlanRequest,
 };
 use remat_server::http::{app, AppState, Config, Store};
+use remat_solver::Cancel;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -74,6 +76,7 @@ impl TestEngine {
         format: ModelFormat,
         request: &PlanRequest,
         progress: &dyn Fn(Phase),
+        cancel: &Cancel,
     ) -> Result<Value, EngineError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let behave = behaviour(model, format)?;
@@ -84,6 +87,21 @@ impl TestEngine {
             "validate" => {
                 progress(Phase::Validating);
                 std::thread::sleep(Duration::from_millis(20));
+            }
+            // Runs until the job is cancelled (a minute at most: then it says it was not).
+            "until_cancelled" => {
+                let start = std::time::Instant::now();
+                while start.elapsed() < Duration::from_secs(60) {
+                    if cancel.is_cancelled() {
+                        return Err(EngineError::cancelled());
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                return Err(EngineError::new(
+                    ErrorKind::Internal,
+                    "not_cancelled",
+                    "ran a minute without being cancelled",
+                ));
             }
             s if s.starts_with("sleep:") => {
                 let ms: u64 = s[6..].parse().unwrap_or(100);
@@ -152,8 +170,9 @@ impl Engine for TestEngine {
         request: &PlanRequest,
         history: &dyn History,
         progress: &dyn Fn(Phase),
+        cancel: &Cancel,
     ) -> Result<Value, EngineError> {
-        let mut document = self.run(model, format, request, progress)?;
+        let mut document = self.run(model, format, request, progress, cancel)?;
         // What the store offered: each earlier plan's id, options and whether its document
         // reads back.
         document["earlier"] = history
@@ -176,8 +195,9 @@ impl Engine for TestEngine {
         model: &[u8],
         format: ModelFormat,
         request: &PlanRequest,
+        cancel: &Cancel,
     ) -> Result<Value, EngineError> {
-        self.run(model, format, request, &|_| {})?;
+        self.run(model, format, request, &|_| {}, cancel)?;
         Ok(
             json!({"frontier": request.fractions.iter().map(|f| json!({"fraction": f, "overhead": 1.0 / f})).collect::<Vec<_>>()}),
         )

@@ -124,7 +124,7 @@ fn a_sweep_document_is_the_json_it_was() {
         ..cli_request(file, &[], None, "dp")
     };
     let loaded = load(&bytes, ModelFormat::detect(&bytes), &request).unwrap();
-    let doc = sweep_document(&loaded, &request, default_threads()).unwrap();
+    let doc = sweep_document(&loaded, &request, default_threads(), &Default::default()).unwrap();
     check_golden(&serde_json::to_value(&doc).unwrap(), "chain.sweep.json");
 }
 

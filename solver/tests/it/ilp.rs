@@ -170,6 +170,7 @@ fn plan_reports_round_trip_for_every_algorithm() {
             time_limit: Duration::from_secs(10),
             threads: 1,
             bound_time: Duration::ZERO,
+            cancel: Default::default(),
         };
         let (schedule, report) = plan(&p, &opts).unwrap();
         if report.status == Status::Infeasible {
@@ -233,6 +234,7 @@ fn auto_on_a_training_dag_is_at_least_as_good_as_the_baselines() {
             time_limit: Duration::from_secs(20),
             threads: 1,
             bound_time: Duration::ZERO,
+            cancel: Default::default(),
         };
         let (schedule, report) = plan(&p, &opts).unwrap();
         let stats = simulate(&p, &schedule).unwrap();
@@ -317,6 +319,7 @@ fn published_graphs_plan_within_budget() {
             time_limit: Duration::from_secs(15),
             threads: 1,
             bound_time: Duration::ZERO,
+            cancel: Default::default(),
         };
         let (schedule, report) = plan(&p, &opts).unwrap();
         let stats = simulate(&p, &schedule).unwrap();

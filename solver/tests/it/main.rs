@@ -4,6 +4,7 @@
 
 mod baselines;
 mod bound;
+mod cancel;
 mod common;
 mod ilp;
 mod props;

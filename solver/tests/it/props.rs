@@ -239,9 +239,9 @@ proptest! {
     #[test]
     fn search_meets_the_least_peak_it_reported(p in arb_plain_dag(14), frac in 0.0f64..0.6) {
         use remat_solver::search::{horizon_search, SearchLimits};
-        let limits = SearchLimits { work: 100_000, time: Duration::from_secs(3600) };
+        let limits = SearchLimits { work: 100_000, time: Duration::from_secs(3600), cancel: Default::default() };
         let budget = budget_of(&p, frac);
-        let out = horizon_search(&p, budget, limits, 3)
+        let out = horizon_search(&p, budget, limits.clone(), 3)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assume!(out.best.is_none());
         let (_, low) = out.lowest.expect("the search evaluates at least one schedule");
@@ -259,12 +259,12 @@ proptest! {
     #[test]
     fn portfolio_meets_the_least_peak_of_its_descents(p in arb_plain_dag(14), runs in 1usize..=4) {
         use remat_solver::search::{min_peak_portfolio, portfolio_search, SearchLimits};
-        let limits = SearchLimits { work: 400_000, time: Duration::from_secs(3600) };
-        let low = min_peak_portfolio(&p, limits, runs)
+        let limits = SearchLimits { work: 400_000, time: Duration::from_secs(3600), cancel: Default::default() };
+        let low = min_peak_portfolio(&p, limits.clone(), runs)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(low.best.is_none());
         let (_, least) = low.lowest.expect("the descents evaluate at least one schedule");
-        let full = portfolio_search(&p, p.footprint_lower_bound(), limits, runs)
+        let full = portfolio_search(&p, p.footprint_lower_bound(), limits.clone(), runs)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         if full.best.is_none() {
             let (_, full_low) = full.lowest.expect("the search evaluates a schedule");

@@ -153,6 +153,9 @@ pub struct Executor<'m> {
     /// Loss outputs whose mean is constant (a Softmax's): the loss weights their elements by
     /// [`Executor::loss_weights`], so that gradients flow for the gradient check.
     weighted: Vec<ValueId>,
+    /// Looked at after every step of a run: once raised, the run ends with
+    /// [`ExecFault::Cancelled`](crate::ExecFault::Cancelled). Never by default.
+    pub cancel: remat_solver::Cancel,
     /// Last, so that it drops after the tensors above: gives their pages back to the kernel.
     _trim: TrimOnDrop,
 }
@@ -263,6 +266,7 @@ impl<'m> Executor<'m> {
             grad_bytes: 0,
             setup_host_ops: vec![],
             weighted: remat_planner::training::constant_mean_outputs(model, &tg.exec.loss_outputs),
+            cancel: remat_solver::Cancel::default(),
             _trim: TrimOnDrop,
         };
         // Every op the run needs must have kernels: report all missing at once.
@@ -621,6 +625,12 @@ impl<'m> Executor<'m> {
                 seconds: secs,
             });
             progress(s + 1, total);
+            if self.cancel.is_cancelled() {
+                return Err(crate::error::ExecError::new(
+                    crate::error::ExecFault::Cancelled,
+                    format!("the run was cancelled at step {s} of {total}"),
+                ));
+            }
         }
         // Parameters no backward reached have zero gradients.
         let tail = Instant::now();

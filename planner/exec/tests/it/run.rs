@@ -44,6 +44,7 @@ fn plan_at(tg: &TrainingGraph, budget: u64) -> Option<Schedule> {
         time_limit: Duration::from_millis(500),
         threads: 1,
         bound_time: Duration::ZERO,
+        cancel: Default::default(),
     };
     let (s, r) = plan(&p, &opts).expect("planning runs");
     (r.status != Status::Infeasible).then_some(s)
@@ -406,6 +407,40 @@ fn tiny_cnn() -> (Vec<u8>, Model, TrainingGraph) {
     let bytes = std::fs::read(fixtures_dir().join("grad/tiny_cnn.onnx")).expect("onnx");
     let (m, tg) = import(&bytes, &[("batch", 2)]);
     (bytes, m, tg)
+}
+
+#[test]
+fn a_raised_cancel_stops_a_run_after_the_step_it_was_in() {
+    let (bytes, model, tg) = tiny_cnn();
+    let p = tg.to_problem();
+    let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0).expect("executor");
+    let mut steps = 0usize;
+    ex.run(&store_all(&p), &mut |_, _| steps += 1)
+        .expect("a run whose flag is never raised ends");
+    assert_eq!(steps, store_all(&p).steps.len());
+    ex.cancel = remat_solver::Cancel::armed();
+    ex.cancel.cancel();
+    let mut ran = 0usize;
+    let e = ex
+        .run(&store_all(&p), &mut |_, _| ran += 1)
+        .expect_err("cancelled");
+    assert_eq!(e.fault(), Some(remat_exec::ExecFault::Cancelled), "{e}");
+    assert_eq!(ran, 1, "{e}");
+    // validate() takes the flag from its options.
+    let opts = ValidateOptions {
+        cancel: ex.cancel.clone(),
+        ..ValidateOptions::default()
+    };
+    let e = validate(
+        &model,
+        &tg,
+        &bytes,
+        &store_all(&p),
+        &opts,
+        &mut |_, _, _| {},
+    )
+    .expect_err("cancelled");
+    assert_eq!(e.fault(), Some(remat_exec::ExecFault::Cancelled), "{e}");
 }
 
 #[test]
