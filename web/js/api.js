@@ -114,11 +114,15 @@ export function postSweep(bytes, opts, signal) {
 
 /**
  * Posts a sweep and waits for it (polling when the server answers 202); resolves with the sweep
- * record ({id, model: {hash}, sweep}). `onStatus(status)` on every poll.
+ * record ({id, model: {hash}, sweep}). `onStatus(status)` on every poll; `onAccepted(id)` once
+ * the server answers 202 (the job can then be cancelled); `signal` stops the post and the poll.
  */
-export async function sweepOf(bytes, opts, onStatus) {
-  const res = await postSweep(bytes, opts);
-  if (res.status === 202) return poll('sweep', res.json.id, { onStatus });
+export async function sweepOf(bytes, opts, onStatus, { signal, onAccepted } = {}) {
+  const res = await postSweep(bytes, opts, signal);
+  if (res.status === 202) {
+    onAccepted?.(res.json.id);
+    return poll('sweep', res.json.id, { onStatus, signal });
+  }
   return res.json;
 }
 
@@ -140,6 +144,15 @@ export async function getSweep(id, signal) {
 
 export async function getHistory(hash, signal) {
   return (await request('GET', `/v1/models/${encodeURIComponent(hash)}/history`, { signal })).json;
+}
+
+/**
+ * DELETE /v1/plans/{id} (`kind` 'plan') or /v1/sweeps/{id} (`kind` 'sweep'), with the token as
+ * every write: the server forgets the job and stops it where it is queued or running. Resolves
+ * with 204; rejects with the ApiError (404: the server has no such job; 401: a token is needed).
+ */
+export async function deleteJob(kind, id, signal) {
+  return (await request('DELETE', `/v1/${kind === 'sweep' ? 'sweeps' : 'plans'}/${encodeURIComponent(id)}`, { signal })).status;
 }
 
 export async function listPlans(signal) {

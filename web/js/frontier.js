@@ -9,7 +9,8 @@ import { destroyChart, frontierSentence, paretoChart, paretoSeries, paretoText }
 import { h, mount } from './dom.js';
 import { normalizeSweep } from './model.js';
 import { loadSweep, saveSweep, session, sweepKey } from './session.js';
-import { describeError } from './upload.js';
+import { describeError, tokenBox } from './upload.js';
+import { JobCancel, cancelButton } from './cancel.js';
 
 /**
  * The frontier of the plan `planId` of the model `hash` at `dims` (the plan's own, a maximized
@@ -30,7 +31,10 @@ import { describeError } from './upload.js';
 export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], file, sweepOptions, intro, pick }) {
   const chartEl = h('div', { class: 'chart', 'data-testid': 'pareto' });
   const textEl = h('div');
-  const status = h('span', { class: 'muted', role: 'status', 'aria-live': 'polite' });
+  const status = h('span', { class: 'muted', role: 'status', 'aria-live': 'polite', tabindex: '-1', 'data-testid': 'sweep-status' });
+  // The running sweep's Cancel button and, when the cancel fails, why (and the token field when
+  // the server asks for one).
+  const cancelBox = h('div', { class: 'job-actions' });
   const key = sweepKey(hash, dims);
   let sweep = sweepDoc(loadSweep(key));
   let chart = null;
@@ -71,14 +75,33 @@ export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], f
       run();
     },
   });
+  /** A sweep the server answered 202 for: its Cancel button, whose cancel stops the poll. */
+  function offerCancel(id, stop) {
+    const job = new JobCancel('sweep', id);
+    job.signal.addEventListener('abort', () => stop.abort());
+    const why = h('span', { class: 'warn', role: 'alert' });
+    const tokenHolder = h('div', { class: 'grow' });
+    mount(cancelBox, cancelButton(job, { name: `frontier sweep ${id}`, focusAfter: status }), why, tokenHolder);
+    job.on(() => {
+      if (job.stopped) mount(status, `frontier: ${job.message}`);
+      mount(why, job.state === 'failed' ? `The sweep could not be cancelled: ${describeError(job.error).join('; ')}` : null);
+      if (job.state === 'failed' && job.error.status === 401 && !tokenHolder.firstChild) mount(tokenHolder, tokenBox({ id: 'sweep-token', open: true }));
+      if (job.over) cancelBox.replaceChildren();
+    });
+    return job;
+  }
   async function run() {
     if (!ours()) return;
     button.disabled = true;
     const t0 = performance.now();
-    const tick = (s) => mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    let job = null;
+    const stop = new AbortController();
+    const tick = (s) => job?.stopped || mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     try {
       tick('uploading');
-      const record = await sweepOf(session.model.bytes, sweepOptions(), tick);
+      const record = await sweepOf(session.model.bytes, sweepOptions(), tick, { signal: stop.signal, onAccepted: (id) => (job = offerCancel(id, stop)) });
+      // A sweep cancelled meanwhile is neither drawn nor kept, whatever its poll answered.
+      if (job && !(await job.keep())) return;
       const theirs = record?.model?.hash;
       if (hash && theirs && theirs !== hash) return refuse(theirs);
       if (!session.model.hash) session.model.hash = theirs ?? null;
@@ -88,12 +111,14 @@ export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], f
       mount(status, frontierSentence(pts.frontier.length, pts.infeasible));
       draw();
     } catch (e) {
+      if (job && !(await job.keep())) return;
       mount(status, `frontier failed: ${describeError(e).join('; ')}`);
     } finally {
+      job?.end();
       button.disabled = false;
     }
   }
-  const tools = h('div', { class: 'chart-tools' }, h('p', { class: 'muted' }, intro), ours() ? button : h('label', { class: 'muted' }, pick, input), status);
+  const tools = h('div', { class: 'chart-tools' }, h('p', { class: 'muted' }, intro), ours() ? button : h('label', { class: 'muted' }, pick, input), status, cancelBox);
   return { chartEl, textEl, tools, draw };
 }
 

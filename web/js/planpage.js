@@ -12,8 +12,9 @@ import { GraphView } from './graph.js';
 import { layoutInWorker } from './layout.js';
 import { TensorTable } from './table.js';
 import { planUrl, historyUrl } from './router.js';
-import { session } from './session.js';
-import { describeError } from './upload.js';
+import { isOurJob, session } from './session.js';
+import { describeError, tokenBox } from './upload.js';
+import { JobCancel, cancelButton, unlessCancelled } from './cancel.js';
 import { fillFigures } from './figures.js';
 
 /** How the report's lower-bound sources read in the solver card. */
@@ -112,6 +113,34 @@ export function maximizeCard(m) {
   );
 }
 
+/**
+ * The Cancel button of a plan this tab submitted, below the page's status while it runs; says
+ * on the page what came of it (a token asked for: the token field with the error). Answers the
+ * JobCancel, whose signal stops the poll.
+ */
+function offerCancel(panel, status, id, signal) {
+  const job = new JobCancel('plan', id, { signal });
+  const errorBox = h('div', { class: 'error-box', role: 'alert', hidden: true });
+  // The token field, under the error that asks for it ("set it below").
+  const tokenHolder = h('div');
+  panel.append(h('div', { class: 'job-actions' }, cancelButton(job, { name: `plan ${id}`, focusAfter: status })), errorBox, tokenHolder);
+  job.on(() => {
+    errorBox.hidden = job.state !== 'failed';
+    if (job.state === 'failed') {
+      mount(errorBox, h('div', {}, 'The plan could not be cancelled; it goes on.'), describeError(job.error).map((l) => h('div', {}, l)));
+      if (job.error.status === 401 && !tokenHolder.firstChild) mount(tokenHolder, tokenBox({ id: 'cancel-token', open: true }));
+    } else if (job.stopped) {
+      mount(status, job.message, ' ', h('a', { href: '/', 'data-nav': true }, 'Plan another model'));
+      viewState.ready = true;
+    }
+    if (job.over) {
+      errorBox.hidden = true;
+      tokenHolder.replaceChildren();
+    }
+  });
+  return job;
+}
+
 function section(title, id, ...children) {
   return h('section', { class: 'panel', 'aria-labelledby': id }, h('h2', { id }, title), ...children);
 }
@@ -131,20 +160,26 @@ export async function renderPlan(root, id) {
   leavePage();
   const ctrl = new AbortController();
   current = ctrl;
-  const status = h('div', { class: 'status', role: 'status', 'aria-live': 'polite' }, h('span', { class: 'spinner', 'aria-hidden': 'true' }), 'Loading the plan…');
-  mount(root, h('section', { class: 'panel' }, h('h1', {}, 'Plan ', h('code', {}, id)), status));
+  const status = h('div', { class: 'status', role: 'status', 'aria-live': 'polite', tabindex: '-1', 'data-testid': 'plan-status' }, h('span', { class: 'spinner', 'aria-hidden': 'true' }), 'Loading the plan…');
+  const panel = h('section', { class: 'panel' }, h('h1', {}, 'Plan ', h('code', {}, id)), status);
+  mount(root, panel);
   let raw;
+  let job = null;
   try {
     raw = await getPlan(id, ctrl.signal);
     if (raw?.status !== 'done' && raw?.status !== 'failed') {
       const t0 = performance.now();
-      raw = await poll('plan', id, {
-        signal: ctrl.signal,
-        onStatus: (s) => mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `The plan is ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`),
+      // A plan this tab submitted can be cancelled while it runs.
+      if (isOurJob('plan', id)) job = offerCancel(panel, status, id, ctrl.signal);
+      const wait = poll('plan', id, {
+        signal: job?.signal ?? ctrl.signal,
+        onStatus: (s) => job?.stopped || mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `The plan is ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`),
       });
+      // An answer that comes back after a Cancel is not shown: the page says "Cancelled.".
+      raw = await (job ? unlessCancelled(job, wait) : wait);
     }
   } catch (e) {
-    if (ctrl.signal.aborted) return;
+    if (ctrl.signal.aborted || job?.stopped) return;
     mount(root, h('section', { class: 'panel' }, h('h1', {}, 'Plan ', h('code', {}, id)), h('div', { class: 'error-box', role: 'alert' }, describeError(e).map((l) => h('div', {}, l))), h('p', {}, h('a', { href: '/', 'data-nav': true }, 'Plan another model'))));
     viewState.ready = true;
     return;

@@ -36,3 +36,33 @@ export function loadSweep(key) {
     return null;
   }
 }
+
+// The jobs this tab submitted (by kind and id): only those get a Cancel button while they run.
+// In sessionStorage, so that a plan's page loaded again in this tab still offers it.
+const JOBS_KEY = 'remat.jobs';
+const ours = new Set();
+
+function storedJobs() {
+  try {
+    return JSON.parse(sessionStorage.getItem(JOBS_KEY) ?? '[]');
+  } catch {
+    return [];
+  }
+}
+
+/** Notes that this tab submitted the job (a POST answered with its id). */
+export function rememberJob(kind, id) {
+  if (!id) return;
+  ours.add(`${kind}/${id}`);
+  try {
+    // The newest 200 are enough: a job runs for minutes, not for days.
+    sessionStorage.setItem(JOBS_KEY, JSON.stringify([...new Set([...storedJobs(), `${kind}/${id}`])].slice(-200)));
+  } catch {
+    // Disabled storage: this page still knows its jobs.
+  }
+}
+
+/** Did this tab submit the job? */
+export function isOurJob(kind, id) {
+  return ours.has(`${kind}/${id}`) || storedJobs().includes(`${kind}/${id}`);
+}

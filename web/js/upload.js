@@ -7,7 +7,8 @@ import { fmtBytes, fmtBytesExact, fmtOverhead, fmtRatio, fmtTime, isNum } from '
 import { normalizeRecord, normalizeHistory } from './model.js';
 import { fillFigures } from './figures.js';
 import { navigate, planUrl, historyUrl } from './router.js';
-import { session } from './session.js';
+import { rememberJob, session } from './session.js';
+import { JobCancel, cancelButton, unlessCancelled } from './cancel.js';
 
 export const SOLVERS = [
   ['auto', 'auto (best available)'],
@@ -59,6 +60,16 @@ export function mergeDimNames(shown, asked) {
   return [...new Set([...shown, ...asked])];
 }
 
+/** The token field (kept in this browser for every later write: POST, DELETE). */
+export function tokenBox({ id = 'token', open = false } = {}) {
+  const input = h('input', { type: 'password', id, autocomplete: 'off', placeholder: 'only if the server asks for one' });
+  const save = () => {
+    setToken(input.value);
+    input.value = '';
+  };
+  return h('details', { class: 'token', open }, h('summary', {}, 'Server token'), h('label', { class: 'field', for: id }, h('span', {}, 'Bearer token'), input), h('button', { type: 'button', class: 'btn small', onclick: save }, 'Save'));
+}
+
 /** The polling of the upload view, stopped when the view is left (a plan done later is not
  *  opened over the page the user went to). */
 let current = null;
@@ -74,7 +85,9 @@ export function renderUpload(root) {
   const view = new AbortController();
   current = view;
   const state = { bytes: null, fileName: null, baseName: null, torch: false, dimNames: [], storeAll: null, min: null, hash: null, busy: false, abort: null };
-  const statusBox = h('div', { class: 'status', role: 'status', 'aria-live': 'polite', 'data-testid': 'upload-status' });
+  // Focusable (not in the tab order): a Cancel that stopped the job moves focus to what it says.
+  const statusBox = h('div', { class: 'status', role: 'status', 'aria-live': 'polite', tabindex: '-1', 'data-testid': 'upload-status' });
+  const cancelBox = h('div', { class: 'job-actions' });
   const errorBox = h('div', { class: 'error-box', role: 'alert', hidden: true });
   const fileInput = h('input', { type: 'file', id: 'model-file', accept: '.onnx,.json,application/json,application/octet-stream', 'data-testid': 'model-file', onchange: () => onFile() });
   const nameInput = h('input', { type: 'text', id: 'model-name', placeholder: 'from the file name', autocomplete: 'off' });
@@ -100,12 +113,11 @@ export function renderUpload(root) {
   );
   const maximizeRow = h('div', { class: 'row', hidden: true }, h('label', { class: 'field', for: 'maximize' }, h('span', {}, 'Largest value that fits'), maximizeSel));
   const planBtn = h('button', { type: 'submit', class: 'btn primary', disabled: true, 'data-testid': 'plan-button' }, 'Plan');
-  const tokenInput = h('input', { type: 'password', id: 'token', autocomplete: 'off', placeholder: 'only if the server asks for one' });
 
   const setStatus = (...parts) => mount(statusBox, ...parts);
-  const showError = (e) => {
+  const showError = (e, lead = null) => {
     errorBox.hidden = !e;
-    if (e) mount(errorBox, describeError(e).map((l) => h('div', {}, l)), e.planId ? h('div', {}, 'The job is stored and goes on: ', planLink(e.planId)) : null);
+    if (e) mount(errorBox, lead ? h('div', {}, lead) : null, describeError(e).map((l) => h('div', {}, l)), e.planId ? h('div', {}, 'The job is stored and goes on: ', planLink(e.planId)) : null);
   };
   const planLink = (id) => h('a', { href: planUrl(id), 'data-nav': true, 'data-testid': 'job-link' }, `plan ${id}`);
   // Each job's controller also stops when the view is left.
@@ -172,6 +184,18 @@ export function renderUpload(root) {
     return { maximize: maximizeSel.value, budget: memory, max_overhead: pct === '' ? undefined : String(Number(pct) / 100) };
   }
 
+  /** The Cancel button of a job this view waits on, and what the view says of its outcome. */
+  function offerCancel(job) {
+    mount(cancelBox, cancelButton(job, { name: `plan ${job.id}`, focusAfter: statusBox }));
+    job.on(() => {
+      if (job.busy) showError(null);
+      else if (job.stopped) setStatus(job.message);
+      else if (job.state === 'failed') showError(job.error, 'The job could not be cancelled; it goes on.');
+    });
+  }
+
+  /** Posts a plan and, when the server answers 202, polls it (with a Cancel button meanwhile).
+   *  A cancelled job ends the wait with an AbortError, whatever a poll answers after it. */
   async function runJob(opts, label, signal) {
     const t0 = performance.now();
     const tick = (status, id) => setStatus(h('span', { class: 'spinner', 'aria-hidden': 'true' }), `${label}: ${status} (${((performance.now() - t0) / 1000).toFixed(1)} s)`, id ? [' — ', planLink(id)] : null);
@@ -180,8 +204,11 @@ export function renderUpload(root) {
     if (res.status === 202) {
       const id = res.json?.id;
       if (!id) throw new ApiError(502, 'bad_response', 'the server accepted the job without an id');
+      rememberJob('plan', id);
+      const job = new JobCancel('plan', id, { signal });
+      offerCancel(job);
       try {
-        return await poll('plan', id, { onStatus: (s) => tick(s, id), signal });
+        return await unlessCancelled(job, poll('plan', id, { onStatus: (s) => job.stopped || tick(s, id), signal: job.signal }));
       } catch (e) {
         // The job may well go on (a server restarting): its page is where to find it.
         if (e instanceof ApiError && e.status !== 422) e.planId = id;
@@ -231,9 +258,16 @@ export function renderUpload(root) {
       slider.value = String(state.storeAll > state.min ? Math.max(0, Math.min(1000, Math.round((1000 * (0.8 * state.storeAll - state.min)) / (state.storeAll - state.min)))) : 1000);
       slider.disabled = false;
       planBtn.disabled = false;
+      checkBtn.hidden = state.dimNames.length === 0;
       showBudget();
     } catch (e) {
       if (ctrl.signal.aborted) return;
+      // Cancelled (the status says so): checked again with a button, since picking the same
+      // file again changes nothing the input would tell.
+      if (e?.name === 'AbortError') {
+        checkBtn.hidden = false;
+        return;
+      }
       if (e instanceof ApiError && e.code === 'unbound_dims' && Array.isArray(e.details?.names)) {
         showDims(mergeDimNames(state.dimNames, e.details.names.map(String)));
         setStatus('Bind the symbolic dimensions to continue.');
@@ -364,8 +398,9 @@ export function renderUpload(root) {
         h('div', { class: 'actions' }, planBtn),
       ),
       statusBox,
+      cancelBox,
       errorBox,
-      h('details', { class: 'token' }, h('summary', {}, 'Server token'), h('label', { class: 'field', for: 'token' }, h('span', {}, 'Bearer token'), tokenInput), h('button', { type: 'button', class: 'btn small', onclick: () => { setToken(tokenInput.value); tokenInput.value = ''; } }, 'Save')),
+      tokenBox(),
     ),
     h('section', { class: 'panel' }, h('h2', {}, 'Recent plans'), recent),
   );

@@ -12,6 +12,9 @@
 // 4. A captured PyTorch graph (fixtures/torch/gpt2.torch.json): the torch-sac plan page shows one
 //    row per region and the predicted peak; its frontier, computed from the file picked on the
 //    page, is drawn with none and full beside it; axe-core again.
+// 5. Cancel: a slow plan cancelled from the upload page's wait (a 401 first: the token error,
+//    and the button back for a retry), another from its plan page, and a frontier's sweep; the
+//    page says so and stays, and the server no longer has the job.
 // No console errors are allowed, except the browser's own log line for the API's expected error
 // answers (422 unbound dims and infeasible one-byte budget while probing a model; 400 for the
 // broken graph posted on purpose), each matched to a response that carried that error code.
@@ -65,9 +68,12 @@ const expectedErrors = [];
 let expectBadModel = false;
 // Set while the test cuts the server off a plan's polling (B4): its failed loads are expected.
 let expectNetFail = false;
+// Set while a Cancel is answered 401 on purpose.
+let expectUnauthorized = false;
 page.on('console', (msg) => {
   if (msg.type() !== 'error') return;
   if (expectNetFail && /ERR_|status of 503/.test(msg.text())) return;
+  if (expectUnauthorized && /status of 401/.test(msg.text())) return;
   consoleErrors.push({ text: msg.text(), url: msg.location()?.url ?? '' });
 });
 page.on('pageerror', (err) => consoleErrors.push({ text: `pageerror: ${err.message}`, url: '' }));
@@ -509,6 +515,169 @@ try {
     await accessibility('torch plan page');
     await page.screenshot({ path: path.join(OUT, 'torch-plan.png'), fullPage: true });
     check('a captured PyTorch graph renders its torch-sac plan and its frontier', `${regionRows.length} regions, ${trec.plan.regions.filter((r) => r.wrapped).length} checkpointed; frontier of ${torchFrontier} budgets`);
+  }
+
+  // 5. Cancel. The mock solves a job posted with the header `x-mock-job-seconds` for that long;
+  // a real server ignores it, and there this test answers the job's polls "solving" itself. The
+  // job is posted with wait=0 (the viewer waits on it at once) and refresh=true.
+  {
+    const realApi = (await page.request.get(`${BASE}/healthz`)).ok();
+    const held = new Set();
+    let slow = false;
+    await page.route(/\/v1\/(plans|sweeps)\?/, async (route) => {
+      const req = route.request();
+      if (!slow || req.method() !== 'POST') return route.fallback();
+      const url = new URL(req.url());
+      url.searchParams.set('wait', '0');
+      // A new job even where the same one is stored (the frontier computed above).
+      url.searchParams.set('refresh', 'true');
+      const res = await route.fetch({ url: url.toString(), headers: { ...req.headers(), 'x-mock-job-seconds': '120' } });
+      const body = await res.text();
+      if (res.status() === 202) held.add(JSON.parse(body).id);
+      return route.fulfill({ response: res, body });
+    });
+    if (realApi) {
+      await page.route(/\/v1\/(plans|sweeps)\/[^/?]+$/, (route) => {
+        const req = route.request();
+        const id = decodeURIComponent(new URL(req.url()).pathname.split('/').pop());
+        if (req.method() !== 'GET' || !held.has(id)) return route.fallback();
+        return route.fulfill({ status: 200, contentType: 'application/json', body: JSON.stringify({ id, status: 'solving' }) });
+      });
+    }
+    /** Plans VGG16 at `permille` as `name`, slowly: answers the plan's id once the page offers Cancel. */
+    const planSlowly = async (permille, name) => {
+      await page.goto(`${BASE}/`);
+      await waitReady();
+      await page.setInputFiles('[data-testid="model-file"]', VGG16);
+      await page.waitForSelector('#budget:not([disabled])', { timeout: 120_000 });
+      await page.fill('#model-name', name);
+      await page.$eval('#budget', (el, v) => {
+        el.value = String(v);
+        el.dispatchEvent(new Event('input', { bubbles: true }));
+      }, permille);
+      slow = true;
+      await page.click('[data-testid="plan-button"]');
+      await page.waitForFunction(() => document.querySelector('[data-testid="cancel-job"]') || location.pathname.startsWith('/plans/'), null, { timeout: 60_000 });
+      slow = false;
+      assert.ok(!page.url().includes('/plans/'), `${name}: the plan ended before it could be cancelled (the server answered its post at once)`);
+      const label = await page.getAttribute('[data-testid="cancel-job"]', 'aria-label');
+      const m = /^Cancel plan (\S+)$/.exec(label ?? '');
+      assert.ok(m, `${name}: the Cancel button's name "${label}"`);
+      assert.equal(await page.$eval('[data-testid="cancel-job"]', (b) => b.tagName), 'BUTTON');
+      return m[1];
+    };
+    const gone = async (id, label, kind = 'plans') => {
+      const res = await page.request.get(`${BASE}/v1/${kind}/${encodeURIComponent(id)}`);
+      assert.equal(res.status(), 404, `${label}: GET /v1/${kind}/${id} after the cancel`);
+    };
+
+    /** Answers the next DELETE of job `id` 401, as a server with a token would; `() => count`. */
+    const refuseOnce = async (id, kind = 'plans') => {
+      let refused = 0;
+      await page.route(`**/v1/${kind}/${id}`, (route) => {
+        if (route.request().method() !== 'DELETE' || refused > 0) return route.fallback();
+        refused += 1;
+        return route.fulfill({ status: 401, contentType: 'application/json', headers: { 'WWW-Authenticate': 'Bearer' }, body: JSON.stringify({ error: { code: 'unauthorized', message: 'writes need `Authorization: Bearer <token>`', details: null } }) });
+      });
+      return () => refused;
+    };
+
+    // From the upload page's wait; the first DELETE is answered 401.
+    const upId = await planSlowly(700, 'vgg16-cancel');
+    const refused = await refuseOnce(upId);
+    expectUnauthorized = true;
+    // The keyboard reaches it.
+    await page.focus('[data-testid="cancel-job"]');
+    await page.keyboard.press('Enter');
+    const refusal = await (await page.waitForSelector('.error-box:not([hidden])', { timeout: 30_000 })).textContent();
+    assert.ok(/could not be cancelled/.test(refusal) && /This server requires a token: set it below\./.test(refusal), `401 on cancel: "${refusal}"`);
+    await page.waitForSelector('[data-testid="cancel-job"]:not([disabled])', { timeout: 10_000 });
+    expectUnauthorized = false;
+    assert.equal(refused(), 1);
+    assert.equal(await page.evaluate(() => document.activeElement?.dataset.testid), 'cancel-job', 'the button keeps the focus for a retry');
+    check('cancel answered 401: the token error a POST shows, and Cancel can be clicked again', refusal.trim().slice(0, 80));
+    await accessibility('upload page with a Cancel button');
+    await page.screenshot({ path: path.join(OUT, 'cancel-refused.png') });
+    await page.click('[data-testid="cancel-job"]');
+    await page.waitForFunction(() => document.querySelector('[data-testid="upload-status"]')?.textContent === 'Cancelled.', null, { timeout: 30_000 });
+    assert.equal(await page.$('[data-testid="cancel-job"]'), null, 'the Cancel button goes once the plan is cancelled');
+    assert.equal(await page.evaluate(() => document.activeElement?.dataset.testid), 'upload-status', 'focus goes from the Cancel button to the line that says so');
+    assert.equal(await page.isVisible('.error-box'), false, 'the 401 error goes with the cancel');
+    // A poll (or an answer in flight) does not take the page to the plan afterwards.
+    await page.waitForTimeout(2000);
+    assert.ok(new URL(page.url()).pathname === '/', `the upload page stays after a cancel: now at ${page.url()}`);
+    assert.equal(await page.textContent('[data-testid="upload-status"]'), 'Cancelled.');
+    assert.equal(await page.$eval('[data-testid="plan-button"]', (b) => b.disabled), false, 'the plan button is back');
+    await gone(upId, 'upload page');
+    check('a plan cancelled from the upload page: "Cancelled.", the page stays and the plan is gone', upId);
+
+    // From the plan page of a plan this tab submitted (its link in the upload page's status).
+    const pageId = await planSlowly(650, 'vgg16-cancel-page');
+    await page.click('[data-testid="upload-status"] [data-testid="job-link"]');
+    await page.waitForSelector('[data-testid="plan-status"] >> text=/The plan is/', { timeout: 30_000 });
+    await page.waitForSelector('[data-testid="cancel-job"]', { timeout: 10_000 });
+    assert.equal(await page.getAttribute('[data-testid="cancel-job"]', 'aria-label'), `Cancel plan ${pageId}`);
+    // A 401 first: the page has no token field, so the error brings one.
+    const pageRefused = await refuseOnce(pageId);
+    expectUnauthorized = true;
+    await page.click('[data-testid="cancel-job"]');
+    const pageRefusal = await (await page.waitForSelector('.error-box:not([hidden])', { timeout: 30_000 })).textContent();
+    assert.ok(/This server requires a token: set it below\./.test(pageRefusal), `401 on the plan page's cancel: "${pageRefusal}"`);
+    assert.ok(await page.isVisible('#cancel-token'), 'the plan page offers the token field with the 401');
+    await page.waitForSelector('[data-testid="cancel-job"]:not([disabled])', { timeout: 10_000 });
+    expectUnauthorized = false;
+    assert.equal(pageRefused(), 1);
+    await accessibility('plan page of a running plan, its cancel refused');
+    await page.screenshot({ path: path.join(OUT, 'running-plan.png') });
+    await page.click('[data-testid="cancel-job"]');
+    await page.waitForFunction(() => /^Cancelled\./.test(document.querySelector('[data-testid="plan-status"]')?.textContent ?? ''), null, { timeout: 30_000 });
+    await waitReady();
+    assert.equal(await page.$('[data-testid="cancel-job"]'), null);
+    assert.equal(await page.isVisible('#cancel-token'), false, 'the token field goes with the cancel');
+    await page.waitForTimeout(1500);
+    assert.ok(page.url().endsWith(`/plans/${pageId}`), `the plan page stays after a cancel: now at ${page.url()}`);
+    assert.ok((await page.textContent('[data-testid="plan-status"]')).startsWith('Cancelled.'));
+    await gone(pageId, 'plan page');
+    check('a plan cancelled from its plan page: "Cancelled.", the page stays and the plan is gone', pageId);
+    await page.screenshot({ path: path.join(OUT, 'cancelled-plan.png') });
+
+    // A frontier's sweep, from the VGG16 plan's page (reached in the page: the model's bytes
+    // are still in memory from the upload above).
+    if (!SKIP_SWEEP) {
+      await page.click('[data-testid="plan-status"] a[href="/"]');
+      await page.click(`[data-testid="recent"] a[href="/plans/${vggId}"]`);
+      await waitReady();
+      const before = await page.getAttribute('[data-testid="pareto"]', 'data-frontier');
+      slow = true;
+      await page.click('[data-testid="sweep-button"]');
+      await page.waitForSelector('[data-testid="cancel-job"]', { timeout: 60_000 });
+      slow = false;
+      const sweepLabel = await page.getAttribute('[data-testid="cancel-job"]', 'aria-label');
+      const sweepId = /^Cancel frontier sweep (\S+)$/.exec(sweepLabel ?? '')?.[1];
+      assert.ok(sweepId, `the sweep's Cancel button is named "${sweepLabel}"`);
+      assert.equal(await page.$eval('[data-testid="sweep-button"]', (b) => b.disabled), true, 'no second sweep while one runs');
+      const sweepRefused = await refuseOnce(sweepId, 'sweeps');
+      expectUnauthorized = true;
+      await page.click('[data-testid="cancel-job"]');
+      const sweepRefusal = await (await page.waitForSelector('.chart-tools .job-actions [role="alert"]:not(:empty)', { timeout: 30_000 })).textContent();
+      assert.ok(/could not be cancelled/.test(sweepRefusal) && /requires a token/.test(sweepRefusal), `401 on the sweep's cancel: "${sweepRefusal}"`);
+      assert.ok(await page.isVisible('#sweep-token'), 'the token field comes with the 401');
+      await page.waitForSelector('[data-testid="cancel-job"]:not([disabled])', { timeout: 10_000 });
+      expectUnauthorized = false;
+      assert.equal(sweepRefused(), 1);
+      await accessibility('plan page with a sweep running, its cancel refused');
+      await page.click('[data-testid="cancel-job"]');
+      await page.waitForFunction(() => document.querySelector('[data-testid="sweep-status"]')?.textContent === 'frontier: Cancelled.', null, { timeout: 30_000 });
+      await page.waitForSelector('[data-testid="sweep-button"]:not([disabled])', { timeout: 10_000 });
+      assert.equal(await page.$('[data-testid="cancel-job"]'), null);
+      assert.equal(await page.isVisible('#sweep-token'), false, 'the token field goes with the cancel');
+      await page.waitForTimeout(1500);
+      assert.equal(await page.textContent('[data-testid="sweep-status"]'), 'frontier: Cancelled.');
+      assert.equal(await page.getAttribute('[data-testid="pareto"]', 'data-frontier'), before, 'the chart is as it was');
+      await gone(sweepId, 'frontier', 'sweeps');
+      check('a frontier sweep cancelled (after a 401 that brings the token field): "frontier: Cancelled.", the chart as it was, the sweep gone', sweepId);
+    }
+    await page.unrouteAll({ behavior: 'ignoreErrors' });
   }
 
   // No console errors, except the browser's log line for each expected 422 of a probe.

@@ -4,7 +4,9 @@
 // link graphs are planned as posted; any other body is treated as an ONNX model with a symbolic
 // `batch` dimension and planned as a generated graph scaled by it.
 //
-//   node mock-server.mjs [port]      (MOCK_JOB_SECONDS: how long a job "solves", default 2.5)
+//   node mock-server.mjs [port]      (MOCK_JOB_SECONDS: how long a job "solves", default 2.5;
+//                                    a request header `x-mock-job-seconds` sets it for one job;
+//                                    MOCK_TOKEN: the bearer token writes need, as --token)
 //   MOCK_PROXY=http://127.0.0.1:8080 node mock-server.mjs [port]
 //                                    (web/ from disk, the API forwarded to a real server)
 
@@ -235,6 +237,7 @@ function send(res, status, value) {
 
 function sendError(res, e) {
   const status = e.status ?? 500;
+  if (status === 401) res.setHeader('WWW-Authenticate', 'Bearer');
   send(res, status, { error: { code: e.code ?? 'internal', message: status >= 500 ? 'internal error' : e.message, details: e.details ?? null } });
   if (status >= 500) console.error(e);
 }
@@ -247,7 +250,7 @@ async function submit(kind, req, res, q, body) {
   const { problem, format, model } = loadModel(body, q);
   const options = Object.fromEntries([...q.entries()].filter(([k]) => !['dim', 'fraction', 'wait'].includes(k)));
   options.dims = Object.fromEntries(q.getAll('dim').map((d) => d.split('=')).map(([k, v]) => [k, Number(v)]));
-  const job = { id: `p${String(nextId++).padStart(4, '0')}`, kind, status: 'queued', model: { hash, name: q.get('name') ?? problem.name, format }, created: new Date().toISOString(), options };
+  const job = { id: `p${String(nextId++).padStart(4, '0')}`, kind, status: 'queued', model: { hash, name: q.get('name') ?? problem.name, format }, created: new Date().toISOString(), options, deleted: false };
   let result;
   let failure = null;
   try {
@@ -279,10 +282,12 @@ async function submit(kind, req, res, q, body) {
   jobs.set(job.id, job);
   byKey.set(key, job);
   const t0 = Date.now();
-  const duration = JOB_SECONDS * 1000;
+  const seconds = Number(req.headers['x-mock-job-seconds']);
+  const duration = (Number.isFinite(seconds) && seconds >= 0 ? seconds : JOB_SECONDS) * 1000;
   const advance = () => {
     const t = Date.now() - t0;
-    if (job.status === 'done' || job.status === 'failed') return;
+    // A deleted job is stopped where it was: it never ends, and no GET finds it.
+    if (job.deleted || job.status === 'done' || job.status === 'failed') return;
     if (t >= duration) {
       if (failure) {
         job.status = 'failed';
@@ -297,9 +302,34 @@ async function submit(kind, req, res, q, body) {
   const wait = Math.min(Number(q.get('wait') ?? 0) * 1000, 30000);
   await new Promise((r) => setTimeout(r, Math.min(wait, duration)));
   advance();
+  // Deleted while this post waited: its id, which GET then answers 404 for.
+  if (job.deleted) return send(res, 202, { id: job.id, status: job.status });
   if (job.status === 'failed') return sendError(res, failure);
   if (job.status === 'done') return send(res, 201, record(job));
   return send(res, 202, { id: job.id, status: job.status });
+}
+
+/**
+ * DELETE /v1/plans/{id} or /v1/sweeps/{id}, as the service: 204, or 404 for an id it does not
+ * hold (of that kind). A queued or running job is stopped too: it never ends, and is gone from
+ * GET, the plan list and the model's history.
+ */
+function deleteJob(res, kind, id) {
+  const job = jobs.get(id);
+  if (!job || job.kind !== kind) throw apiError(404, 'not_found', `no ${kind} with id ${JSON.stringify(id)}`);
+  job.deleted = true;
+  jobs.delete(id);
+  for (const [key, j] of byKey) if (j === job) byKey.delete(key);
+  res.writeHead(204);
+  res.end();
+}
+
+/** Writes need `Authorization: Bearer <token>` when the mock has one, as `remat serve --token`. */
+function authorize(req, token) {
+  if (!token || !['POST', 'PUT', 'PATCH', 'DELETE'].includes(req.method)) return;
+  const [scheme, given] = (req.headers.authorization ?? '').split(/ (.*)/s);
+  if (!given || scheme.toLowerCase() !== 'bearer') throw apiError(401, 'unauthorized', 'writes need `Authorization: Bearer <token>`');
+  if (given.trim() !== token) throw apiError(401, 'unauthorized', 'the bearer token is wrong');
 }
 
 function serveStatic(res, urlPath) {
@@ -330,7 +360,7 @@ function proxy(target, req, res) {
  * viewer's files are served from disk: the current web/ against the real planner, without
  * rebuilding the binary that embeds web/.
  */
-export function createMockServer({ proxyTo = null } = {}) {
+export function createMockServer({ proxyTo = null, token = process.env.MOCK_TOKEN || null } = {}) {
   return http.createServer(async (req, res) => {
     const url = new URL(req.url, 'http://localhost');
     if (proxyTo && (url.pathname.startsWith('/v1/') || url.pathname === '/healthz')) return proxy(proxyTo, req, res);
@@ -339,6 +369,7 @@ export function createMockServer({ proxyTo = null } = {}) {
     const body = Buffer.concat(chunks);
     try {
       let m;
+      authorize(req, token);
       if (req.method === 'POST' && url.pathname === '/v1/plans') return await submit('plan', req, res, url.searchParams, body);
       if (req.method === 'POST' && url.pathname === '/v1/sweeps') return await submit('sweep', req, res, url.searchParams, body);
       if (req.method === 'GET' && (m = /^\/v1\/(plans|sweeps)\/([^/]+)$/.exec(url.pathname))) {
@@ -347,6 +378,7 @@ export function createMockServer({ proxyTo = null } = {}) {
         job.advance();
         return send(res, 200, record(job));
       }
+      if (req.method === 'DELETE' && (m = /^\/v1\/(plans|sweeps)\/([^/]+)$/.exec(url.pathname))) return deleteJob(res, m[1].slice(0, -1), decodeURIComponent(m[2]));
       if (req.method === 'GET' && url.pathname === '/v1/plans') {
         const model = url.searchParams.get('model');
         const plans = [...jobs.values()].filter((j) => j.kind === 'plan' && (!model || j.model.hash === model)).reverse().map((j) => record(j, false));
