@@ -183,7 +183,19 @@ fn read_into(t: &mut TensorProto, dir: &Path, done: &mut Inlined) -> Result<()> 
             format!("unknown or undefined data type {}", t.data_type),
         )
     })?;
-    let shape: Vec<u64> = t.dims.iter().map(|&d| d.max(0) as u64).collect();
+    let shape = t
+        .dims
+        .iter()
+        .map(|&d| {
+            u64::try_from(d).map_err(|_| {
+                err(
+                    t,
+                    &location,
+                    format!("its shape {:?} has a negative dimension {d}", t.dims),
+                )
+            })
+        })
+        .collect::<Result<Vec<u64>>>()?;
     let want = numel(&shape)
         .map(|n| bytes_of(dtype, n))
         .ok_or_else(|| err(t, &location, "the element count of its shape overflows"))?;

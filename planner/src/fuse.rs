@@ -24,7 +24,7 @@
 //! - Layer norm below opset 17: `ReduceMean`/`Sub`/`Pow`/`ReduceMean`/`Add`/`Sqrt`/`Div`
 //!   (+ `Mul` γ, `Add` β) → `LayerNormalization` (saves x and the statistics).
 
-use crate::model::{Model, ValueId, ValueKind};
+use crate::model::{may_be_parameter, ImportOptions, Model, ValueId, ValueKind};
 use crate::ops::attention::KEY_TRANSPOSED;
 use onnx_protobuf::AttributeProto;
 use petgraph::graph::NodeIndex;
@@ -42,6 +42,7 @@ fn near(a: Option<f64>, b: f64) -> bool {
 
 struct View<'m> {
     model: &'m Model,
+    opts: &'m ImportOptions,
     users: HashMap<ValueId, Vec<NodeIndex>>,
 }
 
@@ -405,32 +406,26 @@ impl View<'_> {
         self.model.values[v].kind == ValueKind::Const
     }
 
-    /// Whether `v` is computed from a value that may be trained: a floating-point initializer
-    /// or parameter graph input of at least two elements (a `Constant` node's output never is,
-    /// nor a data input). Before `classify_constants`, so a parameter candidate counts.
+    /// Whether `v` is computed from a value that may be trained: a constant that
+    /// [`may_be_parameter`] admits, reached through the inputs each op differentiates (not a
+    /// Shape's, a CastLike's type template, a Where's condition). Before `classify_constants`,
+    /// so a parameter candidate counts: the fusion and the parameter rule share one rule.
     fn may_take_gradient(&self, v: ValueId) -> bool {
+        let float = |x: ValueId| {
+            self.model.values[x]
+                .fact
+                .as_ref()
+                .is_some_and(|f| f.dtype.is_float())
+        };
         let mut stack = vec![v];
         let mut seen: HashSet<ValueId> = HashSet::new();
         while let Some(x) = stack.pop() {
-            if !seen.insert(x) {
-                continue;
-            }
-            let value = &self.model.values[x];
-            let float = value.fact.as_ref().is_some_and(|f| f.dtype.is_float());
-            if !float {
+            if !seen.insert(x) || !float(x) {
                 continue; // no gradient flows through an integer or boolean value
             }
-            match value.producer {
-                None => {
-                    let trainable = value.kind == ValueKind::Const
-                        && value.fact.as_ref().is_some_and(|f| f.numel() >= 2);
-                    if trainable {
-                        return true;
-                    }
-                }
+            let inputs: Vec<ValueId> = match self.model.values[x].producer {
+                None => vec![],
                 Some((p, _)) => {
-                    // Only the inputs the op differentiates (not a Shape's, a CastLike's
-                    // type template, a Where's condition).
                     let inputs = &self.model.graph[p].inputs;
                     let diff = crate::model::with_ctx(self.model, p, |spec, cx| {
                         (0..inputs.len())
@@ -438,15 +433,20 @@ impl View<'_> {
                             .collect::<Vec<bool>>()
                     })
                     .unwrap_or_default();
-                    stack.extend(
-                        inputs
-                            .iter()
-                            .enumerate()
-                            .filter(|(i, _)| diff.get(*i) == Some(&true))
-                            .filter_map(|(_, v)| *v),
-                    );
+                    inputs
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| diff.get(*i) == Some(&true))
+                        .filter_map(|(_, v)| *v)
+                        .collect()
                 }
+            };
+            // A constant computed from no float constant is a root of the parameter rule.
+            let root = self.is_const(x) && !inputs.iter().any(|&i| self.is_const(i) && float(i));
+            if root && may_be_parameter(self.model, x, self.opts) {
+                return true;
             }
+            stack.extend(inputs);
         }
         false
     }
@@ -547,8 +547,8 @@ impl View<'_> {
     }
 }
 
-/// Applies every fusion to the typed graph.
-pub fn fuse(model: &mut Model) {
+/// Applies every fusion to the typed graph (`opts` for the parameter rule).
+pub fn fuse(model: &mut Model, opts: &ImportOptions) {
     let mut users: HashMap<ValueId, Vec<NodeIndex>> = HashMap::new();
     for ix in model.graph.node_indices() {
         let n = &model.graph[ix];
@@ -564,6 +564,7 @@ pub fn fuse(model: &mut Model) {
     }
     let view = View {
         model: &*model,
+        opts,
         users,
     };
     let mut rewrites: Vec<Rewrite> = vec![];

@@ -112,7 +112,7 @@ pub use training::{ExecInfo, SavedTensor, Source, TrainingGraph, TrainingNode};
 /// ([`fuse::fuse`]), then the parameter rule ([`model::classify_constants`]).
 fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
     let (mut model, is_const) = model::read(bytes, opts)?;
-    fuse::fuse(&mut model);
+    fuse::fuse(&mut model, opts);
     model::classify_constants(&mut model, &is_const, opts);
     Ok(model)
 }

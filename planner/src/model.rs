@@ -1067,6 +1067,34 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
     Ok((model, b.is_const))
 }
 
+/// The parameter rule's eligibility, one place for [`classify_constants`] and the fusions
+/// (which must not fuse a value that may take a gradient away from it): whether the constant
+/// `v` (an initializer, a graph input that is not data, a `Constant` node's output, a value
+/// folded from integer constants) may be a trained parameter. A float value named by
+/// `--param` always may; otherwise a graph input may, and any other of at least two elements
+/// (a one-element constant is an epsilon or a scale), except one a PyTorch exporter wrote in
+/// the graph: PyTorch's exporters put every parameter in a graph input or an initializer, so
+/// what they write as a `Constant` node or compute in-graph (non-persistent buffers such as a
+/// mel matrix, zero initial RNN states) is not trainable. [`classify_constants`] makes it a
+/// parameter when, besides, a differentiated input reads it (or `--param` names it).
+pub(crate) fn may_be_parameter(model: &Model, v: ValueId, opts: &ImportOptions) -> bool {
+    let value = &model.values[v];
+    let Some(f) = &value.fact else { return false };
+    if !f.dtype.is_float() || value.kind == ValueKind::Data {
+        return false;
+    }
+    if opts.params.contains(&value.name) || model.inputs.contains(&v) {
+        return true;
+    }
+    let from_pytorch = model
+        .producer
+        .split_whitespace()
+        .next()
+        .is_some_and(|p| p.eq_ignore_ascii_case("pytorch"));
+    let in_graph = value.producer.is_some();
+    f.numel() >= 2 && !(from_pytorch && in_graph)
+}
+
 /// Constants read by live nodes become parameters when they are floating point, are read in
 /// a differentiable slot, and are either a graph input (or `--param`) or have at least two
 /// elements (scalars such as `0.5` or `eps` are never parameters). In a model whose producer
@@ -1147,34 +1175,27 @@ pub(crate) fn classify_constants(model: &mut Model, is_const: &[bool], opts: &Im
             mark(o, false, &mut any_use, &mut diff_use);
         }
     }
-    let input_set: HashSet<ValueId> = model.inputs.iter().copied().collect();
-    let from_pytorch = model
-        .producer
-        .split_whitespace()
-        .next()
-        .is_some_and(|p| p.eq_ignore_ascii_case("pytorch"));
-    for (v, value) in model.values.iter_mut().enumerate() {
-        if !is_const[v] || value.kind == ValueKind::Data {
-            continue;
+    let kinds: Vec<Option<ValueKind>> = (0..n)
+        .map(|v| {
+            let value = &model.values[v];
+            if !is_const[v] || value.kind == ValueKind::Data || value.fact.is_none() {
+                return None;
+            }
+            let forced = opts.params.contains(&value.name);
+            let is_root = roots[v].len() == 1 && roots[v][0] == v;
+            Some(if !is_root || (!any_use[v] && !forced) {
+                ValueKind::Const
+            } else if may_be_parameter(model, v, opts) && (forced || diff_use[v]) {
+                ValueKind::Param
+            } else {
+                ValueKind::Buffer
+            })
+        })
+        .collect();
+    for (value, kind) in model.values.iter_mut().zip(kinds) {
+        if let Some(kind) = kind {
+            value.kind = kind;
         }
-        let Some(f) = &value.fact else { continue };
-        let forced = opts.params.contains(&value.name);
-        let is_root = roots[v].len() == 1 && roots[v][0] == v;
-        if !is_root || (!any_use[v] && !forced) {
-            value.kind = ValueKind::Const;
-            continue;
-        }
-        // PyTorch's exporters put every parameter in a graph input or an initializer: what
-        // they write as a `Constant` node or compute in-graph (non-persistent buffers such
-        // as a mel matrix, zero initial RNN states) is not trainable.
-        let in_graph = value.producer.is_some();
-        let eligible = input_set.contains(&v) || (f.numel() >= 2 && !(from_pytorch && in_graph));
-        let trainable = f.dtype.is_float() && (forced || (diff_use[v] && eligible));
-        value.kind = if trainable {
-            ValueKind::Param
-        } else {
-            ValueKind::Buffer
-        };
     }
     for v in 0..n {
         let is_root = roots[v].len() == 1 && roots[v][0] == v;

@@ -120,6 +120,19 @@ fn external_data_that_cannot_be_read_is_an_error_naming_the_tensor_and_the_file(
         e.contains("tensor \"w\"") && e.contains("past the end of"),
         "{e}"
     );
+    // A negative dimension: refused by name, not read as an empty tensor.
+    let mut f = vec![];
+    let mut g = model("weights.bin", &mut f);
+    let w = g.graph.initializer.iter_mut().filter(|t| t.name == "w");
+    w.for_each(|t| t.dims = vec![-4, 3]);
+    std::fs::write(dir.0.join("weights.bin"), &f).expect("write");
+    let e = inline_external_data(&g.bytes(), &dir.0)
+        .expect_err("negative dimension")
+        .to_string();
+    assert!(
+        e.contains("tensor \"w\"") && e.contains("negative dimension -4"),
+        "{e}"
+    );
     // A location outside the model's folder.
     for bad in ["../weights.bin", "/etc/passwd"] {
         let mut f = vec![];

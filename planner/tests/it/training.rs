@@ -764,8 +764,10 @@ fn decomposed_sdpa_keeps_what_the_attention_op_keeps() {
 
 /// An additive mask that may be trained (a learned position bias, as BEiT's, Swin's and T5's)
 /// keeps the attention decomposed, so that the bias takes its gradient: the fused op's
-/// backward gives q, k and v theirs only. A constant mask (a causal mask written as a
-/// `Constant`) is fused as before.
+/// backward gives q, k and v theirs only. A constant mask (a causal mask a PyTorch exporter
+/// wrote as a `Constant`) is fused as before; the same `Constant` in a graph from another
+/// producer is a parameter by the parameter rule, so it stays decomposed there too (the fusion
+/// and the rule agree: fusing must not change which values are trained).
 #[test]
 fn attention_with_a_learned_bias_stays_decomposed_and_the_bias_is_a_parameter() {
     let graph = |learned: bool| {
@@ -810,8 +812,21 @@ fn attention_with_a_learned_bias_stays_decomposed_and_the_bias_is_a_parameter() 
     let t = learned.training_graph().expect("training graph");
     assert_eq!(t.params_bytes, (3 * 64 + 100) * 4);
     assert!(ids(&t).contains(&"b:mask"), "{:?}", ids(&t));
-    let constant = load(&graph(false).bytes(), &opts).expect("imports");
+    let with_producer = |producer: &str| {
+        use onnx_protobuf::Message;
+        let mut m = graph(false).model();
+        m.producer_name = producer.into();
+        load(&m.write_to_bytes().unwrap_or_default(), &opts).expect("imports")
+    };
+    let constant = with_producer("pytorch");
     assert!(fused(&constant), "a constant mask is fused");
+    assert_eq!(kind(&constant, "bias"), Some(ValueKind::Buffer));
+    let other = with_producer("remat-tests");
+    assert!(
+        !fused(&other),
+        "a Constant another producer may train was fused"
+    );
+    assert_eq!(kind(&other, "bias"), Some(ValueKind::Param));
 }
 
 /// A float `Constant` read as a MatMul weight is a trainable parameter in general (Paddle
