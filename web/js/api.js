@@ -61,7 +61,7 @@ async function request(method, path, { body, contentType, signal } = {}) {
 /** Query string of plan options: {budget, dims: {NAME: VALUE}, solver, time_limit, bound_time, validate, name, wait, maximize, max_overhead, timing_rounds, fraction: []}. */
 export function planQuery(opts) {
   const q = new URLSearchParams();
-  for (const key of ['budget', 'solver', 'time_limit', 'bound_time', 'validate', 'name', 'wait', 'maximize', 'max_overhead', 'timing_rounds']) {
+  for (const key of ['budget', 'solver', 'time_limit', 'bound_time', 'validate', 'name', 'wait', 'maximize', 'max_overhead', 'timing_rounds', 'expect_model']) {
     const v = opts[key];
     if (v !== undefined && v !== null && v !== '') q.append(key, String(v));
   }

@@ -4,7 +4,7 @@
 // graph: what differs between them is what the chart compares the frontier with and how the
 // sweep is asked for.
 
-import { isGraphJson, sha256Hex, sweepOf } from './api.js';
+import { ApiError, isGraphJson, sha256Hex, sweepOf } from './api.js';
 import { destroyChart, frontierSentence, paretoChart, paretoSeries, paretoText } from './charts.js';
 import { h, mount } from './dom.js';
 import { normalizeSweep } from './model.js';
@@ -68,7 +68,8 @@ export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], f
       const bytes = await f.arrayBuffer();
       before = session.model;
       // ONNX bytes are hashed as they are: a wrong file is refused before any sweep. A JSON
-      // graph's hash is of the server's canonical text, checked on the sweep's answer.
+      // graph's hash is of the server's canonical text: the sweep is posted with
+      // `expect_model`, so the server refuses a wrong one (409) before it sweeps.
       const theirs = hash && !isGraphJson(bytes) ? await sha256Hex(bytes) : null;
       if (theirs && theirs !== hash) return refuse(theirs);
       session.model = { ...file.model(bytes, f), hash: theirs };
@@ -99,7 +100,8 @@ export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], f
     const tick = (s) => job?.stopped || mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `frontier: ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     try {
       tick('uploading');
-      const record = await sweepOf(session.model.bytes, sweepOptions(), tick, { signal: stop.signal, onAccepted: (id) => (job = offerCancel(id, stop)) });
+      const opts = hash ? { ...sweepOptions(), expect_model: hash } : sweepOptions();
+      const record = await sweepOf(session.model.bytes, opts, tick, { signal: stop.signal, onAccepted: (id) => (job = offerCancel(id, stop)) });
       // A sweep cancelled meanwhile is neither drawn nor kept, whatever its poll answered.
       if (job && !(await job.keep())) return;
       const theirs = record?.model?.hash;
@@ -112,6 +114,7 @@ export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], f
       draw();
     } catch (e) {
       if (job && !(await job.keep())) return;
+      if (e instanceof ApiError && e.code === 'model_mismatch' && typeof e.details?.got === 'string') return refuse(e.details.got);
       mount(status, `frontier failed: ${describeError(e).join('; ')}`);
     } finally {
       job?.end();

@@ -77,7 +77,14 @@ page.on('console', (msg) => {
   consoleErrors.push({ text: msg.text(), url: msg.location()?.url ?? '' });
 });
 page.on('pageerror', (err) => consoleErrors.push({ text: `pageerror: ${err.message}`, url: '' }));
+// While set, a sweep posted with another model than its expect_model (409) is expected.
+let expectMismatch = false;
 page.on('response', async (res) => {
+  if (expectMismatch && res.status() === 409 && res.url().includes('/v1/sweeps') && res.request().method() === 'POST') {
+    const body = await res.json().catch(() => null);
+    if (body?.error?.code === 'model_mismatch') expectedErrors.push(res.url());
+    return;
+  }
   if (![400, 422].includes(res.status()) || !res.url().includes('/v1/plans')) return;
   // Decided when the answer arrives, before the body is read.
   const expected = res.status() === 422 ? ['unbound_dims', 'infeasible_budget'] : expectBadModel ? ['malformed_graph', 'malformed_model'] : [];
@@ -504,6 +511,23 @@ try {
     assert.ok(measuredText.includes('torch-cpu') && measuredText.includes('passed') && measuredText.includes('+8.30 %') && measuredText.includes('ops at their least +6.10 %') && measuredText.includes('the unplanned step against itself 5.00e-1') && measuredText.includes('MemTracker read'), `captured graph: validation card "${measuredText}"`);
     // Its frontier: picked as a file on this page (the plan came from the API), swept in the
     // torch-sac model; the chart and its table show remat's plans, none and full.
+    // Another captured graph first: a JSON graph's hash is the server's (of its canonical
+    // text), so the sweep goes with expect_model and the server refuses it before sweeping.
+    let sweepPosts = 0;
+    const countSweeps = (req) => {
+      if (req.method() === 'POST' && /\/v1\/sweeps\?/.test(req.url())) sweepPosts += 1;
+    };
+    page.on('request', countSweeps);
+    expectMismatch = true;
+    await page.setInputFiles('[data-testid="sweep-file"]', path.join(REPO, 'fixtures/torch/stack.torch.json'));
+    await page.waitForFunction(() => /not this plan's model/.test(document.querySelector('.chart-tools')?.textContent ?? ''), null, { timeout: 60_000 });
+    expectMismatch = false;
+    const mismatchRes = await page.request.post(`${BASE}/v1/sweeps?wait=0&expect_model=${trec.model.hash}`, { data: fs.readFileSync(path.join(REPO, 'fixtures/torch/stack.torch.json')), headers: { 'Content-Type': 'application/json' } });
+    assert.equal(mismatchRes.status(), 409, `another graph with expect_model: ${mismatchRes.status()} ${await mismatchRes.text()}`);
+    assert.equal((await mismatchRes.json()).error.code, 'model_mismatch');
+    page.off('request', countSweeps);
+    assert.equal(sweepPosts, 1, `the wrong graph was posted ${sweepPosts} times`);
+    check('a JSON graph that is not the plan\'s model is refused before any sweep (expect_model, 409)');
     await page.setInputFiles('[data-testid="sweep-file"]', path.join(REPO, 'fixtures/torch/gpt2.torch.json'));
     await page.waitForFunction(() => Number(document.querySelector('[data-testid="pareto"]')?.dataset.frontier ?? 0) > 0, null, { timeout: 120_000 });
     const torchFrontier = Number(await page.getAttribute('[data-testid="pareto"]', 'data-frontier'));
@@ -680,9 +704,10 @@ try {
     await page.unrouteAll({ behavior: 'ignoreErrors' });
   }
 
-  // No console errors, except the browser's log line for each expected 422 of a probe.
+  // No console errors, except the browser's log line for each expected error answer (a
+  // probe's 422, a malformed model's 400, a wrong model's 409).
   const unexpected = consoleErrors.filter((e) => {
-    if (/status of (422|400)/.test(e.text)) {
+    if (/status of (422|400|409)/.test(e.text)) {
       const i = expectedErrors.indexOf(e.url);
       if (i >= 0) {
         expectedErrors.splice(i, 1);

@@ -244,11 +244,15 @@ function sendError(res, e) {
 
 async function submit(kind, req, res, q, body) {
   const hash = crypto.createHash('sha256').update(body).digest('hex');
-  const key = `${kind} ${hash} ${[...q.entries()].filter(([k]) => k !== 'wait').map((kv) => kv.join('=')).sort().join('&')}`;
+  // As the service: another model than `expect_model` names is refused before any job (the
+  // mock hashes the bytes as sent; the service hashes a JSON graph's canonical text).
+  const expected = q.get('expect_model')?.toLowerCase();
+  if (expected && expected !== hash) throw apiError(409, 'model_mismatch', `the model sent hashes to ${hash}, not to ${expected} (expect_model): it is not the model asked for`, { expected, got: hash });
+  const key = `${kind} ${hash} ${[...q.entries()].filter(([k]) => k !== 'wait' && k !== 'expect_model').map((kv) => kv.join('=')).sort().join('&')}`;
   const existing = byKey.get(key);
   if (existing && existing.status === 'done') return send(res, 200, record(existing));
   const { problem, format, model } = loadModel(body, q);
-  const options = Object.fromEntries([...q.entries()].filter(([k]) => !['dim', 'fraction', 'wait'].includes(k)));
+  const options = Object.fromEntries([...q.entries()].filter(([k]) => !['dim', 'fraction', 'wait', 'expect_model'].includes(k)));
   options.dims = Object.fromEntries(q.getAll('dim').map((d) => d.split('=')).map(([k, v]) => [k, Number(v)]));
   const job = { id: `p${String(nextId++).padStart(4, '0')}`, kind, status: 'queued', model: { hash, name: q.get('name') ?? problem.name, format }, created: new Date().toISOString(), options, deleted: false };
   let result;

@@ -17,6 +17,10 @@ pub struct SubmitOptions {
     pub wait: Option<f64>,
     /// Plan again even when the same model and options were planned before.
     pub refresh: Option<bool>,
+    /// The SHA-256 (hex) the model must have, as the service hashes it (ONNX bytes as sent, a
+    /// JSON graph as its canonical text: the `model.hash` of the answers): any other model is
+    /// refused with 409 `model_mismatch` before a job is made, instead of planned.
+    pub expect_model: Option<String>,
 }
 
 /// The `options` of a JSON envelope (`{"model": ..., "options": {...}}`): the request's
@@ -68,7 +72,7 @@ fn located(options: &serde_json::Value) -> Option<String> {
         .as_object()?
         .clone()
         .into_iter()
-        .partition(|(k, _)| k == "wait" || k == "refresh");
+        .partition(|(k, _)| k == "wait" || k == "refresh" || k == "expect_model");
     at::<PlanRequest>(request).or_else(|| at::<SubmitOptions>(submit))
 }
 
@@ -132,6 +136,7 @@ impl Query {
                 "name" => r.name = Some(value.clone()),
                 "wait" => q.submit.wait = Some(parse_f64(key, value)?),
                 "refresh" => q.submit.refresh = Some(parse_bool(key, value)?),
+                "expect_model" => q.submit.expect_model = Some(value.clone()),
                 "param" => r.params.push(value.clone()),
                 "input" => r.inputs.push(value.clone()),
                 "fraction" => r.fractions.push(parse_f64(key, value)?),
@@ -147,7 +152,8 @@ impl Query {
                 other => {
                     return Err(invalid(format!(
                         "unknown query parameter `{other}`; known: budget, dim, solver, time_limit, bound_time, \
-                         validate, name, wait, refresh, param, input, fraction, maximize, max_overhead, timing_rounds"
+                         validate, name, wait, refresh, expect_model, param, input, fraction, maximize, max_overhead, \
+                         timing_rounds"
                     )))
                 }
             }
@@ -172,6 +178,8 @@ pub struct Resolved {
     pub applied: serde_json::Value,
     pub wait: Duration,
     pub refresh: bool,
+    /// The model hash the submission must have ([`SubmitOptions::expect_model`]), lowercase.
+    pub expect_model: Option<String>,
 }
 
 /// Merges envelope and query options (a query value wins over the envelope's; lists add up),
@@ -308,6 +316,17 @@ pub fn resolve(
         .refresh
         .or(body.submit.refresh)
         .unwrap_or(false);
+    let expect_model = match query.submit.expect_model.or(body.submit.expect_model) {
+        None => None,
+        Some(h) if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Some(h.to_ascii_lowercase())
+        }
+        Some(h) => {
+            return Err(invalid(format!(
+                "expect_model {h:?}: expected a SHA-256 in hex (64 characters), as `model.hash` gives it"
+            )))
+        }
+    };
 
     let mut applied = serde_json::to_value(&request)
         .map_err(ApiError::internal)?
@@ -322,6 +341,7 @@ pub fn resolve(
         applied: serde_json::Value::Object(applied),
         wait,
         refresh,
+        expect_model,
     })
 }
 

@@ -54,6 +54,7 @@ pub struct PlanList {
         (status = 202, description = "Still running; follow the Location", body = Accepted),
         (status = 400, description = "Malformed model or options", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 409, description = "Not the model `expect_model` names (`model_mismatch`)", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Unsupported ops, unbound dims, infeasible budget", body = ErrorBody),
         (status = 503, description = "Queue full; retry after Retry-After", body = ErrorBody),

@@ -138,9 +138,24 @@ fn prepare(
         (body, ModelFormat::Onnx, None)
     };
     let resolved = resolve(options, query, caps)?;
+    let model_hash = sha256_hex(&model);
+    if let Some(want) = resolved.expect_model.as_deref() {
+        if want != model_hash {
+            let mut e = ApiError::new(
+                StatusCode::CONFLICT,
+                "model_mismatch",
+                format!(
+                    "the model sent hashes to {model_hash}, not to {want} (expect_model): \
+                     it is not the model asked for"
+                ),
+            );
+            e.error.details = serde_json::json!({ "expected": want, "got": model_hash });
+            return Err(e);
+        }
+    }
     engine.check(&model, format).map_err(ApiError::from)?;
     Ok(Prepared {
-        model_hash: sha256_hex(&model),
+        model_hash,
         model,
         format,
         resolved,

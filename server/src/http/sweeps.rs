@@ -43,6 +43,7 @@ pub fn router() -> Router<AppState> {
         (status = 202, description = "Still running", body = Accepted),
         (status = 400, description = "Malformed model or options", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 409, description = "Not the model `expect_model` names (`model_mismatch`)", body = ErrorBody),
         (status = 413, description = "Body over the limit", body = ErrorBody),
         (status = 422, description = "Not plannable", body = ErrorBody),
         (status = 503, description = "Queue full", body = ErrorBody),

@@ -134,6 +134,58 @@ async fn same_model_and_options_answer_the_stored_plan() {
     assert_eq!(t.engine.calls.load(Ordering::SeqCst), 3);
 }
 
+/// `expect_model` refuses any other model before a job is made: a JSON graph's hash is of its
+/// canonical text, which a client cannot compute, so the check is the service's.
+#[tokio::test]
+async fn expect_model_refuses_another_model_before_any_job() {
+    let t = test_app().await;
+    let first = t.post_json("/v1/plans?budget=1GiB", &graph("ok")).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text);
+    let hash = first.json()["model"]["hash"]
+        .as_str()
+        .expect("hash")
+        .to_string();
+    let calls = t.engine.calls.load(Ordering::SeqCst);
+    // Another graph, in the query and in the envelope, for a plan and a sweep.
+    let other = graph("sleep:1");
+    for r in [
+        t.post_json(
+            &format!("/v1/plans?budget=1GiB&expect_model={hash}"),
+            &other,
+        )
+        .await,
+        t.post_json(&format!("/v1/sweeps?expect_model={hash}"), &other)
+            .await,
+        t.post_json(
+            "/v1/sweeps",
+            &json!({"model": other, "options": {"expect_model": hash}}),
+        )
+        .await,
+    ] {
+        assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
+        let e = r.error();
+        assert_eq!(e["code"], "model_mismatch");
+        assert_eq!(e["details"]["expected"], hash.as_str());
+        assert_ne!(e["details"]["got"], hash.as_str());
+    }
+    assert_eq!(t.engine.calls.load(Ordering::SeqCst), calls, "no job ran");
+    // The same graph with its keys in another order, the hash in capitals: accepted.
+    let reordered = json!({"behave": "ok", "links": [], "nodes": [{"id": 0}], "directed": true});
+    let upper = hash.to_ascii_uppercase();
+    let r = t
+        .post_json(&format!("/v1/sweeps?expect_model={upper}"), &reordered)
+        .await;
+    assert!(r.status.is_success(), "{}", r.text);
+    // Not a hash: 400 naming the option.
+    let r = t
+        .post_json("/v1/plans?budget=1GiB&expect_model=abc", &graph("ok"))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(r.error()["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("expect_model \"abc\"")));
+}
+
 #[tokio::test]
 async fn envelopes_carry_graphs_or_base64_onnx_and_the_query_wins() {
     let t = test_app().await;

@@ -57,6 +57,7 @@ test('query strings and format detection', () => {
   assert.equal(planQuery({ budget: '1x', time_limit: '30', bound_time: '20' }), 'budget=1x&time_limit=30&bound_time=20');
   assert.equal(planQuery({ budget: '1x', bound_time: undefined }), 'budget=1x');
   assert.equal(planQuery({ budget: '1x', validate: 'true', timing_rounds: '24' }), 'budget=1x&validate=true&timing_rounds=24');
+  assert.equal(planQuery({ wait: 1, expect_model: 'ab12', fraction: [0.5] }), 'wait=1&expect_model=ab12&fraction=0.5');
   assert.equal(planQuery({ budget: '24GiB', maximize: 'batch', max_overhead: '0.1', dims: { batch: 4 } }), 'budget=24GiB&maximize=batch&max_overhead=0.1&dim=batch%3D4');
   const enc = (s) => new TextEncoder().encode(s).buffer;
   assert.equal(isGraphJson(enc('  \n{"nodes": []}')), true);

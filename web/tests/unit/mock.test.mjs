@@ -98,3 +98,23 @@ test('with a token, writes without it answer 401 (POST and DELETE); reads do not
     assert.equal((await fetch(`${base}/v1/plans/${id}`)).status, 404);
   });
 });
+
+test('expect_model: another model is refused with 409 model_mismatch before any job, the same one planned', async () => {
+  await withServer({ token: null }, async (base) => {
+    const { createHash } = await import('node:crypto');
+    const hash = createHash('sha256').update(graph).digest('hex');
+    const other = JSON.stringify(makeNodeLink(21));
+    const count = async () => (await (await fetch(`${base}/v1/plans`)).json()).plans.length;
+    const before = await count();
+    const refused = await fetch(`${base}/v1/sweeps?wait=0&expect_model=${hash}`, { method: 'POST', body: other, headers: slow });
+    assert.equal(refused.status, 409);
+    const { error } = await refused.json();
+    assert.equal(error.code, 'model_mismatch');
+    assert.equal(error.details.expected, hash);
+    assert.notEqual(error.details.got, hash);
+    assert.equal(await count(), before, 'no job was made');
+    const same = await fetch(`${base}/v1/plans?budget=1.0x&wait=0&expect_model=${hash.toUpperCase()}`, { method: 'POST', body: graph, headers: slow });
+    assert.equal(same.status, 202);
+    assert.equal((await same.json()).options?.expect_model, undefined, 'not an option of the plan');
+  });
+});
