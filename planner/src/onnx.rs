@@ -9,6 +9,11 @@ use onnx_protobuf::{AttributeProto, GraphProto, Message, ModelProto, TensorProto
 
 /// Parses a model, mapping protobuf errors and rejecting a model without a graph.
 pub fn parse_model(bytes: &[u8]) -> Result<ModelProto> {
+    // The protobuf library accepts a message cut where one of its fields ends even when the
+    // graph's declared length runs past the end of the bytes (a truncated upload would be
+    // imported without its last nodes, initializers or outputs): every top-level field must
+    // end within the bytes.
+    graph_bytes(bytes)?;
     let model = ModelProto::parse_from_bytes(bytes).map_err(|e| PlannerError::Malformed {
         what: format!("not a valid ONNX protobuf: {e}"),
     })?;
@@ -18,6 +23,85 @@ pub fn parse_model(bytes: &[u8]) -> Result<ModelProto> {
         });
     }
     Ok(model)
+}
+
+/// Checks what [`parse_model`] would refuse first without building the model: that `bytes` are
+/// a well-formed protobuf with a graph, whose nodes and value infos parse. The tensors'
+/// bytes (initializers, sparse initializers) are stepped over, not copied, so a service can
+/// refuse a body that is no model before it stores the bytes without holding the model twice;
+/// a tensor malformed inside is refused by the import ([`parse_model`]).
+pub fn check_model_bytes(bytes: &[u8]) -> Result<()> {
+    let Some(graph) = graph_bytes(bytes)? else {
+        return Err(PlannerError::Malformed {
+            what: "the protobuf has no graph (is this an ONNX model?)".into(),
+        });
+    };
+    fields(graph, &mut |field, body| {
+        let Some(body) = body else { return Ok(()) };
+        let parsed = match field {
+            GRAPH_NODE => onnx_protobuf::NodeProto::parse_from_bytes(body).map(drop),
+            GRAPH_INPUT | GRAPH_OUTPUT | GRAPH_VALUE_INFO => {
+                onnx_protobuf::ValueInfoProto::parse_from_bytes(body).map(drop)
+            }
+            _ => Ok(()),
+        };
+        parsed.map_err(|e| format!("graph field {field}: {e}"))
+    })
+    .map_err(not_protobuf)
+}
+
+fn not_protobuf(what: String) -> PlannerError {
+    PlannerError::Malformed {
+        what: format!("not a valid ONNX protobuf: {what}"),
+    }
+}
+
+/// Walks the top-level fields of a `ModelProto` (each must end within `bytes`) and answers the
+/// graph's bytes, if it has a graph.
+fn graph_bytes(bytes: &[u8]) -> Result<Option<&[u8]>> {
+    let mut graph = None;
+    fields(bytes, &mut |field, body| {
+        if field == MODEL_GRAPH {
+            graph = Some(body.ok_or("the graph field is not a message")?);
+        }
+        Ok(())
+    })
+    .map_err(not_protobuf)?;
+    Ok(graph)
+}
+
+/// `ModelProto.graph`, and the `GraphProto` fields [`check_model_bytes`] parses.
+const MODEL_GRAPH: u32 = 7;
+const GRAPH_NODE: u32 = 1;
+const GRAPH_INPUT: u32 = 11;
+const GRAPH_OUTPUT: u32 = 12;
+const GRAPH_VALUE_INFO: u32 = 13;
+
+/// Walks the fields of one protobuf message, handing `f` each field's number and, for a
+/// length-delimited one, its bytes; any wire error (a bad tag, a length past the end) is the
+/// answer.
+fn fields<'a>(
+    bytes: &'a [u8],
+    f: &mut dyn FnMut(u32, Option<&'a [u8]>) -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    use protobuf::rt::WireType;
+    let mut is = protobuf::CodedInputStream::from_bytes(bytes);
+    while let Some(tag) = is.read_raw_tag_or_eof().map_err(|e| e.to_string())? {
+        let (field, wire) = (tag >> 3, tag & 7);
+        let wire = WireType::new(wire)
+            .filter(|_| field > 0)
+            .ok_or_else(|| format!("bad tag {tag} at byte {}", is.pos()))?;
+        if wire == WireType::LengthDelimited {
+            let len = is.read_raw_varint32().map_err(|e| e.to_string())?;
+            let start = is.pos() as usize;
+            is.skip_raw_bytes(len).map_err(|e| e.to_string())?;
+            f(field, bytes.get(start..start + len as usize))?;
+        } else {
+            is.skip_field(wire).map_err(|e| e.to_string())?;
+            f(field, None)?;
+        }
+    }
+    Ok(())
 }
 
 /// Typed attribute access for one node; every error names the node, op and attribute.

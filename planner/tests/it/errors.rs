@@ -498,3 +498,32 @@ fn attributes_and_constants_the_executor_would_refuse_are_refused_at_import() {
         assert!(e.contains(want), "{want}: {e}");
     }
 }
+
+/// A model cut short (an interrupted upload or copy) is malformed wherever the cut falls. The
+/// protobuf library alone accepts a cut where one of the graph's fields ends, and the import
+/// would then go on without the graph's last nodes, initializers or outputs.
+#[test]
+fn a_truncated_model_is_malformed_even_where_the_protobuf_library_accepts_it() {
+    use onnx_protobuf::{Message, ModelProto};
+    let bytes = mlp().bytes();
+    let mut lenient = 0;
+    for cut in 1..bytes.len() {
+        let short = &bytes[..cut];
+        lenient += usize::from(ModelProto::parse_from_bytes(short).is_ok());
+        match load(short, &dims(&[("batch", 1)])) {
+            // Before the graph: "has no graph"; in it: "not a valid ONNX protobuf".
+            Err(PlannerError::Malformed { what }) => assert!(
+                what.contains("not a valid ONNX protobuf") || what.contains("has no graph"),
+                "cut {cut}: {what}"
+            ),
+            other => panic!(
+                "cut {cut} of {}: expected Malformed, got {other:?}",
+                bytes.len()
+            ),
+        }
+    }
+    assert!(
+        lenient > 0,
+        "no cut the library accepts: the case this test is for is gone"
+    );
+}

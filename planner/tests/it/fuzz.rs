@@ -2,6 +2,7 @@
 //! `PlannerError`. `catch_unwind` only detects a panic to fail the test.
 
 use proptest::prelude::*;
+use remat_planner::onnx::{check_model_bytes, parse_model};
 use remat_planner::{inspect, ImportOptions};
 
 fn seeds() -> Vec<(Vec<u8>, ImportOptions)> {
@@ -86,5 +87,47 @@ proptest! {
         }
         let result = std::panic::catch_unwind(|| inspect(&bytes, opts).map(|r| r.nodes));
         prop_assert!(result.is_ok(), "import panicked after {:?}", muts);
+        // The service's early check refuses only what the parser refuses.
+        let checked = std::panic::catch_unwind(|| check_model_bytes(&bytes).is_ok());
+        prop_assert!(checked.is_ok(), "check_model_bytes panicked after {:?}", muts);
+        if matches!(checked, Ok(false)) {
+            prop_assert!(parse_model(&bytes).is_err(), "checked as malformed, parsed after {:?}", muts);
+        }
+    }
+}
+
+/// The early check passes the fixtures and refuses what is no model, a truncated model, a
+/// model without a graph and a malformed node, with the parser's messages.
+#[test]
+fn the_early_check_refuses_what_is_no_model_without_building_it() {
+    for (bytes, _) in seeds() {
+        check_model_bytes(&bytes).expect("a fixture passes");
+    }
+    let mlp = crate::build::mlp().bytes();
+    for (what, bytes, says) in [
+        (
+            "garbage",
+            b"\x07garbage".to_vec(),
+            "not a valid ONNX protobuf",
+        ),
+        (
+            "truncated",
+            mlp[..mlp.len() - 3].to_vec(),
+            "not a valid ONNX protobuf",
+        ),
+        ("no graph", vec![0x08, 0x08], "has no graph"),
+        // ModelProto.graph → GraphProto.node whose op_type (field 4) runs past the node's end.
+        (
+            "bad node",
+            vec![0x3a, 0x04, 0x0a, 0x02, 0x22, 0x05],
+            "graph field 1",
+        ),
+    ] {
+        let e = check_model_bytes(&bytes).expect_err(what).to_string();
+        assert!(e.contains(says), "{what}: {e}");
+        assert!(
+            parse_model(&bytes).is_err(),
+            "{what}: the parser accepts it"
+        );
     }
 }

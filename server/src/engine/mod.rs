@@ -330,7 +330,9 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Refuses, before a job is made of it (and the bytes stored for the workers of a shared
     /// queue), a model that cannot be read at all: ONNX bytes that are no protobuf of a model.
-    /// Cheap next to the job (a parse, no import); what only the import finds is the job's.
+    /// Cheap next to the job (`remat_planner::onnx::check_model_bytes`: the protobuf walked, its
+    /// nodes parsed, its tensors' bytes stepped over, not copied); what only the import finds is
+    /// the job's.
     fn check(&self, _model: &[u8], _format: ModelFormat) -> Result<(), EngineError> {
         Ok(())
     }

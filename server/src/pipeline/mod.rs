@@ -105,7 +105,7 @@ impl Engine for Pipeline {
 
     fn check(&self, model: &[u8], format: ModelFormat) -> Result<(), EngineError> {
         if format == ModelFormat::Onnx {
-            remat_planner::onnx::parse_model(model).map_err(load::planner_error)?;
+            remat_planner::onnx::check_model_bytes(model).map_err(load::planner_error)?;
         }
         Ok(())
     }
