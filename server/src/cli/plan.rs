@@ -243,7 +243,7 @@ fn torch_plan(args: &PlanArgs, bytes: &[u8], req: &PlanRequest) -> Result<(), Fa
             ),
         ));
     }
-    let mut planned = torch::plan(bytes, &req)?;
+    let mut planned = torch::plan(bytes, &req, &Default::default())?;
     if let Some(path) = &args.validation {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Failure::new(2, format!("--validation {}: {e}", path.display())))?;

@@ -49,7 +49,7 @@ pub fn exec(args: SweepArgs) -> Result<(), Failure> {
     let req = args.request();
     let format = ModelFormat::detect(&bytes);
     let doc = if format == ModelFormat::TorchGraph {
-        torch::sweep(&bytes, &req)?
+        torch::sweep(&bytes, &req, &Default::default())?
     } else {
         sweep_document(
             &load(&bytes, format, &req)?,

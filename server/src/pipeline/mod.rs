@@ -80,7 +80,7 @@ impl Engine for Pipeline {
         cancel: &Cancel,
     ) -> Result<Value, EngineError> {
         if format == ModelFormat::TorchGraph {
-            let planned = torch::plan(model, request)?;
+            let planned = torch::plan(model, request, cancel)?;
             if planned.infeasible {
                 return Err(torch::infeasible_error(&planned.document));
             }
@@ -118,7 +118,7 @@ impl Engine for Pipeline {
         cancel: &Cancel,
     ) -> Result<Value, EngineError> {
         if format == ModelFormat::TorchGraph {
-            return to_value(&torch::sweep(model, request)?);
+            return to_value(&torch::sweep(model, request, cancel)?);
         }
         let loaded = load(model, format, request)?;
         to_value(&sweep_document(&loaded, request, self.threads, cancel)?)

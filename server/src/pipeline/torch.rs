@@ -6,7 +6,7 @@ use super::solve::DEFAULT_FRACTIONS;
 use crate::engine::document::{GraphInfo, SweepDocument};
 use crate::engine::{EngineError, ErrorKind, ModelFormat, PlanRequest};
 use remat_solver::sac::{self, PlanDocument, TorchGraph};
-use remat_solver::SolverError;
+use remat_solver::{Cancel, SolverError};
 use serde_json::json;
 
 /// A torch-sac plan and whether its budget was below every plan's peak (then the document is
@@ -33,8 +33,9 @@ pub fn read(model: &[u8]) -> Result<TorchGraph, EngineError> {
 /// unplanned peak, or `min`). The solver options of the free model (`solver`, `validate`) do
 /// not apply and are refused when given with another value than their default; so is
 /// `maximize` (a captured graph has the shapes it was captured at). `time_limit` is not used:
-/// the torch-sac planner's work does not depend on it.
-pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError> {
+/// the torch-sac planner's work does not depend on it. A raised `cancel` stops it after the
+/// candidates are built (the plan's one long step).
+pub fn plan(model: &[u8], req: &PlanRequest, cancel: &Cancel) -> Result<TorchPlanned, EngineError> {
     let graph = read(model)?;
     refuse_free_options(req)?;
     let budget_text = req.budget.as_deref().ok_or_else(|| {
@@ -49,6 +50,9 @@ pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError
     let internal =
         |e: SolverError| EngineError::new(ErrorKind::Internal, "internal", e.to_string());
     let candidates = sac::Candidates::new(&graph).map_err(internal)?;
+    if cancel.is_cancelled() {
+        return Err(EngineError::cancelled());
+    }
     let budget = candidates
         .budget(budget_text)
         .map_err(|e| EngineError::new(ErrorKind::BadInput, "invalid_option", e.to_string()))?;
@@ -67,8 +71,12 @@ pub fn plan(model: &[u8], req: &PlanRequest) -> Result<TorchPlanned, EngineError
 /// The sweep of a captured graph: the torch-sac plan at each of the request's `fractions` of
 /// the unplanned peak (default [`DEFAULT_FRACTIONS`]), with PyTorch's step (`none`) and full
 /// checkpointing (`full`) side by side ([`sac::sweep`]). The free model's options are refused
-/// as for a plan.
-pub fn sweep(model: &[u8], req: &PlanRequest) -> Result<SweepDocument, EngineError> {
+/// as for a plan; a raised `cancel` stops it between budgets.
+pub fn sweep(
+    model: &[u8],
+    req: &PlanRequest,
+    cancel: &Cancel,
+) -> Result<SweepDocument, EngineError> {
     let graph = read(model)?;
     refuse_free_options(req)?;
     let fractions = if req.fractions.is_empty() {
@@ -76,10 +84,11 @@ pub fn sweep(model: &[u8], req: &PlanRequest) -> Result<SweepDocument, EngineErr
     } else {
         req.fractions.clone()
     };
-    let sweep = sac::sweep(&graph, &fractions).map_err(|e| match e {
+    let sweep = sac::sweep_within(&graph, &fractions, cancel).map_err(|e| match e {
         SolverError::InvalidArgument(m) => {
             EngineError::new(ErrorKind::BadInput, "invalid_option", m)
         }
+        SolverError::Cancelled => EngineError::cancelled(),
         e => EngineError::new(ErrorKind::Internal, "internal", e.to_string()),
     })?;
     Ok(SweepDocument {

@@ -210,9 +210,13 @@ fn maximize_errors_name_what_is_wrong() {
     // A captured PyTorch graph has the shapes it was captured at: refused by torch::plan,
     // which the CLI and the service both call.
     let torch = std::fs::read(root().join("fixtures/torch/stack.torch.json")).unwrap();
-    let e = remat_server::pipeline::torch::plan(&torch, &request(&[], "1GiB", "batch", None))
-        .err()
-        .unwrap();
+    let e = remat_server::pipeline::torch::plan(
+        &torch,
+        &request(&[], "1GiB", "batch", None),
+        &Default::default(),
+    )
+    .err()
+    .unwrap();
     assert!(
         e.message.contains("captured PyTorch graph"),
         "{}",

@@ -3,6 +3,7 @@
 
 use super::chain::{self, ChainModel};
 use super::model::{held_bytes, keepable, overhead, simulate, SacPlan, SacStats, TorchGraph};
+use crate::cancel::Cancel;
 use crate::error::Result;
 use crate::plan::{gap, sweep_budgets, ParetoPoint, Status, OPTIMAL_GAP};
 use serde::Serialize;
@@ -252,7 +253,14 @@ impl Candidates {
 /// larger budget finds (`reused_from_budget_bytes`), so the overhead never rises with the
 /// budget; below the least peak a point is `infeasible`.
 pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<SacSweep> {
+    sweep_within(graph, fractions, &Cancel::default())
+}
+
+/// [`sweep`], stopping with [`crate::SolverError::Cancelled`] once `cancel` is raised: looked at
+/// after the candidates are built and before each budget.
+pub fn sweep_within(graph: &TorchGraph, fractions: &[f64], cancel: &Cancel) -> Result<SacSweep> {
     let candidates = Candidates::new(graph)?;
+    cancel.check()?;
     let unplanned = candidates.unplanned();
     let full = candidates.full();
     let budgets = sweep_budgets(fractions, unplanned.peak_bytes)?;
@@ -262,6 +270,7 @@ pub fn sweep(graph: &TorchGraph, fractions: &[f64]) -> Result<SacSweep> {
     // The cheapest plan found so far: its cost and the budget it was found at.
     let mut below: Option<(f64, u64)> = None;
     for i in order {
+        cancel.check()?;
         let budget = budgets[i];
         let (_, report) = candidates.select(budget)?;
         let fits = report.status == "fits";

@@ -204,6 +204,26 @@ fn a_sweep_is_the_plans_at_its_budgets_and_never_rises() {
     assert!(e.to_string().contains("sweep fraction -1"), "{e}");
 }
 
+/// A raised cancel stops a torch-sac sweep (`DELETE` of a sweep job); one never raised leaves
+/// it as it was.
+#[test]
+fn a_cancelled_torch_sweep_stops_and_an_unraised_flag_changes_nothing() {
+    let g = graph("gpt2.torch.json");
+    let fractions = [0.6, 0.8, 1.0];
+    let cancel = remat_solver::Cancel::armed();
+    let same = sac::sweep_within(&g, &fractions, &cancel).expect("not cancelled");
+    let plain = sac::sweep(&g, &fractions).expect("sweeps");
+    assert_eq!(
+        serde_json::to_value(&same.points).expect("json"),
+        serde_json::to_value(&plain.points).expect("json")
+    );
+    cancel.cancel();
+    assert_eq!(
+        sac::sweep_within(&g, &fractions, &cancel).map(|s| s.points.len()),
+        Err(remat_solver::SolverError::Cancelled)
+    );
+}
+
 /// Every plan that fits reports a lower bound at or below its cost, with its source: the chain
 /// program's where it proves one (the transformer captures), else the unplanned step's cost
 /// (the ResNet capture: the figures' shape is not exact); an infeasible plan none.
