@@ -71,6 +71,10 @@ pub struct IlpOptions {
     pub warm_start: Option<Schedule>,
     /// Stops the solve ([`SolverError::Cancelled`]) when raised.
     pub cancel: Cancel,
+    /// A lower bound on the total compute cost proven elsewhere (the boundary model, the time
+    /// points): the full MILP stops as soon as it finds a schedule within `mip_gap` of it
+    /// (HiGHS's `objective_target`), which its own bound may take much longer to prove.
+    pub known_lower_bound: Option<f64>,
 }
 
 impl IlpOptions {
@@ -82,6 +86,7 @@ impl IlpOptions {
             mip_gap: 1e-4,
             warm_start: None,
             cancel: Cancel::default(),
+            known_lower_bound: None,
         }
     }
 }
@@ -561,6 +566,7 @@ fn run(p: &Problem, opts: &IlpOptions, relax: bool, model: Model) -> Result<IlpO
             warm: warm_ok,
             presolve,
             cancel: &opts.cancel,
+            known_lower_bound: opts.known_lower_bound,
         };
         let mut out = solve_once(&layout, params(true))?;
         if out.status == IlpStatus::Infeasible {
@@ -608,6 +614,8 @@ struct SolveParams<'a> {
     /// Whether HiGHS presolves the model (see `run`).
     presolve: bool,
     cancel: &'a Cancel,
+    /// [`IlpOptions::known_lower_bound`].
+    known_lower_bound: Option<f64>,
 }
 
 struct Raw {
@@ -852,6 +860,16 @@ fn solve_once(layout: &Layout, sp: SolveParams<'_>) -> Result<Raw> {
             .map_err(|_| opt("mip_rel_gap"))?;
         hm.try_set_option("mip_abs_gap", sp.mip_gap.max(0.0) * sp.base / sp.cost_unit)
             .map_err(|_| opt("mip_abs_gap"))?;
+        if let Some(lb) = sp.known_lower_bound.filter(|_| layout.memory()) {
+            // Total cost `c` is within the gap of the bound when (c − lb) / c ≤ gap; HiGHS
+            // stops once its incumbent's objective is below the target (strictly).
+            let gap = sp.mip_gap.clamp(0.0, 0.5);
+            let target = (lb / (1.0 - gap) - sp.base) / sp.cost_unit;
+            if target.is_finite() && target > 0.0 {
+                hm.try_set_option("objective_target", target * (1.0 + 1e-12))
+                    .map_err(|_| opt("objective_target"))?;
+            }
+        }
         if !layout.memory() {
             // Solved for its bound alone: no time on primal heuristics (the warm start, when
             // there is one, is the incumbent that prunes).
@@ -1078,6 +1096,36 @@ mod tests {
         .unwrap();
         assert_eq!(out.status, IlpStatus::Optimal);
         assert_eq!(out.stats.unwrap().compute_cost, p.base_cost());
+    }
+
+    /// A lower bound known from elsewhere stops the MILP at the first schedule within its gap
+    /// of it (HiGHS's objective target): with the optimum's cost as that bound the answer is
+    /// the optimum, at once; with a bound above every schedule's cost (a wrong one, to see the
+    /// target act) the first incumbent, the warm start, ends the solve unproven.
+    #[test]
+    fn a_known_lower_bound_stops_the_milp_at_a_schedule_within_its_gap() {
+        let p = training_chain(12);
+        let budget = store_all_peak(&p) * 3 / 4;
+        let plain = solve(&p, &IlpOptions::new(budget, Duration::from_secs(20))).unwrap();
+        assert_eq!(plain.status, IlpStatus::Optimal, "{plain:?}");
+        let optimum = plain.objective.expect("objective");
+        let warm = plain.schedule.clone();
+        let with_bound = |lb: f64| {
+            let mut o = IlpOptions::new(budget, Duration::from_secs(20));
+            o.known_lower_bound = Some(lb);
+            o.warm_start = warm.clone();
+            solve(&p, &o).unwrap()
+        };
+        let at_optimum = with_bound(optimum);
+        let cost = at_optimum.objective.expect("objective");
+        assert!(
+            (cost - optimum).abs() <= 1e-9 * optimum,
+            "{cost} vs {optimum}"
+        );
+        // A "bound" above store-all's cost: any schedule is below the target.
+        let wrong = with_bound(10.0 * p.base_cost());
+        assert_eq!(wrong.status, IlpStatus::Feasible, "{wrong:?}");
+        assert!(wrong.schedule.is_some());
     }
 
     /// A model whose rows take longer to build than the time left is not built (building
