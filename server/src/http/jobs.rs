@@ -141,13 +141,7 @@ impl Jobs {
     /// it, a worker running it sees the flag at the engine's next look. False when the job is
     /// not queued or running here.
     pub fn cancel(&self, id: &str) -> bool {
-        match self.shared.cancels().get(id) {
-            Some(c) => {
-                c.cancel();
-                true
-            }
-            None => false,
-        }
+        self.shared.cancels().get(id).map(Cancel::cancel).is_some()
     }
 
     /// Follows a job in flight; `None` when it is not (any more) in flight.

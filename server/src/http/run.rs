@@ -154,6 +154,7 @@ pub fn run_job(
 
     // The outcome is counted before it is recorded: recording it wakes whoever waits on the
     // job, who may read `/metrics` next and must find the job there.
+    let cancelled = matches!(&outcome, Ok(Err(e)) if e.kind == ErrorKind::Cancelled);
     let recorded: Result<(String, Option<String>), (u16, ErrorObject)> = match outcome {
         Ok(Ok(document)) => {
             let summary = crate::engine::summarize(&document).map(|s| s.to_string());
@@ -173,7 +174,7 @@ pub fn run_job(
         }
         Ok(Err(err)) => {
             let (status, error) = public_error(&err);
-            if err.kind == ErrorKind::Cancelled {
+            if cancelled {
                 tracing::info!(
                     seconds = ended.duration_since(started).as_secs_f64(),
                     "job cancelled (deleted while it ran or waited)"
@@ -190,7 +191,7 @@ pub fn run_job(
     };
     let (final_status, outcome_label) = match &recorded {
         Ok(_) => (JobStatus::Done, "done"),
-        Err((_, e)) if e.code == "cancelled" => (JobStatus::Failed, "cancelled"),
+        Err(_) if cancelled => (JobStatus::Failed, "cancelled"),
         Err(_) => (JobStatus::Failed, "failed"),
     };
     metrics

@@ -150,13 +150,7 @@ impl Workers {
     /// process); true when one did. A job deleted elsewhere stops when its lease's renewal
     /// finds the record gone, within a third of the lease.
     pub fn cancel(&self, id: &str) -> bool {
-        match self.shared.running().get(id) {
-            Some(c) => {
-                c.cancel();
-                true
-            }
-            None => false,
-        }
+        self.shared.running().get(id).map(Cancel::cancel).is_some()
     }
 
     pub fn count(&self) -> usize {
