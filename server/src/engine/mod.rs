@@ -79,6 +79,10 @@ pub struct PlanRequest {
     pub timing_rounds: Option<u32>,
 }
 
+/// Seconds a plan's solver may take when the request does not say (`time_limit`); the service
+/// applies its `--max-time-limit` instead where that is lower.
+pub const DEFAULT_TIME_LIMIT: f64 = 30.0;
+
 /// The most timing rounds a request may ask for: a validation holds the executor, which one
 /// job at a time uses.
 pub const MAX_REQUEST_TIMING_ROUNDS: u32 = 64;

@@ -4,7 +4,7 @@
 
 use super::error::ApiError;
 use super::store::Kind;
-use crate::engine::{PlanRequest, MAX_REQUEST_TIMING_ROUNDS};
+use crate::engine::{PlanRequest, DEFAULT_TIME_LIMIT, MAX_REQUEST_TIMING_ROUNDS};
 use serde::Deserialize;
 use std::time::Duration;
 use utoipa::{IntoParams, ToSchema};
@@ -300,6 +300,23 @@ pub fn resolve(
             );
         }
     }
+    // A request without `time_limit` gets the default, and the cap where that is lower: the
+    // cap bounds every solve, not only those that name their time.
+    if request.time_limit.is_none() && DEFAULT_TIME_LIMIT > caps.max_time_limit {
+        request.time_limit = Some(caps.max_time_limit);
+        clamped.insert(
+            "time_limit".to_string(),
+            serde_json::json!({
+                "default": DEFAULT_TIME_LIMIT,
+                "applied": caps.max_time_limit,
+                "reason": format!(
+                    "time_limit was not given and its default, {DEFAULT_TIME_LIMIT} s, is over the \
+                     server's cap of {} s",
+                    caps.max_time_limit
+                ),
+            }),
+        );
+    }
     let wait = match query.submit.wait.or(body.submit.wait) {
         None => caps.default_wait,
         Some(w) if w.is_finite() && w >= 0.0 => {
@@ -528,6 +545,26 @@ mod tests {
         assert_eq!(r.request.time_limit, Some(300.0));
         assert_eq!(r.applied["clamped"]["time_limit"]["requested"], 1000.0);
         assert_eq!(r.wait, Duration::from_secs(60));
+    }
+
+    /// A request that leaves `time_limit` out is held to the cap too, and the clamp says the
+    /// default was capped; under a cap above the default nothing changes.
+    #[test]
+    fn an_absent_time_limit_is_capped_when_the_default_is_over_the_cap() {
+        let low = Caps {
+            max_time_limit: 10.0,
+            ..caps()
+        };
+        let r = resolve(None, Query::parse(&pairs("budget=0.5x")).unwrap(), low).unwrap();
+        assert_eq!(r.request.time_limit, Some(10.0));
+        let c = &r.applied["clamped"]["time_limit"];
+        assert_eq!(c["default"], DEFAULT_TIME_LIMIT, "{c}");
+        assert_eq!(c["applied"], 10.0, "{c}");
+        assert!(c["reason"].as_str().unwrap().contains("default"), "{c}");
+        assert_eq!(r.applied["time_limit"], 10.0);
+        let r = resolve(None, Query::parse(&pairs("budget=0.5x")).unwrap(), caps()).unwrap();
+        assert_eq!(r.request.time_limit, None);
+        assert!(r.applied.get("clamped").is_none(), "{}", r.applied);
     }
 
     #[test]

@@ -12,8 +12,9 @@ use remat_solver::{Cancel, NodeKind, Problem, Schedule, SolverError, Step};
 use serde_json::json;
 use std::time::Duration;
 
-/// Default seconds a solver may spend when the request does not say.
-pub const DEFAULT_TIME_LIMIT: f64 = 30.0;
+/// Default seconds a solver may spend when the request does not say (the engine's, which the
+/// service's cap applies to).
+pub use crate::engine::DEFAULT_TIME_LIMIT;
 
 /// Budget fractions a sweep plans at when the request gives none (the solver's, shared with the
 /// Python extension).
