@@ -5,6 +5,7 @@
 use super::error::ApiError;
 use super::store::Kind;
 use crate::engine::{PlanRequest, DEFAULT_TIME_LIMIT, MAX_REQUEST_TIMING_ROUNDS};
+use remat_solver::plan::{self, Algorithm};
 use serde::Deserialize;
 use std::time::Duration;
 use utoipa::{IntoParams, ToSchema};
@@ -216,6 +217,16 @@ pub fn resolve(
         max_overhead: q.max_overhead.or(b.max_overhead),
         timing_rounds: q.timing_rounds.or(b.timing_rounds),
     };
+    // The budget's syntax and the solver's name are the request's, whatever the model: a bad
+    // one is refused here, before any job is made, by the parsers the plan uses.
+    if let Some(budget) = &request.budget {
+        budget_key(budget)?;
+    }
+    if let Some(solver) = &request.solver {
+        solver
+            .parse::<Algorithm>()
+            .map_err(|e| invalid(format!("solver: {e}")))?;
+    }
     if let Some(n) = request.timing_rounds {
         if !(2..=MAX_REQUEST_TIMING_ROUNDS).contains(&n) {
             return Err(invalid(format!(
@@ -254,6 +265,11 @@ pub fn resolve(
     }
     if request.dims.keys().any(|k| k.trim().is_empty()) {
         return Err(invalid("options.dims: a dimension name is empty"));
+    }
+    if let Some((name, _)) = request.dims.iter().find(|(_, v)| **v == 0) {
+        return Err(invalid(format!(
+            "dim {name}=0: a dimension must be at least 1"
+        )));
     }
     request.params.extend(q.params);
     request.inputs.extend(q.inputs);
@@ -359,6 +375,27 @@ pub fn resolve(
         wait,
         refresh,
         expect_model,
+    })
+}
+
+/// The budget as one text per budget, for the cache key: `min`, a fraction of the store-all
+/// peak by its value (`0.9x` for `0.90x`), a size by its bytes (`2147483648` for `2GiB`). An
+/// error, from the solver's own parser, names the budget's text.
+fn budget_key(text: &str) -> Result<String, ApiError> {
+    if plan::is_min_budget(text) {
+        return Ok("min".to_string());
+    }
+    let bad = |e: remat_solver::SolverError| invalid(e.to_string());
+    // A size's bytes are the same at every peak, a fraction's are not (the syntax is checked
+    // at a peak of 0, where any fraction has its bytes).
+    let at_zero = plan::parse_budget(text, 0).map_err(bad)?;
+    if plan::parse_budget(text, 1).is_ok_and(|b| b == at_zero) {
+        return Ok(at_zero.to_string());
+    }
+    let number = text.trim().trim_end_matches(['x', 'X']).trim();
+    Ok(match number.parse::<f64>() {
+        Ok(fraction) => format!("{fraction}x"),
+        Err(_) => text.to_string(),
     })
 }
 
@@ -520,6 +557,10 @@ mod tests {
             ("time_limit=-1", "time_limit -1"),
             ("wait=-3", "wait -3"),
             ("fraction=0", "fraction 0"),
+            ("budget=lots", "budget \"lots\""),
+            ("budget=12parsecs", "budget \"12parsecs\""),
+            ("solver=magic", "solver: unknown algorithm \"magic\""),
+            ("dim=batch=0", "dim batch=0"),
         ];
         for (q, needle) in cases {
             let err = Query::parse(&pairs(q))
@@ -532,6 +573,15 @@ mod tests {
                 err.error.message
             );
         }
+    }
+
+    /// An envelope's zero dim is refused like the query's, naming it.
+    #[test]
+    fn a_zero_dim_in_an_envelope_is_refused_naming_it() {
+        let body = EnvelopeOptions::read(Some(serde_json::json!({"dims": {"seq": 0}}))).unwrap();
+        let e = resolve(Some(body), Query::default(), caps()).unwrap_err();
+        assert_eq!(e.error.code, "invalid_option");
+        assert!(e.error.message.contains("dim seq=0"), "{}", e.error.message);
     }
 
     #[test]

@@ -520,6 +520,37 @@ async fn unknown_ids_are_404_and_delete_removes() {
     assert_eq!(t.delete(&uri).await.status, StatusCode::NOT_FOUND);
 }
 
+/// A budget that is no budget, a solver remat does not have or a zero dim is refused before
+/// any job is made: no id in the answer, nothing in the model's history.
+#[tokio::test]
+async fn invalid_options_are_refused_before_any_job() {
+    let t = test_app().await;
+    for (query, named) in [
+        ("budget=lots", "budget \"lots\""),
+        ("budget=0.5x&solver=magic", "solver"),
+        ("budget=0.5x&dim=batch=0", "dim batch=0"),
+    ] {
+        let r = t
+            .post_json(&format!("/v1/plans?{query}"), &graph("ok"))
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{query}: {}", r.text);
+        let e = r.error();
+        assert_eq!(e["code"], "invalid_option", "{query}: {e}");
+        assert!(
+            e["message"].as_str().unwrap().contains(named),
+            "{query}: {e}"
+        );
+        assert!(r.json().get("id").is_none(), "{query}: {}", r.text);
+    }
+    let ok = t.post_json("/v1/plans?budget=0.5x", &graph("ok")).await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.text);
+    let hash = ok.json()["model"]["hash"].as_str().unwrap().to_string();
+    let h = t.get(&format!("/v1/models/{hash}/history")).await.json();
+    let entries = h["plans"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{h}");
+    assert_eq!(entries[0]["status"], "done", "{h}");
+}
+
 #[tokio::test]
 async fn list_and_history_of_a_model() {
     let t = test_app().await;
