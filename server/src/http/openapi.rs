@@ -3,12 +3,12 @@
 
 use super::error::{ErrorBody, ErrorObject};
 use super::models::{self, History, HistoryEntry};
-use super::options::{EnvelopeOptions, SubmitOptions};
+use super::options::{not_applicable, EnvelopeOptions, SubmitOptions};
 use super::plans::{self, PlanList};
 use super::records::{Accepted, ModelInfo, PlanRecord};
 use super::service::{self, Health};
 use super::state::AppState;
-use super::store::JobStatus;
+use super::store::{JobStatus, Kind};
 use super::submit::Envelope;
 use super::sweeps;
 use crate::engine::document::{PlanDocument, SweepDocument};
@@ -47,7 +47,7 @@ use utoipa::{Modify, OpenApi};
         JobStatus, ModelInfo, PlanDocument, PlanList, PlanRecord, PlanRequest, SubmitOptions,
         SweepDocument
     )),
-    modifiers(&BearerScheme),
+    modifiers(&BearerScheme, &ApplicableParams),
     tags(
         (name = "plans", description = "Checkpointing plans of one model and budget"),
         (name = "sweeps", description = "Budget vs overhead frontiers"),
@@ -67,6 +67,26 @@ impl Modify for BearerScheme {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// Each `POST` of a job lists only the query parameters that apply to its kind: the handlers
+/// share `PlanRequest`'s parameters, and `options::check_applies` refuses the others with 400.
+struct ApplicableParams;
+
+impl Modify for ApplicableParams {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, kind) in [("/v1/plans", Kind::Plan), ("/v1/sweeps", Kind::Sweep)] {
+            let params = openapi
+                .paths
+                .paths
+                .get_mut(path)
+                .and_then(|item| item.post.as_mut())
+                .and_then(|op| op.parameters.as_mut());
+            if let Some(params) = params {
+                params.retain(|p| !not_applicable(kind).contains(&p.name.as_str()));
+            }
+        }
     }
 }
 

@@ -399,6 +399,21 @@ fn budget_key(text: &str) -> Result<String, ApiError> {
     })
 }
 
+/// The query parameters that never apply to a job of `kind`, which [`check_applies`] refuses
+/// by name; the OpenAPI document leaves them out of the kind's `POST` operation.
+pub fn not_applicable(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Plan => &["fraction"],
+        Kind::Sweep => &[
+            "budget",
+            "validate",
+            "timing_rounds",
+            "maximize",
+            "max_overhead",
+        ],
+    }
+}
+
 /// Refuses the options that do not apply to a job of `kind` (a plan has one budget, a sweep
 /// its fractions; `max_overhead` bounds a `maximize` search): given, they would be ignored
 /// and the job stored under options it did not use.
@@ -425,6 +440,10 @@ pub fn check_applies(kind: Kind, request: &PlanRequest) -> Result<(), ApiError> 
             "maximize",
             "to a sweep: it is a plan's search (POST /v1/plans?maximize=...)",
         ),
+        Kind::Plan if request.timing_rounds.is_some() && request.validate != Some(true) => refuse(
+            "timing_rounds",
+            "without validate=true: it is how many rounds a validation times the plan",
+        ),
         _ if request.max_overhead.is_some() && request.maximize.is_none() => refuse(
             "max_overhead",
             "without maximize: it bounds the overhead of the largest value maximize finds",
@@ -434,10 +453,12 @@ pub fn check_applies(kind: Kind, request: &PlanRequest) -> Result<(), ApiError> 
 }
 
 /// The options that decide the result, in one canonical text: the display name is left out,
-/// parameter and input lists are sorted, and fractions only count for sweeps.
+/// the budget is its value (`0.90x` is `0.9x`, `1KiB` is `1024`: [`budget_key`]), parameter
+/// and input lists are sorted, and fractions only count for sweeps.
 pub fn canonical(kind: Kind, request: &PlanRequest) -> String {
     let mut c = request.clone();
     c.name = None;
+    c.budget = c.budget.map(|b| budget_key(&b).unwrap_or(b));
     c.params.sort();
     c.params.dedup();
     c.inputs.sort();
@@ -464,6 +485,19 @@ mod tests {
         query_pairs(Some(q)).unwrap()
     }
 
+    /// A value of a query parameter that passes `resolve`.
+    fn applicable_value(name: &str) -> &'static str {
+        match name {
+            "budget" => "0.5x",
+            "validate" => "true",
+            "timing_rounds" => "4",
+            "maximize" => "batch",
+            "max_overhead" => "0.1",
+            "fraction" => "0.5",
+            other => panic!("no test value for {other}"),
+        }
+    }
+
     /// Options that a job of the kind would ignore are refused, naming them.
     #[test]
     fn options_that_do_not_apply_to_the_kind_are_refused() {
@@ -479,7 +513,22 @@ mod tests {
             (Kind::Sweep, "timing_rounds=4", "timing_rounds"),
             (Kind::Sweep, "maximize=batch", "maximize"),
             (Kind::Plan, "budget=1GiB&max_overhead=0.1", "max_overhead"),
-        ] {
+            (Kind::Plan, "budget=0.5x&timing_rounds=3", "timing_rounds"),
+            (
+                Kind::Plan,
+                "budget=0.5x&validate=false&timing_rounds=3",
+                "timing_rounds",
+            ),
+        ]
+        .map(|(kind, q, field)| (kind, q.to_string(), field))
+        .into_iter()
+        // Every parameter the OpenAPI document leaves out of a kind's operation is refused.
+        .chain([Kind::Plan, Kind::Sweep].into_iter().flat_map(|kind| {
+            not_applicable(kind)
+                .iter()
+                .map(move |name| (kind, format!("{name}={}", applicable_value(name)), *name))
+        })) {
+            let q = q.as_str();
             let e = check_applies(kind, &req(q)).unwrap_err();
             assert!(
                 e.error
@@ -615,6 +664,39 @@ mod tests {
         let r = resolve(None, Query::parse(&pairs("budget=0.5x")).unwrap(), caps()).unwrap();
         assert_eq!(r.request.time_limit, None);
         assert!(r.applied.get("clamped").is_none(), "{}", r.applied);
+    }
+
+    /// Budgets of one value share a cache key however they are written; other budgets do not.
+    #[test]
+    fn canonical_keys_a_budget_by_its_value() {
+        let key = |budget: &str| {
+            canonical(
+                Kind::Plan,
+                &PlanRequest {
+                    budget: Some(budget.to_string()),
+                    ..Default::default()
+                },
+            )
+        };
+        for same in [
+            ["0.9x", "0.90x"],
+            ["0.9x", " 9e-1 X"],
+            ["1KiB", "1024"],
+            ["2GB", "2e9"],
+            ["1024 B", "1kib"],
+            ["min", " MIN"],
+            ["0x", "0"],
+        ] {
+            assert_eq!(key(same[0]), key(same[1]), "{same:?}");
+        }
+        for other in [
+            ["0.9x", "0.91x"],
+            ["1x", "1"],
+            ["1KB", "1KiB"],
+            ["min", "0"],
+        ] {
+            assert_ne!(key(other[0]), key(other[1]), "{other:?}");
+        }
     }
 
     #[test]

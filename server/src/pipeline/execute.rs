@@ -37,7 +37,7 @@ pub fn not_runnable() -> EngineError {
     EngineError::new(
         ErrorKind::BadInput,
         "not_runnable",
-        "only ONNX models can be validated: a node-link graph has no tensors to run",
+        super::load::NOT_RUNNABLE,
     )
 }
 

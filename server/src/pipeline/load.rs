@@ -6,6 +6,10 @@ use remat_planner::{ImportOptions, InspectReport, Model, PlannerError, TrainingG
 use remat_solver::Problem;
 use serde_json::json;
 
+/// Why a node-link graph is never run on the executor.
+pub const NOT_RUNNABLE: &str =
+    "only ONNX models can be validated: a node-link graph has no tensors to run";
+
 /// A model ready to plan: the solver problem and, for ONNX models, the importer's report and
 /// what the executor needs to run it.
 pub struct Loaded<'a> {
@@ -50,6 +54,14 @@ pub fn load<'a>(
                 )
             })?;
             refuse_onnx_options(req, "a node-link graph", "written")?;
+            // Asked for, it would be ignored: the plan would come back with `ran: false`.
+            if req.validate == Some(true) {
+                return Err(EngineError::new(
+                    ErrorKind::BadInput,
+                    "invalid_option",
+                    format!("validate: {NOT_RUNNABLE}: leave validate out"),
+                ));
+            }
             let name = req.name.clone().unwrap_or_else(|| "graph".to_string());
             let problem = remat_solver::io::parse_node_link(text, &name).map_err(|e| {
                 EngineError::new(ErrorKind::BadInput, "malformed_graph", e.to_string())

@@ -551,6 +551,34 @@ async fn invalid_options_are_refused_before_any_job() {
     assert_eq!(entries[0]["status"], "done", "{h}");
 }
 
+/// Budgets of one value written two ways are one job; `timing_rounds` without `validate` is
+/// refused, as it would be ignored.
+#[tokio::test]
+async fn one_budget_written_two_ways_is_one_job() {
+    let t = test_app().await;
+    let a = t.post_json("/v1/plans?budget=0.9x", &graph("ok")).await;
+    assert_eq!(a.status, StatusCode::CREATED, "{}", a.text);
+    let b = t.post_json("/v1/plans?budget=0.90x", &graph("ok")).await;
+    assert_eq!(b.status, StatusCode::OK, "{}", b.text);
+    assert_eq!(a.json()["id"], b.json()["id"]);
+    let c = t.post_json("/v1/plans?budget=1KiB", &graph("ok")).await;
+    let d = t.post_json("/v1/plans?budget=1024", &graph("ok")).await;
+    assert_eq!(d.status, StatusCode::OK, "{}", d.text);
+    assert_eq!(c.json()["id"], d.json()["id"]);
+    let r = t
+        .post_json("/v1/plans?budget=0.9x&timing_rounds=3", &graph("ok"))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(
+        r.error()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("timing_rounds does not apply without validate=true"),
+        "{}",
+        r.text
+    );
+}
+
 #[tokio::test]
 async fn list_and_history_of_a_model() {
     let t = test_app().await;
@@ -1104,12 +1132,16 @@ async fn health_metrics_and_openapi() {
     ] {
         assert!(paths.contains_key(p), "{p}");
     }
-    let params: Vec<&str> = doc["paths"]["/v1/plans"]["post"]["parameters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
+    let post_params = |path: &str| -> Vec<String> {
+        doc["paths"][path]["post"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let params = post_params("/v1/plans");
+    let params: Vec<&str> = params.iter().map(String::as_str).collect();
     for name in [
         "budget",
         "dim",
@@ -1124,6 +1156,23 @@ async fn health_metrics_and_openapi() {
         "input",
     ] {
         assert!(params.contains(&name), "{name} in {params:?}");
+    }
+    assert!(!params.contains(&"fraction"), "{params:?}");
+    // A sweep lists what it takes, not the plan's options it refuses with 400.
+    let sweep = post_params("/v1/sweeps");
+    let sweep: Vec<&str> = sweep.iter().map(String::as_str).collect();
+    assert!(
+        sweep.contains(&"fraction") && sweep.contains(&"dim"),
+        "{sweep:?}"
+    );
+    for name in [
+        "budget",
+        "validate",
+        "maximize",
+        "max_overhead",
+        "timing_rounds",
+    ] {
+        assert!(!sweep.contains(&name), "{name} in {sweep:?}");
     }
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
 }

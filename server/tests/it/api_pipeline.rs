@@ -255,6 +255,28 @@ async fn the_pipelines_errors_reach_the_client() {
         "{e}"
     );
 
+    // validate=true on a node-link graph would be ignored (nothing to run): refused, named.
+    let validate = t
+        .post(
+            "/v1/plans?budget=0.9x&validate=true&wait=120",
+            "application/json",
+            vgg16_train(),
+        )
+        .await;
+    assert_eq!(
+        validate.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        validate.text
+    );
+    let e = validate.error();
+    assert_eq!(e["code"], "invalid_option", "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("validate: only ONNX models can be validated"),
+        "{e}"
+    );
+
     let bad_graph = t
         .post("/v1/plans", "application/json", br#"{"nodes": 3}"#.to_vec())
         .await;
