@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
+import random
+import sys
 from collections import defaultdict
 from typing import Any
 
@@ -19,12 +21,14 @@ from torch.utils.checkpoint import (
 
 from ._capture import (
     AUTOCAST_CACHE,
+    PARAMETRIZE_CACHE,
     ExampleInputs,
     Inputs,
     _tensors,
     as_inputs,
     autocast_caches,
     fingerprint,
+    parametrize_cached,
     refuse_compiled,
     signature,
 )
@@ -35,7 +39,18 @@ Plan = dict[str, Any]
 
 def load_plan(plan: Plan | str) -> Plan:
     if isinstance(plan, str):
-        plan = json.loads(plan)
+        text = plan
+        try:
+            plan = json.loads(text)
+        except json.JSONDecodeError as e:
+            hint = (
+                " (a file's path? pass json.load(open(path)) or its text)"
+                if text.strip().endswith(".json")
+                else ""
+            )
+            raise PlanMismatchError(
+                f"the plan text is not JSON{hint}: {e}; pass the plan's dict or its JSON text"
+            ) from None
     if not isinstance(plan, dict) or plan.get("format") != "remat.torch-plan":
         raise PlanMismatchError("not a remat.torch-plan document (its 'format' field differs)")
     _check_regions(plan.get("regions"))
@@ -176,7 +191,8 @@ class _Policy:
         self.counter = defaultdict(int)
         self.counter_re: dict[str, int] = defaultdict(int)
         forward, recompute = create_selective_checkpoint_contexts(self)
-        return forward, _Rerun(self.module, self.fqn, recompute)
+        # Called as the forward starts: the re-run draws what it drew from Python's generators.
+        return forward, _Rerun(self.module, self.fqn, recompute, _host_rng_state())
 
 
 class _Step:
@@ -307,6 +323,10 @@ def apply(
             if (
                 _policy is None
                 or not torch.is_grad_enabled()
+                # The plan is of the training step (capture runs the model in training mode):
+                # an eval-mode forward with grad (saliency, adversarial examples) runs other
+                # ops, and runs unwrapped, with autograd keeping what it keeps.
+                or not _orig.__self__.training
                 or (
                     not any(t.requires_grad for t in _tensors((args, kwargs)))
                     and not any(p.requires_grad for p in _orig.__self__.parameters())
@@ -322,10 +342,17 @@ def apply(
             devices = [t.device for t in _tensors((args, kwargs))]
             if devices and autocast_caches(devices[0]):
                 raise OpMismatchError(f"region {_calls.fqn!r}: {AUTOCAST_CACHE}")
+            if parametrize_cached(_orig.__self__):
+                raise OpMismatchError(f"region {_calls.fqn!r}: {PARAMETRIZE_CACHE}")
             # The re-run must see what the forward saw: a list the caller appends to later
             # (DenseNet's layers take the block's growing list of features) is copied, every
-            # container level, keeping the tensors.
-            args, kwargs = tree_map(lambda x: x, (args, kwargs))
+            # container level, keeping the tensors, for the re-run; the forward itself gets the
+            # caller's containers, so what it appends to them (a mixture-of-experts block's
+            # auxiliary loss) reaches the caller, as without the plan.
+            # Checkpointing keeps the arguments it is given for the re-run, containers and
+            # all: it gets the copy (a container the caller keeps growing would keep what is
+            # added later alive until the region's backward), the forward the caller's own.
+            given_args, given_kwargs = tree_map(lambda x: x, (args, kwargs))
             # Checkpointing stashes an accelerator's generator state for the re-run only for
             # the devices of its positional tensors: a region given its tensors as keyword
             # arguments alone would re-run its dropouts with other masks on CUDA. A zero-size
@@ -337,20 +364,26 @@ def apply(
                 for d in sorted({t.device for t in _tensors(kwargs)} - on, key=str)
                 if d.type != "cpu"
             ]
-            run, n = _orig, len(args)
-            if anchors:
+            n = len(args)
+            callers = [(args, kwargs)]  # dropped by the first call: nothing else holds them
+            del args, kwargs
 
-                def run(*a: Any, **k: Any) -> Any:
-                    return _orig(*a[:n], **k)
+            def run(*a: Any, **k: Any) -> Any:
+                if callers:
+                    own_args, own_kwargs = callers.pop()
+                    return _orig(*own_args, **own_kwargs)
+                # The re-run: a copy of the copy, so that its own appends go nowhere.
+                a, k = tree_map(lambda x: x, (a[:n], k))
+                return _orig(*a, **k)
 
             return checkpoint(
                 run,
-                *args,
+                *given_args,
                 *anchors,
                 use_reentrant=False,
                 preserve_rng_state=True,
                 context_fn=_policy.contexts,
-                **kwargs,
+                **given_kwargs,
             )
 
         module.forward = functools.update_wrapper(_WrappedForward(forward, fqn), original)
@@ -383,6 +416,8 @@ class _WrappedForward:
     def __init__(self, fn: Any, fqn: str) -> None:
         self._fn = fn
         self._fqn = fqn
+        # What `capture` looks for to refuse a model a plan is applied to.
+        self.remat_region = fqn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fn(*args, **kwargs)
@@ -413,15 +448,21 @@ class _Rerun:
     the forward's (a cache mutated by the first run, data-dependent control flow) is reported
     naming the region and the op."""
 
-    def __init__(self, module: nn.Module, fqn: str, inner: Any) -> None:
+    def __init__(self, module: nn.Module, fqn: str, inner: Any, rng: tuple[Any, Any]) -> None:
         self.module = module
         self.fqn = fqn
         self.inner = inner
         self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.forward_rng = rng
+        self.backward_rng: tuple[Any, Any] = (None, None)
 
     def __enter__(self) -> Any:
         with torch.no_grad():
             self.saved = [(b, b.clone()) for b in self.module.buffers()]
+        # Python's and NumPy's generators as the forward began (torch's own are checkpoint's
+        # preserve_rng_state), and put back as the backward had them after the re-run.
+        self.backward_rng = _host_rng_state()
+        _set_host_rng_state(self.forward_rng)
         return self.inner.__enter__()
 
     def __exit__(self, *exc: Any) -> Any:
@@ -439,7 +480,23 @@ class _Rerun:
                 ) from err
             return False
         finally:
+            _set_host_rng_state(self.backward_rng)
             with torch.no_grad():
                 for b, s in self.saved:
                     b.copy_(s)
             self.saved = []
+
+
+def _host_rng_state() -> tuple[Any, Any]:
+    """The states of Python's `random` and, where it is imported, NumPy's global generator."""
+    np = sys.modules.get("numpy")
+    return random.getstate(), (np.random.get_state() if np is not None else None)
+
+
+def _set_host_rng_state(state: tuple[Any, Any]) -> None:
+    py, npy = state
+    if py is not None:
+        random.setstate(py)
+    np = sys.modules.get("numpy")
+    if npy is not None and np is not None:
+        np.random.set_state(npy)

@@ -63,7 +63,24 @@ def as_inputs(example_inputs: ExampleInputs | Inputs) -> Inputs:
         return Inputs((example_inputs,), {})
     if isinstance(example_inputs, Mapping):
         return Inputs((), dict(example_inputs))
-    return Inputs(tuple(example_inputs), {})
+    if isinstance(example_inputs, tuple | list):
+        return Inputs(tuple(example_inputs), {})
+    # A string or an array would be split into its elements, each passed as an argument.
+    raise TypeError(
+        "example_inputs must be a tensor, a tuple or list of the forward's positional "
+        f"arguments, or a dict of its keyword arguments; got {type(example_inputs).__name__}"
+    )
+
+
+def refuse_applied(model: nn.Module, error: type[Exception]) -> None:
+    """Raises `error` when a remat plan is applied to `model`: its wrapped regions would run
+    their checkpoints inside the capture (or a second plan's), which is not the step as it is."""
+    for fqn, m in model.named_modules():
+        if hasattr(m.__dict__.get("forward"), "remat_region"):
+            raise error(
+                f"a remat plan is applied to this model (region {fqn!r} is wrapped): call "
+                "remove() on the handle that apply or checkpoint returned first"
+            )
 
 
 def call(model: nn.Module, inputs: Inputs) -> Any:
@@ -314,6 +331,24 @@ def refuse_compiled(model: nn.Module, error: type[Exception]) -> None:
         )
 
 
+PARAMETRIZE_CACHE = (
+    "torch.nn.utils.parametrize.cached() is on: the forward computes each parametrized weight "
+    "once and reuses it, and a region re-run by checkpointing, outside the context, computes "
+    "it again (other ops than its forward ran); run capture, measure and the training steps "
+    "without it"
+)
+
+
+def parametrize_cached(module: nn.Module) -> bool:
+    """Whether `torch.nn.utils.parametrize.cached()` is on while `module` holds a
+    parametrized weight."""
+    from torch.nn.utils import parametrize
+
+    return bool(getattr(parametrize, "_cache_enabled", 0)) and any(
+        parametrize.is_parametrized(m) for m in module.modules()
+    )
+
+
 def autocast_caches(device: torch.device) -> bool:
     """Whether `torch.autocast` is on for `device` with its cast cache (`cache_enabled`, on
     by default): the first forward casts the weights, the next one, and a region's re-run,
@@ -457,6 +492,15 @@ class _Recording:
         # the forward's later in-place write left (spectral norm's power iteration).
         self.buffers: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.buffer_reads: dict[int, dict[int, int]] = defaultdict(dict)
+        # Per region call: the storages of its module's own buffers (a re-run puts those back,
+        # `remat.torch.apply`'s `_Rerun`), and every buffer slot of the model as the call began
+        # (module, name, tensor): a forward that writes another module's buffer in place (a
+        # BatchNorm held outside the block and called in it) or binds a new tensor to any
+        # buffer (`self.steps = self.steps + 1`) would do it again when re-run, where nothing
+        # puts it back.
+        self.region_own: dict[int, set[int]] = {}
+        self.region_slots: dict[int, list[tuple[nn.Module, str, torch.Tensor | None]]] = {}
+        self.module_names = {id(m): n for n, m in model.named_modules()}
         self.region_stop: dict[int, int] = {}
         self.region_trigger: dict[int, int] = {}
         self.fixed_bytes = 0
@@ -542,6 +586,15 @@ class _Recording:
                 st = _storage(a)
                 if region is not None and st is not None and region in self.input_of.get(st, ()):
                     self.region_writes.setdefault(region, name)
+                if (
+                    region is not None
+                    and st is not None
+                    and st in self.buffers
+                    and id(st) not in self.region_own.get(region, ())
+                ):
+                    self.region_writes.setdefault(
+                        region, f"{name} on a buffer of a module outside the region"
+                    )
                 # A buffer an earlier op of the region read: the re-run's read would see this
                 # write (BatchNorm's running statistics are read and written by one op, whose
                 # outputs do not depend on them).
@@ -640,6 +693,14 @@ class _Recording:
                 self.region_calls[m] += 1
                 self.region_stack.append(r)
                 self.region_counter[r] = defaultdict(int)
+                self.region_own[r] = {
+                    id(st) for x in module.buffers() if (st := _storage(x)) is not None
+                }
+                self.region_slots[r] = [
+                    (owner, slot, t)
+                    for owner in self.model.modules()
+                    for slot, t in owner._buffers.items()
+                ]
                 for t in _tensors((args, kwargs)):
                     i = self.index_of(t)
                     if i is not None:
@@ -658,7 +719,11 @@ class _Recording:
                 self.module_stack.pop()
             m = self.region_index.get(fqn)
             if m is not None and self.region_stack and self.calls[self.region_stack[-1]][0] == m:
-                self.region_stack.pop()
+                r = self.region_stack.pop()
+                for owner, slot, t in self.region_slots.pop(r, []):
+                    if owner._buffers.get(slot) is not t:
+                        where = ".".join(x for x in (self.module_names.get(id(owner)), slot) if x)
+                        self.region_writes.setdefault(r, f"a new tensor bound to buffer {where!r}")
 
         return hook
 
@@ -678,7 +743,7 @@ def leaves_the_model_as_it_was(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         model = args[0] if args else kwargs.get("model")
         example = args[1] if len(args) > 1 else kwargs.get("example_inputs")
         if not isinstance(model, nn.Module):
-            return fn(*args, **kwargs)  # its own checks name what is wrong
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         try:
             device = model_device(model, as_inputs(example))  # type: ignore[arg-type]
         except Exception:
@@ -830,9 +895,12 @@ def capture(
             raise CaptureError(f"{arg} must be a whole number >= {fewest}, got {given!r}")
     loss_fn = loss_fn or default_loss
     refuse_compiled(model, CaptureError)
+    refuse_applied(model, CaptureError)
     device = model_device(model, inputs)
     if autocast_caches(device):
         raise CaptureError(AUTOCAST_CACHE)
+    if parametrize_cached(model):
+        raise CaptureError(PARAMETRIZE_CACHE)
     hf = [
         n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
     ]

@@ -287,6 +287,12 @@ SPREAD_FACTOR = 8.0
 differ from it by, where that is above the tolerance (nondeterministic kernels)."""
 
 
+def _short(t: torch.Tensor | None) -> str:
+    if t is None:
+        return "missing"
+    return str(t.tolist()) if t.numel() <= 4 else f"a {list(t.shape)} tensor"
+
+
 def _rel_errs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, float]:
     """Per tensor of `b` that `a` has too: max|a - b| / max|b| (the difference itself where `b`
     is all zeros)."""
@@ -449,18 +455,33 @@ def measure(
     finally:
         restore_buffers()
 
-    buf_err = max(
-        _rel_errs(
-            {k: v for k, v in plan_buffers.items() if v.is_floating_point()},
-            {k: v for k, v in base_buffers.items() if v.is_floating_point()},
-        ).values(),
-        default=0.0,
+    buf_errs = _rel_errs(
+        {k: v for k, v in plan_buffers.items() if v.is_floating_point()},
+        {k: v for k, v in base_buffers.items() if v.is_floating_point()},
     )
+    buf_err = max(buf_errs.values(), default=0.0)
     predicted = plan["predicted"]
     budget = plan.get("budget_bytes")
     tolerance = 1e-6 if all(p.dtype == torch.float32 for p in model.parameters()) else 1e-3
     check = grad_check(grads, base_grads, again_grads, tolerance)
     problems = list(check.problems)
+    # The forward runs the same ops with and without the plan, so the buffers it updates
+    # (BatchNorm's running statistics, counters) end the same; a region's re-run that updated
+    # them again would not.
+    for name, err in sorted(buf_errs.items(), key=lambda kv: -kv[1])[:1]:
+        if err > tolerance:
+            problems.append(
+                f"buffer {name} differs from the unplanned run's by {err:.3g} (relative): "
+                "a re-run updated it again"
+            )
+    for name, ref in base_buffers.items():
+        got = plan_buffers.get(name)
+        if not ref.is_floating_point() and (got is None or not torch.equal(got, ref)):
+            problems.append(
+                f"buffer {name} is {_short(got)} after the planned step, "
+                f"{_short(ref)} after the unplanned one: a re-run updated it again"
+            )
+            break
     if budget is not None and plan.get("status") == "fits" and peak > budget:
         problems.append(f"measured peak {peak} bytes is above the budget {budget}")
     peak_rel = peak / predicted["peak_bytes"] - 1.0 if predicted["peak_bytes"] else 0.0

@@ -4,6 +4,7 @@ captures, plans and applies."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,7 +94,8 @@ def checkpoint(
     wrap_rounds: int = 5,
 ) -> Applied:
     """Captures one step, plans it under `budget` and applies the plan; returns the handle
-    (`.plan` is the plan it applied, `.remove()` undoes it)."""
+    (`.plan` is the plan it applied, `.remove()` undoes it). A budget below the least peak a
+    plan reaches applies the least-peak plan (`status` "infeasible") and warns."""
     graph = capture(
         model,
         example_inputs,
@@ -104,4 +106,11 @@ def checkpoint(
         wrap_rounds=wrap_rounds,
     )
     p = plan(graph, budget)
+    if p.get("status") == "infeasible":
+        warnings.warn(
+            f"budget {budget!r} is below the least peak a plan of this model reaches "
+            f"({p.get('min_peak_bytes')} bytes): the least-peak plan is applied, and its peak "
+            f"({p.get('predicted', {}).get('peak_bytes')} bytes) is over the budget",
+            stacklevel=2,
+        )
     return apply(model, p, example_inputs)
