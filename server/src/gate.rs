@@ -59,7 +59,9 @@ pub struct ModelConfig {
     /// ONNX model, node-link graph JSON or captured PyTorch graph (`remat.torch-graph`),
     /// relative to the config file.
     pub path: PathBuf,
-    /// The device memory budget: bytes, "14GiB", "800MB" or a fraction of store-all ("0.5x").
+    /// The device memory budget: bytes (a TOML integer, or its digits in a string), "14GiB",
+    /// "800MB" or a fraction of store-all ("0.5x").
+    #[serde(deserialize_with = "budget_text")]
     pub budget: String,
     #[serde(default)]
     pub dims: BTreeMap<String, u64>,
@@ -76,6 +78,31 @@ pub struct ModelConfig {
     pub params: Vec<String>,
     #[serde(default)]
     pub inputs: Vec<String>,
+}
+
+/// A config's `budget`: a string as it is, a whole number of bytes as its digits.
+fn budget_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    struct Budget;
+    impl serde::de::Visitor<'_> for Budget {
+        type Value = String;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str(
+                "a string (\"14GiB\", \"800MB\", \"0.6x\", \"min\") or a whole number of bytes",
+            )
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<String, E> {
+            u64::try_from(v)
+                .map(|v| v.to_string())
+                .map_err(|_| E::custom(format!("a budget of {v} bytes: cannot be negative")))
+        }
+    }
+    d.deserialize_any(Budget)
 }
 
 impl ModelConfig {
@@ -161,6 +188,23 @@ impl Row {
 impl Outcome {
     pub fn regressions(&self) -> impl Iterator<Item = &Row> {
         self.rows.iter().filter(|r| r.regression)
+    }
+
+    /// Whether no figure of any model of the config was compared (a baseline of other models,
+    /// or of none): such a gate would pass whatever it measured, so it fails instead.
+    pub fn compared_nothing(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The verdict line: nothing compared, no regression, or how many.
+    fn verdict(&self) -> String {
+        match self.regressions().count() {
+            _ if self.compared_nothing() => "nothing compared: no model of the config is in the \
+                                             baseline; run remat gate --update to record them"
+                .to_string(),
+            0 => "no regression".to_string(),
+            n => format!("{n} regression(s)"),
+        }
     }
 }
 
@@ -665,16 +709,7 @@ pub fn render_text(outcome: &Outcome) -> String {
     for m in &outcome.dropped_models {
         let _ = writeln!(s, "{m:<20} in the baseline but no longer in the config");
     }
-    let n = outcome.regressions().count();
-    let _ = writeln!(
-        s,
-        "{}",
-        if n == 0 {
-            "no regression".to_string()
-        } else {
-            format!("{n} regression(s)")
-        }
-    );
+    let _ = writeln!(s, "{}", outcome.verdict());
     s
 }
 
@@ -719,16 +754,12 @@ pub fn render_figures(figures: &BTreeMap<String, Figures>) -> String {
 /// The comparison as a Markdown table (for pull-request summaries).
 pub fn render_markdown(outcome: &Outcome) -> String {
     let mut s = String::new();
-    let n = outcome.regressions().count();
-    let _ = writeln!(
-        s,
-        "### remat gate: {}\n",
-        if n == 0 {
-            "no memory regression".to_string()
-        } else {
-            format!("{n} regression(s)")
-        }
-    );
+    let verdict = if outcome.compared_nothing() || outcome.regressions().next().is_some() {
+        outcome.verdict()
+    } else {
+        "no memory regression".to_string()
+    };
+    let _ = writeln!(s, "### remat gate: {verdict}\n");
     let _ = writeln!(s, "| model | figure | baseline | now | change | verdict |");
     let _ = writeln!(s, "|---|---|---:|---:|---:|---|");
     for r in &outcome.rows {
@@ -800,6 +831,13 @@ pub fn render_github(outcome: &Outcome, config_path: &Path) -> String {
             "::error file={file},title={}::{}",
             github_property(&format!("remat gate: {} {}", r.model, r.figure)),
             github_message(&message)
+        );
+    }
+    if outcome.compared_nothing() {
+        let _ = writeln!(
+            s,
+            "::error file={file},title=remat gate::{}",
+            github_message(&outcome.verdict())
         );
     }
     for m in &outcome.new_models {

@@ -73,7 +73,10 @@ pub fn exec(args: GateArgs) -> Result<(), Failure> {
         GateFormat::Json => print_json(&outcome)?,
         GateFormat::Github => {
             print!("{}", gate::render_github(&outcome, &args.config));
-            if let Some(path) = std::env::var_os("GITHUB_STEP_SUMMARY") {
+            // Set but empty is unset, as GitHub's toolkit reads it.
+            if let Some(path) =
+                std::env::var_os("GITHUB_STEP_SUMMARY").filter(|path| !path.is_empty())
+            {
                 use std::io::Write;
                 // A summary file that cannot be written is the environment's fault (exit 2),
                 // not a regression (exit 1, which the regressions keep below).
@@ -102,6 +105,19 @@ pub fn exec(args: GateArgs) -> Result<(), Failure> {
                 }
             }
         }
+    }
+    // A gate that compared nothing would pass whatever it measured: a usage error (exit 2).
+    if outcome.compared_nothing() {
+        return Err(Failure::new(
+            2,
+            format!(
+                "nothing compared: {} has none of the {} model(s) of {} ({}); run `remat gate --update` to record them",
+                args.baseline.display(),
+                config.models.len(),
+                args.config.display(),
+                outcome.new_models.join(", ")
+            ),
+        ));
     }
     let n = outcome.regressions().count();
     if n > 0 {

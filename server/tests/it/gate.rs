@@ -333,3 +333,72 @@ fn a_captured_pytorch_graph_is_gated_in_the_torch_sac_model() {
         assert!(t.contains(field) && t.contains("stack"), "{extra}: {t}");
     }
 }
+
+/// A gate that compares no figure of any configured model fails (exit 2, saying so and how to
+/// record them), whether the baseline has other models or none; a model merely new beside
+/// compared ones is a warning. `GITHUB_STEP_SUMMARY` set but empty is unset, and a budget
+/// given as a TOML integer is bytes.
+#[test]
+fn a_gate_that_compares_nothing_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let path = fixtures().join("mlp_v1.onnx").display().to_string();
+    let model = |name: &str, budget: &str| {
+        format!("[[model]]\nname = {name:?}\npath = {path:?}\nbudget = {budget}\ndims = {{ batch = 32 }}\n")
+    };
+    std::fs::write(d.join("remat.toml"), model("mlp", "163840")).unwrap();
+    let o = remat(d, &["gate", "--update"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let baseline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("remat-baseline.json")).unwrap()).unwrap();
+    assert_eq!(baseline["models"]["mlp"]["budget_bytes"], 163840);
+
+    // Set but empty: no summary to write, and the gate passes.
+    let o = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .current_dir(d)
+        .args(["gate", "--format", "github"])
+        .env("GITHUB_STEP_SUMMARY", "")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    // A model new beside a compared one: a warning, and the gate passes.
+    let two = format!("{}{}", model("mlp", "163840"), model("mlp2", "\"160KiB\""));
+    std::fs::write(d.join("remat.toml"), &two).unwrap();
+    let o = remat(d, &["gate", "--format", "github"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("::warning") && t.contains("mlp2"), "{t}");
+    assert!(t.contains("no regression"), "{t}");
+
+    // The model renamed, or an empty baseline: nothing compared, exit 2.
+    for (config, baseline) in [
+        (model("renamed", "163840"), None),
+        (two, Some(r#"{"version": 1, "models": {}}"#)),
+    ] {
+        std::fs::write(d.join("remat.toml"), &config).unwrap();
+        if let Some(b) = baseline {
+            std::fs::write(d.join("remat-baseline.json"), b).unwrap();
+        }
+        for format in ["text", "github", "markdown"] {
+            let o = remat(d, &["gate", "--format", format]);
+            let t = text(&o);
+            assert_eq!(o.status.code(), Some(2), "{format}: {t}");
+            assert!(
+                t.contains("nothing compared") && t.contains("--update"),
+                "{format}: {t}"
+            );
+            assert!(!t.contains("no regression"), "{format}: {t}");
+        }
+    }
+
+    // A budget of the wrong type is named.
+    std::fs::write(d.join("remat.toml"), model("mlp", "[1]")).unwrap();
+    let o = remat(d, &["gate"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("budget") && text(&o).contains("whole number of bytes"),
+        "{}",
+        text(&o)
+    );
+}
