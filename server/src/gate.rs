@@ -425,7 +425,7 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
     let feasible = report.status != Status::Infeasible;
     Ok(Figures {
         store_all_peak_bytes: store_all,
-        saved_activation_bytes: p.saved_for_backward_bytes(),
+        saved_activation_bytes: loaded.saved_activation_bytes(),
         min_feasible_budget_bytes: min_budget,
         max_overhead: cap,
         best_peak_within_overhead_bytes: best_peak_within_overhead(p, min_budget, store_all, cap),

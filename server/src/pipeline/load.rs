@@ -19,6 +19,21 @@ pub struct Loaded<'a> {
     pub exec: Option<ExecModel<'a>>,
 }
 
+impl Loaded<'_> {
+    /// The bytes the backward reads of the forward when nothing is recomputed: for an ONNX
+    /// model the storages autograd saves, each counted once (views share their base's), the
+    /// extra values the gradient rules keep (batch statistics, max-pool indices, dropout
+    /// masks) and the constants they read, parameters left out: the training graph's
+    /// `saved_activation_bytes`, which `remat inspect` reports too. A node-link graph has no
+    /// tensors: the bytes of its forward nodes a backward node reads.
+    pub fn saved_activation_bytes(&self) -> u64 {
+        match &self.exec {
+            Some(em) => em.training.saved_activation_bytes,
+            None => self.problem.saved_for_backward_bytes(),
+        }
+    }
+}
+
 /// An imported ONNX model, kept for the executor.
 pub struct ExecModel<'a> {
     pub model: Model,

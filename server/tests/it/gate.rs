@@ -402,3 +402,57 @@ fn a_gate_that_compares_nothing_fails() {
         text(&o)
     );
 }
+
+/// `saved_activation_bytes` is one figure: the gate records what `remat inspect` reports, on
+/// models with dropout masks (counted once) and constants read by a backward.
+#[test]
+fn the_gate_saves_the_bytes_inspect_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = crate::common::manifest_dir().join("..");
+    let models = [
+        (
+            "bert_tiny",
+            "fixtures/grad/bert_tiny.onnx",
+            "{ batch = 2, seq = 8 }",
+        ),
+        (
+            "vgg11",
+            "fixtures/models/vgg11.legacy.onnx",
+            "{ batch = 1 }",
+        ),
+    ];
+    let config: String = models
+        .iter()
+        .map(|(name, path, dims)| {
+            format!(
+                "[[model]]\nname = {name:?}\npath = {:?}\nbudget = \"0.9x\"\ndims = {dims}\ntime_limit = 1\n",
+                root.join(path).display().to_string()
+            )
+        })
+        .collect();
+    std::fs::write(d.join("remat.toml"), config).unwrap();
+    let o = remat(d, &["gate", "--update"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let baseline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("remat-baseline.json")).unwrap()).unwrap();
+    for (name, path, dims) in models {
+        let mut args = vec![
+            "inspect".to_string(),
+            root.join(path).display().to_string(),
+            "--json".to_string(),
+        ];
+        for binding in dims.trim_matches(['{', '}', ' ']).split(", ") {
+            args.extend(["--dim".to_string(), binding.replace(" = ", "=")]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = remat(d, &args);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let inspect: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(inspect["saved_activation_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(
+            baseline["models"][name]["saved_activation_bytes"], inspect["saved_activation_bytes"],
+            "{name}"
+        );
+    }
+}
