@@ -281,3 +281,61 @@ class NormFreeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + torch.relu(self.fc1(x))
+
+
+class TailBlock(nn.Module):
+    """Runs its last layer only while `tail` is set: without it, its forward is a prefix of the
+    captured one."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, d)
+        self.fc2 = nn.Linear(d, d)
+        self.tail = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x + torch.relu(self.fc1(x))
+        return self.fc2(out) if self.tail else out
+
+
+def test_a_forward_that_stops_short_of_the_captured_one_is_refused() -> None:
+    """The op check compared each op the forward ran with the captured one at its position: a
+    forward that ran fewer passed, and its plan's figures were of another step."""
+    torch.manual_seed(0)
+    blocks = [TailBlock() for _ in range(3)]
+    model = nn.Sequential(*blocks)
+    x = torch.randn(4, 32)
+    rt.apply(model, rt.baseline(rt.capture(model, (x,)), "full"))
+    model(x).sum().backward()
+    blocks[1].tail = False
+    with pytest.raises(rt.OpMismatchError, match=r"region '1' ran \d+ ops, where the captured"):
+        model(x)
+
+
+def test_edited_plans_are_refused_naming_the_field() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[TailBlock() for _ in range(3)])
+    x = torch.randn(4, 32)
+    plan = rt.baseline(rt.capture(model, (x,)), "full")
+    for field, value, message in (
+        ("version", 2, r"version is 2; this remat applies version 1"),
+        ("execution_model", "free", r"execution_model is 'free', not 'torch-sac'"),
+    ):
+        edited = copy.deepcopy(plan)
+        edited[field] = value
+        with pytest.raises(rt.PlanMismatchError, match=message):
+            rt.apply(model, edited)
+    twice = copy.deepcopy(plan)
+    twice["regions"].append(copy.deepcopy(twice["regions"][0]))
+    with pytest.raises(rt.PlanMismatchError, match=r"regions\[3\] \(0\): a second entry for call"):
+        rt.apply(model, twice)
+    renamed = copy.deepcopy(plan)
+    renamed["regions"][0]["fqn"] = "0.fc1"
+    with pytest.raises(rt.PlanMismatchError, match=r"region '0.fc1' is not one of the regions"):
+        rt.apply(model, renamed)
+
+
+def test_nested_regions_named_by_the_user_warn_that_the_outer_one_is_kept() -> None:
+    model = nn.Sequential(*[TailBlock() for _ in range(2)])
+    with pytest.warns(UserWarning, match=r"region '0.fc1' is inside region '0' \(and 1 more\)"):
+        assert rt.find_regions(model, ["0", "0.fc1", "1", "1.fc2"]) == ["0", "1"]

@@ -53,8 +53,21 @@ def load_plan(plan: Plan | str) -> Plan:
             ) from None
     if not isinstance(plan, dict) or plan.get("format") != "remat.torch-plan":
         raise PlanMismatchError("not a remat.torch-plan document (its 'format' field differs)")
+    if plan.get("version") != PLAN_VERSION:
+        raise PlanMismatchError(
+            f"the plan's version is {plan.get('version')!r}; this remat applies version "
+            f"{PLAN_VERSION} (plan the model again with this remat)"
+        )
+    if plan.get("execution_model") != "torch-sac":
+        raise PlanMismatchError(
+            f"the plan's execution_model is {plan.get('execution_model')!r}, not 'torch-sac': "
+            "apply runs PyTorch's checkpoint with a policy per region"
+        )
     _check_regions(plan.get("regions"))
     return plan
+
+
+PLAN_VERSION = 1
 
 
 def _check_regions(regions: Any) -> None:
@@ -64,6 +77,7 @@ def _check_regions(regions: Any) -> None:
     `[op, occurrence]` pairs `keep`, each an op the region runs at least that many times."""
     if not isinstance(regions, list):
         raise PlanMismatchError("the plan's 'regions' is not a list")
+    seen: set[tuple[str, int]] = set()
     for i, r in enumerate(regions):
         where = f"regions[{i}]"
         if not isinstance(r, dict):
@@ -74,6 +88,9 @@ def _check_regions(regions: Any) -> None:
         call = r.get("call", 0)
         if isinstance(call, bool) or not isinstance(call, int) or call < 0:
             raise PlanMismatchError(f"{where}: 'call' {call!r} is not a whole number >= 0")
+        if (r["fqn"], call) in seen:
+            raise PlanMismatchError(f"{where}: a second entry for call {call} of this region")
+        seen.add((r["fqn"], call))
         if not isinstance(r.get("wrapped"), bool):
             raise PlanMismatchError(f"{where}: 'wrapped' is missing or not true/false")
         if r["wrapped"] and r.get("writes_input"):
@@ -114,6 +131,11 @@ def check_fingerprint(model: nn.Module, inputs: Inputs | None, plan: Plan) -> No
     diffs = _diff("parameter", want.get("parameters", []), have_params)
     modules = dict(model.named_modules())
     diffs += [f"region {r!r} is not a module of this model" for r in regions if r not in modules]
+    diffs += [
+        f"the plan's region {r['fqn']!r} is not one of the regions it was captured with"
+        for r in plan.get("regions", [])
+        if r["fqn"] not in regions and r["fqn"] in modules  # not a module: named below
+    ]
     if inputs is not None:
         sig = signature(model, inputs, regions)
         diffs += _diff(
@@ -178,6 +200,17 @@ class _Policy:
             )
         self.position += 1
         return self._decide(name, self.counter)
+
+    def ran_all(self) -> None:
+        """After the forward: a forward that ended before the captured one did (the op check
+        sees only the ops that run) ran other code than was planned."""
+        if self.position < len(self.ops):
+            raise OpMismatchError(
+                f"region {self.fqn!r} ran {self.position} ops, where the captured step ran "
+                f"{len(self.ops)} (the next was {self.ops[self.position]}): the forward differs "
+                "from the capture (data-dependent control flow, other shapes, another train/"
+                "eval mode); capture again as the step runs"
+            )
 
     def _decide(self, name: str, counter: dict[str, int]) -> CheckpointPolicy:
         occ = counter[name]
@@ -371,7 +404,9 @@ def apply(
             def run(*a: Any, **k: Any) -> Any:
                 if callers:
                     own_args, own_kwargs = callers.pop()
-                    return _orig(*own_args, **own_kwargs)
+                    out = _orig(*own_args, **own_kwargs)
+                    _policy.ran_all()
+                    return out
                 # The re-run: a copy of the copy, so that its own appends go nowhere.
                 a, k = tree_map(lambda x: x, (a[:n], k))
                 return _orig(*a, **k)

@@ -212,11 +212,22 @@ def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
     # Outermost only: a region inside another region is dropped.
     chosen_set = set(chosen)
     out = []
+    dropped = []
     for fqn in chosen:
         parts = fqn.split(".")
-        if any(".".join(parts[:i]) in chosen_set for i in range(1, len(parts))):
+        outer = [".".join(parts[:i]) for i in range(1, len(parts))]
+        if any(o in chosen_set for o in outer):
+            dropped.append((fqn, next(o for o in outer if o in chosen_set)))
             continue
         out.append(fqn)
+    if dropped and regions is not None:
+        inner, outer_fqn = dropped[0]
+        more = f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else ""
+        warnings.warn(
+            f"region {inner!r} is inside region {outer_fqn!r}{more}: regions do not nest, "
+            "the outer one is kept",
+            stacklevel=3,
+        )
     return out
 
 
