@@ -96,39 +96,55 @@ pub fn sweep_summary(doc: &SweepDocument) -> String {
         doc.graph.nodes,
         human_bytes(doc.store_all_peak_bytes)
     );
-    let _ = writeln!(
-        s,
-        "{:>12}  {:>6}  {:>9}  {:<10}  {:<24}  {:<14}  best baseline that fits",
-        "budget", "of it", "overhead", "status", "gap (bound)", "solver"
-    );
     let mut points: Vec<_> = doc.points.iter().collect();
     points.sort_by_key(|p| p.budget_bytes);
-    for p in points {
-        let pct = |o: Option<f64>| o.map_or("—".to_string(), |o| format!("{:+.2}%", 100.0 * o));
-        let gap = match (p.gap, &p.bound_source) {
-            (Some(g), Some(b)) => format!("{:.2}% ({b})", 100.0 * g),
-            (Some(g), None) => format!("{:.2}%", 100.0 * g),
-            _ => "—".to_string(),
-        };
-        let solver = match p.reused_from_budget_bytes {
-            Some(b) => format!("{} (from {})", p.solver, human_bytes(b)),
-            None => p.solver.clone(),
-        };
-        let best = p
-            .baselines
-            .iter()
-            .filter_map(|(name, o)| o.map(|o| (name, o)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .map_or("none fits".to_string(), |(name, o)| {
-                format!("{name} {:+.2}%", 100.0 * o)
-            });
-        let status = p.status.as_str();
+    let pct = |o: Option<f64>| o.map_or("—".to_string(), |o| format!("{:+.2}%", 100.0 * o));
+    // Each row's cells first: the gap and solver columns are as wide as their widest cell
+    // (a solver "search (from 106.8 KiB)" pushed the rest of its row out of line).
+    let rows: Vec<[String; 5]> = points
+        .iter()
+        .map(|p| {
+            let gap = match (p.gap, &p.bound_source) {
+                (Some(g), Some(b)) => format!("{:.2}% ({b})", 100.0 * g),
+                (Some(g), None) => format!("{:.2}%", 100.0 * g),
+                _ => "—".to_string(),
+            };
+            let solver = match p.reused_from_budget_bytes {
+                Some(b) => format!("{} (from {})", p.solver, human_bytes(b)),
+                None => p.solver.clone(),
+            };
+            let best = p
+                .baselines
+                .iter()
+                .filter_map(|(name, o)| o.map(|o| (name, o)))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .map_or("none fits".to_string(), |(name, o)| {
+                    format!("{name} {:+.2}%", 100.0 * o)
+                });
+            let figures = format!(
+                "{:>12}  {:>5.3}x  {:>9}",
+                human_bytes(p.budget_bytes),
+                p.fraction,
+                pct(p.overhead)
+            );
+            [figures, p.status.as_str().to_string(), gap, solver, best]
+        })
+        .collect();
+    let width = |i: usize, least: usize| {
+        rows.iter()
+            .map(|r| r[i].chars().count())
+            .fold(least, usize::max)
+    };
+    let (gap_w, solver_w) = (width(2, 24), width(3, 14));
+    let _ = writeln!(
+        s,
+        "{:>12}  {:>6}  {:>9}  {:<10}  {:<gap_w$}  {:<solver_w$}  best baseline that fits",
+        "budget", "of it", "overhead", "status", "gap (bound)", "solver"
+    );
+    for [figures, status, gap, solver, best] in &rows {
         let _ = writeln!(
             s,
-            "{:>12}  {:>5.3}x  {:>9}  {status:<10}  {gap:<24}  {solver:<14}  {best}",
-            human_bytes(p.budget_bytes),
-            p.fraction,
-            pct(p.overhead),
+            "{figures}  {status:<10}  {gap:<gap_w$}  {solver:<solver_w$}  {best}"
         );
     }
     s
@@ -280,7 +296,47 @@ fn limit_percent(o: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::limit_percent;
+    use super::{limit_percent, sweep_summary};
+    use crate::engine::document::{GraphInfo, SweepDocument};
+    use crate::engine::ModelFormat;
+    use remat_solver::plan::{ParetoPoint, Status};
+
+    /// A solver cell wider than its column (a reused schedule's budget) widens the column:
+    /// every row's last column starts where the header's does.
+    #[test]
+    fn sweep_rows_stay_in_their_columns() {
+        let point = |budget_bytes: u64, status, solver: &str, reused: Option<u64>| ParetoPoint {
+            budget_bytes,
+            fraction: budget_bytes as f64 / 1e6,
+            status,
+            overhead: (status != Status::Infeasible).then_some(0.1),
+            solver: solver.to_string(),
+            gap: None,
+            bound_source: None,
+            reused_from_budget_bytes: reused,
+            baselines: vec![("chen-sqrt".to_string(), None)],
+        };
+        let doc = SweepDocument {
+            graph: GraphInfo {
+                name: "m".to_string(),
+                format: ModelFormat::GraphJson,
+                nodes: 3,
+            },
+            store_all_peak_bytes: 1_000_000,
+            points: vec![
+                point(100_000, Status::Infeasible, "auto", None),
+                point(500_000, Status::Feasible, "search", Some(109_363)),
+                point(900_000, Status::Optimal, "dp", None),
+            ],
+        };
+        let text = sweep_summary(&doc);
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        let column = |line: &str, cell: &str| line.find(cell).map(|i| line[..i].chars().count());
+        let at = column(lines[0], "best baseline that fits").unwrap();
+        for line in &lines[1..] {
+            assert_eq!(column(line, "none fits"), Some(at), "{text}");
+        }
+    }
 
     #[test]
     fn overhead_limits_read_as_percents() {
