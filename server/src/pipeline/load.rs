@@ -108,9 +108,10 @@ pub fn load<'a>(
             let mut problem = super::rates::roofline()
                 .problem(&training)
                 .map_err(planner_error)?;
-            if let Some(name) = &req.name {
-                problem.name = name.clone();
-            }
+            // Named by the request (the CLI's file stem), else "model" as a node-link graph is
+            // "graph": the training graph's own name is the exporter's ("pytorch 2.15.0"), which
+            // messages would call the model by.
+            problem.name = req.name.clone().unwrap_or_else(|| "model".to_string());
             Ok(Loaded {
                 problem,
                 format,

@@ -185,6 +185,29 @@ async fn resnet18_onnx_plans_with_a_bound_batch() {
     assert!(peak <= v["plan"]["budget_bytes"].as_u64().unwrap());
 }
 
+/// An error about the model calls it by its name, or "model", never by the exporter that
+/// wrote it (the training graph's own name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_the_model_not_its_exporter() {
+    let t = real_app();
+    for (name, called) in [("", "\"model\""), ("&name=resnet18", "\"resnet18\"")] {
+        let r = t
+            .post(
+                &format!("/v1/plans?dim=batch=1&budget=0.9x&solver=dp&wait=120{name}"),
+                "application/octet-stream",
+                resnet18(),
+            )
+            .await;
+        assert!(r.status.is_client_error(), "{}", r.text);
+        let message = r.error()["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains(&format!("problem {called} is not a training chain")),
+            "{message}"
+        );
+        assert!(!message.contains("pytorch"), "{message}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pipelines_errors_reach_the_client() {
     let t = real_app();
