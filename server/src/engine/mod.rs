@@ -79,6 +79,25 @@ pub struct PlanRequest {
     pub timing_rounds: Option<u32>,
 }
 
+impl PlanRequest {
+    /// Whether `self` and `other` plan the same problem: the same dims, parameters and inputs
+    /// (the budget, the solver, the time limits, the run and the name leave the graph as it
+    /// is). A request that searches for the largest value of a dim plans other problems.
+    pub fn same_problem(&self, other: &PlanRequest) -> bool {
+        let sorted = |v: &[String]| {
+            let mut v = v.to_vec();
+            v.sort();
+            v.dedup();
+            v
+        };
+        self.maximize.is_none()
+            && other.maximize.is_none()
+            && self.dims == other.dims
+            && sorted(&self.params) == sorted(&other.params)
+            && sorted(&self.inputs) == sorted(&other.inputs)
+    }
+}
+
 /// Seconds a plan's solver may take when the request does not say (`time_limit`); the service
 /// applies its `--max-time-limit` instead where that is lower.
 pub const DEFAULT_TIME_LIMIT: f64 = 30.0;

@@ -10,8 +10,8 @@ use super::records::{
     json_response, record_out, store_error, stored_error, with_location, Accepted,
 };
 use super::state::{AppState, Queue};
-use super::store::{Claim, JobStatus, Kind, NewJob, Record, Store};
-use crate::engine::{Engine, ModelFormat};
+use super::store::{Claim, JobStatus, Kind, NewJob, Record, Row, Store};
+use crate::engine::{Engine, ModelFormat, PlanRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -310,6 +310,59 @@ async fn answer(
     Ok(with_location(response, kind, id))
 }
 
+/// Whether the plan the last identical request got (done) costs more than a plan of the same
+/// problem made after it whose peak fits that plan's budget: a plan at a lower budget, made
+/// later, that the identical request would now be offered (`pipeline::reuse`). Answering the
+/// stored plan would then give a dearer plan at a larger budget than the service has found
+/// (issue 19); the request is planned again instead. A later plan only, so that a plan made
+/// again is not superseded by the one it was offered. Best effort: a store that cannot
+/// answer keeps the stored plan.
+async fn superseded(store: &Store, model_hash: &str, request: &PlanRequest) -> bool {
+    if request.maximize.is_some() {
+        return false;
+    }
+    let rows = match store.history(model_hash).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the model's plans; answering the stored one");
+            return false;
+        }
+    };
+    let key = canonical(Kind::Plan, request);
+    let requests: Vec<(&Row, PlanRequest)> = rows
+        .iter()
+        .filter_map(|r| Some((r, serde_json::from_str(&r.options).ok()?)))
+        .collect();
+    let Some(at) = requests
+        .iter()
+        .rposition(|(_, q)| canonical(Kind::Plan, q) == key)
+    else {
+        return false;
+    };
+    // (feasible, budget, peak, overhead) of a finished plan, from its stored summary.
+    let figures = |r: &Row| -> Option<(bool, u64, u64, f64)> {
+        if r.status != JobStatus::Done {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_str(r.summary.as_deref()?).ok()?;
+        Some((
+            v.get("status")?.as_str()? != "infeasible",
+            v.get("budget_bytes")?.as_u64()?,
+            v.get("peak_bytes")?.as_u64()?,
+            v.get("overhead")?.as_f64()?,
+        ))
+    };
+    let Some((true, budget, _, overhead)) = figures(requests[at].0) else {
+        return false;
+    };
+    requests[at + 1..].iter().any(|(r, q)| {
+        q.same_problem(request)
+            && figures(r).is_some_and(|(feasible, _, peak, cost)| {
+                feasible && peak <= budget && cost < overhead - 1e-9
+            })
+    })
+}
+
 /// Runs one submission of `kind`: reads and identifies it, answers the stored job when the same
 /// model and options were submitted before (unless `refresh`), else queues a new job, then
 /// answers once the wait is over.
@@ -371,6 +424,11 @@ pub async fn submit(
     if *state.inner.shutting_down.borrow() {
         return Err(shutting_down());
     }
+    // The job an identical request made is the answer, unless asked to plan again or a
+    // cheaper plan of the same problem that fits its budget was made after it.
+    let again = resolved.refresh
+        || (kind == Kind::Plan && superseded(store, &model_hash, &resolved.request).await);
+    let reuse = !again;
     let id = uuid::Uuid::new_v4().simple().to_string();
     let options = serde_json::to_string(&resolved.applied).map_err(ApiError::internal)?;
     let created_at = super::store::now();
@@ -394,9 +452,7 @@ pub async fn submit(
             // Followable before it is claimed: an identical request that finds the claimed
             // record can wait for it even before it reaches the queue.
             jobs.announce(&id);
-            let claim = sqlite
-                .claim(&job, !resolved.refresh)
-                .map_err(|e| store_error(e.into()));
+            let claim = sqlite.claim(&job, reuse).map_err(|e| store_error(e.into()));
             if !matches!(claim, Ok(Some(Claim::Created))) {
                 jobs.forget(&id);
             }
@@ -444,7 +500,7 @@ pub async fn submit(
             let claim = pg
                 .claim(
                     &job,
-                    !resolved.refresh,
+                    reuse,
                     &model,
                     &request,
                     validate,

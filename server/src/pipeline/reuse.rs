@@ -14,23 +14,6 @@ use serde_json::Value;
 /// each is a document read and a simulation.
 pub const MAX_REUSED: usize = 4;
 
-/// Whether two requests plan the same problem: the same dims, parameters and inputs (the
-/// budget, the solver, the time limits, the run and the name leave the graph as it is). A
-/// request that searches for the largest value of a dim plans other problems.
-pub fn same_problem(a: &PlanRequest, b: &PlanRequest) -> bool {
-    let sorted = |v: &[String]| {
-        let mut v = v.to_vec();
-        v.sort();
-        v.dedup();
-        v
-    };
-    a.maximize.is_none()
-        && b.maximize.is_none()
-        && a.dims == b.dims
-        && sorted(&a.params) == sorted(&b.params)
-        && sorted(&a.inputs) == sorted(&b.inputs)
-}
-
 /// The plans of `history` made with the same problem as `request` whose predicted peak fits
 /// `budget`, cheapest first (by the overhead they were stored with), at most [`MAX_REUSED`],
 /// as schedules of `problem`. A stored plan that is not a schedule of `problem` (planned by
@@ -44,7 +27,7 @@ pub fn from_history(
     let mut fitting: Vec<(f64, String)> = history
         .plans()
         .into_iter()
-        .filter(|s| same_problem(&s.request, request))
+        .filter(|s| s.request.same_problem(request))
         .filter_map(|s| {
             let status = s.summary.get("status")?.as_str()?;
             let peak = s.summary.get("peak_bytes")?.as_u64()?;
@@ -272,21 +255,21 @@ mod tests {
             validate: Some(true),
             ..PlanRequest::default()
         };
-        assert!(same_problem(&a, &b));
+        assert!(a.same_problem(&b));
         let dims = PlanRequest {
             dims: [("batch".to_string(), 2)].into(),
             ..a.clone()
         };
-        assert!(!same_problem(&a, &dims));
+        assert!(!a.same_problem(&dims));
         let inputs = PlanRequest {
             inputs: vec!["x".into()],
             ..a.clone()
         };
-        assert!(!same_problem(&a, &inputs));
+        assert!(!a.same_problem(&inputs));
         let maximize = PlanRequest {
             maximize: Some("batch".into()),
             ..a.clone()
         };
-        assert!(!same_problem(&a, &maximize));
+        assert!(!a.same_problem(&maximize));
     }
 }
