@@ -109,9 +109,10 @@ pub fn sweep_summary(doc: &SweepDocument) -> String {
                 (Some(g), None) => format!("{:.2}%", 100.0 * g),
                 _ => "—".to_string(),
             };
-            let solver = match p.reused_from_budget_bytes {
-                Some(b) => format!("{} (from {})", p.solver, human_bytes(b)),
-                None => p.solver.clone(),
+            let solver = match (p.reused_from_budget_bytes, p.min_feasible_budget_bytes) {
+                (Some(b), _) => format!("{} (from {})", p.solver, human_bytes(b)),
+                (None, Some(least)) => format!("{} (least {})", p.solver, human_bytes(least)),
+                (None, None) => p.solver.clone(),
             };
             let best = p
                 .baselines
@@ -315,6 +316,7 @@ mod tests {
             bound_source: None,
             reused_from_budget_bytes: reused,
             baselines: vec![("chen-sqrt".to_string(), None)],
+            min_feasible_budget_bytes: (status == Status::Infeasible).then_some(107_000),
         };
         let doc = SweepDocument {
             graph: GraphInfo {
@@ -336,6 +338,8 @@ mod tests {
         for line in &lines[1..] {
             assert_eq!(column(line, "none fits"), Some(at), "{text}");
         }
+        // The infeasible row says the least budget a plan meets.
+        assert!(lines[1].contains("auto (least 104.5 KiB)"), "{text}");
     }
 
     #[test]

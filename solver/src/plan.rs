@@ -317,6 +317,10 @@ pub struct ParetoPoint {
     pub reused_from_budget_bytes: Option<u64>,
     /// Each baseline's overhead, `None` where it does not fit the budget.
     pub baselines: Vec<(String, Option<f64>)>,
+    /// Where nothing fits: the least budget a plan meets (the plan report's
+    /// `min_feasible_budget_bytes`); absent from the JSON otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_feasible_budget_bytes: Option<u64>,
 }
 
 /// Relative gap under which a bound proves a schedule optimal (HiGHS's default MIP gap).
@@ -1224,6 +1228,7 @@ pub fn sweep(p: &Problem, fractions: &[f64], opts: &PlanOptions) -> Result<Vec<P
                 .into_iter()
                 .map(|b| (b.name, b.feasible.then_some(b.overhead)))
                 .collect(),
+            min_feasible_budget_bytes: r.min_feasible_budget_bytes.filter(|_| !feasible),
         });
     }
     Ok(points.into_iter().flatten().collect())

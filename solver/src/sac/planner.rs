@@ -307,6 +307,7 @@ pub fn sweep_within(graph: &TorchGraph, fractions: &[f64], cancel: &Cancel) -> R
                 ("none".to_string(), fitting(unplanned)),
                 ("full".to_string(), fitting(full)),
             ],
+            min_feasible_budget_bytes: (!fits).then_some(report.min_peak_bytes),
         });
     }
     Ok(SacSweep {

@@ -258,6 +258,17 @@ fn sweep_is_monotone_and_names_every_baseline() {
     let last = points.last().unwrap();
     assert_eq!(last.status, Status::Infeasible);
     assert_eq!(last.overhead, None);
+    // An infeasible point says the least budget, as the plan at its budget does; a feasible
+    // one has none.
+    let (_, at_last) = plan(&p, &PlanOptions::new(last.budget_bytes)).unwrap();
+    assert!(at_last.min_feasible_budget_bytes.is_some());
+    assert_eq!(
+        last.min_feasible_budget_bytes,
+        at_last.min_feasible_budget_bytes
+    );
+    assert!(points
+        .iter()
+        .all(|q| q.overhead.is_some() == q.min_feasible_budget_bytes.is_none()));
     let feasible: Vec<f64> = points.iter().filter_map(|q| q.overhead).collect();
     assert!(
         feasible.windows(2).all(|w| w[0] <= w[1] + 1e-12),
