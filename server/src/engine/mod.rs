@@ -98,6 +98,79 @@ impl PlanRequest {
     }
 }
 
+/// Why a node-link graph is never run on the executor.
+pub const NOT_RUNNABLE: &str =
+    "only ONNX models can be validated: a node-link graph has no tensors to run";
+
+/// The first option of `req` that a model in `format` would ignore, as the message of its
+/// refusal (`invalid_option`); `None` when every option applies. A node-link graph and a
+/// captured PyTorch graph have the sizes and parameters they were written or captured with
+/// (no `dims`, `params`, `inputs`, `maximize`) and are not run on the executor (`validate`);
+/// a captured graph is planned in the torch-sac model (no `solver` but `auto`). One rule for
+/// the service, which refuses them before a job is made, and the pipeline (the CLI).
+pub fn refused_option(format: ModelFormat, req: &PlanRequest) -> Option<String> {
+    let (what, fixed) = match format {
+        ModelFormat::Onnx => return None,
+        ModelFormat::GraphJson => ("a node-link graph", "written"),
+        ModelFormat::TorchGraph => ("a captured PyTorch graph", "captured"),
+    };
+    if format == ModelFormat::TorchGraph {
+        if let Some(solver) = req.solver.as_deref().filter(|s| *s != "auto") {
+            return Some(format!(
+                "solver {solver:?} plans free schedules; a captured PyTorch graph is planned in \
+                 the torch-sac model (leave solver unset or auto)"
+            ));
+        }
+        if req.maximize.is_some() {
+            return Some(
+                "maximize binds a dim of an ONNX model; a captured PyTorch graph has the shapes \
+                 it was captured at (capture it again at another batch)"
+                    .to_string(),
+            );
+        }
+        if req.validate == Some(true) {
+            return Some(
+                "validate runs remat's executor on ONNX models; prove a torch-sac plan in \
+                 PyTorch with remat.torch.measure (docs/torch.md)"
+                    .to_string(),
+            );
+        }
+    }
+    let named = |items: Vec<&str>| items.join(", ");
+    let given = if !req.dims.is_empty() {
+        Some(("dims", named(req.dims.keys().map(String::as_str).collect())))
+    } else if !req.params.is_empty() {
+        Some((
+            "params",
+            named(req.params.iter().map(String::as_str).collect()),
+        ))
+    } else if !req.inputs.is_empty() {
+        Some((
+            "inputs",
+            named(req.inputs.iter().map(String::as_str).collect()),
+        ))
+    } else {
+        None
+    };
+    if let Some((field, names)) = given {
+        return Some(format!(
+            "{field} ({names}) apply to ONNX models; {what} has the sizes and parameters it was \
+             {fixed} with: leave {field} out"
+        ));
+    }
+    if req.validate == Some(true) {
+        // Asked for, it would be ignored: the plan would come back with `ran: false`.
+        return Some(format!("validate: {NOT_RUNNABLE}: leave validate out"));
+    }
+    if let Some(dim) = &req.maximize {
+        return Some(format!(
+            "maximize `{dim}`: a node-link graph (or a captured PyTorch graph) has no dims to \
+             bind; maximize needs an ONNX model"
+        ));
+    }
+    None
+}
+
 /// Seconds a plan's solver may take when the request does not say (`time_limit`); the service
 /// applies its `--max-time-limit` instead where that is lower.
 pub const DEFAULT_TIME_LIMIT: f64 = 30.0;
@@ -357,6 +430,17 @@ pub trait Engine: Send + Sync + 'static {
     /// nodes parsed, its tensors' bytes stepped over, not copied); what only the import finds is
     /// the job's.
     fn check(&self, _model: &[u8], _format: ModelFormat) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// Refuses, before a job is made of it, an option a model in `format` would ignore (the
+    /// real engine: [`refused_option`], as `invalid_option`): the job would fail with that
+    /// error and stay in the model's history.
+    fn check_options(
+        &self,
+        _format: ModelFormat,
+        _request: &PlanRequest,
+    ) -> Result<(), EngineError> {
         Ok(())
     }
 }

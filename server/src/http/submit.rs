@@ -403,6 +403,13 @@ pub async fn submit(
         resolved,
     } = prepared;
     super::options::check_applies(kind, &resolved.request)?;
+    // Options this model's format would ignore: refused before a job is made, which would
+    // fail with the same error and stay in the model's history.
+    state
+        .inner
+        .engine
+        .check_options(format, &resolved.request)
+        .map_err(ApiError::from)?;
     let store = &state.inner.store;
     let cache_key = sha256_hex(
         format!(

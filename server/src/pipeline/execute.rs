@@ -37,7 +37,7 @@ pub fn not_runnable() -> EngineError {
     EngineError::new(
         ErrorKind::BadInput,
         "not_runnable",
-        super::load::NOT_RUNNABLE,
+        crate::engine::NOT_RUNNABLE,
     )
 }
 

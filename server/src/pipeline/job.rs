@@ -450,9 +450,7 @@ impl<'a, P: Progress> PlanJob<'a, P> {
         let limits = maximize::check(self.request)?;
         let budget_bytes = limits.budget_bytes;
         let format = ModelFormat::detect(self.model);
-        if format != ModelFormat::Onnx {
-            return Err(maximize::not_onnx(dim));
-        }
+        super::load::refuse_options(format, self.request)?;
         let start = self.request.dims.get(dim).copied().unwrap_or(1);
         let mut probes = Vec::new();
         let mut best: Option<(u64, Solved<'a>)> = None;

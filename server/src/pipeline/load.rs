@@ -6,10 +6,6 @@ use remat_planner::{ImportOptions, InspectReport, Model, PlannerError, TrainingG
 use remat_solver::Problem;
 use serde_json::json;
 
-/// Why a node-link graph is never run on the executor.
-pub const NOT_RUNNABLE: &str =
-    "only ONNX models can be validated: a node-link graph has no tensors to run";
-
 /// A model ready to plan: the solver problem and, for ONNX models, the importer's report and
 /// what the executor needs to run it.
 pub struct Loaded<'a> {
@@ -68,15 +64,7 @@ pub fn load<'a>(
                     format!("graph JSON is not UTF-8: {e}"),
                 )
             })?;
-            refuse_onnx_options(req, "a node-link graph", "written")?;
-            // Asked for, it would be ignored: the plan would come back with `ran: false`.
-            if req.validate == Some(true) {
-                return Err(EngineError::new(
-                    ErrorKind::BadInput,
-                    "invalid_option",
-                    format!("validate: {NOT_RUNNABLE}: leave validate out"),
-                ));
-            }
+            refuse_options(format, req)?;
             let name = req.name.clone().unwrap_or_else(|| "graph".to_string());
             let problem = remat_solver::io::parse_node_link(text, &name).map_err(|e| {
                 EngineError::new(ErrorKind::BadInput, "malformed_graph", e.to_string())
@@ -146,33 +134,14 @@ pub fn not_json(model: &[u8]) -> Result<(), EngineError> {
     ))
 }
 
-/// Refuses the options that shape an ONNX model's training graph (`dims`, `params`, `inputs`)
-/// for a model whose sizes and parameters are fixed in the file (`what`, `fixed`: how they
-/// were fixed): given, they would be ignored, and the plan would not be of the model asked for.
-pub fn refuse_onnx_options(req: &PlanRequest, what: &str, fixed: &str) -> Result<(), EngineError> {
-    let named = |items: Vec<&str>| items.join(", ");
-    let given = if !req.dims.is_empty() {
-        Some(("dims", named(req.dims.keys().map(String::as_str).collect())))
-    } else if !req.params.is_empty() {
-        Some((
-            "params",
-            named(req.params.iter().map(String::as_str).collect()),
-        ))
-    } else if !req.inputs.is_empty() {
-        Some((
-            "inputs",
-            named(req.inputs.iter().map(String::as_str).collect()),
-        ))
-    } else {
-        None
-    };
-    match given {
-        Some((field, names)) => Err(EngineError::new(
+/// Refuses, as `invalid_option`, an option a model in `format` would ignore
+/// ([`crate::engine::refused_option`]).
+pub fn refuse_options(format: ModelFormat, req: &PlanRequest) -> Result<(), EngineError> {
+    match crate::engine::refused_option(format, req) {
+        Some(message) => Err(EngineError::new(
             ErrorKind::BadInput,
             "invalid_option",
-            format!(
-                "{field} ({names}) apply to ONNX models; {what} has the sizes and parameters it was {fixed} with: leave {field} out"
-            ),
+            message,
         )),
         None => Ok(()),
     }

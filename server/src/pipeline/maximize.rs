@@ -130,13 +130,6 @@ pub fn at_value(dim: &str, value: u64, e: EngineError) -> EngineError {
     }
 }
 
-/// The error for a model without dims to bind.
-pub fn not_onnx(dim: &str) -> EngineError {
-    invalid(format!(
-        "maximize `{dim}`: a node-link graph (or a captured PyTorch graph) has no dims to bind; maximize needs an ONNX model"
-    ))
-}
-
 /// A percentage with two decimals, or the digits it takes to tell a small one from zero.
 fn pct(x: f64) -> String {
     let p = 100.0 * x;

@@ -110,6 +110,10 @@ impl Engine for Pipeline {
         Ok(())
     }
 
+    fn check_options(&self, format: ModelFormat, request: &PlanRequest) -> Result<(), EngineError> {
+        load::refuse_options(format, request)
+    }
+
     fn sweep(
         &self,
         model: &[u8],

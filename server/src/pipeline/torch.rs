@@ -37,7 +37,7 @@ pub fn read(model: &[u8]) -> Result<TorchGraph, EngineError> {
 /// candidates are built (the plan's one long step).
 pub fn plan(model: &[u8], req: &PlanRequest, cancel: &Cancel) -> Result<TorchPlanned, EngineError> {
     let graph = read(model)?;
-    refuse_free_options(req)?;
+    super::load::refuse_options(ModelFormat::TorchGraph, req)?;
     let budget_text = req.budget.as_deref().ok_or_else(|| {
         EngineError::new(
             ErrorKind::BadInput,
@@ -78,7 +78,7 @@ pub fn sweep(
     cancel: &Cancel,
 ) -> Result<SweepDocument, EngineError> {
     let graph = read(model)?;
-    refuse_free_options(req)?;
+    super::load::refuse_options(ModelFormat::TorchGraph, req)?;
     let fractions = if req.fractions.is_empty() {
         DEFAULT_FRACTIONS.to_vec()
     } else {
@@ -100,38 +100,6 @@ pub fn sweep(
         store_all_peak_bytes: sweep.unplanned_peak_bytes,
         points: sweep.points,
     })
-}
-
-/// Refuses the options of the free model, which do not apply to a captured graph: a `solver`
-/// other than `auto`, `maximize` and `validate`.
-fn refuse_free_options(req: &PlanRequest) -> Result<(), EngineError> {
-    if let Some(solver) = req.solver.as_deref().filter(|s| *s != "auto") {
-        return Err(EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            format!(
-                "solver {solver:?} plans free schedules; a captured PyTorch graph is planned in the \
-                 torch-sac model (leave solver unset or auto)"
-            ),
-        ));
-    }
-    if req.maximize.is_some() {
-        return Err(EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            "maximize binds a dim of an ONNX model; a captured PyTorch graph has the shapes it \
-             was captured at (capture it again at another batch)",
-        ));
-    }
-    if req.validate == Some(true) {
-        return Err(EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            "validate runs remat's executor on ONNX models; prove a torch-sac plan in PyTorch \
-             with remat.torch.measure (docs/torch.md)",
-        ));
-    }
-    super::load::refuse_onnx_options(req, "a captured PyTorch graph", "captured")
 }
 
 /// The `infeasible_budget` error of an infeasible torch-sac plan (the service's 422; the CLI

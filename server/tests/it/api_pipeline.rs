@@ -355,6 +355,45 @@ async fn the_pipelines_errors_reach_the_client() {
         message.starts_with("validate: only ONNX models can be validated"),
         "{e}"
     );
+    // Refused before a job is made (as dims on a graph): no id, nothing in the history.
+    assert!(validate.json().get("id").is_none(), "{}", validate.text);
+    let dims = t
+        .post(
+            "/v1/plans?budget=0.9x&dim=batch=2&wait=120",
+            "application/json",
+            vgg16_train(),
+        )
+        .await;
+    assert_eq!(dims.status, StatusCode::BAD_REQUEST, "{}", dims.text);
+    assert!(dims.json().get("id").is_none(), "{}", dims.text);
+    assert!(
+        dims.error()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("dims (batch) apply to ONNX models; a node-link graph"),
+        "{}",
+        dims.text
+    );
+    let planned = t
+        .post(
+            "/v1/plans?budget=0.9x&wait=120",
+            "application/json",
+            vgg16_train(),
+        )
+        .await;
+    let hash = planned.json()["model"]["hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let history = t.get(&format!("/v1/models/{hash}/history")).await.json();
+    assert!(
+        history["plans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["error"]["code"] != "invalid_option"),
+        "{history}"
+    );
 
     let bad_graph = t
         .post("/v1/plans", "application/json", br#"{"nodes": 3}"#.to_vec())
