@@ -172,6 +172,8 @@ export function paretoSeries({ doc, sweep, history, planId }) {
   const feasible = (p) => isNum(p.overhead) && p.status !== 'infeasible';
   const frontier = sweep ? sweep.points.filter(feasible).map((p) => [p.budgetBytes, p.overhead]) : [];
   const infeasible = sweep ? sweep.points.length - frontier.length : 0;
+  // The least budget a plan meets, as the sweep's infeasible points say it.
+  const least = Math.min(...(sweep?.points ?? []).map((p) => p.minFeasibleBudgetBytes).filter(isNum));
   // Each baseline: its point in this plan (at its peak; over the budget or not), and its
   // overhead at every budget of the sweep where it fits.
   const baselines = new Map();
@@ -193,7 +195,15 @@ export function paretoSeries({ doc, sweep, history, planId }) {
   const others = (history ?? [])
     .filter((e) => e.id !== planId && e.status === 'done' && isNum(e.budgetBytes) && isNum(e.overhead))
     .map((e) => [e.budgetBytes, e.overhead]);
-  return { frontier, infeasible, baselines: [...baselines.values()], plan, history: others, withinBudget: baselinesWithin(doc) };
+  return {
+    frontier,
+    infeasible,
+    least: Number.isFinite(least) ? least : null,
+    baselines: [...baselines.values()],
+    plan,
+    history: others,
+    withinBudget: baselinesWithin(doc),
+  };
 }
 
 /**
@@ -247,11 +257,15 @@ export function paretoChart(el, pts) {
   return u;
 }
 
-/** "Frontier of 9 budgets: 3 with a plan, 6 infeasible (no schedule fits)."; the chart draws the 3. */
-export function frontierSentence(feasible, infeasible) {
+/**
+ * "Frontier of 9 budgets: 3 with a plan, 6 infeasible (no schedule fits; plans start at 1.2 GiB)."
+ * (`least`, when the sweep says it: the least budget a plan meets); the chart draws the 3.
+ */
+export function frontierSentence(feasible, infeasible, least = null) {
   const total = feasible + infeasible;
   if (!infeasible) return `Frontier of ${total} budgets.`;
-  return `Frontier of ${total} budgets: ${feasible} with a plan, ${infeasible} infeasible (no schedule fits).`;
+  const from = isNum(least) ? `; plans start at ${fmtBytes(least)}` : '';
+  return `Frontier of ${total} budgets: ${feasible} with a plan, ${infeasible} infeasible (no schedule fits${from}).`;
 }
 
 /** The Pareto chart's text alternative: every point as a row. */
@@ -267,7 +281,7 @@ export function paretoText(pts) {
   const sentence = [
     plan ? `This plan: ${fmtOverhead(plan[1])} compute at a budget of ${fmtBytes(plan[0])}.` : 'This plan has no overhead figure.',
     best.length ? `Best baseline within the budget: ${best[0].name} at ${fmtOverhead(best[0].overhead)}.` : 'No baseline fits the budget.',
-    pts.frontier.length || pts.infeasible ? frontierSentence(pts.frontier.length, pts.infeasible) : 'No frontier computed.',
+    pts.frontier.length || pts.infeasible ? frontierSentence(pts.frontier.length, pts.infeasible, pts.least) : 'No frontier computed.',
   ].join(' ');
   return h(
     'div',

@@ -110,7 +110,7 @@ export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], f
       sweep = sweepDoc(record);
       saveSweep(key, sweep);
       const pts = paretoSeries({ doc, sweep: normalizeSweep(sweep), history: [], planId });
-      mount(status, frontierSentence(pts.frontier.length, pts.infeasible));
+      mount(status, frontierSentence(pts.frontier.length, pts.infeasible, pts.least));
       draw();
     } catch (e) {
       if (job && !(await job.keep())) return;

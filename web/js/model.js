@@ -183,6 +183,7 @@ export function normalizeSweep(doc) {
       solver: str(q.solver),
       gap: num(q.gap),
       reusedFromBudgetBytes: num(q.reused_from_budget_bytes),
+      minFeasibleBudgetBytes: num(q.min_feasible_budget_bytes),
       baselines: arr(q.baselines).map(normalizeBaseline),
     };
   });

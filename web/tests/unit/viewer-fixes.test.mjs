@@ -44,8 +44,17 @@ test('A3: the frontier says how many of its budgets are infeasible', () => {
   const pts = paretoSeries({ doc: null, sweep, history: [], planId: null });
   assert.equal(pts.frontier.length, 2);
   assert.equal(pts.infeasible, 2);
+  assert.equal(pts.least, null, 'a sweep that does not say the least budget');
+  const said = normalizeSweep({
+    points: [1, 2, 3].map((i) => ({ budget_bytes: i, status: i < 3 ? 'infeasible' : 'optimal', overhead: i < 3 ? null : 0.1, min_feasible_budget_bytes: i < 3 ? 3 : undefined })),
+  });
+  assert.equal(paretoSeries({ doc: null, sweep: said, history: [], planId: null }).least, 3);
   assert.equal(frontierSentence(2, 2), 'Frontier of 4 budgets: 2 with a plan, 2 infeasible (no schedule fits).');
   assert.equal(frontierSentence(8, 0), 'Frontier of 8 budgets.');
+  assert.equal(
+    frontierSentence(2, 2, 1536),
+    'Frontier of 4 budgets: 2 with a plan, 2 infeasible (no schedule fits; plans start at 1.50 KiB).',
+  );
 });
 
 test('A4: history entries carry their dims; only plans at the same dims and inputs compare', () => {
