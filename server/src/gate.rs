@@ -161,6 +161,9 @@ pub struct Row {
     pub change: Option<f64>,
     pub unit: &'static str,
     pub regression: bool,
+    /// Better than the baseline by more than the tolerance: the baseline is stale, and until
+    /// `--update` records the new figure a regression back to the old one passes.
+    pub improved: bool,
     pub note: String,
 }
 
@@ -202,7 +205,14 @@ impl Outcome {
             _ if self.compared_nothing() => "nothing compared: no model of the config is in the \
                                              baseline; run remat gate --update to record them"
                 .to_string(),
-            0 => "no regression".to_string(),
+            0 => match self.rows.iter().filter(|r| r.improved).count() {
+                0 => "no regression".to_string(),
+                k => format!(
+                    "no regression; {k} figure(s) improved beyond the tolerance: run remat gate \
+                     --update to record them (until then a regression back to the old figures \
+                     passes)"
+                ),
+            },
             n => format!("{n} regression(s)"),
         }
     }
@@ -507,7 +517,7 @@ fn bytes_row(
     new: Option<u64>,
     tol: f64,
 ) -> Row {
-    let (change, regression, note) = match (old, new) {
+    let (change, regression, improved, note) = match (old, new) {
         (Some(o), Some(n)) => {
             let change = if o > 0 {
                 100.0 * (n as f64 - o as f64) / o as f64
@@ -517,16 +527,19 @@ fn bytes_row(
                 0.0
             };
             let regression = n as f64 > o as f64 * (1.0 + tol);
+            let improved = (n as f64) < o as f64 * (1.0 - tol);
             let note = if regression {
                 format!("grew by more than the {:.1}% tolerance", 100.0 * tol)
+            } else if improved {
+                format!("fell by more than the {:.1}% tolerance", 100.0 * tol)
             } else {
                 String::new()
             };
-            (Some(change), regression, note)
+            (Some(change), regression, improved, note)
         }
-        (Some(_), None) => (None, true, "no longer reachable".to_string()),
-        (None, Some(_)) => (None, false, "now reachable".to_string()),
-        (None, None) => (None, false, String::new()),
+        (Some(_), None) => (None, true, false, "no longer reachable".to_string()),
+        (None, Some(_)) => (None, false, true, "now reachable".to_string()),
+        (None, None) => (None, false, false, String::new()),
     };
     Row {
         model: model.to_string(),
@@ -536,6 +549,7 @@ fn bytes_row(
         change,
         unit: "bytes",
         regression,
+        improved,
         note,
     }
 }
@@ -588,6 +602,7 @@ pub fn compare(
         );
         if (old.max_overhead - new.max_overhead).abs() > 1e-12 {
             row.regression = false;
+            row.improved = false;
             row.note = format!(
                 "max_overhead changed {} → {}: not compared",
                 old.max_overhead, new.max_overhead
@@ -595,36 +610,54 @@ pub fn compare(
         }
         rows.push(row);
         // Planned overhead at the device budget, in overhead points.
-        let (change, regression, note) = match (old.planned_overhead, new.planned_overhead) {
-            (Some(o), Some(n)) => {
-                // A plan not proven optimal could be up to gap·cost cheaper: widen by that much.
-                let slack = new.planned_gap.unwrap_or(0.0) * (1.0 + n)
-                    + old.planned_gap.unwrap_or(0.0) * (1.0 + o);
-                let allowed = tol + slack;
-                let regression = n - o > allowed;
-                let note = if regression {
+        let (change, regression, improved, note) =
+            match (old.planned_overhead, new.planned_overhead) {
+                (Some(o), Some(n)) => {
+                    // A plan not proven optimal could be up to gap·cost cheaper: widen by that much.
+                    let slack = new.planned_gap.unwrap_or(0.0) * (1.0 + n)
+                        + old.planned_gap.unwrap_or(0.0) * (1.0 + o);
+                    let allowed = tol + slack;
+                    let regression = n - o > allowed;
+                    let improved = o - n > allowed;
+                    let note = if regression {
+                        format!(
+                            "grew by more than the allowed {:.2} points (tolerance + solver gap)",
+                            100.0 * allowed
+                        )
+                    } else if improved {
+                        format!(
+                            "fell by more than the allowed {:.2} points (tolerance + solver gap)",
+                            100.0 * allowed
+                        )
+                    } else if slack > 0.0 {
+                        format!("not proven optimal: allowed {:.2} points", 100.0 * allowed)
+                    } else {
+                        String::new()
+                    };
+                    (Some(100.0 * (n - o)), regression, improved, note)
+                }
+                (Some(_), None) => (
+                    None,
+                    true,
+                    false,
                     format!(
-                        "grew by more than the allowed {:.2} points (tolerance + solver gap)",
-                        100.0 * allowed
-                    )
-                } else if slack > 0.0 {
-                    format!("not proven optimal: allowed {:.2} points", 100.0 * allowed)
-                } else {
-                    String::new()
-                };
-                (Some(100.0 * (n - o)), regression, note)
-            }
-            (Some(_), None) => (
-                None,
-                true,
-                format!(
-                    "the device budget ({} bytes) became infeasible",
-                    new.budget_bytes
+                        "the device budget ({} bytes) became infeasible",
+                        new.budget_bytes
+                    ),
                 ),
-            ),
-            (None, Some(_)) => (None, false, "the device budget became feasible".to_string()),
-            (None, None) => (None, false, "infeasible before and after".to_string()),
-        };
+                (None, Some(_)) => (
+                    None,
+                    false,
+                    true,
+                    "the device budget became feasible".to_string(),
+                ),
+                (None, None) => (
+                    None,
+                    false,
+                    false,
+                    "infeasible before and after".to_string(),
+                ),
+            };
         let note = if old.budget_bytes != new.budget_bytes {
             format!(
                 "{note}{}budget changed {} → {} bytes",
@@ -643,6 +676,7 @@ pub fn compare(
             change,
             unit: "fraction",
             regression,
+            improved,
             note,
         });
     }
@@ -885,6 +919,7 @@ mod tests {
                 change: Some(100.0),
                 unit: "bytes",
                 regression: true,
+                improved: false,
                 note: String::new(),
             }],
             figures: BTreeMap::new(),

@@ -136,6 +136,29 @@ fn gate_passes_on_its_baseline_fails_on_growth_and_passes_after_update() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = remat(d, &["gate"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("improved beyond"), "{}", text(&o));
+
+    // Back to the smaller model against v2's baseline: it passes, and says the baseline is
+    // stale (a regression back up to v2's figures would pass until --update records v1's).
+    write_config(d, "mlp_v1.onnx");
+    let o = remat(d, &["gate"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("improved beyond the tolerance: run remat gate --update"),
+        "{}",
+        text(&o)
+    );
+    let o = remat(d, &["gate", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let improved: Vec<&str> = outcome["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["improved"] == true)
+        .map(|r| r["figure"].as_str().unwrap())
+        .collect();
+    assert!(improved.contains(&"store_all_peak_bytes"), "{outcome}");
 }
 
 #[test]
