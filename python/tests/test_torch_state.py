@@ -329,6 +329,11 @@ def test_edited_plans_are_refused_naming_the_field() -> None:
     twice["regions"].append(copy.deepcopy(twice["regions"][0]))
     with pytest.raises(rt.PlanMismatchError, match=r"regions\[3\] \(0\): a second entry for call"):
         rt.apply(model, twice)
+    in_place = copy.deepcopy(plan)
+    in_place["regions"][0]["ops"].append("aten.add_.Tensor")
+    in_place["regions"][0]["keep"].append(["aten.add_.Tensor", 0])
+    with pytest.raises(rt.PlanMismatchError, match=r"\(0\): 'keep' entry .* is an in-place op"):
+        rt.apply(model, in_place)
     renamed = copy.deepcopy(plan)
     renamed["regions"][0]["fqn"] = "0.fc1"
     with pytest.raises(rt.PlanMismatchError, match=r"region '0.fc1' is not one of the regions"):

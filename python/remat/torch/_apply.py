@@ -119,6 +119,19 @@ def _check_regions(regions: Any) -> None:
                     f"{where}: 'keep' entry {k!r} is not [op, occurrence] of an op the region "
                     "runs that many times"
                 )
+            if _in_place(k[0]):
+                # SAC caches a kept op's output and refuses it at backward once mutated.
+                raise PlanMismatchError(
+                    f"{where}: 'keep' entry {k!r} is an in-place op, whose output is its input "
+                    "written over: selective checkpointing cannot keep it (an edited plan; "
+                    "remat never keeps one)"
+                )
+
+
+def _in_place(op: str) -> bool:
+    """Whether an aten op's name (`aten.add_.Tensor`) is its in-place variant."""
+    parts = op.split(".")
+    return len(parts) >= 2 and parts[1].endswith("_") and not parts[1].endswith("__")
 
 
 def check_fingerprint(model: nn.Module, inputs: Inputs | None, plan: Plan) -> None:
