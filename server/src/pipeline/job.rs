@@ -376,7 +376,18 @@ impl<'a, P: Progress> PlanJob<'a, P> {
             self.earlier(&loaded, request, opts.budget)?
         };
         self.phase(Phase::Solving);
-        let planned = plan_loaded_reusing(&loaded, &opts, &earlier)?;
+        let mut planned = plan_loaded_reusing(&loaded, &opts, &earlier)?;
+        // Asked for the least budget, the plan says it is: that budget is the least.
+        if request
+            .budget
+            .as_deref()
+            .is_some_and(remat_solver::plan::is_min_budget)
+        {
+            planned
+                .report
+                .min_feasible_budget_bytes
+                .get_or_insert(opts.budget);
+        }
         Ok(Solved {
             loaded,
             cost_model,

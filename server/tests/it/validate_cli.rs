@@ -1079,6 +1079,8 @@ fn budget_min_plans_at_the_least_peak_an_infeasible_budget_names() {
         assert_eq!(o.status.code(), Some(0), "{t}");
         let doc: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
         assert_eq!(doc["budget_bytes"], named, "{t}");
+        // The plan says which budget is the least: the one it was asked for.
+        assert_eq!(doc["min_feasible_budget_bytes"], named, "{t}");
         let peak = doc["predicted"]["peak_bytes"].as_u64().unwrap();
         assert!(peak <= named, "{t}");
     }
