@@ -390,14 +390,12 @@ def apply(
                 raise OpMismatchError(f"region {_calls.fqn!r}: {AUTOCAST_CACHE}")
             if parametrize_cached(_orig.__self__):
                 raise OpMismatchError(f"region {_calls.fqn!r}: {PARAMETRIZE_CACHE}")
-            # The re-run must see what the forward saw: a list the caller appends to later
-            # (DenseNet's layers take the block's growing list of features) is copied, every
-            # container level, keeping the tensors, for the re-run; the forward itself gets the
-            # caller's containers, so what it appends to them (a mixture-of-experts block's
-            # auxiliary loss) reaches the caller, as without the plan.
-            # Checkpointing keeps the arguments it is given for the re-run, containers and
-            # all: it gets the copy (a container the caller keeps growing would keep what is
-            # added later alive until the region's backward), the forward the caller's own.
+            # The forward gets the caller's lists, tuples and dicts, so what it appends to them
+            # (a mixture-of-experts block's auxiliary loss) reaches the caller, as without the
+            # plan. Checkpointing, which keeps its arguments for the re-run, gets a copy taken
+            # now (every container level, the tensors shared): the re-run must see what the
+            # forward saw, and a list the caller keeps growing (DenseNet's features) would keep
+            # what is added later alive until the region's backward.
             given_args, given_kwargs = tree_map(lambda x: x, (args, kwargs))
             # Checkpointing stashes an accelerator's generator state for the re-run only for
             # the devices of its positional tensors: a region given its tensors as keyword
