@@ -477,6 +477,28 @@ pub fn summarize(document: &serde_json::Value) -> Option<serde_json::Value> {
     (!out.is_empty()).then_some(serde_json::Value::Object(out))
 }
 
+/// What a stored plan's summary ([`summarize`]) says of a plan that has a schedule: the
+/// budget it was made at, its predicted peak and its overhead. `None` for an infeasible plan,
+/// or a summary without those figures. Read by the plan reuse (`pipeline::reuse`) and by the
+/// service's cache (`http::submit`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fitted {
+    pub budget_bytes: u64,
+    pub peak_bytes: u64,
+    pub overhead: f64,
+}
+
+impl Fitted {
+    pub fn read(summary: &serde_json::Value) -> Option<Self> {
+        (summary.get("status")?.as_str()? != "infeasible").then_some(())?;
+        Some(Fitted {
+            budget_bytes: summary.get("budget_bytes")?.as_u64()?,
+            peak_bytes: summary.get("peak_bytes")?.as_u64()?,
+            overhead: summary.get("overhead")?.as_f64()?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::summarize;

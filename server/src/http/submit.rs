@@ -11,7 +11,7 @@ use super::records::{
 };
 use super::state::{AppState, Queue};
 use super::store::{Claim, JobStatus, Kind, NewJob, Record, Row, Store};
-use crate::engine::{Engine, ModelFormat, PlanRequest};
+use crate::engine::{Engine, Fitted, ModelFormat, PlanRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -339,26 +339,20 @@ async fn superseded(store: &Store, model_hash: &str, request: &PlanRequest) -> b
     else {
         return false;
     };
-    // (feasible, budget, peak, overhead) of a finished plan, from its stored summary.
-    let figures = |r: &Row| -> Option<(bool, u64, u64, f64)> {
+    // The figures of a finished plan that has a schedule, from its stored summary.
+    let figures = |r: &Row| -> Option<Fitted> {
         if r.status != JobStatus::Done {
             return None;
         }
-        let v: serde_json::Value = serde_json::from_str(r.summary.as_deref()?).ok()?;
-        Some((
-            v.get("status")?.as_str()? != "infeasible",
-            v.get("budget_bytes")?.as_u64()?,
-            v.get("peak_bytes")?.as_u64()?,
-            v.get("overhead")?.as_f64()?,
-        ))
+        Fitted::read(&serde_json::from_str(r.summary.as_deref()?).ok()?)
     };
-    let Some((true, budget, _, overhead)) = figures(requests[at].0) else {
+    let Some(stored) = figures(requests[at].0) else {
         return false;
     };
     requests[at + 1..].iter().any(|(r, q)| {
         q.same_problem(request)
-            && figures(r).is_some_and(|(feasible, _, peak, cost)| {
-                feasible && peak <= budget && cost < overhead - 1e-9
+            && figures(r).is_some_and(|f| {
+                f.peak_bytes <= stored.budget_bytes && f.overhead < stored.overhead - 1e-9
             })
     })
 }

@@ -4,7 +4,7 @@
 //! The solver compares them with what it finds after it ran
 //! (`remat_solver::plan::plan_reusing`), pruned to the budget.
 
-use crate::engine::{History, PlanRequest};
+use crate::engine::{Fitted, History, PlanRequest};
 use remat_solver::plan::Earlier;
 use remat_solver::schedule::StepJson;
 use remat_solver::{simulate, Problem, Schedule};
@@ -29,10 +29,8 @@ pub fn from_history(
         .into_iter()
         .filter(|s| s.request.same_problem(request))
         .filter_map(|s| {
-            let status = s.summary.get("status")?.as_str()?;
-            let peak = s.summary.get("peak_bytes")?.as_u64()?;
-            let overhead = s.summary.get("overhead")?.as_f64()?;
-            (status != "infeasible" && peak <= budget).then_some((overhead, s.id))
+            let f = Fitted::read(&s.summary)?;
+            (f.peak_bytes <= budget).then_some((f.overhead, s.id))
         })
         .collect();
     fitting.sort_by(|a, b| a.0.total_cmp(&b.0));
