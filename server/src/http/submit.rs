@@ -10,7 +10,7 @@ use super::records::{
     json_response, record_out, store_error, stored_error, with_location, Accepted,
 };
 use super::state::{AppState, Queue};
-use super::store::{Claim, JobStatus, Kind, NewJob, Record, Row, Store};
+use super::store::{Claim, JobStatus, Kind, NewJob, Record, Reuse, Row, Store};
 use crate::engine::{Engine, Fitted, ModelFormat, PlanRequest};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -427,9 +427,14 @@ pub async fn submit(
     }
     // The job an identical request made is the answer, unless asked to plan again or a
     // cheaper plan of the same problem that fits its budget was made after it.
-    let again = resolved.refresh
-        || (kind == Kind::Plan && superseded(store, &model_hash, &resolved.request).await);
-    let reuse = !again;
+    let reuse = if resolved.refresh {
+        Reuse::Never
+    } else if kind == Kind::Plan && superseded(store, &model_hash, &resolved.request).await {
+        // Planned again; an identical request that found the same is one job with it.
+        Reuse::InFlight
+    } else {
+        Reuse::Any
+    };
     let id = uuid::Uuid::new_v4().simple().to_string();
     let options = serde_json::to_string(&resolved.applied).map_err(ApiError::internal)?;
     let created_at = super::store::now();

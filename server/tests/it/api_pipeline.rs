@@ -208,12 +208,50 @@ async fn an_identical_request_is_planned_again_when_a_later_plan_beats_the_store
         100.0 * overhead(&least),
         100.0 * overhead(&first)
     );
-    let (status, again_id, again) = post("0.75x").await;
+    // Identical requests arriving together all find the stored plan superseded: one is
+    // planned again, and the others follow that job rather than make one each.
+    let together: Vec<_> = (0..6)
+        .map(|_| {
+            let router = t.router.clone();
+            tokio::spawn(async move {
+                let r = TestApp::send_to(
+                    &router,
+                    Request::post("/v1/plans?budget=0.75x&time_limit=2&wait=120")
+                        .header("content-type", "application/json")
+                        .body(Body::from(random_layered_250()))
+                        .unwrap(),
+                )
+                .await;
+                let v = r.json();
+                assert_eq!(v["status"], "done", "{v}");
+                (
+                    r.status,
+                    v["id"].as_str().unwrap().to_string(),
+                    v["plan"].clone(),
+                )
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in together {
+        answers.push(task.await.unwrap());
+    }
+    let created: Vec<&String> = answers
+        .iter()
+        .filter(|(status, _, _)| *status == StatusCode::CREATED)
+        .map(|(_, id, _)| id)
+        .collect();
     assert_eq!(
-        status,
-        StatusCode::CREATED,
-        "planned again, not the stored plan"
+        created.len(),
+        1,
+        "planned again once, not the stored plan, nor once per request: {created:?}"
     );
+    let (_, again_id, again) = answers
+        .iter()
+        .find(|(status, _, _)| *status == StatusCode::CREATED)
+        .cloned()
+        .unwrap();
+    assert!(answers.iter().all(|(_, id, _)| *id == again_id));
     assert_ne!(again_id, first_id);
     assert!(overhead(&again) <= overhead(&least), "{again}");
     assert_eq!(again["reused_from_budget_bytes"], least["budget_bytes"]);

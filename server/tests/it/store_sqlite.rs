@@ -183,3 +183,35 @@ async fn a_connection_whose_headers_never_end_is_closed() {
     let _ = stop.send(());
     task.await.unwrap();
 }
+
+/// A claim takes the job its `Reuse` names: an identical request any job done or in flight, a
+/// request planned again (its stored plan superseded) only one in flight, so that requests
+/// arriving together make one job; `refresh` none.
+#[test]
+fn a_claim_takes_the_job_its_reuse_names() {
+    use remat_server::http::store::{Claim, JobStatus, Kind, NewJob, Reuse};
+    let store = SqliteStore::open_in_memory().unwrap();
+    let claim = |id: &str, reuse: Reuse| {
+        let job = NewJob {
+            id,
+            kind: Kind::Plan,
+            model_hash: "h",
+            model_name: None,
+            model_format: "graph",
+            options: "{}",
+            cache_key: "k",
+            created_at: "2026-12-07T00:00:00.000Z",
+        };
+        store.claim(&job, reuse).unwrap().unwrap()
+    };
+    assert_eq!(claim("a", Reuse::Any), Claim::Created);
+    store.finish("a", "{}", None).unwrap();
+    assert_eq!(claim("b", Reuse::Any), Claim::Existing("a".into()));
+    // A plan done is no answer to a request planned again; one in flight is.
+    assert_eq!(claim("c", Reuse::InFlight), Claim::Created);
+    assert_eq!(claim("d", Reuse::InFlight), Claim::Existing("c".into()));
+    assert_eq!(claim("e", Reuse::Any), Claim::Existing("c".into()));
+    assert_eq!(claim("f", Reuse::Never), Claim::Created);
+    store.set_status("f", JobStatus::Solving).unwrap();
+    assert_eq!(claim("g", Reuse::InFlight), Claim::Existing("f".into()));
+}

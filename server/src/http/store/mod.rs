@@ -13,8 +13,8 @@ pub use postgres::{
 };
 pub use sqlite::SqliteStore;
 pub use types::{
-    interrupted_error, now, postgres_unreachable, Claim, JobStatus, Kind, NewJob, Record, Row,
-    StoreError,
+    interrupted_error, now, postgres_unreachable, Claim, JobStatus, Kind, NewJob, Record, Reuse,
+    Row, StoreError,
 };
 
 use std::sync::Arc;

@@ -12,7 +12,7 @@
 //! - The schema is versioned (`migrations/`); each process applies what is missing at start,
 //!   under an advisory lock.
 
-use super::types::{now, Claim, JobStatus, Kind, NewJob, Record, Row, StoreError};
+use super::types::{now, Claim, JobStatus, Kind, NewJob, Record, Reuse, Row, StoreError};
 use crate::http::error::ErrorObject;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -380,14 +380,15 @@ impl PgStore {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// Creates the job (and stores the model, once per hash), unless `reuse` is set and a job
-    /// of the same kind and cache key is done or in flight: then that job's id. `QueueFull`
-    /// when `queue` jobs are waiting already. `None` when this process is shutting down.
+    /// Creates the job (and stores the model, once per hash), unless a job of the same kind
+    /// and cache key that `reuse` takes exists (done or in flight, or in flight only): then
+    /// that job's id. `QueueFull` when `queue` jobs are waiting already. `None` when this
+    /// process is shutting down.
     #[allow(clippy::too_many_arguments)]
     pub async fn claim(
         &self,
         job: &NewJob<'_>,
-        reuse: bool,
+        reuse: Reuse,
         model: &[u8],
         request: &str,
         validate: bool,
@@ -399,7 +400,7 @@ impl PgStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let kind = job.kind.as_str();
-        if reuse {
+        if reuse == Reuse::Any {
             let existing = tx
                 .query_opt(
                     "SELECT id FROM jobs WHERE cache_key = $1 AND kind = $2 AND status <> 'failed'
@@ -428,7 +429,8 @@ impl PgStore {
             // Returning without a commit rolls the model's row back too.
             return Ok(Some(Claim::QueueFull));
         }
-        let active_key = reuse.then_some(job.cache_key);
+        // In flight, one job per key: a post that may take one (`Any`, `InFlight`) follows it.
+        let active_key = (reuse != Reuse::Never).then_some(job.cache_key);
         let inserted = tx
             .query_opt(
                 "INSERT INTO jobs (id, kind, model_hash, model_name, model_format, options, request,

@@ -4,7 +4,7 @@
 //! Writes go through one connection; reads use a small pool of connections so that many
 //! readers do not wait on each other (WAL lets them read while a job writes).
 
-use super::types::{interrupted_error, now, Claim, JobStatus, Kind, NewJob, Record, Row};
+use super::types::{interrupted_error, now, Claim, JobStatus, Kind, NewJob, Record, Reuse, Row};
 use crate::http::error::ErrorObject;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::path::Path;
@@ -153,17 +153,22 @@ impl SqliteStore {
         f(&conn).map(Some)
     }
 
-    /// Creates the job, unless `reuse` is set and a job of the same kind and cache key is done
-    /// or in flight: then that job's id. One step under the write lock, so identical posts
-    /// arriving together make one job. `None` when the store is closed.
-    pub fn claim(&self, job: &NewJob<'_>, reuse: bool) -> Result<Option<Claim>, rusqlite::Error> {
+    /// Creates the job, unless a job of the same kind and cache key that `reuse` takes exists
+    /// (done or in flight, or in flight only): then that job's id. One step under the write
+    /// lock, so identical posts arriving together make one job. `None` when the store is closed.
+    pub fn claim(&self, job: &NewJob<'_>, reuse: Reuse) -> Result<Option<Claim>, rusqlite::Error> {
         self.write(|c| {
-            if reuse {
+            let taken = match reuse {
+                Reuse::Any => Some("status != 'failed'"),
+                Reuse::InFlight => Some("status NOT IN ('done', 'failed')"),
+                Reuse::Never => None,
+            };
+            if let Some(taken) = taken {
                 let existing: Option<String> = c
-                    .prepare_cached(
-                        "SELECT id FROM jobs WHERE cache_key = ?1 AND kind = ?2 AND status != 'failed'
-                         ORDER BY seq DESC LIMIT 1",
-                    )?
+                    .prepare_cached(&format!(
+                        "SELECT id FROM jobs WHERE cache_key = ?1 AND kind = ?2 AND {taken}
+                         ORDER BY seq DESC LIMIT 1"
+                    ))?
                     .query_row(params![job.cache_key, job.kind.as_str()], |r| r.get(0))
                     .optional()?;
                 if let Some(id) = existing {

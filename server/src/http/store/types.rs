@@ -85,6 +85,20 @@ pub struct NewJob<'a> {
     pub created_at: &'a str,
 }
 
+/// Which earlier job of the same kind and cache key a submission takes as its answer instead
+/// of making one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reuse {
+    /// One done or in flight: an identical request.
+    Any,
+    /// One in flight only: a request planned again because its stored plan was superseded,
+    /// which an identical request arriving with it (also finding the stored plan superseded)
+    /// follows rather than making a second job of the same problem.
+    InFlight,
+    /// None: asked to plan again (`refresh`).
+    Never,
+}
+
 /// What [`Store::claim`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
