@@ -323,6 +323,9 @@ def apply(
     wrapped: dict[str, nn.Module] = {}
     counters: list[_Calls] = []
     step = _Step()
+    # The regions the capture ran in eval mode (a frozen backbone's, a model captured in eval
+    # mode): their plan is of that mode's ops.
+    in_eval = set((plan.get("signature") or {}).get("eval_regions") or [])
     for fqn, by_call in calls.items():
         if not any(r["wrapped"] for r in by_call.values()):
             continue
@@ -363,16 +366,21 @@ def apply(
         original = module.forward
 
         def forward(
-            *args: Any, _orig: Any = original, _calls: _Calls = counter, **kwargs: Any
+            *args: Any,
+            _orig: Any = original,
+            _calls: _Calls = counter,
+            _training: bool = fqn not in in_eval,
+            **kwargs: Any,
         ) -> Any:
             _policy = _calls.take()
             if (
                 _policy is None
                 or not torch.is_grad_enabled()
-                # The plan is of the training step (capture runs the model in training mode):
-                # an eval-mode forward with grad (saliency, adversarial examples) runs other
-                # ops, and runs unwrapped, with autograd keeping what it keeps.
-                or not _orig.__self__.training
+                # The plan is of the mode the capture ran the region in (training, as a rule):
+                # a forward in the other mode with grad (saliency, adversarial examples in
+                # eval mode) runs other ops, and runs unwrapped, with autograd keeping what it
+                # keeps.
+                or _orig.__self__.training != _training
                 or (
                     not any(t.requires_grad for t in _tensors((args, kwargs)))
                     and not any(p.requires_grad for p in _orig.__self__.parameters())
@@ -411,6 +419,15 @@ def apply(
             n = len(args)
             callers = [(args, kwargs)]  # dropped by the first call: nothing else holds them
             del args, kwargs
+            # The tensors the forward computes with: `torch.func.functional_call` (MAML's fast
+            # weights) binds others for the call and puts these back before the backward
+            # re-runs the region, which must compute with what the forward did.
+            bound = [
+                (slots, name, t)
+                for m in _orig.__self__.modules()
+                for slots in (m._parameters, m._buffers)
+                for name, t in slots.items()
+            ]
 
             def run(*a: Any, **k: Any) -> Any:
                 if callers:
@@ -420,7 +437,17 @@ def apply(
                     return out
                 # The re-run: a copy of the copy, so that its own appends go nowhere.
                 a, k = tree_map(lambda x: x, (a[:n], k))
-                return _orig(*a, **k)
+                now = [(slots, name, slots.get(name, bound)) for slots, name, _ in bound]
+                try:
+                    for slots, name, t in bound:
+                        slots[name] = t
+                    return _orig(*a, **k)
+                finally:
+                    for slots, name, was in now:
+                        if was is bound:  # not there when the re-run began
+                            slots.pop(name, None)
+                        else:
+                            slots[name] = was
 
             return checkpoint(
                 run,

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, ParamSpec, TypeVar
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_leaves
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -70,6 +70,29 @@ def as_inputs(example_inputs: ExampleInputs | Inputs) -> Inputs:
         "example_inputs must be a tensor, a tuple or list of the forward's positional "
         f"arguments, or a dict of its keyword arguments; got {type(example_inputs).__name__}"
     )
+
+
+def own_leaves(inputs: Inputs) -> Inputs:
+    """`inputs` with each tensor that requires grad replaced by a leaf of its own (the same
+    data, detached): the steps capture and measure run backpropagate into the model and stop
+    at its inputs, so an input's `.grad`, and the graph that computed an input outside the
+    model (an encoder's, which a second backward could not go through), stay as they were."""
+    own = tree_map(
+        lambda x: (
+            x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.requires_grad else x
+        ),
+        (inputs.args, inputs.kwargs),
+    )
+    return Inputs(*own)
+
+
+def drop_grads(model: nn.Module, inputs: Inputs) -> None:
+    """Sets the gradients of the model's parameters and of the inputs that require grad (the
+    leaves `own_leaves` made) to None: each step remat runs starts without them, as the
+    first did, and its own die after it."""
+    for t in [*model.parameters(), *_tensors(inputs)]:
+        if t.requires_grad:
+            t.grad = None
 
 
 def refuse_applied(model: nn.Module, error: type[Exception]) -> None:
@@ -340,6 +363,15 @@ def refuse_compiled(model: nn.Module, error: type[Exception]) -> None:
             "measures plans in eager mode (torch.compile does not take the selective-checkpoint "
             "policy a plan applies); use the module it wraps, model._orig_mod, uncompiled"
         )
+    for fqn, m in model.named_modules():
+        if fqn and hasattr(m, "_orig_mod") and type(m).__name__ == "OptimizedModule":
+            raise error(
+                f"module {fqn!r} is a torch.compile wrapper (OptimizedModule) of a "
+                f"{type(m._orig_mod).__name__}: remat.torch wraps a region's forward in eager "
+                "mode, which the wrapper's compiled frame would not call; compile the module "
+                "in place instead (module.compile(), whose compiled code runs remat's "
+                "checkpointing as it is) or put the uncompiled module back"
+            )
 
 
 PARAMETRIZE_CACHE = (
@@ -414,11 +446,17 @@ class _Op:
 class _Saved:
     """What the capture's pack hook returns for a saved tensor."""
 
-    __slots__ = ("tensor", "regions", "__weakref__")
+    __slots__ = ("tensor", "regions", "version", "saved_by", "__weakref__")
 
-    def __init__(self, tensor: torch.Tensor, regions: tuple[int, ...]) -> None:
+    def __init__(
+        self, tensor: torch.Tensor, regions: tuple[int, ...], saved_by: tuple[str, str]
+    ) -> None:
         self.tensor = tensor
         self.regions = regions
+        # Autograd checks a saved value's version when it unpacks it, unless saved-tensor
+        # hooks hold it, as the capture's do: the capture checks it instead.
+        self.version = tensor._version
+        self.saved_by = saved_by
 
 
 class _Tracer(TorchDispatchMode):
@@ -518,6 +556,9 @@ class _Recording:
         self.forward_end = 0
         # The first module whose forward ran during the backward pass (checkpointing's re-run)
         self.rerun_in_backward: str | None = None
+        # A saved value written in place after it was saved (the op that saved it, its
+        # module, and the versions): what PyTorch's own step refuses at its backward.
+        self.modified_saved: tuple[str, str, int, int] | None = None
 
     # -- storages -------------------------------------------------------------------------
     def register_external(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -613,6 +654,11 @@ class _Recording:
                     first = self.buffer_reads[region].get(id(st))
                     if first is not None and first < index:
                         self.region_writes.setdefault(region, name)
+        random = _draws_random(func, args, kwargs)
+        if random and region is not None and kwargs.get("generator") is not None:
+            # Checkpointing replays the default generators' state in the re-run, not one the
+            # forward passes itself: the re-run would draw other numbers.
+            self.region_writes.setdefault(region, f"{name} with its own torch.Generator")
         cost = seconds
         if cost_kind == "flops":
             cost = float(_flops(func, args, kwargs, out))
@@ -625,7 +671,7 @@ class _Recording:
                 occurrence=occurrence,
                 cost=cost,
                 outputs=outputs,
-                random=_draws_random(func, args, kwargs),
+                random=random,
                 transient=transient,
             )
         )
@@ -657,7 +703,12 @@ class _Recording:
         # of the step.
         with _disable_current_modes():
             value = t.detach()
-        holder = _Saved(value, tuple(self.region_stack))
+        saver = self.ops[op] if op >= 0 else None
+        holder = _Saved(
+            value,
+            tuple(self.region_stack),
+            (saver.op, saver.module) if saver is not None else ("(no op)", ""),
+        )
         if save:
             # Autograd drops the holder when it frees the saved value (after its node ran).
             weakref.finalize(holder, self._released, save)
@@ -667,6 +718,8 @@ class _Recording:
         save["released_after"] = len(self.ops) - 1
 
     def unpack(self, holder: _Saved) -> torch.Tensor:
+        if self.modified_saved is None and holder.tensor._version != holder.version:
+            self.modified_saved = (*holder.saved_by, holder.version, holder.tensor._version)
         position = len(self.ops)
         for r in holder.regions:
             self.region_trigger.setdefault(r, position)
@@ -674,10 +727,12 @@ class _Recording:
 
     # -- modules --------------------------------------------------------------------------
     def hooks(self) -> list[Any]:
-        handles = []
+        handles: list[Any] = []
         for fqn, m in self.model.named_modules():
             handles.append(m.register_forward_pre_hook(self._pre(fqn), with_kwargs=True))
             handles.append(m.register_forward_hook(self._post(fqn), always_call=True))
+            if fqn in self.region_index:
+                handles.append(_RegionForward(self, fqn, m))
         return handles
 
     def _pre(self, fqn: str) -> Callable[..., None]:
@@ -688,37 +743,6 @@ class _Recording:
                 return
             self.module_stack.append(fqn)
             self.module_calls[fqn] += 1
-            m = self.region_index.get(fqn)
-            if m is not None:
-                cache = next((x for x in tree_leaves((args, kwargs)) if _is_kv_cache(x)), None)
-                if cache is not None:
-                    raise CaptureError(
-                        f"region {fqn!r} ({type(module).__name__}) is given a key/value cache "
-                        f"({type(cache).__name__}): checkpointing re-runs the region in the "
-                        "backward, which would append to the cache again; train without one: "
-                        "use_cache=False in the inputs, or model.config.use_cache = False (as "
-                        "Hugging Face's own gradient checkpointing does)"
-                    )
-                r = len(self.calls)
-                self.calls.append((m, self.region_calls[m]))
-                self.region_calls[m] += 1
-                self.region_stack.append(r)
-                self.region_counter[r] = defaultdict(int)
-                self.region_own[r] = {
-                    id(st) for x in module.buffers() if (st := _storage(x)) is not None
-                }
-                self.region_slots[r] = [
-                    (owner, slot, t)
-                    for owner in self.model.modules()
-                    for slot, t in owner._buffers.items()
-                ]
-                for t in _tensors((args, kwargs)):
-                    i = self.index_of(t)
-                    if i is not None:
-                        self.region_inputs[r].add(i)
-                    st = _storage(t)
-                    if st is not None:
-                        self.input_of[st] = self.input_of.get(st, frozenset()) | {r}
 
         return hook
 
@@ -728,15 +752,77 @@ class _Recording:
                 return
             if self.module_stack and self.module_stack[-1] == fqn:
                 self.module_stack.pop()
-            m = self.region_index.get(fqn)
-            if m is not None and self.region_stack and self.calls[self.region_stack[-1]][0] == m:
-                r = self.region_stack.pop()
-                for owner, slot, t in self.region_slots.pop(r, []):
-                    if owner._buffers.get(slot) is not t:
-                        where = ".".join(x for x in (self.module_names.get(id(owner)), slot) if x)
-                        self.region_writes.setdefault(r, f"a new tensor bound to buffer {where!r}")
 
         return hook
+
+    def enter_region(self, fqn: str, module: nn.Module, args: Any, kwargs: Any) -> bool:
+        """A region's forward begins (its own forward, as `apply` wraps it: the module's hooks,
+        and the views PyTorch's backward hooks put around its arguments and outputs, run
+        outside it). False when it is no region call of the captured forward."""
+        m = self.region_index.get(fqn)
+        if m is None or self.phase != "forward":
+            return False
+        cache = next((x for x in tree_leaves((args, kwargs)) if _is_kv_cache(x)), None)
+        if cache is not None:
+            raise CaptureError(
+                f"region {fqn!r} ({type(module).__name__}) is given a key/value cache "
+                f"({type(cache).__name__}): checkpointing re-runs the region in the "
+                "backward, which would append to the cache again; train without one: "
+                "use_cache=False in the inputs, or model.config.use_cache = False (as "
+                "Hugging Face's own gradient checkpointing does)"
+            )
+        r = len(self.calls)
+        self.calls.append((m, self.region_calls[m]))
+        self.region_calls[m] += 1
+        self.region_stack.append(r)
+        self.region_counter[r] = defaultdict(int)
+        self.region_own[r] = {id(st) for x in module.buffers() if (st := _storage(x)) is not None}
+        self.region_slots[r] = [
+            (owner, slot, t) for owner in self.model.modules() for slot, t in owner._buffers.items()
+        ]
+        for t in _tensors((args, kwargs)):
+            i = self.index_of(t)
+            if i is not None:
+                self.region_inputs[r].add(i)
+            st = _storage(t)
+            if st is not None:
+                self.input_of[st] = self.input_of.get(st, frozenset()) | {r}
+        return True
+
+    def leave_region(self, fqn: str) -> None:
+        m = self.region_index.get(fqn)
+        if m is not None and self.region_stack and self.calls[self.region_stack[-1]][0] == m:
+            r = self.region_stack.pop()
+            for owner, slot, t in self.region_slots.pop(r, []):
+                if owner._buffers.get(slot) is not t:
+                    where = ".".join(x for x in (self.module_names.get(id(owner)), slot) if x)
+                    self.region_writes.setdefault(r, f"a new tensor bound to buffer {where!r}")
+
+
+class _RegionForward:
+    """Marks a region's calls where `apply` wraps them: around the module's `forward` (its own
+    attribute for the capture, put back by `remove`), inside its hooks."""
+
+    def __init__(self, rec: _Recording, fqn: str, module: nn.Module) -> None:
+        self.module = module
+        self.own = module.__dict__.get("forward")
+        inner = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not rec.enter_region(fqn, module, args, kwargs):
+                return inner(*args, **kwargs)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                rec.leave_region(fqn)
+
+        module.forward = functools.update_wrapper(forward, inner)  # type: ignore[method-assign]
+
+    def remove(self) -> None:
+        if self.own is None:
+            del self.module.forward
+        else:
+            self.module.forward = self.own  # type: ignore[method-assign]
 
 
 _P = ParamSpec("_P")
@@ -895,7 +981,7 @@ def capture(
     leaves it out and only the re-run ops are priced). The model's gradients and buffers
     (BatchNorm's running statistics) are left as they were before the call.
     """
-    inputs = as_inputs(example_inputs)
+    inputs = own_leaves(as_inputs(example_inputs))
     if cost not in ("flops", "measured"):
         raise CaptureError(f"cost must be 'flops' or 'measured', got {cost!r}")
     for arg, given, fewest in (
@@ -932,8 +1018,7 @@ def capture(
     # buffer a step updates) go back to what they were, as the gradients do (the decorator
     # `leaves_the_model_as_it_was` puts those back).
     saved_buffers = host_copies(model)
-    for p in model.parameters():
-        p.grad = None
+    drop_grads(model, inputs)
     externals = [*model.parameters(), *model.buffers(), *_tensors(inputs)]
     try:
         # Pass A: natural lifetimes (autograd keeps nothing).
@@ -962,14 +1047,27 @@ def capture(
                 _least_times(b, again)
         sig = signature(model, inputs, region_fqns)
         doc = _document(a, b, sig, device, cost, name or type(model).__name__)
+        # Not in the fingerprint: a plan is applied to the model in any mode, and wraps a
+        # region's forward when it runs in the mode it was captured in.
+        modules = dict(model.named_modules())
+        doc["signature"]["eval_regions"] = [f for f in region_fqns if not modules[f].training]
+        if not model.training:
+            warnings.warn(
+                f"{type(model).__name__} is in eval mode (as from_pretrained returns it): the "
+                "plan is of an eval-mode step (dropout off, BatchNorm on its running "
+                "statistics) and checkpoints forwards in eval mode only; call model.train() "
+                "before the capture to plan training steps",
+                stacklevel=3,
+            )
         writing = [r for r in doc["regions"] if r.get("writes_input")]
         if writing and len(writing) == len(doc["regions"]):
             first = writing[0]
             warnings.warn(
-                f"every region writes an input or a buffer in place (the first, "
+                f"every region changes what its re-run would change again or see changed (an "
+                f"input or a buffer written, a generator of its own: the first, "
                 f"{first['fqn']!r}, runs {first['writes_input']}), so none can be checkpointed "
-                "and the plan can only run the step as it is: a re-run would write it again "
-                "(docs/torch.md, 'writes_input'); name other modules (regions=[fqn, ...])",
+                "and the plan can only run the step as it is (docs/torch.md, 'writes_input'); "
+                "name other modules (regions=[fqn, ...])",
                 stacklevel=3,
             )
         if cost == "measured" and wrap_rounds:
@@ -1026,8 +1124,15 @@ def _pass_b(
             "reentrant or not), so the capture sees its recomputation instead of what autograd "
             "would save; turn that off and let remat plan the checkpointing"
         )
-    for p in model.parameters():
-        p.grad = None  # the step's gradients die here: after the last op
+    if b.modified_saved is not None:
+        op, module, saved, now = b.modified_saved
+        raise CaptureError(
+            f"a value {op} saved for the backward (in module {module or '(top level)'!r}) was "
+            f"written in place after it was saved (version {saved}, {now} when the backward "
+            "read it): PyTorch's own step refuses this ('modified by an inplace operation'), "
+            "and its gradients would be wrong; make the in-place op out of place"
+        )
+    drop_grads(model, inputs)  # the step's gradients die here: after the last op
     return b
 
 

@@ -27,10 +27,12 @@ from ._capture import (
     call,
     check_loss,
     default_loss,
+    drop_grads,
     first_difference,
     host_copies,
     leaves_the_model_as_it_was,
     model_device,
+    own_leaves,
     put_back,
     refuse_compiled,
 )
@@ -133,8 +135,7 @@ def _peak_step(
     """One step with its peak, by `meter` (default: what `peak_meter` names): `cuda`,
     torch.cuda.max_memory_allocated reset before the step; `storages`; `MemTracker`."""
     inputs = as_inputs(inputs)
-    for p in model.parameters():
-        p.grad = None
+    drop_grads(model, inputs)
     torch.manual_seed(seed)
     meter = meter or peak_meter(model, device)
     tracker: Any = contextlib.nullcontext()
@@ -165,12 +166,11 @@ def _peak_step(
     # On the host: a copy left on the device would count in the next step's CUDA peak (the
     # allocator's peak is the whole device's), the plan's step after the unplanned one's.
     grads = {
-        n: p.grad.detach().to("cpu", copy=True)
+        n: _dense(p.grad.detach()).to("cpu", copy=True)
         for n, p in model.named_parameters()
         if p.grad is not None
     }
-    for p in model.parameters():
-        p.grad = None
+    drop_grads(model, inputs)
     return int(peak), value, grads
 
 
@@ -182,8 +182,7 @@ def _timed_step(
     device: torch.device,
 ) -> float:
     inputs = as_inputs(inputs)
-    for p in model.parameters():
-        p.grad = None
+    drop_grads(model, inputs)
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -195,8 +194,7 @@ def _timed_step(
         torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
     del loss
-    for p in model.parameters():
-        p.grad = None
+    drop_grads(model, inputs)
     return dt
 
 
@@ -285,6 +283,12 @@ def alternating(
 SPREAD_FACTOR = 8.0
 """How many times the unplanned step's own difference from itself a parameter's gradient may
 differ from it by, where that is above the tolerance (nondeterministic kernels)."""
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient (an `nn.Embedding(sparse=True)`'s) as a strided tensor, which the
+    gradient check compares element by element."""
+    return t if t.layout == torch.strided else t.to_dense()
 
 
 def _short(t: torch.Tensor | None) -> str:
@@ -396,7 +400,7 @@ def measure(
     op_rounds = rounds if op_rounds is None else op_rounds
     plan = load_plan(plan)
     refuse_compiled(model, MeasureError)
-    inputs = as_inputs(example_inputs)
+    inputs = own_leaves(as_inputs(example_inputs))
     loss_fn = loss_fn or default_loss
     device = model_device(model, inputs)
     buffers = host_copies(model)

@@ -1,0 +1,221 @@
+"""remat.torch in the training setups users have beyond a plain step: blocks that draw from
+their own generator, fast weights through `torch.func.functional_call`, hooks on the blocks,
+a model captured in eval mode, inputs that take a gradient (and a graph outside the model),
+sparse gradients, compiled blocks, and a step PyTorch itself refuses. Each test failed (a wrong
+gradient, an error blaming the user, a crash, a plan silently not applied) before its fix."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from grads import same_grads
+from torch import nn
+from torch.nn import functional as F
+
+import remat.torch as rt
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+class Stack(nn.Module):
+    def __init__(self, n: int = 4, block: type[nn.Module] = Block) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([block() for _ in range(n)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def loss_of(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).mean()
+
+
+def wrapped(handle: rt.Applied) -> int:
+    return sum(1 for r in handle.plan["regions"] if r["wrapped"])
+
+
+class NoisyBlock(Block):
+    """Adds noise drawn from a generator of its own: checkpointing replays the default
+    generators in the re-run, not this one."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__(d)
+        self.gen = torch.Generator().manual_seed(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc1(self.ln(x)))
+        h = h + 0.1 * torch.randn(h.shape, generator=self.gen)
+        return x + self.fc2(h)
+
+
+def test_a_block_drawing_from_its_own_generator_is_not_checkpointed() -> None:
+    """Its re-run drew other numbers: gradients off by 11% relative, silently."""
+    torch.manual_seed(0)
+    planned = Stack(block=NoisyBlock)
+    plain = copy.deepcopy(planned)
+    x = torch.randn(8, 16, 32)
+    graph = rt.capture(planned, (x,), loss_of)
+    assert all("torch.Generator" in (r.get("writes_input") or "") for r in graph["regions"])
+    handle = rt.apply(planned, rt.plan(graph, "min"), (x,))
+    assert wrapped(handle) == 0
+    for m in (planned, plain):
+        for b in m.blocks:
+            assert isinstance(b, NoisyBlock)
+            b.gen.manual_seed(1)
+        loss_of(m(x)).backward()
+    same_grads(planned, plain)
+
+
+def test_fast_weights_bound_by_functional_call_are_what_the_re_run_computes_with() -> None:
+    """MAML's inner step: `functional_call` binds other weights for the forward and puts the
+    module's own back before the backward re-runs the region (gradients 44% off)."""
+    torch.manual_seed(0)
+    planned = Stack()
+    plain = copy.deepcopy(planned)
+    x = torch.randn(8, 16, 32)
+    handle = rt.checkpoint(planned, (x,), "min", loss_fn=loss_of)
+    assert wrapped(handle) > 0
+
+    def outer_loss(model: nn.Module) -> torch.Tensor:
+        params = dict(model.named_parameters())
+        inner = torch.autograd.grad(loss_of(model(x)), list(params.values()), create_graph=False)
+        fast = {n: p - 0.1 * g for (n, p), g in zip(params.items(), inner, strict=True)}
+        return loss_of(torch.func.functional_call(model, fast, (x,)))
+
+    outer_loss(planned).backward()
+    outer_loss(plain).backward()
+    same_grads(planned, plain)
+
+
+@pytest.mark.parametrize("hook", ["forward", "full_backward"])
+def test_hooks_on_the_blocks_run_outside_the_region_in_capture_as_in_apply(hook: str) -> None:
+    """The capture counted a forward hook's ops (and the views a full backward hook puts
+    around a module) inside the region, `apply` outside it: every planned step failed with an
+    OpMismatchError that blamed the model's control flow."""
+    x = torch.randn(8, 16, 32)
+    torch.manual_seed(0)
+    planned = Stack()
+    seen: list[float] = []
+    for b in planned.blocks:
+        if hook == "forward":
+            b.register_forward_hook(lambda m, i, o: seen.append(float(o.detach().abs().mean())))
+        else:
+            b.register_full_backward_hook(lambda m, gi, go: seen.append(len(go)))
+    plain = copy.deepcopy(planned)
+    with warnings.catch_warnings():
+        # A full backward hook on a module whose inputs take no gradient: PyTorch says so.
+        warnings.filterwarnings("ignore", "Full backward hook is firing")
+        handle = rt.checkpoint(planned, (x,), "min", loss_fn=loss_of)
+        assert wrapped(handle) > 0
+        loss_of(planned(x)).backward()
+        loss_of(plain(x)).backward()
+    same_grads(planned, plain)
+    assert seen
+
+
+def test_a_model_captured_in_eval_mode_is_planned_for_eval_mode_steps() -> None:
+    """The capture said nothing and `apply` ran every eval-mode region unwrapped: the plan was
+    silently not applied (measured at the unplanned peak, 67% over its prediction)."""
+    torch.manual_seed(0)
+    model = Stack().eval()
+    x = torch.randn(8, 16, 32)
+    with pytest.warns(UserWarning, match="eval mode"):
+        graph = rt.capture(model, (x,), loss_of)
+    assert graph["signature"]["eval_regions"] == [f"blocks.{i}" for i in range(4)]
+    plan = rt.plan(graph, "min")
+    report = rt.measure(model, (x,), plan, loss_of, rounds=1, op_rounds=0)
+    assert report["ok"], report["problems"]
+    unplanned = rt.baseline(graph, "none")["predicted"]["peak_bytes"]
+    assert report["measured_peak_bytes"] < 0.8 * unplanned
+    # In training mode the same plan leaves the regions to autograd (the ops may differ).
+    model.train()
+    with rt.apply(model, plan, (x,)):
+        loss_of(model(x)).backward()
+
+
+def test_inputs_taking_a_gradient_come_out_of_capture_and_measure_as_they_went_in() -> None:
+    """A leaf input's .grad grew with every step capture and measure ran; a non-leaf input's
+    graph (an encoder's outside the model) took their gradients and was freed, so the user's
+    backward through it failed ('backward through the graph a second time')."""
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.randn(8, 16, 32, requires_grad=True)
+    graph = rt.capture(model, (x,), loss_of, cost="measured", wrap_rounds=1)
+    plan = rt.plan(graph, "min")
+    rt.measure(model, (x,), plan, loss_of, rounds=1, op_rounds=0)
+    assert x.grad is None
+    encoder = nn.Linear(32, 32)
+    h = encoder(x)
+    graph = rt.capture(model, (h,), loss_of, cost="measured", wrap_rounds=1)
+    rt.measure(model, (h,), rt.plan(graph, "min"), loss_of, rounds=1, op_rounds=0)
+    assert encoder.weight.grad is None and x.grad is None
+    loss_of(model(h)).backward()  # the encoder's graph is still there
+    assert encoder.weight.grad is not None
+
+
+class SparseNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 32, sparse=True)
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_measure_compares_sparse_gradients() -> None:
+    """`nn.Embedding(sparse=True)`: measure raised NotImplementedError ('aten::max' on
+    SparseCPU) comparing the gradients."""
+    torch.manual_seed(0)
+    model = SparseNet()
+    ids = torch.randint(0, 100, (8, 16))
+    plan = rt.plan(rt.capture(model, (ids,), loss_of), "min")
+    report = rt.measure(model, (ids,), plan, loss_of, rounds=1, op_rounds=0)
+    assert report["ok"], report["problems"]
+    assert report["grad_max_rel_err"] == 0.0
+
+
+def test_a_block_compiled_by_torch_compile_is_named() -> None:
+    """`torch.compile(block)` in the model: capture took it, and apply refused it as 'already
+    wrapped (remove the earlier plan)', though nothing had been applied."""
+    model = Stack()
+    model.blocks[1] = torch.compile(model.blocks[1])  # type: ignore[assignment]
+    with pytest.raises(rt.CaptureError, match=r"'blocks\.1' is a torch\.compile wrapper"):
+        rt.capture(model, (torch.randn(2, 4, 32),), loss_of)
+
+
+class InPlaceAfterSave(Block):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.fc1(self.ln(x)), inplace=True)
+        h.mul_(2)  # relu saved its output for the backward
+        return x + self.fc2(h)
+
+
+def test_a_step_that_writes_a_saved_value_in_place_is_refused() -> None:
+    """PyTorch's own step refuses it at the backward ('modified by an inplace operation'); the
+    capture's saved-tensor hooks skip that check, and it was captured and planned."""
+    model = Stack(block=InPlaceAfterSave)
+    x = torch.randn(2, 4, 32)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss_of(copy.deepcopy(model)(x)).backward()
+    with pytest.raises(rt.CaptureError, match="aten.relu_.default saved for the backward"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rt.capture(model, (x,), loss_of)
