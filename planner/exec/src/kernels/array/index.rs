@@ -372,36 +372,66 @@ fn hit_mask(rows: usize, picks: &[i64], dev: &Device) -> KResult<Tensor> {
     Ok(Tensor::from_vec(m, (rows, 1), dev)?)
 }
 
-/// Writes (or adds) `upd` (`[picks, slice]`) into the rows `picks` of `data` (`[rows, slice]`).
+/// The positions of `picks` whose write lands under reduction 'none': the last one of each
+/// row. ONNX leaves the order of duplicate writes undefined but the result one of the values;
+/// its reference evaluator and PyTorch's CPU `scatter` / `index_put` keep the last.
+fn last_writes(picks: &[i64]) -> Vec<usize> {
+    let mut seen = std::collections::HashSet::new();
+    let mut wins: Vec<usize> = (0..picks.len())
+        .rev()
+        .filter(|&t| seen.insert(picks[t]))
+        .collect();
+    wins.reverse();
+    wins
+}
+
+/// Writes (or adds) `upd` (`[picks, slice]`) into the rows `picks` of `data` (`[rows, slice]`);
+/// a row picked more than once takes its last write under reduction 'none'.
 fn scatter_rows(data: &Tensor, picks: &[i64], upd: &Tensor, red: Reduction) -> KResult<Tensor> {
     let (rows, slice) = data.dims2()?;
-    let id = ids(picks.to_vec(), data.device())?;
     let upd = upd.contiguous()?;
     match red {
         Reduction::Mul | Reduction::Max | Reduction::Min => {
             scatter_reduce_host(data, picks, &upd, red)
         }
-        Reduction::Add => Ok(data.contiguous()?.index_add(&id, &upd, 0)?),
+        Reduction::Add => {
+            let id = ids(picks.to_vec(), data.device())?;
+            Ok(data.contiguous()?.index_add(&id, &upd, 0)?)
+        }
         Reduction::None => {
-            let placed = Tensor::zeros((rows, slice), data.dtype(), data.device())?
-                .index_add(&id, &upd, 0)?;
+            let wins = last_writes(picks);
+            let rows_won: Vec<i64> = wins.iter().map(|&t| picks[t]).collect();
+            let won: Vec<i64> = wins.iter().map(|&t| t as i64).collect();
+            let placed = Tensor::zeros((rows, slice), data.dtype(), data.device())?.index_add(
+                &ids(rows_won, data.device())?,
+                &select(&upd, &won, 0)?,
+                0,
+            )?;
             let hit = hit_mask(rows, picks, data.device())?.broadcast_as((rows, slice))?;
             Ok(hit.where_cond(&placed, &data.contiguous()?)?)
         }
     }
 }
 
-/// Gradients of a row scatter: (d data, d updates) from `g` (`[rows, slice]`).
+/// Gradients of a row scatter: (d data, d updates) from `g` (`[rows, slice]`). Under 'none' an
+/// update overwritten by a later one of the same row gets zero: it does not reach the output
+/// (PyTorch's `scatter` backward hands it the row's gradient all the same, `grad.gather`).
 fn scatter_rows_bwd(g: &Tensor, picks: &[i64], add: bool) -> KResult<(Tensor, Tensor)> {
     let (rows, slice) = g.dims2()?;
     let g = g.contiguous()?;
-    let dd = if add {
-        g.clone()
-    } else {
-        let hit = hit_mask(rows, picks, g.device())?.broadcast_as((rows, slice))?;
-        hit.where_cond(&g.zeros_like()?, &g)?
-    };
-    Ok((dd, select(&g, picks, 0)?))
+    let du = select(&g, picks, 0)?;
+    if add {
+        return Ok((g, du));
+    }
+    let hit = hit_mask(rows, picks, g.device())?.broadcast_as((rows, slice))?;
+    let dd = hit.where_cond(&g.zeros_like()?, &g)?;
+    let mut keep = vec![0u8; picks.len()];
+    for t in last_writes(picks) {
+        keep[t] = 1;
+    }
+    let keep =
+        Tensor::from_vec(keep, (picks.len(), 1), g.device())?.broadcast_as((picks.len(), slice))?;
+    Ok((dd, keep.where_cond(&du, &du.zeros_like()?)?))
 }
 
 /// Scatter plan: `[rows, slice]`, the picked rows, and the updates' shape.
@@ -691,6 +721,25 @@ mod tests {
                 .attr(string("reduction", red)),
             );
         }
+        // Duplicate indices under 'none': the last write lands, the others get no gradient.
+        check(&Case::new(
+            "ScatterElements",
+            13,
+            vec![
+                d(),
+                In::Ints(DType::I64, vec![2, 3], vec![1, 0, 1, 1, 2, 0]),
+                In::Rand(vec![2, 3]),
+            ],
+        ));
+        check(&Case::new(
+            "ScatterND",
+            13,
+            vec![
+                x(),
+                In::Ints(DType::I64, vec![3, 1], vec![2, 0, 2]),
+                In::Rand(vec![3, 4, 2]),
+            ],
+        ));
         check(
             &Case::new(
                 "Scatter",
@@ -764,6 +813,34 @@ mod tests {
                 ],
             ),
             &[1.0, 11.0, 3.0, 10.0, 9.0, 6.0, 7.0, 12.0],
+        );
+        // Duplicate indices under 'none' keep the last write (ONNX's reference evaluator,
+        // PyTorch's CPU scatter), never their sum.
+        close(
+            &run(
+                "ScatterElements",
+                13,
+                vec![int("axis", 1)],
+                vec![
+                    fl(&[1, 4], &[1.0, 2.0, 3.0, 4.0]),
+                    In::Ints(DType::I64, vec![1, 3], vec![0, 0, 2]),
+                    fl(&[1, 3], &[10.0, 20.0, 30.0]),
+                ],
+            ),
+            &[20.0, 2.0, 30.0, 4.0],
+        );
+        close(
+            &run(
+                "ScatterND",
+                13,
+                vec![],
+                vec![
+                    fl(&[4], &[1.0, 2.0, 3.0, 4.0]),
+                    In::Ints(DType::I64, vec![3, 1], vec![1, 3, 1]),
+                    fl(&[3], &[10.0, 20.0, 30.0]),
+                ],
+            ),
+            &[1.0, 30.0, 3.0, 20.0],
         );
         // ScatterElements (ONNX example 2), and its add reduction.
         let args = || {
