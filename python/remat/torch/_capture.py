@@ -86,6 +86,13 @@ def own_leaves(inputs: Inputs) -> Inputs:
     return Inputs(*own)
 
 
+def held_grads(model: nn.Module) -> dict[torch.Tensor, torch.Tensor]:
+    """A zero gradient for each parameter that takes one: what a micro-batch after the first
+    of a gradient accumulation finds held (`capture(accumulate=True)`)."""
+    with torch.no_grad():
+        return {p: torch.zeros_like(p) for p in model.parameters() if p.requires_grad}
+
+
 def drop_grads(model: nn.Module, inputs: Inputs) -> None:
     """Sets the gradients of the model's parameters and of the inputs that require grad (the
     leaves `own_leaves` made) to None: each step remat runs starts without them, as the
@@ -929,7 +936,12 @@ def _run(
     rec: _Recording,
     cost: str,
     seed: int,
+    held: Mapping[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor | None:
+    # A micro-batch after the first of an accumulation: the gradients are there before the
+    # step, and its own are added into them.
+    for p, g in held.items():
+        p.grad = g.zero_()
     torch.manual_seed(seed)
     hooks = rec.hooks()
     loss = None
@@ -969,6 +981,7 @@ def capture(
     seed: int = 0,
     timing_rounds: int = 3,
     wrap_rounds: int = 5,
+    accumulate: bool = False,
 ) -> dict:
     """Record one training step of `model` on `example_inputs` as a `remat.torch-graph` document.
 
@@ -980,6 +993,10 @@ def capture(
     unplanned step against full checkpointing, medians of `wrap_rounds` alternating pairs; 0
     leaves it out and only the re-run ops are priced). The model's gradients and buffers
     (BatchNorm's running statistics) are left as they were before the call.
+
+    `accumulate`: the step of a micro-batch after the first of a gradient accumulation, which
+    begins with every parameter's gradient held (and adds its own into them): the plan counts
+    them from the step's start, and `measure` runs its steps so.
     """
     inputs = own_leaves(as_inputs(example_inputs))
     if cost not in ("flops", "measured"):
@@ -1019,12 +1036,15 @@ def capture(
     # `leaves_the_model_as_it_was` puts those back).
     saved_buffers = host_copies(model)
     drop_grads(model, inputs)
-    externals = [*model.parameters(), *model.buffers(), *_tensors(inputs)]
+    if not isinstance(accumulate, bool):
+        raise CaptureError(f"accumulate must be True or False, got {accumulate!r}")
+    held = held_grads(model) if accumulate else {}
+    externals = [*model.parameters(), *model.buffers(), *_tensors(inputs), *held.values()]
     try:
         # Pass A: natural lifetimes (autograd keeps nothing).
         a = _Recording(model, region_fqns, device, forward_only=True)
         a.register_external(externals)
-        _run(model, inputs, loss_fn, a, cost, seed)
+        _run(model, inputs, loss_fn, a, cost, seed, held)
         if not region_fqns and regions is None:
             # No repeated blocks: the blocks that run more than once instead (ALBERT's one
             # shared layer group), each call a region.
@@ -1040,10 +1060,12 @@ def capture(
         # Pass B: the ordinary step; with measured costs, again until each op has been timed
         # `timing_rounds` times, keeping its least time (a kernel's first call may pay for its
         # setup, a page fault or a busy machine slows a single run).
-        b = _pass_b(model, inputs, loss_fn, region_fqns, device, externals, cost, seed)
+        b = _pass_b(model, inputs, loss_fn, region_fqns, device, externals, cost, seed, held)
         if cost == "measured":
             for _ in range(timing_rounds - 1):
-                again = _pass_b(model, inputs, loss_fn, region_fqns, device, externals, cost, seed)
+                again = _pass_b(
+                    model, inputs, loss_fn, region_fqns, device, externals, cost, seed, held
+                )
                 _least_times(b, again)
         sig = signature(model, inputs, region_fqns)
         doc = _document(a, b, sig, device, cost, name or type(model).__name__)
@@ -1051,6 +1073,8 @@ def capture(
         # region's forward when it runs in the mode it was captured in.
         modules = dict(model.named_modules())
         doc["signature"]["eval_regions"] = [f for f in region_fqns if not modules[f].training]
+        if accumulate:
+            doc["signature"]["accumulate"] = True
         if not model.training:
             warnings.warn(
                 f"{type(model).__name__} is in eval mode (as from_pretrained returns it): the "
@@ -1109,11 +1133,12 @@ def _pass_b(
     externals: list[torch.Tensor],
     cost: str,
     seed: int,
+    held: Mapping[torch.Tensor, torch.Tensor],
 ) -> _Recording:
     b = _Recording(model, region_fqns, device, forward_only=False)
     b.register_external(externals)
     b.register_buffers(model.buffers())
-    loss = _run(model, inputs, loss_fn, b, cost, seed)
+    loss = _run(model, inputs, loss_fn, b, cost, seed, held)
     del loss
     b.phase = "done"
     if b.rerun_in_backward is not None:

@@ -29,6 +29,7 @@ from ._capture import (
     default_loss,
     drop_grads,
     first_difference,
+    held_grads,
     host_copies,
     leaves_the_model_as_it_was,
     model_device,
@@ -131,11 +132,18 @@ def _peak_step(
     seed: int,
     device: torch.device,
     meter: str | None = None,
+    accumulate: bool = False,
 ) -> tuple[int, float, dict[str, torch.Tensor]]:
     """One step with its peak, by `meter` (default: what `peak_meter` names): `cuda`,
-    torch.cuda.max_memory_allocated reset before the step; `storages`; `MemTracker`."""
+    torch.cuda.max_memory_allocated reset before the step; `storages`; `MemTracker`. With
+    `accumulate`, the step begins with a zero gradient held for each parameter, as a
+    micro-batch after the first of a gradient accumulation does (the gradients it returns are
+    then the step's own, as without)."""
     inputs = as_inputs(inputs)
     drop_grads(model, inputs)
+    held = held_grads(model) if accumulate else {}
+    for p, g in held.items():
+        p.grad = g
     torch.manual_seed(seed)
     meter = meter or peak_meter(model, device)
     tracker: Any = contextlib.nullcontext()
@@ -148,7 +156,9 @@ def _peak_step(
         tracker = MemTracker()
         tracker.track_external(model, *_tensors(inputs))
     else:
-        tracker = _StorageMeter([*model.parameters(), *model.buffers(), *_tensors(inputs)])
+        tracker = _StorageMeter(
+            [*model.parameters(), *model.buffers(), *_tensors(inputs), *held.values()]
+        )
     with tracker:
         loss = loss_fn(call(model, inputs))
         check_loss(loss, MeasureError)
@@ -408,15 +418,20 @@ def measure(
     def restore_buffers() -> None:
         put_back(model, buffers)
 
-    base_peak, base_loss, base_grads = _peak_step(model, inputs, loss_fn, seed, device)
+    # A plan of a micro-batch after the first of an accumulation: its steps begin with the
+    # gradients held (`capture(accumulate=True)`).
+    acc = bool((plan.get("signature") or {}).get("accumulate"))
+    base_peak, base_loss, base_grads = _peak_step(
+        model, inputs, loss_fn, seed, device, accumulate=acc
+    )
     base_buffers = host_copies(model)
     restore_buffers()
     # The unplanned step once more: what it differs from itself by (nothing where its kernels
     # are deterministic, as on the CPU) is the gradient check's noise floor.
-    _, _, again_grads = _peak_step(model, inputs, loss_fn, seed, device)
+    _, _, again_grads = _peak_step(model, inputs, loss_fn, seed, device, accumulate=acc)
     restore_buffers()
     with apply(model, plan, inputs):
-        peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device)
+        peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device, accumulate=acc)
         plan_buffers = host_copies(model)
         restore_buffers()
         # PyTorch's MemTracker on the planned step, a second opinion from another meter; its
@@ -425,7 +440,7 @@ def measure(
         if memtracker_runs(model, device):
             try:
                 memtracker_peak, _, _ = _peak_step(
-                    model, inputs, loss_fn, seed, device, "MemTracker"
+                    model, inputs, loss_fn, seed, device, "MemTracker", accumulate=acc
                 )
             except Exception as e:  # noqa: BLE001 - a second opinion that cannot run is none
                 # Its hooks can change the ops a region runs (a parametrized weight is computed

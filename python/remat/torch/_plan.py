@@ -92,10 +92,12 @@ def checkpoint(
     cost: str = "flops",
     timing_rounds: int = 3,
     wrap_rounds: int = 5,
+    accumulate: bool = False,
 ) -> Applied:
     """Captures one step, plans it under `budget` and applies the plan; returns the handle
     (`.plan` is the plan it applied, `.remove()` undoes it). A budget below the least peak a
-    plan reaches applies the least-peak plan (`status` "infeasible") and warns."""
+    plan reaches applies the least-peak plan (`status` "infeasible") and warns. `accumulate`:
+    plan the micro-batches of a gradient accumulation after the first (`capture`)."""
     graph = capture(
         model,
         example_inputs,
@@ -104,6 +106,7 @@ def checkpoint(
         cost=cost,
         timing_rounds=timing_rounds,
         wrap_rounds=wrap_rounds,
+        accumulate=accumulate,
     )
     p = plan(graph, budget)
     if p.get("status") == "infeasible":
