@@ -63,6 +63,10 @@ pub struct InspectReport {
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Object>>))]
     pub saved: Option<Vec<SavedTensor>>,
     pub training: Option<Vec<TrainingNodeInfo>>,
+    /// What the import decided that may not be what was meant, and how to change it: the
+    /// one-element float initializers taken for constants (`Model::scalar_constants`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 fn tensor_info(model: &Model, v: ValueId) -> TensorInfo {
@@ -124,8 +128,27 @@ impl InspectReport {
                     })
                     .collect()
             }),
+            notes: scalar_notes(model),
         }
     }
+}
+
+/// The note naming the one-element float initializers taken for constants, if any.
+pub fn scalar_notes(model: &Model) -> Vec<String> {
+    let names: Vec<&str> = model
+        .scalar_constants
+        .iter()
+        .map(|&v| model.values[v].name.as_str())
+        .collect();
+    if names.is_empty() {
+        return vec![];
+    }
+    vec![format!(
+        "one-element float initializer(s) taken for constants, not trained: {}; a scalar \
+         parameter (nn.Parameter of one element, PReLU's one slope, CLIP's logit_scale) \
+         reads like an exporter's constant: train it with --param NAME (the API's param)",
+        names.join(", ")
+    )]
 }
 
 /// Bytes in binary units, e.g. `44.6 MiB`.
@@ -194,6 +217,9 @@ impl fmt::Display for InspectReport {
         writeln!(f, "outputs:")?;
         for t in &self.outputs {
             writeln!(f, "  {} {}", t.name, shape_str(t))?;
+        }
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
         }
         if !self.unsupported.is_empty() {
             writeln!(f, "unsupported ({}):", self.unsupported.len())?;

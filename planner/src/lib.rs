@@ -41,13 +41,16 @@
 //!    (RAFT's second frame beside its first);
 //! 9. otherwise (floating point, fully static) → parameter.
 //!
-//! `--param` on an input that is not floating point is an error.
+//! `--param` on an input that is not floating point is an error. `--param` may also name an
+//! initializer that is not a graph input, which makes it a trained parameter.
 //!
 //! Parameter candidates (and initializers, `Constant` nodes and constant subgraphs such as
 //! `ConstantOfShape` of a constant shape) that the live graph reads become *trainable
 //! parameters* when floating point and read in a differentiable slot (Conv's weight, not
 //! BatchNormalization's running mean), and, unless they are graph inputs, have at least two
-//! elements. In a model produced by `pytorch`, whose exporters keep every parameter in a graph
+//! elements (a one-element initializer may be a scalar `nn.Parameter` as well as an
+//! exporter's epsilon: those read in a differentiable slot are listed in
+//! [`InspectReport::notes`], which says to name them with `--param`). In a model produced by `pytorch`, whose exporters keep every parameter in a graph
 //! input or an initializer, `Constant` nodes and constants computed in-graph (non-persistent
 //! buffers, zero initial RNN states) are never parameters. Every other constant the live
 //! graph reads is a *buffer*. Parameters, their

@@ -94,6 +94,10 @@ pub struct Model {
     pub onnx_nodes: usize,
     /// Op type → count over the top-level graph.
     pub op_counts: BTreeMap<String, usize>,
+    /// One-element float initializers read in a differentiable slot and taken for constants
+    /// (buffers) by the parameter rule: a scalar `nn.Parameter` or PReLU's one slope reads
+    /// like an exporter's epsilon; `--param NAME` trains one (set by [`classify_constants`]).
+    pub scalar_constants: Vec<ValueId>,
 }
 
 impl OpNode {
@@ -384,7 +388,10 @@ fn classify_inputs(
     let names: Vec<String> = inputs.iter().map(|v| v.name.clone()).collect();
     for (which, list) in [("--param", &opts.params), ("--input", &opts.inputs)] {
         for n in list {
-            if !names.contains(n) {
+            // `--param` may also name an initializer that is not a graph input: a
+            // one-element one (a scalar `nn.Parameter`, PReLU's slope) is otherwise a constant.
+            let initializer = which == "--param" && initializers.contains(n.as_str());
+            if !names.contains(n) && !initializer {
                 return Err(PlannerError::UnknownInput {
                     which,
                     name: n.clone(),
@@ -892,6 +899,18 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
     }
 
     let init_names: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
+    for t in &g.initializer {
+        let dtype = DType::from_onnx(i64::from(t.data_type));
+        if opts.params.contains(&t.name) && !dtype.is_some_and(|d| d.is_float()) {
+            return Err(PlannerError::ParamNotFloat {
+                name: t.name.clone(),
+                dtype: dtype.map_or_else(
+                    || format!("ONNX type {}", t.data_type),
+                    |d| format!("{d:?}").to_lowercase(),
+                ),
+            });
+        }
+    }
     let graph_inputs: Vec<&ValueInfoProto> = g.input.iter().collect();
     let is_param = classify_inputs(
         &graph_inputs,
@@ -1063,6 +1082,7 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
         unsupported: b.unsupported,
         onnx_nodes: g.node.len(),
         op_counts,
+        scalar_constants: vec![],
     };
     Ok((model, b.is_const))
 }
@@ -1197,6 +1217,20 @@ pub(crate) fn classify_constants(model: &mut Model, is_const: &[bool], opts: &Im
             value.kind = kind;
         }
     }
+    model.scalar_constants = (0..n)
+        .filter(|&v| {
+            let value = &model.values[v];
+            is_const[v]
+                && diff_use[v]
+                && value.kind == ValueKind::Buffer
+                && value.producer.is_none()
+                && !model.inputs.contains(&v)
+                && value
+                    .fact
+                    .as_ref()
+                    .is_some_and(|f| f.dtype.is_float() && f.numel() == 1)
+        })
+        .collect();
     for v in 0..n {
         let is_root = roots[v].len() == 1 && roots[v][0] == v;
         if is_const[v]

@@ -1006,3 +1006,50 @@ fn grouped_convolutions_have_rates_of_their_own() {
     );
     assert!(own.flops_per_second < r.op_rates("Conv", NodeKind::Forward).flops_per_second);
 }
+
+/// A one-element float initializer (a scalar `nn.Parameter`, PReLU's one slope) reads like an
+/// exporter's constant: it is a buffer by default, named in the report's notes, and
+/// `--param NAME` makes it a trained parameter (it was refused: "not a graph input").
+#[test]
+fn a_one_element_initializer_is_noted_and_trained_when_named() {
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4)])
+        .weight("w", &[4, 3])
+        .init(tensor_f32("temp", &[], &[2.0]))
+        .node("MatMul", "mm", &["x", "w"], &["h"], vec![])
+        .node("Mul", "scale", &["h", "temp"], &["y"], vec![])
+        .output("y");
+    let kind = |m: &remat_planner::Model| {
+        m.values
+            .iter()
+            .find(|v| v.name == "temp")
+            .map(|v| v.kind)
+            .expect("temp imported")
+    };
+    let opts = remat_planner::ImportOptions::default();
+    let m = load(&g.bytes(), &opts).expect("imports");
+    assert_eq!(kind(&m), ValueKind::Buffer);
+    let report = remat_planner::inspect(&g.bytes(), &opts).expect("inspects");
+    assert_eq!(report.notes.len(), 1, "{:?}", report.notes);
+    assert!(
+        report.notes[0].contains("temp") && report.notes[0].contains("--param"),
+        "{}",
+        report.notes[0]
+    );
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.params.push("temp".into());
+    let m = load(&g.bytes(), &opts).expect("imports with --param temp");
+    assert_eq!(kind(&m), ValueKind::Param);
+    let report = remat_planner::inspect(&g.bytes(), &opts).expect("inspects");
+    assert!(report.notes.is_empty(), "{:?}", report.notes);
+    let tg = m.training_graph().expect("training graph");
+    assert_eq!(tg.params_bytes, 4 * 3 * 4 + 4);
+    // An integer initializer is no parameter.
+    let g = g.ints("k", &[3, 4]);
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.params.push("k".into());
+    assert!(matches!(
+        load(&g.bytes(), &opts),
+        Err(remat_planner::PlannerError::ParamNotFloat { .. })
+    ));
+}

@@ -81,7 +81,8 @@ pub struct ModelArgs {
     /// name, with the value -1 or named "?", is INPUT:AXIS, e.g. --dim x:0=8)
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
     pub dims: Vec<(String, u64)>,
-    /// Treat this graph input as a parameter (overrides the importer's rule)
+    /// Treat this graph input, or this initializer, as a parameter (overrides the importer's
+    /// rule: a one-element initializer is otherwise a constant, as the notes say)
     #[arg(long = "param", value_name = "NAME")]
     pub params: Vec<String>,
     /// Treat this graph input as data, not a parameter (overrides the importer's rule)
@@ -203,6 +204,14 @@ pub fn print_json(value: &impl serde::Serialize) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value).context("serializing JSON")?;
     println!("{text}");
     Ok(())
+}
+
+/// Prints the importer's notes on stderr (one-element initializers taken for constants, and
+/// how to train them), whatever the output's form: they are in the JSON's `model.notes` too.
+pub fn print_notes(report: Option<&remat_planner::InspectReport>) {
+    for n in report.iter().flat_map(|r| &r.notes) {
+        eprintln!("note: {n}");
+    }
 }
 
 /// Prints a plan or sweep document as pretty JSON ([`document_text`]).

@@ -148,6 +148,7 @@ pub fn exec(args: PlanArgs) -> Result<(), Failure> {
         eprintln!("--reuse: {file} skipped: {why}");
     }
     emit(&args, &outcome.document, plan_summary(&outcome.document))?;
+    super::common::print_notes(outcome.document.model.as_ref());
     let found_by = &outcome.document.report.solver;
     if args.solver != "auto"
         && matches!(outcome.stop, Stop::Planned | Stop::Validated { .. })

@@ -159,6 +159,7 @@ pub fn exec(args: ValidateArgs) -> Result<(), Failure> {
         ),
         None => None,
     };
+    super::common::print_notes(loaded.inspect.as_ref());
     let vopts = job.validate_options(budget);
     let v = Bar.task(|p| validate_schedule(&loaded, &schedule, &vopts, p))?;
     let ok = v.ok;
@@ -203,5 +204,6 @@ fn planned_run(job: &PlanJob<'_, Bar>, loaded: Loaded, json: bool) -> Result<(),
     } else {
         print!("{}", run_summary(doc));
     }
+    super::common::print_notes(doc.model.as_ref());
     checked(ok)
 }
