@@ -176,7 +176,8 @@ pub struct ConstSources {
 
 /// Values of every non-activation value a live node may read: parameters, buffers,
 /// constants (folded values or stored tensors), seeded where the file has none. Derived
-/// values are computed later by running their folded nodes.
+/// values, and buffers and constants computed in-graph without a value at import, are
+/// computed later by running their folded nodes.
 pub fn constants(
     model: &Model,
     stored: &HashMap<String, PTensor>,
@@ -204,8 +205,11 @@ pub fn constants(
             from_planner(t, dev)?
         } else if let Some(t) = f.value.as_deref() {
             from_planner(t, dev)?
-        } else if val.kind == ValueKind::Const && val.producer.is_some() {
-            // Computed by folded nodes at run time.
+        } else if val.producer.is_some_and(|(p, _)| model.graph[p].folded) {
+            // Computed by folded nodes at run time. A constant whose folded producer gave no
+            // value at import (a CumSum of constants: CumSum has no fold rule) is a buffer, or
+            // a parameter, when a live node reads it; seeded at random instead, it gave
+            // torch.diagonal's gather indices, CumSum(ConstantOfShape) - 1, wrong values.
             continue;
         } else {
             match val.kind {

@@ -756,6 +756,52 @@ fn another_threads_allocations_are_not_the_runs() {
     );
 }
 
+/// A float graph input of a fixed shape.
+fn f32_input(name: &str, dims: &[i64]) -> onnx_protobuf::ValueInfoProto {
+    use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
+    use onnx_protobuf::type_proto::{Tensor as TypeTensor, Value as TypeValue};
+    use onnx_protobuf::{TensorShapeProto, TypeProto, ValueInfoProto};
+    let mut shape = TensorShapeProto::new();
+    for &d in dims {
+        let mut dim = Dimension::new();
+        dim.value = Some(dimension::Value::DimValue(d));
+        shape.dim.push(dim);
+    }
+    let mut tt = TypeTensor::new();
+    tt.elem_type = 1;
+    tt.shape = Some(shape).into();
+    let mut tp = TypeProto::new();
+    tp.value = Some(TypeValue::TensorType(tt));
+    let mut x = ValueInfoProto::new();
+    x.name = name.into();
+    x.type_ = Some(tp).into();
+    x
+}
+
+/// A one-output node named `name`.
+fn one_node(op: &str, name: &str, ins: &[&str], out: &str) -> onnx_protobuf::NodeProto {
+    let mut n = onnx_protobuf::NodeProto::new();
+    n.op_type = op.into();
+    n.name = name.into();
+    n.input = ins.iter().map(|s| s.to_string()).collect();
+    n.output = vec![out.into()];
+    n
+}
+
+/// A model of opset 17 around `g`, with `y` its output.
+fn model_of(mut g: onnx_protobuf::GraphProto) -> onnx_protobuf::ModelProto {
+    let mut out = onnx_protobuf::ValueInfoProto::new();
+    out.name = "y".into();
+    g.output.push(out);
+    let mut m = onnx_protobuf::ModelProto::new();
+    m.ir_version = 8;
+    let mut opset = onnx_protobuf::OperatorSetIdProto::new();
+    opset.version = 17;
+    m.opset_import.push(opset);
+    m.graph = Some(g).into();
+    m
+}
+
 /// A layer norm of a parameter alone (a normalized positional table, weight normalization's
 /// norm) is folded at import: its backward runs when the gradient reaches the derived value,
 /// with the batch statistics it keeps computed then (it failed: "the backward needs the extra
@@ -764,12 +810,7 @@ fn another_threads_allocations_are_not_the_runs() {
 #[test]
 fn the_backward_of_a_folded_layer_norm_of_a_parameter_matches_finite_differences() {
     use onnx_protobuf::attribute_proto::AttributeType;
-    use onnx_protobuf::tensor_shape_proto::{dimension, Dimension};
-    use onnx_protobuf::type_proto::{Tensor as TypeTensor, Value as TypeValue};
-    use onnx_protobuf::{
-        AttributeProto, GraphProto, Message, ModelProto, NodeProto, OperatorSetIdProto,
-        TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
-    };
+    use onnx_protobuf::{AttributeProto, GraphProto, Message, TensorProto};
     let f32_tensor = |name: &str, dims: &[i64], values: &[f32]| {
         let mut t = TensorProto::new();
         t.name = name.into();
@@ -782,33 +823,12 @@ fn the_backward_of_a_folded_layer_norm_of_a_parameter_matches_finite_differences
     let w: Vec<f32> = (0..32).map(|i| ((i * 5 % 13) as f32 - 6.0) * 0.1).collect();
     let model_bytes = |pos: &[f32]| {
         let mut g = GraphProto::new();
-        let mut shape = TensorShapeProto::new();
-        for d in [2, 4, 8] {
-            let mut dim = Dimension::new();
-            dim.value = Some(dimension::Value::DimValue(d));
-            shape.dim.push(dim);
-        }
-        let mut tt = TypeTensor::new();
-        tt.elem_type = 1;
-        tt.shape = Some(shape).into();
-        let mut tp = TypeProto::new();
-        tp.value = Some(TypeValue::TensorType(tt));
-        let mut x = ValueInfoProto::new();
-        x.name = "x".into();
-        x.type_ = Some(tp).into();
-        g.input.push(x);
+        g.input.push(f32_input("x", &[2, 4, 8]));
         g.initializer.push(f32_tensor("pos", &[4, 8], pos));
         g.initializer.push(f32_tensor("scale", &[8], &[1.5; 8]));
         g.initializer.push(f32_tensor("bias", &[8], &[0.1; 8]));
         g.initializer.push(f32_tensor("w", &[8, 4], &w));
-        let node = |op: &str, name: &str, ins: &[&str], out: &str| {
-            let mut n = NodeProto::new();
-            n.op_type = op.into();
-            n.name = name.into();
-            n.input = ins.iter().map(|s| s.to_string()).collect();
-            n.output = vec![out.into()];
-            n
-        };
+        let node = one_node;
         let mut ln = node("LayerNormalization", "ln", &["pos", "scale", "bias"], "p");
         let mut axis = AttributeProto::new();
         axis.name = "axis".into();
@@ -819,16 +839,7 @@ fn the_backward_of_a_folded_layer_norm_of_a_parameter_matches_finite_differences
         g.node.push(node("Add", "add", &["x", "p"], "h"));
         g.node.push(node("Mul", "sq", &["h", "h"], "h2"));
         g.node.push(node("MatMul", "mm", &["h2", "w"], "y"));
-        let mut out = ValueInfoProto::new();
-        out.name = "y".into();
-        g.output.push(out);
-        let mut m = ModelProto::new();
-        m.ir_version = 8;
-        let mut opset = OperatorSetIdProto::new();
-        opset.version = 17;
-        m.opset_import.push(opset);
-        m.graph = Some(g).into();
-        m.write_to_bytes().expect("encodes")
+        model_of(g).write_to_bytes().expect("encodes")
     };
     let x: Vec<f32> = (0..64).map(|i| ((i * 3 % 7) as f32 - 3.0) * 0.2).collect();
     let run = |pos: &[f32]| {
@@ -864,6 +875,72 @@ fn the_backward_of_a_folded_layer_norm_of_a_parameter_matches_finite_differences
         assert!(
             (fd - g).abs() <= 2e-3 + 2e-2 * fd.abs(),
             "pos[{i}]: gradient {g} against central differences {fd}"
+        );
+    }
+}
+
+/// A constant computed in-graph by a node with no fold rule (CumSum over ConstantOfShape, as
+/// PyTorch's exporter writes torch.diagonal's gather indices) and read by a live node is a
+/// buffer with no value at import: the executor computes it from its folded producers. It
+/// was seeded at random instead (the diagonal read -0.009 where 2.5 was due).
+#[test]
+fn a_buffer_computed_in_graph_from_constants_has_its_computed_value() {
+    use onnx_protobuf::attribute_proto::AttributeType;
+    use onnx_protobuf::{AttributeProto, GraphProto, Message, TensorProto};
+    let tensor = |name: &str, data_type: i32, dims: &[i64], raw: Vec<u8>| {
+        let mut t = TensorProto::new();
+        t.name = name.into();
+        t.dims = dims.to_vec();
+        t.data_type = data_type;
+        t.raw_data = raw;
+        t
+    };
+    let i64s = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut g = GraphProto::new();
+    g.input.push(f32_input("x", &[2, 4]));
+    let ones: Vec<u8> = [1.0f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+    g.initializer.push(tensor("w", 1, &[4], ones));
+    g.initializer.push(tensor("len", 7, &[1], i64s(&[4])));
+    g.initializer.push(tensor("axis", 7, &[], i64s(&[0])));
+    let node = |op: &str, ins: &[&str], out: &str| one_node(op, &op.to_lowercase(), ins, out);
+    let mut fill = node("ConstantOfShape", &["len"], "ones");
+    let mut value = AttributeProto::new();
+    value.name = "value".into();
+    value.type_ = AttributeType::TENSOR.into();
+    value.t = Some(tensor("", 7, &[1], i64s(&[1]))).into();
+    fill.attribute.push(value);
+    g.node.push(fill);
+    g.node.push(node("CumSum", &["ones", "axis"], "steps"));
+    let mut cast = node("Cast", &["steps"], "f");
+    let mut to = AttributeProto::new();
+    to.name = "to".into();
+    to.type_ = AttributeType::INT.into();
+    to.i = 1;
+    cast.attribute.push(to);
+    g.node.push(cast);
+    g.node.push(node("Mul", &["x", "w"], "h"));
+    g.node.push(node("Mul", &["h", "f"], "y"));
+    let mut m = model_of(g);
+    // From PyTorch the cast steps are a buffer; from another producer, a parameter (read in
+    // a differentiable slot): either starts from its computed value.
+    for producer in ["pytorch", "other"] {
+        m.producer_name = producer.into();
+        let bytes = m.write_to_bytes().expect("encodes");
+        let (model, tg) = import(&bytes, &[]);
+        let mut ex = Executor::new(&model, &tg, &bytes, ExecDevice::Cpu, 0).expect("executor");
+        ex.set_input(
+            "x",
+            Tensor::ones(vec![2, 4], candle_core::DType::F32, &Device::Cpu).expect("x"),
+        )
+        .expect("input");
+        let r = ex
+            .run(&store_all(&tg.to_problem()), &mut |_, _| {})
+            .expect("store-all run");
+        // y = x * w * cumsum([1, 1, 1, 1]) = [1, 2, 3, 4] per row; the loss is its mean.
+        assert!(
+            (r.loss - 2.5).abs() < 1e-6,
+            "{producer}: loss {} where 2.5 is due",
+            r.loss
         );
     }
 }
