@@ -88,7 +88,7 @@ pub enum PlannerError {
         op_type: String,
         detail: String,
     },
-    #[error("{which} {name:?} named in the options is not a graph input{}; graph inputs are: {}", if *which == "--param" { " or an initializer" } else { "" }, inputs.join(", "))]
+    #[error("{which} {name:?} named in the options is not a graph input or an initializer; graph inputs are: {}", inputs.join(", "))]
     UnknownInput {
         which: &'static str,
         name: String,

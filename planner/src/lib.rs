@@ -42,7 +42,8 @@
 //! 9. otherwise (floating point, fully static) → parameter.
 //!
 //! `--param` on an input that is not floating point is an error. `--param` may also name an
-//! initializer that is not a graph input, which makes it a trained parameter.
+//! initializer that is not a graph input, which makes it a trained parameter; `--input` may
+//! name one too, which makes it a constant: a weight the training keeps frozen.
 //!
 //! Parameter candidates (and initializers, `Constant` nodes and constant subgraphs such as
 //! `ConstantOfShape` of a constant shape) that the live graph reads become *trainable

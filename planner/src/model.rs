@@ -388,10 +388,10 @@ fn classify_inputs(
     let names: Vec<String> = inputs.iter().map(|v| v.name.clone()).collect();
     for (which, list) in [("--param", &opts.params), ("--input", &opts.inputs)] {
         for n in list {
-            // `--param` may also name an initializer that is not a graph input: a
-            // one-element one (a scalar `nn.Parameter`, PReLU's slope) is otherwise a constant.
-            let initializer = which == "--param" && initializers.contains(n.as_str());
-            if !names.contains(n) && !initializer {
+            // Either may also name an initializer that is not a graph input: `--param` a
+            // one-element one (a scalar `nn.Parameter`, PReLU's slope), otherwise a constant;
+            // `--input` a weight the training keeps frozen, otherwise a parameter.
+            if !names.contains(n) && !initializers.contains(n.as_str()) {
                 return Err(PlannerError::UnknownInput {
                     which,
                     name: n.clone(),
@@ -1103,6 +1103,11 @@ pub(crate) fn may_be_parameter(model: &Model, v: ValueId, opts: &ImportOptions) 
     if !f.dtype.is_float() || value.kind == ValueKind::Data {
         return false;
     }
+    // `--input` names data, or a weight the training keeps frozen (`requires_grad=False`: a
+    // frozen backbone, the base weights under LoRA): no gradient, no backward of its own.
+    if opts.inputs.contains(&value.name) {
+        return false;
+    }
     if opts.params.contains(&value.name) || model.inputs.contains(&v) {
         return true;
     }
@@ -1223,6 +1228,7 @@ pub(crate) fn classify_constants(model: &mut Model, is_const: &[bool], opts: &Im
             is_const[v]
                 && diff_use[v]
                 && value.kind == ValueKind::Buffer
+                && !opts.inputs.contains(&value.name)
                 && value.producer.is_none()
                 && !model.inputs.contains(&v)
                 && value

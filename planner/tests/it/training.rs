@@ -1053,3 +1053,48 @@ fn a_one_element_initializer_is_noted_and_trained_when_named() {
         Err(remat_planner::PlannerError::ParamNotFloat { .. })
     ));
 }
+
+/// `--input` may name an initializer: a weight the training keeps frozen (a frozen backbone,
+/// LoRA's base weights) takes no gradient and holds no gradient bytes. It was refused ('not a
+/// graph input'), and every stored weight was trained.
+#[test]
+fn an_initializer_named_as_input_is_a_frozen_weight() {
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4)])
+        .weight("frozen", &[4, 8])
+        .weight("w", &[8, 3])
+        .node("MatMul", "mm1", &["x", "frozen"], &["h"], vec![])
+        .node("Relu", "act", &["h"], &["a"], vec![])
+        .node("MatMul", "mm2", &["a", "w"], &["y"], vec![])
+        .output("y");
+    let kind = |m: &remat_planner::Model, name: &str| {
+        m.values
+            .iter()
+            .find(|v| v.name == name)
+            .map(|v| v.kind)
+            .expect("imported")
+    };
+    let opts = remat_planner::ImportOptions::default();
+    let m = load(&g.bytes(), &opts).expect("imports");
+    assert_eq!(kind(&m, "frozen"), ValueKind::Param);
+    let trained = m.training_graph().expect("training graph");
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.inputs.push("frozen".into());
+    let m = load(&g.bytes(), &opts).expect("imports with --input frozen");
+    assert_eq!(kind(&m, "frozen"), ValueKind::Buffer);
+    assert_eq!(kind(&m, "w"), ValueKind::Param);
+    let frozen = m.training_graph().expect("training graph");
+    assert_eq!(frozen.params_bytes, 8 * 3 * 4);
+    assert_eq!(trained.params_bytes, (4 * 8 + 8 * 3) * 4);
+    assert!(
+        frozen.nodes.len() < trained.nodes.len(),
+        "no backward for the frozen weight"
+    );
+    // A name that is neither says what it may be.
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.inputs.push("nope".into());
+    let e = load(&g.bytes(), &opts)
+        .expect_err("unknown name")
+        .to_string();
+    assert!(e.contains("not a graph input or an initializer"), "{e}");
+}

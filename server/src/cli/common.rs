@@ -85,7 +85,8 @@ pub struct ModelArgs {
     /// rule: a one-element initializer is otherwise a constant, as the notes say)
     #[arg(long = "param", value_name = "NAME")]
     pub params: Vec<String>,
-    /// Treat this graph input as data, not a parameter (overrides the importer's rule)
+    /// Treat this graph input as data, not a parameter, or this initializer as a frozen weight
+    /// (no gradient: a frozen backbone, LoRA's base weights; overrides the importer's rule)
     #[arg(long = "input", value_name = "NAME")]
     pub inputs: Vec<String>,
 }
