@@ -128,6 +128,10 @@ def _check_regions(regions: Any) -> None:
                 )
 
 
+# A slot the module did not hold when a re-run began (`apply` puts the module's own back).
+_ABSENT: Any = object()
+
+
 def _in_place(op: str) -> bool:
     """Whether an aten op's name (`aten.add_.Tensor`) is its in-place variant."""
     parts = op.split(".")
@@ -437,14 +441,14 @@ def apply(
                     return out
                 # The re-run: a copy of the copy, so that its own appends go nowhere.
                 a, k = tree_map(lambda x: x, (a[:n], k))
-                now = [(slots, name, slots.get(name, bound)) for slots, name, _ in bound]
+                now = [(slots, name, slots.get(name, _ABSENT)) for slots, name, _ in bound]
                 try:
                     for slots, name, t in bound:
                         slots[name] = t
                     return _orig(*a, **k)
                 finally:
                     for slots, name, was in now:
-                        if was is bound:  # not there when the re-run began
+                        if was is _ABSENT:  # not there when the re-run began
                             slots.pop(name, None)
                         else:
                             slots[name] = was

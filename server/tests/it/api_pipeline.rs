@@ -125,6 +125,26 @@ fn random_layered_250() -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Posts `random_layered_250` with `query` (waiting for it) and answers the status, the job's id
+/// and its plan, which must be done.
+async fn plan_random_layered(router: &axum::Router, query: &str) -> (StatusCode, String, Value) {
+    let r = TestApp::send_to(
+        router,
+        Request::post(format!("/v1/plans?{query}&wait=120"))
+            .header("content-type", "application/json")
+            .body(Body::from(random_layered_250()))
+            .unwrap(),
+    )
+    .await;
+    let v = r.json();
+    assert_eq!(v["status"], "done", "{v}");
+    (
+        r.status,
+        v["id"].as_str().unwrap().to_string(),
+        v["plan"].clone(),
+    )
+}
+
 /// Issue 19: a plan never costs more than one the service found at a lower budget. On this
 /// graph the MILP finds nothing in its time and the peak descent answers: +8.09% at 0.8x,
 /// +5.32% at 0.82x on its own, while the 0.8x schedule less what 0.82x does not need to
@@ -133,19 +153,12 @@ fn random_layered_250() -> Vec<u8> {
 async fn a_plan_reuses_a_cheaper_stored_plan_of_a_lower_budget() {
     let t = real_app();
     let plan = |budget: &'static str, solver: &'static str| {
-        let t = &t;
+        let router = &t.router;
         async move {
-            let r = t
-                .post(
-                    &format!("/v1/plans?budget={budget}&solver={solver}&time_limit=0.2&wait=120"),
-                    "application/json",
-                    random_layered_250(),
-                )
-                .await;
-            assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
-            let v = r.json();
-            assert_eq!(v["status"], "done", "{v}");
-            v["plan"].clone()
+            let query = format!("budget={budget}&solver={solver}&time_limit=0.2");
+            let (status, _, plan) = plan_random_layered(router, &query).await;
+            assert_eq!(status, StatusCode::CREATED);
+            plan
         }
     };
     let low = plan("0.8x", "ilp").await;
@@ -177,23 +190,8 @@ async fn a_plan_reuses_a_cheaper_stored_plan_of_a_lower_budget() {
 async fn an_identical_request_is_planned_again_when_a_later_plan_beats_the_stored_one() {
     let t = real_app();
     let post = |budget: &'static str| {
-        let t = &t;
-        async move {
-            let r = t
-                .post(
-                    &format!("/v1/plans?budget={budget}&time_limit=2&wait=120"),
-                    "application/json",
-                    random_layered_250(),
-                )
-                .await;
-            let v = r.json();
-            assert_eq!(v["status"], "done", "{v}");
-            (
-                r.status,
-                v["id"].as_str().unwrap().to_string(),
-                v["plan"].clone(),
-            )
-        }
+        let router = &t.router;
+        async move { plan_random_layered(router, &format!("budget={budget}&time_limit=2")).await }
     };
     let overhead = |p: &Value| p["predicted"]["overhead"].as_f64().unwrap();
     let (status, first_id, first) = post("0.75x").await;
@@ -213,23 +211,9 @@ async fn an_identical_request_is_planned_again_when_a_later_plan_beats_the_store
     let together: Vec<_> = (0..6)
         .map(|_| {
             let router = t.router.clone();
-            tokio::spawn(async move {
-                let r = TestApp::send_to(
-                    &router,
-                    Request::post("/v1/plans?budget=0.75x&time_limit=2&wait=120")
-                        .header("content-type", "application/json")
-                        .body(Body::from(random_layered_250()))
-                        .unwrap(),
-                )
-                .await;
-                let v = r.json();
-                assert_eq!(v["status"], "done", "{v}");
-                (
-                    r.status,
-                    v["id"].as_str().unwrap().to_string(),
-                    v["plan"].clone(),
-                )
-            })
+            tokio::spawn(
+                async move { plan_random_layered(&router, "budget=0.75x&time_limit=2").await },
+            )
         })
         .collect();
     let mut answers = Vec::new();
