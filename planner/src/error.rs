@@ -94,6 +94,30 @@ pub enum PlannerError {
         name: String,
         inputs: Vec<String>,
     },
+    /// A pattern of `--input` / `--param` / `--freeze` that matches no graph input or
+    /// initializer.
+    #[error("{which} {pattern:?} matches no graph input or initializer; the model's {count} names begin {}", examples.join(", "))]
+    NoMatch {
+        which: &'static str,
+        pattern: String,
+        /// The first names of the model (graph inputs, then initializers).
+        examples: Vec<String>,
+        count: usize,
+    },
+    /// One name given to two of `--input`, `--param` and `--freeze`.
+    #[error("{name:?} is named by both {first} and {second} (exactly or by a pattern); each says something else of it: data, a trained parameter, a frozen weight")]
+    NamedTwice {
+        name: String,
+        first: &'static str,
+        second: &'static str,
+    },
+    /// A pattern of `--input` / `--param` / `--freeze` that does not parse.
+    #[error("{which} {pattern:?}: not a glob pattern: {reason}")]
+    BadPattern {
+        which: &'static str,
+        pattern: String,
+        reason: String,
+    },
     /// A tensor kept in an external file that cannot be read (`external`).
     #[error("tensor {tensor:?}, external data {location:?}: {reason}")]
     ExternalData {
@@ -101,9 +125,13 @@ pub enum PlannerError {
         location: String,
         reason: String,
     },
-    /// `--param NAME` on an input that cannot be trained.
-    #[error("--param {name:?}: the input is {dtype}; a parameter must be floating point")]
-    ParamNotFloat { name: String, dtype: String },
+    /// `--param NAME` (or `--freeze NAME`) on a value that is not floating point.
+    #[error("{which} {name:?}: the value is {dtype}; {which} names floating-point weights only")]
+    ParamNotFloat {
+        which: &'static str,
+        name: String,
+        dtype: String,
+    },
     #[error(
         "the model has no floating-point output computed from a data input to build a loss \
          from (an output computed from parameters and constants alone is folded at import: \

@@ -28,7 +28,9 @@
 //! # Which graph inputs are parameters
 //! Decided per graph input, first rule that applies:
 //! 1. named in [`ImportOptions::inputs`] (`--input NAME`) → data;
-//! 2. named in [`ImportOptions::params`] (`--param NAME`) → parameter;
+//! 2. named in [`ImportOptions::params`] (`--param NAME`) → parameter; named in
+//!    [`ImportOptions::frozen`] (`--freeze NAME`) → a frozen weight (a buffer: held, no
+//!    gradient);
 //! 3. has an initializer → parameter;
 //! 4. not floating point → data;
 //! 5. has a symbolic or unknown dim → data;
@@ -41,9 +43,12 @@
 //!    (RAFT's second frame beside its first);
 //! 9. otherwise (floating point, fully static) → parameter.
 //!
-//! `--param` on an input that is not floating point is an error. `--param` may also name an
-//! initializer that is not a graph input, which makes it a trained parameter; `--input` may
-//! name one too, which makes it a constant: a weight the training keeps frozen.
+//! `--param` or `--freeze` on a value that is not floating point is an error, and so is a
+//! name given to two of the three options. `--param` may also name an initializer that is not
+//! a graph input, which makes it a trained parameter; `--freeze` (or `--input`) may name one
+//! too, which makes it a weight the training keeps frozen. A name the model lacks that holds
+//! `*`, `?` or `[` is a glob pattern over the graph inputs and initializers (`--freeze
+//! 'backbone.*'` freezes a backbone); one that matches nothing is an error.
 //!
 //! Parameter candidates (and initializers, `Constant` nodes and constant subgraphs such as
 //! `ConstantOfShape` of a constant shape) that the live graph reads become *trainable
@@ -115,9 +120,9 @@ pub use training::{ExecInfo, SavedTensor, Source, TrainingGraph, TrainingNode};
 /// Imports a model: [`model::read`], then the fusions of exporter decompositions
 /// ([`fuse::fuse`]), then the parameter rule ([`model::classify_constants`]).
 fn import(bytes: &[u8], opts: &ImportOptions) -> Result<Model> {
-    let (mut model, is_const) = model::read(bytes, opts)?;
-    fuse::fuse(&mut model, opts);
-    model::classify_constants(&mut model, &is_const, opts);
+    let (mut model, is_const, opts) = model::read(bytes, opts)?;
+    fuse::fuse(&mut model, &opts);
+    model::classify_constants(&mut model, &is_const, &opts);
     Ok(model)
 }
 

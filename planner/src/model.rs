@@ -377,6 +377,21 @@ fn concatenated_with(g: &GraphProto) -> HashMap<String, HashSet<String>> {
     partners
 }
 
+/// `--param` and `--freeze` name floating-point weights: `Err` when `name`, a value of the
+/// type `dtype` names, which is not floating point, is named by either.
+fn weights_are_float(opts: &ImportOptions, name: &str, dtype: impl Fn() -> String) -> Result<()> {
+    for (which, list) in [("--param", &opts.params), ("--freeze", &opts.frozen)] {
+        if list.iter().any(|n| n == name) {
+            return Err(PlannerError::ParamNotFloat {
+                which,
+                name: name.to_string(),
+                dtype: dtype(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Decides which graph inputs are parameters (the rule is documented in the crate docs).
 fn classify_inputs(
     inputs: &[&ValueInfoProto],
@@ -386,11 +401,16 @@ fn classify_inputs(
     opts: &ImportOptions,
 ) -> Result<HashMap<String, bool>> {
     let names: Vec<String> = inputs.iter().map(|v| v.name.clone()).collect();
-    for (which, list) in [("--param", &opts.params), ("--input", &opts.inputs)] {
+    for (which, list) in [
+        ("--param", &opts.params),
+        ("--input", &opts.inputs),
+        ("--freeze", &opts.frozen),
+    ] {
         for n in list {
-            // Either may also name an initializer that is not a graph input: `--param` a
+            // Each may also name an initializer that is not a graph input: `--param` a
             // one-element one (a scalar `nn.Parameter`, PReLU's slope), otherwise a constant;
-            // `--input` a weight the training keeps frozen, otherwise a parameter.
+            // `--input` or `--freeze` a weight the training keeps frozen, otherwise a
+            // parameter.
             if !names.contains(n) && !initializers.contains(n.as_str()) {
                 return Err(PlannerError::UnknownInput {
                     which,
@@ -401,13 +421,8 @@ fn classify_inputs(
         }
     }
     for v in inputs {
-        if opts.params.contains(&v.name) {
-            if let Some(dtype) = declared(v).dtype.filter(|t| !t.is_float()) {
-                return Err(PlannerError::ParamNotFloat {
-                    name: v.name.clone(),
-                    dtype: format!("{dtype:?}").to_lowercase(),
-                });
-            }
+        if let Some(dtype) = declared(v).dtype.filter(|t| !t.is_float()) {
+            weights_are_float(opts, &v.name, || format!("{dtype:?}").to_lowercase())?;
         }
     }
     let mut decided: Vec<Option<bool>> = inputs
@@ -417,7 +432,11 @@ fn classify_inputs(
             if opts.inputs.iter().any(|n| n == name) {
                 return Some(false);
             }
-            if opts.params.iter().any(|n| n == name) || initializers.contains(name) {
+            // A frozen weight is a constant like a parameter (its kind is decided with the
+            // constants: a buffer, `may_be_parameter`).
+            if opts.params.iter().chain(&opts.frozen).any(|n| n == name)
+                || initializers.contains(name)
+            {
                 return Some(true);
             }
             let d = declared(v);
@@ -868,22 +887,35 @@ pub struct ImportOptions {
     /// writes them) is called `<input>:<axis>` (e.g. `x:0=6`); the older `<input>.<axis>` is
     /// read too.
     pub dims: BTreeMap<String, u64>,
-    /// Graph inputs to treat as parameters (`--param NAME`).
+    /// Graph inputs or initializers to treat as parameters (`--param NAME`); a name may be a
+    /// glob pattern (`read`'s `resolve_names`).
     pub params: Vec<String>,
-    /// Graph inputs to treat as data (`--input NAME`).
+    /// Graph inputs to treat as data, or initializers as frozen weights (`--input NAME`); a
+    /// name may be a glob pattern.
     pub inputs: Vec<String>,
+    /// Weights the training keeps frozen (`--freeze NAME`): graph inputs (a model exported
+    /// with its weights as inputs) or initializers, held as buffers with no gradient; a name
+    /// may be a glob pattern (`--freeze 'backbone.*'`).
+    pub frozen: Vec<String>,
 }
 
 /// Reads a model: parse, bind dims, infer shapes, fold constants. Unsupported nodes do not
 /// stop the import; they are listed in [`Model::unsupported`]. The values are classified by
 /// [`classify_constants`] once the exporter's decompositions are fused (`crate::import`);
 /// the second result says which values are constants.
-pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<bool>)> {
+/// The third result is `opts` with the patterns among its names expanded
+/// ([`resolve_names`]), for the steps after this one.
+pub(crate) fn read(
+    bytes: &[u8],
+    opts: &ImportOptions,
+) -> Result<(Model, Vec<bool>, ImportOptions)> {
     let mut proto = parse_model(bytes)?;
     crate::external::check_no_external_shapes(&mut proto)?;
     let Some(g) = proto.graph.as_ref() else {
         return Err(malformed("the protobuf has no graph"));
     };
+    let resolved = resolve_names(opts, g)?;
+    let opts = &resolved;
     let opset = proto
         .opset_import
         .iter()
@@ -901,14 +933,13 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
     let init_names: HashSet<&str> = g.initializer.iter().map(|t| t.name.as_str()).collect();
     for t in &g.initializer {
         let dtype = DType::from_onnx(i64::from(t.data_type));
-        if opts.params.contains(&t.name) && !dtype.is_some_and(|d| d.is_float()) {
-            return Err(PlannerError::ParamNotFloat {
-                name: t.name.clone(),
-                dtype: dtype.map_or_else(
+        if !dtype.is_some_and(|d| d.is_float()) {
+            weights_are_float(opts, &t.name, || {
+                dtype.map_or_else(
                     || format!("ONNX type {}", t.data_type),
                     |d| format!("{d:?}").to_lowercase(),
-                ),
-            });
+                )
+            })?;
         }
     }
     let graph_inputs: Vec<&ValueInfoProto> = g.input.iter().collect();
@@ -1084,7 +1115,107 @@ pub(crate) fn read(bytes: &[u8], opts: &ImportOptions) -> Result<(Model, Vec<boo
         op_counts,
         scalar_constants: vec![],
     };
-    Ok((model, b.is_const))
+    Ok((model, b.is_const, resolved))
+}
+
+/// Expands the patterns among the names of `--input`, `--param` and `--freeze`: a name that
+/// is not a graph input or an initializer of `g` and holds `*`, `?` or `[` is a glob pattern
+/// (`*` any run of characters, `/` and `.` included; `?` one; `[...]` one of a set), replaced
+/// by every graph input and initializer it matches, in the file's order: `--freeze
+/// 'backbone.*'` freezes a backbone of hundreds of weights. A name another option gives
+/// exactly is left to it (`--freeze 'encoder.*' --param encoder.scale` trains the scale). A
+/// pattern that matches nothing, or does not parse, is an error naming it: a frozen backbone
+/// that silently stayed trained is the mistake this guards against. Exact names are kept as
+/// they are (one that names nothing is refused later, listing the graph inputs); one name
+/// given exactly to two of the options is an error.
+fn resolve_names(opts: &ImportOptions, g: &GraphProto) -> Result<ImportOptions> {
+    named_once(opts)?;
+    let lists = [&opts.inputs, &opts.params, &opts.frozen];
+    let is_pattern = |n: &str| n.contains(['*', '?', '[']);
+    if !lists.iter().any(|l| l.iter().any(|n| is_pattern(n))) {
+        return Ok(opts.clone());
+    }
+    let mut names: Vec<&str> = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    for n in g
+        .input
+        .iter()
+        .map(|v| v.name.as_str())
+        .chain(g.initializer.iter().map(|t| t.name.as_str()))
+    {
+        if seen.insert(n) {
+            names.push(n);
+        }
+    }
+    let exact: HashSet<&str> = lists
+        .iter()
+        .flat_map(|l| l.iter())
+        .map(String::as_str)
+        .filter(|n| seen.contains(n) || !is_pattern(n))
+        .collect();
+    let expand = |which: &'static str, list: &[String]| -> Result<Vec<String>> {
+        let mut out: Vec<String> = Vec::new();
+        for n in list {
+            if seen.contains(n.as_str()) || !is_pattern(n) {
+                out.push(n.clone());
+                continue;
+            }
+            let pattern = glob::Pattern::new(n).map_err(|e| PlannerError::BadPattern {
+                which,
+                pattern: n.clone(),
+                reason: e.msg.to_string(),
+            })?;
+            let matched: Vec<&str> = names
+                .iter()
+                .copied()
+                .filter(|m| pattern.matches(m))
+                .collect();
+            if matched.is_empty() {
+                return Err(PlannerError::NoMatch {
+                    which,
+                    pattern: n.clone(),
+                    examples: names.iter().take(8).map(|s| s.to_string()).collect(),
+                    count: names.len(),
+                });
+            }
+            for m in matched {
+                if !exact.contains(m) && !out.iter().any(|o| o == m) {
+                    out.push(m.to_string());
+                }
+            }
+        }
+        Ok(out)
+    };
+    let resolved = ImportOptions {
+        dims: opts.dims.clone(),
+        inputs: expand("--input", &opts.inputs)?,
+        params: expand("--param", &opts.params)?,
+        frozen: expand("--freeze", &opts.frozen)?,
+    };
+    named_once(&resolved)?;
+    Ok(resolved)
+}
+
+/// No name in two of `--input`, `--param` and `--freeze` (exactly, or matched by patterns of
+/// two of them): each says something else of the value.
+fn named_once(opts: &ImportOptions) -> Result<()> {
+    let lists: [(&'static str, &Vec<String>); 3] = [
+        ("--input", &opts.inputs),
+        ("--param", &opts.params),
+        ("--freeze", &opts.frozen),
+    ];
+    for (i, (a, first)) in lists.iter().enumerate() {
+        for (b, second) in &lists[i + 1..] {
+            if let Some(n) = first.iter().find(|n| second.contains(n)) {
+                return Err(PlannerError::NamedTwice {
+                    name: n.clone(),
+                    first: a,
+                    second: b,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The parameter rule's eligibility, one place for [`classify_constants`] and the fusions
@@ -1103,9 +1234,10 @@ pub(crate) fn may_be_parameter(model: &Model, v: ValueId, opts: &ImportOptions) 
     if !f.dtype.is_float() || value.kind == ValueKind::Data {
         return false;
     }
-    // `--input` names data, or a weight the training keeps frozen (`requires_grad=False`: a
-    // frozen backbone, the base weights under LoRA): no gradient, no backward of its own.
-    if opts.inputs.contains(&value.name) {
+    // `--freeze` (or `--input` on an initializer) names a weight the training keeps frozen
+    // (`requires_grad=False`: a frozen backbone, the base weights under LoRA): no gradient, no
+    // backward of its own; `--input` on a graph input names data.
+    if opts.inputs.contains(&value.name) || opts.frozen.contains(&value.name) {
         return false;
     }
     if opts.params.contains(&value.name) || model.inputs.contains(&v) {
@@ -1229,6 +1361,7 @@ pub(crate) fn classify_constants(model: &mut Model, is_const: &[bool], opts: &Im
                 && diff_use[v]
                 && value.kind == ValueKind::Buffer
                 && !opts.inputs.contains(&value.name)
+                && !opts.frozen.contains(&value.name)
                 && value.producer.is_none()
                 && !model.inputs.contains(&v)
                 && value

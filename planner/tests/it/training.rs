@@ -1098,3 +1098,126 @@ fn an_initializer_named_as_input_is_a_frozen_weight() {
         .to_string();
     assert!(e.contains("not a graph input or an initializer"), "{e}");
 }
+
+/// A frozen backbone is hundreds of weights: `--freeze` (like `--input` and `--param`) takes a
+/// glob pattern over the graph inputs and initializers; an exact name of another option is an
+/// exception; a pattern that matches nothing (a typo would leave the backbone trained) or
+/// does not parse is an error naming it, and so is a name given to two options.
+#[test]
+fn a_pattern_named_to_freeze_freezes_every_weight_it_matches() {
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4)])
+        .weight("backbone/l0.w", &[4, 8])
+        .weight("backbone.l1.w", &[8, 8])
+        .weight("backbone.l1.scale", &[8])
+        .weight("head.w", &[8, 3])
+        .node("MatMul", "mm0", &["x", "backbone/l0.w"], &["h0"], vec![])
+        .node("MatMul", "mm1", &["h0", "backbone.l1.w"], &["h1"], vec![])
+        .node("Mul", "scale", &["h1", "backbone.l1.scale"], &["s"], vec![])
+        .node("Relu", "act", &["s"], &["a"], vec![])
+        .node("MatMul", "mm2", &["a", "head.w"], &["y"], vec![])
+        .output("y");
+    let kinds = |opts: &remat_planner::ImportOptions| {
+        let m = load(&g.bytes(), opts).expect("imports");
+        let mut params: Vec<String> = m
+            .values
+            .iter()
+            .filter(|v| v.kind == ValueKind::Param)
+            .map(|v| v.name.clone())
+            .collect();
+        params.sort();
+        (
+            params,
+            m.training_graph().expect("training graph").params_bytes,
+        )
+    };
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.frozen.push("backbone*".into());
+    let (params, bytes) = kinds(&opts);
+    assert_eq!(params, ["head.w"]);
+    assert_eq!(bytes, 8 * 3 * 4);
+    // An exact `--param` keeps its weight trained under a pattern of `--freeze`.
+    opts.params.push("backbone.l1.scale".into());
+    let (params, bytes) = kinds(&opts);
+    assert_eq!(params, ["backbone.l1.scale", "head.w"]);
+    assert_eq!(bytes, (8 + 8 * 3) * 4);
+    // `?` and `[...]` too; `*` crosses `/` and `.`; `--input` takes patterns as well.
+    for which in ["freeze", "input"] {
+        let mut opts = remat_planner::ImportOptions::default();
+        let list = if which == "freeze" {
+            &mut opts.frozen
+        } else {
+            &mut opts.inputs
+        };
+        list.push("backbone?l[01].w".into());
+        let (params, _) = kinds(&opts);
+        assert_eq!(params, ["backbone.l1.scale", "head.w"], "{which}");
+    }
+    for (pattern, wanted) in [
+        ("encoder.*", "matches no graph input or initializer"),
+        ("backbone.[", "not a glob pattern"),
+    ] {
+        let mut opts = remat_planner::ImportOptions::default();
+        opts.frozen.push(pattern.into());
+        let e = load(&g.bytes(), &opts).expect_err("refused").to_string();
+        assert!(e.contains(wanted) && e.contains(pattern), "{e}");
+        assert!(e.contains("--freeze"), "{e}");
+    }
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.frozen.push("head.w".into());
+    opts.params.push("head.w".into());
+    let e = load(&g.bytes(), &opts).expect_err("twice").to_string();
+    assert!(
+        e.contains("\"head.w\" is named by both --param and --freeze"),
+        "{e}"
+    );
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.frozen.push("backbone.*".into());
+    opts.params.push("backbone.l1.*".into());
+    let e = load(&g.bytes(), &opts).expect_err("twice").to_string();
+    assert!(e.contains("is named by both --param and --freeze"), "{e}");
+}
+
+/// A model exported with its weights as graph inputs (`export_params=False`, the fixtures'
+/// form): `--freeze` makes one a frozen weight, held as a buffer all step long (its bytes stay
+/// in the fixed bytes) with no gradient; `--input` would make it data, which the step may
+/// drop after its last use: a frozen 7B base under LoRA would go missing from the peak.
+#[test]
+fn a_weight_that_is_a_graph_input_freezes_as_a_buffer() {
+    let g = G::new(17)
+        .input("x", F32, &[D::V(2), D::V(4)])
+        .input("frozen", F32, &[D::V(4), D::V(8)])
+        .input("w", F32, &[D::V(8), D::V(3)])
+        .node("MatMul", "mm1", &["x", "frozen"], &["h"], vec![])
+        .node("Relu", "act", &["h"], &["a"], vec![])
+        .node("MatMul", "mm2", &["a", "w"], &["y"], vec![])
+        .output("y");
+    let trained = load(&g.bytes(), &remat_planner::ImportOptions::default())
+        .expect("imports")
+        .training_graph()
+        .expect("training graph");
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.frozen.push("frozen".into());
+    let m = load(&g.bytes(), &opts).expect("imports with --freeze frozen");
+    let kind = |name: &str| m.values.iter().find(|v| v.name == name).map(|v| v.kind);
+    assert_eq!(kind("frozen"), Some(ValueKind::Buffer));
+    assert_eq!(kind("w"), Some(ValueKind::Param));
+    let frozen = m.training_graph().expect("training graph");
+    assert_eq!(frozen.params_bytes, 8 * 3 * 4);
+    assert_eq!(frozen.buffers_bytes, 4 * 8 * 4, "the frozen weight is held");
+    assert_eq!(
+        trained.to_problem().fixed_bytes - frozen.to_problem().fixed_bytes,
+        4 * 8 * 4,
+        "only its gradient's bytes go"
+    );
+    // An integer graph input is not a weight.
+    let ids = G::new(17)
+        .input("ids", I64, &[D::V(2)])
+        .input("table", F32, &[D::V(10), D::V(4)])
+        .node("Gather", "emb", &["table", "ids"], &["y"], vec![])
+        .output("y");
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.frozen.push("ids".into());
+    let e = load(&ids.bytes(), &opts).expect_err("int").to_string();
+    assert!(e.contains("--freeze \"ids\": the value is i64"), "{e}");
+}

@@ -82,13 +82,19 @@ pub struct ModelArgs {
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
     pub dims: Vec<(String, u64)>,
     /// Treat this graph input, or this initializer, as a parameter (overrides the importer's
-    /// rule: a one-element initializer is otherwise a constant, as the notes say)
+    /// rule: a one-element initializer is otherwise a constant, as the notes say); a glob
+    /// pattern (*, ?, [...]) names every graph input and initializer it matches
     #[arg(long = "param", value_name = "NAME")]
     pub params: Vec<String>,
-    /// Treat this graph input as data, not a parameter, or this initializer as a frozen weight
-    /// (no gradient: a frozen backbone, LoRA's base weights; overrides the importer's rule)
+    /// Treat this graph input as data, not a parameter (overrides the importer's rule); on an
+    /// initializer, the same as --freeze; a glob pattern names every name it matches
     #[arg(long = "input", value_name = "NAME")]
     pub inputs: Vec<String>,
+    /// A weight the training keeps frozen (a frozen backbone, LoRA's base weights): held all
+    /// step, no gradient, no backward of its own; a graph input or an initializer, or a glob
+    /// pattern of them: --freeze 'backbone.*'
+    #[arg(long = "freeze", value_name = "NAME")]
+    pub frozen: Vec<String>,
 }
 
 impl ModelArgs {
@@ -99,6 +105,7 @@ impl ModelArgs {
             dims: self.dims.iter().cloned().collect(),
             params: self.params.clone(),
             inputs: self.inputs.clone(),
+            frozen: self.frozen.clone(),
             name: self
                 .model
                 .file_stem()

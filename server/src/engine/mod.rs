@@ -58,6 +58,11 @@ pub struct PlanRequest {
     #[serde(default)]
     #[param(rename = "input")]
     pub inputs: Vec<String>,
+    /// Weights the training keeps frozen (graph inputs or initializers: held, no gradient);
+    /// glob patterns too; in a query `freeze`, repeatable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[param(rename = "freeze")]
+    pub frozen: Vec<String>,
     /// Budget fractions of the store-all peak for a sweep (default: 1.0 down to 0.2); in a
     /// query `fraction`, repeatable.
     #[serde(default)]
@@ -95,6 +100,7 @@ impl PlanRequest {
             && self.dims == other.dims
             && sorted(&self.params) == sorted(&other.params)
             && sorted(&self.inputs) == sorted(&other.inputs)
+            && sorted(&self.frozen) == sorted(&other.frozen)
     }
 }
 
@@ -148,6 +154,11 @@ pub fn refused_option(format: ModelFormat, req: &PlanRequest) -> Option<String> 
         Some((
             "inputs",
             named(req.inputs.iter().map(String::as_str).collect()),
+        ))
+    } else if !req.frozen.is_empty() {
+        Some((
+            "frozen",
+            named(req.frozen.iter().map(String::as_str).collect()),
         ))
     } else {
         None

@@ -140,6 +140,7 @@ impl Query {
                 "expect_model" => q.submit.expect_model = Some(value.clone()),
                 "param" => r.params.push(value.clone()),
                 "input" => r.inputs.push(value.clone()),
+                "freeze" => r.frozen.push(value.clone()),
                 "fraction" => r.fractions.push(parse_f64(key, value)?),
                 "maximize" => r.maximize = Some(value.clone()),
                 "max_overhead" => r.max_overhead = Some(parse_f64(key, value)?),
@@ -212,6 +213,7 @@ pub fn resolve(
         name: q.name.or(b.name),
         params: b.params,
         inputs: b.inputs,
+        frozen: b.frozen,
         fractions: b.fractions,
         maximize: q.maximize.or(b.maximize),
         max_overhead: q.max_overhead.or(b.max_overhead),
@@ -273,6 +275,7 @@ pub fn resolve(
     }
     request.params.extend(q.params);
     request.inputs.extend(q.inputs);
+    request.frozen.extend(q.frozen);
     request.fractions.extend(q.fractions);
     if let Some(f) = request
         .fractions
@@ -463,6 +466,8 @@ pub fn canonical(kind: Kind, request: &PlanRequest) -> String {
     c.params.dedup();
     c.inputs.sort();
     c.inputs.dedup();
+    c.frozen.sort();
+    c.frozen.dedup();
     if kind == Kind::Plan {
         c.fractions.clear();
     }

@@ -39,12 +39,13 @@ pub struct ExecModel<'a> {
     pub bytes: &'a [u8],
 }
 
-/// The importer's options of a request: dims, parameters, inputs.
+/// The importer's options of a request: dims, parameters, inputs, frozen weights.
 pub fn import_options(req: &PlanRequest) -> ImportOptions {
     ImportOptions {
         dims: req.dims.clone(),
         params: req.params.clone(),
         inputs: req.inputs.clone(),
+        frozen: req.frozen.clone(),
     }
 }
 
@@ -165,7 +166,11 @@ pub fn planner_error(e: PlannerError) -> EngineError {
                 .with_details(json!({ "known_dims": known }))
         }
         // `params` / `inputs` name an input the model lacks, or a parameter it cannot train.
-        PlannerError::UnknownInput { .. } | PlannerError::ParamNotFloat { .. } => {
+        PlannerError::UnknownInput { .. }
+        | PlannerError::ParamNotFloat { .. }
+        | PlannerError::NoMatch { .. }
+        | PlannerError::BadPattern { .. }
+        | PlannerError::NamedTwice { .. } => {
             EngineError::new(ErrorKind::BadInput, "invalid_option", message)
         }
         // A model whose shapes depend on data kept in a file beside it: the body carries no

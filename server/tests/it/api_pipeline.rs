@@ -263,6 +263,50 @@ async fn resnet18_onnx_plans_with_a_bound_batch() {
     assert!(peak <= v["plan"]["budget_bytes"].as_u64().unwrap());
 }
 
+/// `freeze` names frozen weights by glob pattern (a frozen backbone; the fixture's weights are
+/// graph inputs): fewer fixed bytes by their gradients' (the weights are still held); a
+/// pattern that matches nothing is the client's error, named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_weights_by_pattern_keep_their_bytes_and_a_pattern_matching_nothing_is_refused() {
+    let t = real_app();
+    let mut fixed = Vec::new();
+    for inputs in ["", "&freeze=conv1.*&freeze=layer1.*"] {
+        let r = t
+            .post(
+                &format!("/v1/plans?dim=batch=1&budget=1x&solver=store-all&wait=300{inputs}"),
+                "application/octet-stream",
+                resnet18(),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+        let v: Value = r.json();
+        fixed.push(
+            v["plan"]["graph"]["fixed_bytes"]
+                .as_u64()
+                .expect("fixed_bytes"),
+        );
+    }
+    // conv1 (64·3·7·7) and layer1's four convolutions (64·64·3·3 each) and its BN weights and
+    // biases (4 · 2 · 64) lose their gradients: 4 bytes each.
+    let frozen = (64 * 3 * 7 * 7 + 4 * 64 * 64 * 3 * 3 + 4 * 2 * 64) * 4;
+    assert_eq!(fixed[0] - fixed[1], frozen, "{fixed:?}");
+    let r = t
+        .post(
+            "/v1/plans?dim=batch=1&budget=0.9x&freeze=backbone.*&wait=300",
+            "application/octet-stream",
+            resnet18(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    let e = r.error();
+    assert_eq!(e["code"], "invalid_option", "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains("--freeze \"backbone.*\" matches no graph input or initializer"),
+        "{e}"
+    );
+}
+
 /// An error about the model calls it by its name, or "model", never by the exporter that
 /// wrote it (the training graph's own name).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
