@@ -135,8 +135,17 @@ pub fn exec(args: ServeArgs) -> Result<(), Failure> {
     let stopped = runtime
         .block_on(http::serve(args.settings(), Arc::new(Pipeline::new())))
         .map_err(|e| Failure {
-            // A flag out of range is the caller's (exit 2, as every subcommand's bad input).
-            code: if matches!(e, http::ServerError::Config { .. }) {
+            // A flag out of range, an address that cannot be bound, a store another process
+            // owns: the caller's (exit 2, as every subcommand's bad input).
+            code: if matches!(
+                e,
+                http::ServerError::Config { .. }
+                    | http::ServerError::Bind { .. }
+                    | http::ServerError::OpenStore {
+                        error: remat_server::http::store::StoreError::InUse(_),
+                        ..
+                    }
+            ) {
                 2
             } else {
                 1

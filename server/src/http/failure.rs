@@ -13,12 +13,9 @@ pub enum ServerError {
     },
     #[error("plan store: {0}")]
     Store(super::store::StoreError),
-    #[error("cannot bind {addr}: {source}")]
-    Bind {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The OS's error is in the message, not a `source`: an error chain says it once.
+    #[error("cannot bind {addr}: {error}")]
+    Bind { addr: String, error: std::io::Error },
     #[error("cannot start worker thread {index}: {source}")]
     Worker {
         index: usize,

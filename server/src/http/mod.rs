@@ -193,8 +193,7 @@ pub async fn open_store(db: &str, connections: usize) -> Result<Store, ServerErr
             option: "db",
             message,
         })?;
-        let sqlite =
-            store::SqliteStore::open(std::path::Path::new(db)).map_err(|e| opening(e.into()))?;
+        let sqlite = store::SqliteStore::open(std::path::Path::new(db)).map_err(opening)?;
         Ok(Store::Sqlite(Arc::new(sqlite)))
     }
 }
@@ -226,24 +225,26 @@ pub fn default_filter(default: &str) -> String {
     format!("{default},highs=error")
 }
 
-/// `remat serve`: checks the settings, opens the store, starts the workers, binds, prints the
+/// `remat serve`: checks the settings, binds, opens the store, starts the workers, prints the
 /// URL and serves until Ctrl-C or SIGTERM; says how it stopped ([`drain_or_give_back`]).
 pub async fn serve(settings: Serve, engine: Arc<dyn Engine>) -> Result<Stopped, ServerError> {
     let Serve { addr, db, config } = settings;
     init_logging("info,tower_http=debug");
     config.check(store::is_postgres_url(&db))?;
+    // The address first: a second start on a busy port (or a bad address) stops before it
+    // opens the store, which marks the jobs a previous run left in flight.
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|error| ServerError::Bind {
+            addr: addr.clone(),
+            error,
+        })?;
     let store = open_store(&db, 16).await?;
     let interrupted = match &store {
         Store::Sqlite(s) => s.interrupted_on_open(),
         Store::Postgres(_) => 0,
     };
     let state = AppState::new(engine, store, config)?;
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|source| ServerError::Bind {
-            addr: addr.clone(),
-            source,
-        })?;
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() && state.inner.config.token.is_none() {
         tracing::warn!(%addr, "listening beyond loopback without a token: anyone who can reach it can post and delete");

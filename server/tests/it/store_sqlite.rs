@@ -147,6 +147,35 @@ async fn a_job_in_flight_at_shutdown_is_failed_after_restart() {
     server.stop().await;
 }
 
+/// One process owns a store file: a second open while the first serves (a double start, an
+/// overlapping restart) is refused before it reads or writes anything, so the first one's job
+/// in flight is not failed under it; once the first one closed the store, the next open takes
+/// the file and marks that job interrupted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_open_of_a_store_in_use_is_refused_and_fails_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("remat.db");
+    let engine = Arc::new(TestEngine::default());
+    let server = start(&db, engine.clone()).await;
+    let url = format!("{}/v1/plans?wait=0", server.url);
+    let (status, accepted) = call("POST", &url, Some(graph("gate"))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let id = accepted["id"].as_str().unwrap().to_string();
+    let e = match SqliteStore::open(&db) {
+        Ok(_) => panic!("a second open of a store in use succeeded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("another process has it open"), "{e}");
+    assert!(e.contains("remat.db.lock"), "{e}");
+    let (_, plan) = call("GET", &format!("{}/v1/plans/{id}", server.url), None).await;
+    assert_ne!(plan["status"], "failed", "{plan}");
+    server.stop().await;
+    let server = start(&db, engine.clone()).await;
+    assert_eq!(interrupted(&server.state), 1);
+    engine.gate.open();
+    server.stop().await;
+}
+
 /// A connection that sends part of a request's headers and stops is closed once the request
 /// timeout (at most 30 s) has passed, not held open for ever; the server keeps answering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

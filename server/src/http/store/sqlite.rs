@@ -3,10 +3,19 @@
 //!
 //! Writes go through one connection; reads use a small pool of connections so that many
 //! readers do not wait on each other (WAL lets them read while a job writes).
+//!
+//! One process owns a store file: opening marks the jobs a previous run left in flight as
+//! failed, which is right only when no other process runs them. An exclusive lock on a file
+//! beside it (`<file>.lock`), taken before anything is read or written and held while the
+//! store is open, refuses a second `remat serve` on the same file (a double start, an
+//! overlapping restart, a blue/green rollout on a shared volume) instead of letting it fail
+//! the first one's running jobs. Replicas share PostgreSQL instead.
 
+use super::types::StoreError;
 use super::types::{interrupted_error, now, Claim, JobStatus, Kind, NewJob, Record, Reuse, Row};
 use crate::http::error::ErrorObject;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use std::fs::{File, TryLockError};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -43,6 +52,9 @@ pub struct SqliteStore {
     next_reader: AtomicUsize,
     closed: AtomicBool,
     interrupted: usize,
+    /// The lock that makes this process the file's one owner, held until the store is closed
+    /// (`None` in memory, and once closed).
+    owner: Mutex<Option<File>>,
 }
 
 fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
@@ -52,8 +64,10 @@ fn lock(conn: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
 
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path`, in WAL mode, and marks the jobs a
-    /// previous run left in flight as failed ("interrupted by a restart").
-    pub fn open(path: &Path) -> Result<SqliteStore, rusqlite::Error> {
+    /// previous run left in flight as failed ("interrupted by a restart"). A store another
+    /// process has open is [`StoreError::InUse`], before anything is read or written.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        let owner = Self::own(path)?;
         let writer = Connection::open(path)?;
         writer.pragma_update(None, "journal_mode", "WAL")?;
         Self::configure(&writer)?;
@@ -69,7 +83,36 @@ impl SqliteStore {
             Self::configure(&reader)?;
             readers.push(Mutex::new(reader));
         }
-        Self::finish_open(writer, readers)
+        Ok(Self::finish_open(writer, readers, Some(owner))?)
+    }
+
+    /// Takes the exclusive lock of the store at `path` (on `<path>.lock`, created if missing;
+    /// released when the file is closed, by the process's end too, a kill included).
+    fn own(path: &Path) -> Result<File, StoreError> {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".lock");
+        let lock_path = std::path::PathBuf::from(name);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| {
+                StoreError::InUse(format!("cannot open its lock {}: {e}", lock_path.display()))
+            })?;
+        match file.try_lock() {
+            Ok(()) => Ok(file),
+            Err(TryLockError::WouldBlock) => Err(StoreError::InUse(format!(
+                "another process has it open (its lock {} is held): one remat serve owns a SQLite \
+                 store; stop the other one first, give this one another --db, or share a \
+                 PostgreSQL database between replicas",
+                lock_path.display()
+            ))),
+            Err(TryLockError::Error(e)) => Err(StoreError::InUse(format!(
+                "cannot lock {}: {e}",
+                lock_path.display()
+            ))),
+        }
     }
 
     /// A store in memory (for tests): one connection for reads and writes.
@@ -77,7 +120,7 @@ impl SqliteStore {
         let writer = Connection::open_in_memory()?;
         Self::configure(&writer)?;
         writer.execute_batch(SCHEMA)?;
-        Self::finish_open(writer, Vec::new())
+        Self::finish_open(writer, Vec::new(), None)
     }
 
     fn configure(conn: &Connection) -> Result<(), rusqlite::Error> {
@@ -89,6 +132,7 @@ impl SqliteStore {
     fn finish_open(
         writer: Connection,
         readers: Vec<Mutex<Connection>>,
+        owner: Option<File>,
     ) -> Result<SqliteStore, rusqlite::Error> {
         let error = serde_json::to_string(&interrupted_error()).unwrap_or_default();
         let interrupted = writer.execute(
@@ -108,6 +152,7 @@ impl SqliteStore {
             next_reader: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             interrupted,
+            owner: Mutex::new(owner),
         })
     }
 
@@ -117,10 +162,12 @@ impl SqliteStore {
     }
 
     /// Refuses every later write (jobs still running after a shutdown must not write: the next
-    /// run owns the file and has marked them interrupted).
+    /// run owns the file and has marked them interrupted), and gives up the file's lock: the
+    /// next run may open it now.
     pub fn close(&self) {
         let _guard = lock(&self.writer);
         self.closed.store(true, Ordering::SeqCst);
+        drop(self.owner.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 
     pub fn is_closed(&self) -> bool {

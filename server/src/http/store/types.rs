@@ -163,6 +163,9 @@ pub enum StoreError {
     /// The database holds what this version cannot read.
     #[error("{0}")]
     Corrupt(String),
+    /// A SQLite store that another process has open (or whose lock cannot be taken).
+    #[error("{0}")]
+    InUse(String),
 }
 
 impl From<tokio_postgres::Error> for StoreError {
