@@ -277,6 +277,13 @@ pub fn resolve(
     request.inputs.extend(q.inputs);
     request.frozen.extend(q.frozen);
     request.fractions.extend(q.fractions);
+    // A fraction given twice is one point of the sweep.
+    let mut seen: Vec<f64> = Vec::new();
+    request.fractions.retain(|f| {
+        let first = !seen.contains(f);
+        seen.push(*f);
+        first
+    });
     if let Some(f) = request
         .fractions
         .iter()
@@ -456,11 +463,27 @@ pub fn check_applies(kind: Kind, request: &PlanRequest) -> Result<(), ApiError> 
 }
 
 /// The options that decide the result, in one canonical text: the display name is left out,
-/// the budget is its value (`0.90x` is `0.9x`, `1KiB` is `1024`: [`budget_key`]), parameter
-/// and input lists are sorted, and fractions only count for sweeps.
+/// the budget is its value (`0.90x` is `0.9x`, `1KiB` is `1024`: [`budget_key`]), an option
+/// spelled out at its default is the option left out (`solver=auto`, `validate=false`,
+/// `bound_time=0`, `time_limit=30`), parameter, input and frozen lists are sorted, and
+/// fractions only count for sweeps, as a set.
 pub fn canonical(kind: Kind, request: &PlanRequest) -> String {
     let mut c = request.clone();
     c.name = None;
+    if c.solver.as_deref() == Some("auto") {
+        c.solver = None;
+    }
+    if c.validate == Some(false) {
+        c.validate = None;
+    }
+    if c.bound_time == Some(0.0) {
+        c.bound_time = None;
+    }
+    if c.time_limit == Some(DEFAULT_TIME_LIMIT) {
+        c.time_limit = None;
+    }
+    c.fractions.sort_by(f64::total_cmp);
+    c.fractions.dedup();
     c.budget = c.budget.map(|b| budget_key(&b).unwrap_or(b));
     c.params.sort();
     c.params.dedup();
@@ -719,5 +742,108 @@ mod tests {
         };
         assert_eq!(canonical(Kind::Plan, &a), canonical(Kind::Plan, &b));
         assert_ne!(canonical(Kind::Sweep, &a), canonical(Kind::Sweep, &b));
+    }
+
+    /// An option spelled out at its default is the same request as the option left out (a
+    /// client that writes `solver=auto` must not plan again), and a sweep's fractions are a
+    /// set; other values stay apart.
+    #[test]
+    fn canonical_reads_defaults_spelled_out_as_left_out() {
+        let key = |kind: Kind, r: PlanRequest| {
+            canonical(
+                kind,
+                &PlanRequest {
+                    budget: Some("0.9x".into()),
+                    ..r
+                },
+            )
+        };
+        let plain = key(Kind::Plan, PlanRequest::default());
+        for (what, r) in [
+            (
+                "solver=auto",
+                PlanRequest {
+                    solver: Some("auto".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "validate=false",
+                PlanRequest {
+                    validate: Some(false),
+                    ..Default::default()
+                },
+            ),
+            (
+                "bound_time=0",
+                PlanRequest {
+                    bound_time: Some(0.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "time_limit=30",
+                PlanRequest {
+                    time_limit: Some(DEFAULT_TIME_LIMIT),
+                    ..Default::default()
+                },
+            ),
+        ] {
+            assert_eq!(key(Kind::Plan, r), plain, "{what}");
+        }
+        for (what, r) in [
+            (
+                "solver=ilp",
+                PlanRequest {
+                    solver: Some("ilp".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "validate=true",
+                PlanRequest {
+                    validate: Some(true),
+                    ..Default::default()
+                },
+            ),
+            (
+                "bound_time=1",
+                PlanRequest {
+                    bound_time: Some(1.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "time_limit=5",
+                PlanRequest {
+                    time_limit: Some(5.0),
+                    ..Default::default()
+                },
+            ),
+        ] {
+            assert_ne!(key(Kind::Plan, r), plain, "{what}");
+        }
+        let fractions = |f: &[f64]| {
+            key(
+                Kind::Sweep,
+                PlanRequest {
+                    fractions: f.to_vec(),
+                    ..Default::default()
+                },
+            )
+        };
+        assert_eq!(fractions(&[0.9, 0.7]), fractions(&[0.7, 0.9, 0.7]));
+        assert_ne!(fractions(&[0.9, 0.7]), fractions(&[0.9]));
+    }
+
+    /// A fraction given twice (in the envelope and the query, or twice in either) is one
+    /// point of the sweep, not two.
+    #[test]
+    fn a_fraction_given_twice_is_one_point() {
+        let body =
+            EnvelopeOptions::read(Some(serde_json::json!({"fractions": [0.9, 0.7]}))).unwrap();
+        let q = Query::parse(&pairs("fraction=0.7&fraction=0.5&fraction=0.5")).unwrap();
+        let r = resolve(Some(body), q, caps()).unwrap();
+        assert_eq!(r.request.fractions, [0.9, 0.7, 0.5]);
     }
 }
