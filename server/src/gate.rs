@@ -12,6 +12,11 @@
 //!   limit is the one figure that can depend on the machine's speed: when the plan is not proven
 //!   optimal, the comparison widens the tolerance by the solver's reported gap (the largest amount
 //!   by which a better schedule could lower the figure), so a gated change is never timing noise.
+//!
+//! The baseline records what each model was planned with ([`PlannedWith`]), so a row can say
+//! that the config changed rather than the model. The config and the baseline are read with
+//! [`read_file`] (a regular file of at most [`MAX_FILE_BYTES`]); the baseline is written to a
+//! temporary file beside it and renamed over it, so it is never left half written.
 
 use crate::engine::{ModelFormat, PlanRequest};
 use crate::pipeline;
@@ -20,6 +25,7 @@ use remat_solver::{baselines, budget, dp, sac, simulate, Problem};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
 /// Relative tolerance on byte figures when the config gives none.
@@ -28,13 +34,23 @@ pub const DEFAULT_TOLERANCE: f64 = 0.01;
 pub const DEFAULT_MAX_OVERHEAD: f64 = 0.2;
 /// Solver time limit (seconds) when the config gives none.
 pub const DEFAULT_TIME_LIMIT: f64 = 10.0;
+/// The most bytes the gate reads of its config or its baseline: far more than either needs, and
+/// a bound on what a wrong path (a device, a model file) costs.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
     #[error("{file}: {message}")]
     Config { file: PathBuf, message: String },
+    /// The baseline cannot be read (I/O, not a regular file, too large).
     #[error("{file}: {message}")]
     Baseline { file: PathBuf, message: String },
+    /// The baseline was read but is no baseline this remat can compare with (bad JSON, a field
+    /// of the wrong type, figures no run can have): `remat gate --update` replaces it.
+    #[error(
+        "{file}: {message}; restore it from version control, or rewrite it with `remat gate --update`"
+    )]
+    CorruptBaseline { file: PathBuf, message: String },
     #[error("model {name:?}: {message}")]
     Model { name: String, message: String },
     #[error("{file}: {message}")]
@@ -78,6 +94,9 @@ pub struct ModelConfig {
     pub params: Vec<String>,
     #[serde(default)]
     pub inputs: Vec<String>,
+    /// Weights the training keeps frozen (names or glob patterns: `remat plan --freeze`).
+    #[serde(default)]
+    pub freeze: Vec<String>,
 }
 
 /// A config's `budget`: a string as it is, a whole number of bytes as its digits.
@@ -117,6 +136,7 @@ impl ModelConfig {
             name: Some(self.name.clone()),
             params: self.params.clone(),
             inputs: self.inputs.clone(),
+            frozen: self.freeze.clone(),
             ..PlanRequest::default()
         }
     }
@@ -140,6 +160,91 @@ pub struct Figures {
     pub planned_solver: String,
     /// The solver's gap to its lower bound (0 when proven optimal).
     pub planned_gap: Option<f64>,
+    /// The config's options the figures were measured with; absent from baselines written before
+    /// 7 Dec 2026 (nothing is then said about them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_with: Option<PlannedWith>,
+}
+
+/// The options of a model's config table that change its figures, besides the budget and
+/// `max_overhead` ([`Figures::budget_bytes`], [`Figures::max_overhead`]): a row whose model was
+/// measured with others says which changed.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlannedWith {
+    #[serde(default)]
+    pub dims: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub params: Vec<String>,
+    #[serde(default)]
+    pub inputs: Vec<String>,
+    /// Weights named frozen (absent when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub freeze: Vec<String>,
+    /// The solver asked for (`auto` when the config names none); absent for a captured PyTorch
+    /// graph, which has one planner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub solver: Option<String>,
+    /// The plan's time limit in seconds, the default included; absent for a captured graph.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit: Option<f64>,
+}
+
+impl PlannedWith {
+    fn of(model: &ModelConfig, torch: bool) -> PlannedWith {
+        PlannedWith {
+            dims: model.dims.clone(),
+            params: model.params.clone(),
+            inputs: model.inputs.clone(),
+            freeze: model.freeze.clone(),
+            solver: (!torch).then(|| model.solver.clone().unwrap_or_else(|| "auto".into())),
+            time_limit: (!torch).then(|| model.time_limit.unwrap_or(DEFAULT_TIME_LIMIT)),
+        }
+    }
+
+    /// What changed from `old` to `self`: the changes that touch every figure (dims, params,
+    /// inputs), then those that touch only the planned overhead (solver, time limit).
+    fn changes_from(&self, old: &PlannedWith) -> (Vec<String>, Vec<String>) {
+        let mut all = Vec::new();
+        if self.dims != old.dims {
+            let keys: std::collections::BTreeSet<&String> =
+                old.dims.keys().chain(self.dims.keys()).collect();
+            let show = |v: Option<&u64>| v.map_or("(unset)".to_string(), u64::to_string);
+            let changed: Vec<String> = keys
+                .into_iter()
+                .filter(|k| old.dims.get(*k) != self.dims.get(*k))
+                .map(|k| format!("{k} {} → {}", show(old.dims.get(k)), show(self.dims.get(k))))
+                .collect();
+            all.push(format!("dims changed: {}", changed.join(", ")));
+        }
+        for (field, o, n) in [
+            ("params", &old.params, &self.params),
+            ("inputs", &old.inputs, &self.inputs),
+            ("freeze", &old.freeze, &self.freeze),
+        ] {
+            if o != n {
+                all.push(format!("{field} changed: {o:?} → {n:?}"));
+            }
+        }
+        let mut planned = Vec::new();
+        if self.solver != old.solver {
+            let show = |s: &Option<String>| s.clone().unwrap_or_else(|| "(none)".into());
+            planned.push(format!(
+                "solver changed {} → {}",
+                show(&old.solver),
+                show(&self.solver)
+            ));
+        }
+        if self.time_limit != old.time_limit {
+            let show = |t: Option<f64>| t.map_or("(none)".to_string(), |t| format!("{t} s"));
+            planned.push(format!(
+                "time_limit changed {} → {}",
+                show(old.time_limit),
+                show(self.time_limit)
+            ));
+        }
+        (all, planned)
+    }
 }
 
 /// `remat-baseline.json`.
@@ -175,6 +280,9 @@ pub struct Outcome {
     pub new_models: Vec<String>,
     /// Models in the baseline that the config no longer lists.
     pub dropped_models: Vec<String>,
+    /// The verdict line every format prints: nothing compared, no regression (and how many
+    /// figures improved beyond the tolerance), or how many regressions.
+    pub verdict: String,
 }
 
 impl Row {
@@ -200,7 +308,7 @@ impl Outcome {
     }
 
     /// The verdict line: nothing compared, no regression, or how many.
-    fn verdict(&self) -> String {
+    fn verdict_text(&self) -> String {
         match self.regressions().count() {
             _ if self.compared_nothing() => "nothing compared: no model of the config is in the \
                                              baseline; run remat gate --update to record them"
@@ -218,11 +326,62 @@ impl Outcome {
     }
 }
 
+/// The bytes of a gate file, `None` when it does not exist. What is not a regular file (a FIFO,
+/// a device such as `/dev/zero`, a folder) is refused before it is opened, and a file is read to
+/// at most [`MAX_FILE_BYTES`]: a wrong path never blocks or fills the memory. The error says why,
+/// without the path (the caller's error names the file).
+pub fn read_file(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let regular = |meta: &std::fs::Metadata| {
+        if meta.is_file() {
+            Ok(())
+        } else {
+            let what = if meta.is_dir() {
+                "a folder"
+            } else {
+                "not a regular file"
+            };
+            Err(format!(
+                "cannot read: {what}; the gate reads a regular file"
+            ))
+        }
+    };
+    let too_large = || {
+        format!(
+            "cannot read: larger than the gate's limit of {} MiB on a config or baseline",
+            MAX_FILE_BYTES >> 20
+        )
+    };
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read: {e}")),
+    };
+    regular(&meta)?;
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_large());
+    }
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    // The path may have been replaced between the two looks.
+    regular(&file.metadata().map_err(|e| format!("cannot read: {e}"))?)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large());
+    }
+    Ok(Some(bytes))
+}
+
 pub fn read_config(path: &Path) -> Result<GateConfig, GateError> {
-    let text = std::fs::read_to_string(path).map_err(|e| GateError::Config {
+    let error = |message: String| GateError::Config {
         file: path.to_path_buf(),
-        message: format!("cannot read: {e}"),
-    })?;
+        message,
+    };
+    let bytes = read_file(path)
+        .map_err(error)?
+        .ok_or_else(|| error("cannot read: no such file".to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|e| error(format!("not UTF-8 text: {e}")))?;
     let config: GateConfig = toml::from_str(&text).map_err(|e| GateError::Config {
         file: path.to_path_buf(),
         message: e.to_string().trim().to_string(),
@@ -276,25 +435,24 @@ pub fn read_config(path: &Path) -> Result<GateConfig, GateError> {
     Ok(config)
 }
 
+/// The baseline, `None` when there is none. [`GateError::Baseline`] when it cannot be read,
+/// [`GateError::CorruptBaseline`] when it was read but is no baseline to compare with.
 pub fn read_baseline(path: &Path) -> Result<Option<BaselineFile>, GateError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(GateError::Baseline {
-                file: path.to_path_buf(),
-                message: format!("cannot read: {e}"),
-            })
-        }
+    let Some(bytes) = read_file(path).map_err(|message| GateError::Baseline {
+        file: path.to_path_buf(),
+        message,
+    })?
+    else {
+        return Ok(None);
     };
-    let de = &mut serde_json::Deserializer::from_str(&text);
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
     let file: BaselineFile =
-        serde_path_to_error::deserialize(de).map_err(|e| GateError::Baseline {
+        serde_path_to_error::deserialize(de).map_err(|e| GateError::CorruptBaseline {
             file: path.to_path_buf(),
             message: format!("field `{}`: {}", e.path(), e.inner()),
         })?;
     if file.version != 1 {
-        return Err(GateError::Baseline {
+        return Err(GateError::CorruptBaseline {
             file: path.to_path_buf(),
             message: format!("field `version`: unsupported version {}", file.version),
         });
@@ -304,7 +462,7 @@ pub fn read_baseline(path: &Path) -> Result<Option<BaselineFile>, GateError> {
     // every later run whatever it measures.
     for (name, f) in &file.models {
         let bad = |field: &str, why: &str, value: f64| {
-            Err(GateError::Baseline {
+            Err(GateError::CorruptBaseline {
                 file: path.to_path_buf(),
                 message: format!("field `models.{name}.{field}`: {value} is {why}"),
             })
@@ -323,23 +481,80 @@ pub fn read_baseline(path: &Path) -> Result<Option<BaselineFile>, GateError> {
         {
             return bad("planned_gap", "not a gap (a fraction in [0, 1))", g);
         }
+        if let Some(t) = f
+            .planned_with
+            .as_ref()
+            .and_then(|w| w.time_limit)
+            .filter(|t| !(t.is_finite() && *t > 0.0))
+        {
+            return bad(
+                "planned_with.time_limit",
+                "not a time limit (seconds > 0)",
+                t,
+            );
+        }
     }
     Ok(Some(file))
 }
 
+/// Writes the baseline atomically: to a temporary file in its folder, synced, then renamed over
+/// it. A write that fails (a full disk, a file size limit) removes the temporary file and leaves
+/// the old baseline as it was; a process killed mid-write leaves at most the temporary file
+/// (`.NAME.PID.tmp`) beside an intact baseline. A baseline that is a symbolic link stays one:
+/// its target is replaced.
 pub fn write_baseline(path: &Path, figures: &BTreeMap<String, Figures>) -> Result<(), GateError> {
+    let error = |message: String| GateError::Write {
+        file: path.to_path_buf(),
+        message,
+    };
     let file = BaselineFile {
         version: 1,
         models: figures.clone(),
     };
-    let text = serde_json::to_string_pretty(&file).map_err(|e| GateError::Write {
-        file: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
-    std::fs::write(path, text + "\n").map_err(|e| GateError::Write {
-        file: path.to_path_buf(),
-        message: e.to_string(),
-    })
+    let text = serde_json::to_string_pretty(&file).map_err(|e| error(e.to_string()))? + "\n";
+    let target = match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => std::fs::canonicalize(path)
+            .map_err(|e| error(format!("cannot follow the link: {e}")))?,
+        _ => path.to_path_buf(),
+    };
+    let name = target
+        .file_name()
+        .ok_or_else(|| error("not a file name".to_string()))?;
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    // The process id keeps two gates from writing one temporary file; one left by a killed
+    // process of the same id is stale and truncated.
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        // The new file keeps the old one's permissions (a rename would otherwise give it the
+        // umask's).
+        if let Ok(meta) = std::fs::metadata(&target) {
+            f.set_permissions(meta.permissions())?;
+        }
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, &target)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(error(format!(
+            "cannot write (the baseline is left as it was): {e}"
+        )));
+    }
+    // The rename is durable once the folder is synced; where a folder cannot be opened (not
+    // on Unix) the rename has still happened.
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }
 
 /// The cheapest schedule the deterministic algorithms (baselines, chain DP) find within `budget`:
@@ -451,6 +666,7 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
         } else {
             report.gap
         },
+        planned_with: Some(PlannedWith::of(model, false)),
     })
 }
 
@@ -469,11 +685,13 @@ fn measure_torch(model: &ModelConfig, bytes: &[u8]) -> Result<Figures, String> {
     if !model.dims.is_empty() {
         return not_here("dims", "its shapes were fixed when it was captured");
     }
-    if !model.params.is_empty() || !model.inputs.is_empty() {
-        let field = if model.params.is_empty() {
+    if !model.params.is_empty() || !model.inputs.is_empty() || !model.freeze.is_empty() {
+        let field = if !model.params.is_empty() {
+            "params"
+        } else if !model.inputs.is_empty() {
             "inputs"
         } else {
-            "params"
+            "freeze"
         };
         return not_here(field, "the capture says what is a parameter and an input");
     }
@@ -507,6 +725,7 @@ fn measure_torch(model: &ModelConfig, bytes: &[u8]) -> Result<Figures, String> {
         planned_status: report.status.to_string(),
         planned_solver: "torch-sac".to_string(),
         planned_gap: None,
+        planned_with: Some(PlannedWith::of(model, true)),
     })
 }
 
@@ -572,6 +791,7 @@ pub fn compare(
         };
         let tol = m.tolerance.unwrap_or(DEFAULT_TOLERANCE);
         let name = m.name.as_str();
+        let first = rows.len();
         rows.push(bytes_row(
             name,
             "store_all_peak_bytes",
@@ -613,24 +833,16 @@ pub fn compare(
         let (change, regression, improved, note) =
             match (old.planned_overhead, new.planned_overhead) {
                 (Some(o), Some(n)) => {
-                    // A plan not proven optimal could be up to gap·cost cheaper: widen by that much.
-                    let slack = new.planned_gap.unwrap_or(0.0) * (1.0 + n)
-                        + old.planned_gap.unwrap_or(0.0) * (1.0 + o);
-                    let allowed = tol + slack;
-                    let regression = n - o > allowed;
-                    let improved = o - n > allowed;
+                    let rise = Allowance::new(tol, "new", new.planned_gap, n);
+                    let fall = Allowance::new(tol, "old", old.planned_gap, o);
+                    let regression = n - o > rise.points / 100.0;
+                    let improved = o - n > fall.points / 100.0;
                     let note = if regression {
-                        format!(
-                            "grew by more than the allowed {:.2} points (tolerance + solver gap)",
-                            100.0 * allowed
-                        )
+                        format!("grew by more than the allowed {rise}")
                     } else if improved {
-                        format!(
-                            "fell by more than the allowed {:.2} points (tolerance + solver gap)",
-                            100.0 * allowed
-                        )
-                    } else if slack > 0.0 {
-                        format!("not proven optimal: allowed {:.2} points", 100.0 * allowed)
+                        format!("fell by more than the allowed {fall}")
+                    } else if rise.widened() || fall.widened() {
+                        format!("not proven optimal: allowed a rise of {rise}, a fall of {fall}")
                     } else {
                         String::new()
                     };
@@ -658,16 +870,25 @@ pub fn compare(
                     "infeasible before and after".to_string(),
                 ),
             };
-        let note = if old.budget_bytes != new.budget_bytes {
-            format!(
-                "{note}{}budget changed {} → {} bytes",
-                if note.is_empty() { "" } else { "; " },
-                old.budget_bytes,
-                new.budget_bytes
-            )
-        } else {
-            note
+        let mut note = note;
+        if old.budget_bytes != new.budget_bytes {
+            add_note(
+                &mut note,
+                &format!(
+                    "budget changed {} → {} bytes",
+                    old.budget_bytes, new.budget_bytes
+                ),
+            );
+        }
+        // The options the model was planned with (unknown for a baseline written before they
+        // were recorded): a change of dims says why every figure moved.
+        let (all, planned) = match (&old.planned_with, &new.planned_with) {
+            (Some(o), Some(n)) => n.changes_from(o),
+            _ => Default::default(),
         };
+        for change in &planned {
+            add_note(&mut note, change);
+        }
         rows.push(Row {
             model: m.name.clone(),
             figure: "planned_overhead",
@@ -679,6 +900,13 @@ pub fn compare(
             improved,
             note,
         });
+        if !all.is_empty() {
+            for row in &mut rows[first..] {
+                for change in &all {
+                    add_note(&mut row.note, change);
+                }
+            }
+        }
     }
     let dropped_models = baseline
         .map(|b| {
@@ -689,11 +917,77 @@ pub fn compare(
                 .collect()
         })
         .unwrap_or_default();
-    Outcome {
+    let mut outcome = Outcome {
         rows,
         figures: figures.clone(),
         new_models,
         dropped_models,
+        verdict: String::new(),
+    };
+    outcome.verdict = outcome.verdict_text();
+    outcome
+}
+
+/// Appends `more` to a row's note, after "; " when it has one.
+fn add_note(note: &mut String, more: &str) {
+    if !note.is_empty() {
+        note.push_str("; ");
+    }
+    note.push_str(more);
+}
+
+/// How far the planned overhead may move one way before it counts: the tolerance, widened by
+/// `gap × (1 + overhead)` of the plan on the side that could be off. The solver's gap is
+/// `(cost − bound) / cost` of the step's compute cost, `1 + overhead` times the unplanned step's,
+/// so an optimal plan's overhead is at most `gap × (1 + overhead)` below the figure, never above
+/// it. A rise is measured against the new plan's gap (an unchanged model could have come out that
+/// much higher), a fall against the old plan's.
+struct Allowance {
+    /// Overhead points (percent of the unplanned step's cost).
+    points: f64,
+    tol: f64,
+    side: &'static str,
+    gap: f64,
+    overhead: f64,
+}
+
+impl Allowance {
+    fn new(tol: f64, side: &'static str, gap: Option<f64>, overhead: f64) -> Allowance {
+        let gap = gap.unwrap_or(0.0);
+        Allowance {
+            points: 100.0 * (tol + gap * (1.0 + overhead)),
+            tol,
+            side,
+            gap,
+            overhead,
+        }
+    }
+
+    fn widened(&self) -> bool {
+        self.gap > 0.0
+    }
+}
+
+/// "5.59 points (tolerance 1.00 + new gap 4.386% × (1 + 4.59%))": the terms a reader recomputes
+/// the allowance from.
+impl std::fmt::Display for Allowance {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2} points (tolerance {:.2}",
+            self.points,
+            100.0 * self.tol
+        )?;
+        if self.widened() {
+            write!(
+                f,
+                " + {} gap {:.3}% × (1 + {:.2}%)",
+                self.side,
+                100.0 * self.gap,
+                100.0 * self.overhead
+            )?;
+        }
+        f.write_str(")")
     }
 }
 
@@ -743,7 +1037,7 @@ pub fn render_text(outcome: &Outcome) -> String {
     for m in &outcome.dropped_models {
         let _ = writeln!(s, "{m:<20} in the baseline but no longer in the config");
     }
-    let _ = writeln!(s, "{}", outcome.verdict());
+    let _ = writeln!(s, "{}", outcome.verdict_text());
     s
 }
 
@@ -752,48 +1046,99 @@ pub fn render_figures(figures: &BTreeMap<String, Figures>) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{:<20} {:<34} {:>14}", "model", "figure", "value");
     for (name, f) in figures {
-        let rows: [(&str, String); 5] = [
-            (
-                "store_all_peak_bytes",
-                crate::human_bytes(f.store_all_peak_bytes),
-            ),
-            (
-                "saved_activation_bytes",
-                crate::human_bytes(f.saved_activation_bytes),
-            ),
-            (
-                "min_feasible_budget_bytes",
-                crate::human_bytes(f.min_feasible_budget_bytes),
-            ),
-            (
-                "best_peak_within_overhead_bytes",
-                f.best_peak_within_overhead_bytes
-                    .map(crate::human_bytes)
-                    .unwrap_or_else(|| "–".into()),
-            ),
-            (
-                "planned_overhead",
-                f.planned_overhead
-                    .map(|o| format!("{:+.2}% ({})", 100.0 * o, f.planned_status))
-                    .unwrap_or_else(|| "infeasible".into()),
-            ),
-        ];
-        for (figure, value) in rows {
+        for (figure, value) in figure_values(f) {
             let _ = writeln!(s, "{name:<20} {figure:<34} {value:>14}");
         }
     }
     s
 }
 
+/// What `--update` did, as Markdown: the figures written, then the comparison with the baseline
+/// they replaced (`previous`; none when there was none, or it could not be parsed).
+pub fn render_update_markdown(
+    figures: &BTreeMap<String, Figures>,
+    baseline: &Path,
+    previous: Option<&Outcome>,
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "### remat gate: baseline updated ({} model(s) written to `{}`)\n",
+        figures.len(),
+        baseline.display()
+    );
+    let _ = writeln!(s, "| model | figure | value |");
+    let _ = writeln!(s, "|---|---|---:|");
+    for (name, f) in figures {
+        for (figure, value) in figure_values(f) {
+            let _ = writeln!(s, "| {name} | {figure} | {value} |");
+        }
+    }
+    if let Some(outcome) = previous {
+        let _ = writeln!(
+            s,
+            "\n#### Against the previous baseline: {}\n",
+            outcome.verdict_text()
+        );
+        s.push_str(&markdown_table(outcome));
+    }
+    s
+}
+
+/// What `remat gate --update --format json` prints.
+#[derive(Debug, Serialize)]
+pub struct UpdateReport<'a> {
+    /// The baseline file written.
+    pub written: &'a Path,
+    pub figures: &'a BTreeMap<String, Figures>,
+    /// The comparison with the baseline it replaced; `null` when there was none, or it could not
+    /// be parsed (a warning on stderr says so).
+    pub previous: Option<&'a Outcome>,
+}
+
+/// A model's five figures as the `--update` tables show them.
+fn figure_values(f: &Figures) -> [(&'static str, String); 5] {
+    [
+        (
+            "store_all_peak_bytes",
+            crate::human_bytes(f.store_all_peak_bytes),
+        ),
+        (
+            "saved_activation_bytes",
+            crate::human_bytes(f.saved_activation_bytes),
+        ),
+        (
+            "min_feasible_budget_bytes",
+            crate::human_bytes(f.min_feasible_budget_bytes),
+        ),
+        (
+            "best_peak_within_overhead_bytes",
+            f.best_peak_within_overhead_bytes
+                .map(crate::human_bytes)
+                .unwrap_or_else(|| "–".into()),
+        ),
+        (
+            "planned_overhead",
+            f.planned_overhead
+                .map(|o| format!("{:+.2}% ({})", 100.0 * o, f.planned_status))
+                .unwrap_or_else(|| "infeasible".into()),
+        ),
+    ]
+}
+
 /// The comparison as a Markdown table (for pull-request summaries).
 pub fn render_markdown(outcome: &Outcome) -> String {
+    format!(
+        "### remat gate: {}\n\n{}",
+        outcome.verdict_text(),
+        markdown_table(outcome)
+    )
+}
+
+/// The rows of a comparison as a Markdown table, then the models new to the baseline or taken
+/// out of the config.
+fn markdown_table(outcome: &Outcome) -> String {
     let mut s = String::new();
-    let verdict = if outcome.compared_nothing() || outcome.regressions().next().is_some() {
-        outcome.verdict()
-    } else {
-        "no memory regression".to_string()
-    };
-    let _ = writeln!(s, "### remat gate: {verdict}\n");
     let _ = writeln!(s, "| model | figure | baseline | now | change | verdict |");
     let _ = writeln!(s, "|---|---|---:|---:|---:|---|");
     for r in &outcome.rows {
@@ -871,7 +1216,7 @@ pub fn render_github(outcome: &Outcome, config_path: &Path) -> String {
         let _ = writeln!(
             s,
             "::error file={file},title=remat gate::{}",
-            github_message(&outcome.verdict())
+            github_message(&outcome.verdict_text())
         );
     }
     for m in &outcome.new_models {
@@ -925,7 +1270,140 @@ mod tests {
             figures: BTreeMap::new(),
             new_models: vec![],
             dropped_models: vec!["gone".to_string()],
+            verdict: String::new(),
         }
+    }
+
+    fn figures(overhead: f64, gap: f64) -> Figures {
+        Figures {
+            store_all_peak_bytes: 1000,
+            saved_activation_bytes: 500,
+            min_feasible_budget_bytes: 400,
+            max_overhead: 0.2,
+            best_peak_within_overhead_bytes: Some(600),
+            budget_bytes: 700,
+            planned_overhead: Some(overhead),
+            planned_status: "feasible".to_string(),
+            planned_solver: "milp".to_string(),
+            planned_gap: Some(gap),
+            planned_with: None,
+        }
+    }
+
+    fn config(tolerance: f64) -> GateConfig {
+        toml::from_str(&format!(
+            "[[model]]\nname = \"m\"\npath = \"m.onnx\"\nbudget = \"700\"\ntolerance = {tolerance}\n"
+        ))
+        .unwrap()
+    }
+
+    fn planned_overhead_row(old: Figures, new: Figures, tolerance: f64) -> Row {
+        let baseline = BaselineFile {
+            version: 1,
+            models: [("m".to_string(), old)].into(),
+        };
+        let figures = [("m".to_string(), new)].into();
+        compare(&config(tolerance), &figures, Some(&baseline))
+            .rows
+            .into_iter()
+            .find(|r| r.figure == "planned_overhead")
+            .unwrap()
+    }
+
+    /// The planned overhead's tolerance widens by `gap × (1 + overhead)` of the plan on the side
+    /// that could be off (docs/ci.md): a rise by the new plan's, a fall by the old plan's, never
+    /// their sum. The tester's case: overhead 4.587%, gap 4.386%, tolerance 1 point: a rise is
+    /// allowed 1 + 4.386 × 1.04587 = 5.59 points, so 7 points is a regression, 5 is not.
+    #[test]
+    fn planned_overhead_allowance_is_the_documented_one_and_recomputable() {
+        let (o, g) = (0.04587, 0.04386);
+        let row = planned_overhead_row(figures(o, g), figures(o + 0.07, g), 0.01);
+        assert!(row.regression, "{row:?}");
+        let allowed = 100.0 * (0.01 + g * (1.0 + o + 0.07));
+        assert!(
+            row.note.starts_with(&format!(
+                "grew by more than the allowed {allowed:.2} points"
+            )),
+            "{row:?}"
+        );
+        // The terms the note gives recompute its allowance: 1.00 + 4.386 × (1 + 11.59%).
+        assert!(
+            row.note
+                .contains("(tolerance 1.00 + new gap 4.386% × (1 + 11.59%))"),
+            "{row:?}"
+        );
+        let row = planned_overhead_row(figures(o, g), figures(o + 0.05, g), 0.01);
+        assert!(!row.regression && !row.improved, "{row:?}");
+        assert_eq!(
+            row.note,
+            "not proven optimal: allowed a rise of 5.81 points (tolerance 1.00 + new gap 4.386% × \
+             (1 + 9.59%)), a fall of 5.59 points (tolerance 1.00 + old gap 4.386% × (1 + 4.59%))"
+        );
+        // A fall is measured against the old plan's gap: with the new plan proven optimal, a
+        // fall of 3 points within the old gap's 5.59 is no improvement.
+        let row = planned_overhead_row(figures(o, g), figures(o - 0.03, 0.0), 0.01);
+        assert!(!row.regression && !row.improved, "{row:?}");
+        // Both proven optimal: the tolerance alone, and no note.
+        let row = planned_overhead_row(figures(o, 0.0), figures(o + 0.005, 0.0), 0.01);
+        assert!(!row.regression && row.note.is_empty(), "{row:?}");
+        let row = planned_overhead_row(figures(o, 0.0), figures(o + 0.02, 0.0), 0.01);
+        assert!(row.regression, "{row:?}");
+        assert!(
+            row.note
+                .starts_with("grew by more than the allowed 1.00 points (tolerance 1.00)"),
+            "{row:?}"
+        );
+    }
+
+    /// A change of what the model was planned with is said in its rows: dims, params and inputs
+    /// in all five, the solver and its time limit in the planned overhead's; a baseline without
+    /// the record says nothing.
+    #[test]
+    fn changed_planning_options_are_said_in_the_rows() {
+        let with = |seq: u64, time_limit: f64| PlannedWith {
+            dims: [("batch".to_string(), 2), ("seq".to_string(), seq)].into(),
+            solver: Some("auto".to_string()),
+            time_limit: Some(time_limit),
+            ..PlannedWith::default()
+        };
+        let baseline = |w: Option<PlannedWith>| BaselineFile {
+            version: 1,
+            models: [(
+                "m".to_string(),
+                Figures {
+                    planned_with: w,
+                    ..figures(0.1, 0.0)
+                },
+            )]
+            .into(),
+        };
+        let figures = [(
+            "m".to_string(),
+            Figures {
+                planned_with: Some(with(40, 5.0)),
+                ..figures(0.1, 0.0)
+            },
+        )]
+        .into();
+        let outcome = compare(
+            &config(0.01),
+            &figures,
+            Some(&baseline(Some(with(32, 10.0)))),
+        );
+        assert_eq!(outcome.rows.len(), 5);
+        for r in &outcome.rows {
+            assert!(r.note.contains("dims changed: seq 32 → 40"), "{r:?}");
+            assert_eq!(
+                r.note.contains("time_limit changed 10 s → 5 s"),
+                r.figure == "planned_overhead",
+                "{r:?}"
+            );
+        }
+        let outcome = compare(&config(0.01), &figures, Some(&baseline(None)));
+        assert!(
+            outcome.rows.iter().all(|r| r.note.is_empty()),
+            "{outcome:?}"
+        );
     }
 
     /// A model name with a comma, `::` or a newline stays inside its annotation's title, and

@@ -148,9 +148,25 @@ fn gate_passes_on_its_baseline_fails_on_growth_and_passes_after_update() {
         "{}",
         text(&o)
     );
+    // Every format carries the same verdict.
+    let verdict = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .to_string();
+    for format in ["markdown", "github"] {
+        let o = remat(d, &["gate", "--format", format]);
+        assert_eq!(o.status.code(), Some(0), "{format}: {}", text(&o));
+        assert!(
+            text(&o).contains(&verdict),
+            "{format}: {verdict}: {}",
+            text(&o)
+        );
+    }
     let o = remat(d, &["gate", "--format", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(outcome["verdict"], verdict.as_str(), "{outcome}");
     let improved: Vec<&str> = outcome["rows"]
         .as_array()
         .unwrap()
@@ -212,11 +228,17 @@ fn corrupt_baseline_or_config_is_exit_2_naming_file_and_field() {
         );
     }
 
-    // Truncated JSON.
+    // Truncated JSON: the error says how to recover.
     std::fs::write(d.join("remat-baseline.json"), &good[..good.len() / 2]).unwrap();
     let o = remat(d, &["gate"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("remat-baseline.json"));
+    let t = text(&o);
+    assert!(
+        t.contains("remat-baseline.json")
+            && t.contains("version control")
+            && t.contains("remat gate --update"),
+        "{t}"
+    );
     std::fs::write(d.join("remat-baseline.json"), &good).unwrap();
 
     // A config with an unknown field, a wrongly typed field, a missing field.
@@ -478,4 +500,354 @@ fn the_gate_saves_the_bytes_inspect_reports() {
             "{name}"
         );
     }
+}
+
+/// A model's config table at `path` (relative to the fixtures) with `extra` lines.
+fn model_table(name: &str, model: &str, extra: &str) -> String {
+    format!(
+        "[[model]]\nname = {name:?}\npath = {:?}\nbudget = \"160KiB\"\n{extra}",
+        fixtures().join(model).display().to_string()
+    )
+}
+
+/// The files of `dir`, by name.
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `remat gate --update` under a 1 KiB file size limit, with SIGXFSZ ignored (`ignore`: the
+/// write fails with EFBIG) or not (the process is killed mid-write).
+fn update_under_size_limit(dir: &Path, ignore: bool) -> Output {
+    let script = format!(
+        "{}ulimit -f 1; exec \"$0\" gate --update",
+        if ignore { "trap '' XFSZ; " } else { "" }
+    );
+    Command::new("bash")
+        .current_dir(dir)
+        .args(["-c", &script, env!("CARGO_BIN_EXE_remat")])
+        .env_remove("GITHUB_STEP_SUMMARY")
+        .output()
+        .expect("run bash")
+}
+
+/// `--update` writes a temporary file and renames it over the baseline: a write that fails
+/// (here past a file size limit) exits 2 naming the baseline, removes the temporary file and
+/// leaves the old baseline whole; a process killed mid-write leaves it whole too.
+#[test]
+fn update_never_leaves_a_half_written_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let config: String = ["a", "b", "c", "d"]
+        .iter()
+        .map(|name| model_table(name, "mlp_v1.onnx", "dims = { batch = 32 }\n"))
+        .collect();
+    std::fs::write(d.join("remat.toml"), config).unwrap();
+    let o = remat(d, &["gate", "--update"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let good = std::fs::read(d.join("remat-baseline.json")).unwrap();
+    // Past the 1 KiB limit below.
+    assert!(good.len() > 1024, "{} bytes", good.len());
+
+    // Killed mid-write (SIGXFSZ): the baseline is whole, the temporary file left beside it.
+    let o = update_under_size_limit(d, false);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let now = std::fs::read(d.join("remat-baseline.json")).unwrap();
+    assert!(now == good, "{} of {} bytes left", now.len(), good.len());
+    for name in files_in(d) {
+        if name.ends_with(".tmp") {
+            std::fs::remove_file(d.join(name)).unwrap();
+        }
+    }
+
+    // The write fails (EFBIG): exit 2 naming the baseline, and nothing left behind.
+    let o = update_under_size_limit(d, true);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let now = std::fs::read(d.join("remat-baseline.json")).unwrap();
+    assert!(now == good, "{} of {} bytes left", now.len(), good.len());
+    assert_eq!(files_in(d), ["remat-baseline.json", "remat.toml"]);
+    assert!(
+        text(&o).contains("remat-baseline.json") && text(&o).contains("left as it was"),
+        "{}",
+        text(&o)
+    );
+
+    // A baseline that is a symbolic link stays one.
+    #[cfg(unix)]
+    {
+        std::fs::rename(d.join("remat-baseline.json"), d.join("real.json")).unwrap();
+        std::os::unix::fs::symlink("real.json", d.join("remat-baseline.json")).unwrap();
+        let o = remat(d, &["gate", "--update"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        let link = std::fs::symlink_metadata(d.join("remat-baseline.json")).unwrap();
+        assert!(link.file_type().is_symlink());
+        assert_eq!(std::fs::read(d.join("real.json")).unwrap(), good);
+    }
+}
+
+/// `remat gate --update` replaces a baseline it cannot parse, with a warning naming the file
+/// and what was wrong; the comparison then has no previous baseline.
+#[test]
+fn update_replaces_a_baseline_it_cannot_parse() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, "mlp_v1.onnx");
+    for corrupt in [
+        "{\"version\": 1, \"models\": {\"mlp\": {\"store_all_",
+        "{\"version\": 7, \"models\": {}}",
+        "\u{0}\u{ff}not json",
+    ] {
+        std::fs::write(d.join("remat-baseline.json"), corrupt).unwrap();
+        let o = remat(d, &["gate", "--update"]);
+        assert_eq!(o.status.code(), Some(0), "{corrupt}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("warning: ") && err.contains("remat-baseline.json"),
+            "{corrupt}: {err}"
+        );
+        let baseline: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.join("remat-baseline.json")).unwrap()).unwrap();
+        assert!(baseline["models"]["mlp"].is_object(), "{baseline}");
+        let o = remat(d, &["gate"]);
+        assert_eq!(o.status.code(), Some(0), "{corrupt}: {}", text(&o));
+    }
+}
+
+/// Run `remat` with `args` in `dir`, killed after 60 s (a read that never ends).
+fn remat_with_timeout(dir: &Path, args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .current_dir(dir)
+        .args(args)
+        .env_remove("GITHUB_STEP_SUMMARY")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run remat");
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("remat {args:?} still running after 60 s: {}", text(&o));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The config and the baseline must be regular files of at most 64 MiB: a FIFO, a device or an
+/// oversized file is refused (exit 2, naming the file and why), with or without --update, and
+/// the file is left as it was.
+#[test]
+fn gate_files_must_be_regular_and_at_most_64_mib() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, "mlp_v1.onnx");
+    let o = Command::new("mkfifo").arg(d.join("fifo")).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    for (args, file) in [
+        (vec!["gate", "--baseline", "fifo"], "fifo"),
+        (vec!["gate", "--update", "--baseline", "fifo"], "fifo"),
+        (
+            vec!["gate", "--update", "--baseline", "/dev/null"],
+            "/dev/null",
+        ),
+        (vec!["gate", "--config", "fifo"], "fifo"),
+        (vec!["gate", "--update", "--baseline", "."], "."),
+    ] {
+        let o = remat_with_timeout(d, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let t = text(&o);
+        assert!(
+            t.contains(&format!("{file}: cannot read:"))
+                && (t.contains("not a regular file") || t.contains("a folder")),
+            "{args:?}: {t}"
+        );
+    }
+
+    // Past the limit (a sparse file: nothing is written to disk).
+    let big = 64 * 1024 * 1024 + 1;
+    std::fs::File::create(d.join("big"))
+        .unwrap()
+        .set_len(big)
+        .unwrap();
+    for args in [
+        vec!["gate", "--baseline", "big"],
+        vec!["gate", "--update", "--baseline", "big"],
+        vec!["gate", "--config", "big"],
+    ] {
+        let o = remat_with_timeout(d, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let t = text(&o);
+        assert!(
+            t.contains("big: cannot read: larger than") && t.contains("64 MiB"),
+            "{args:?}: {t}"
+        );
+        assert_eq!(std::fs::metadata(d.join("big")).unwrap().len(), big);
+    }
+}
+
+/// `--format` applies to `--update`: JSON for a parser (the figures written and the comparison
+/// with the baseline they replaced), Markdown, and GitHub's step summary.
+#[test]
+fn update_honours_the_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, "mlp_v1.onnx");
+    let json = |o: &Output| -> serde_json::Value {
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(o)))
+    };
+    let o = remat(d, &["gate", "--update", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let report = json(&o);
+    assert_eq!(report["written"], "remat-baseline.json", "{report}");
+    assert!(report["previous"].is_null(), "{report}");
+    let baseline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("remat-baseline.json")).unwrap()).unwrap();
+    assert_eq!(report["figures"], baseline["models"], "{report}");
+
+    let o = remat(d, &["gate", "--update", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let report = json(&o);
+    assert_eq!(report["previous"]["verdict"], "no regression", "{report}");
+    assert_eq!(report["previous"]["rows"].as_array().unwrap().len(), 5);
+
+    let o = remat(d, &["gate", "--update", "--format", "markdown"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let md = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        md.contains("### remat gate: baseline updated")
+            && md.contains("| mlp | store_all_peak_bytes |")
+            && md.contains("Against the previous baseline: no regression"),
+        "{md}"
+    );
+
+    let summary = d.join("summary.md");
+    let o = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .current_dir(d)
+        .args(["gate", "--update", "--format", "github"])
+        .env("GITHUB_STEP_SUMMARY", &summary)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let md = std::fs::read_to_string(&summary).unwrap();
+    assert!(md.contains("### remat gate: baseline updated"), "{md}");
+}
+
+/// The baseline records what a model was planned with: a change of its dims is said in every
+/// row (the figures moved because of the config, not the model); a baseline written before
+/// the record still reads, and says nothing of it.
+/// `freeze` in a model's table freezes the weights it names (a glob pattern here): the model
+/// holds no gradient for them, so its peaks fall, and the rows say the config changed; a
+/// pattern that matches nothing is exit 2 naming it.
+#[test]
+fn frozen_weights_in_the_config_lower_the_figures_and_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let config = |freeze: &str| {
+        model_table(
+            "mlp",
+            "mlp_v1.onnx",
+            &format!("dims = {{ batch = 32 }}\n{freeze}"),
+        )
+    };
+    std::fs::write(d.join("remat.toml"), config("")).unwrap();
+    let o = remat(d, &["gate", "--update"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    std::fs::write(d.join("remat.toml"), config("freeze = [\"?0\"]\n")).unwrap();
+    let o = remat(d, &["gate", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = outcome["rows"].as_array().unwrap();
+    let store_all = rows
+        .iter()
+        .find(|r| r["figure"] == "store_all_peak_bytes")
+        .expect("a store-all row");
+    // w0 (32·64) and b0 (64) lose their gradients; x is no longer saved for w0's.
+    assert!(
+        store_all["new"].as_f64().unwrap() < store_all["old"].as_f64().unwrap(),
+        "{store_all}"
+    );
+    for r in rows {
+        assert!(
+            r["note"]
+                .as_str()
+                .unwrap()
+                .contains("freeze changed: [] → [\"?0\"]"),
+            "{r}"
+        );
+    }
+    std::fs::write(d.join("remat.toml"), config("freeze = [\"fc0.*\"]\n")).unwrap();
+    let o = remat(d, &["gate"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--freeze \"fc0.*\" matches no graph input or initializer"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_change_of_dims_is_said_in_the_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let config = |batch: u64| {
+        model_table(
+            "mlp",
+            "mlp_v1.onnx",
+            &format!("dims = {{ batch = {batch} }}\n"),
+        )
+    };
+    std::fs::write(d.join("remat.toml"), config(32)).unwrap();
+    let o = remat(d, &["gate", "--update"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let baseline: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("remat-baseline.json")).unwrap()).unwrap();
+    let with = &baseline["models"]["mlp"]["planned_with"];
+    assert_eq!(with["dims"]["batch"], 32, "{baseline}");
+    assert_eq!(with["solver"], "auto", "{baseline}");
+
+    std::fs::write(d.join("remat.toml"), config(64)).unwrap();
+    let (outcome, regressed) = gate_regressions(d);
+    assert!(!regressed.is_empty(), "{outcome}");
+    for r in outcome["rows"].as_array().unwrap() {
+        assert!(
+            r["note"]
+                .as_str()
+                .unwrap()
+                .contains("dims changed: batch 32 → 64"),
+            "{r}"
+        );
+    }
+    let o = remat(d, &["gate"]);
+    assert!(
+        text(&o).contains("dims changed: batch 32 → 64"),
+        "{}",
+        text(&o)
+    );
+
+    // A baseline without the record (written before it was kept): it reads, and the same
+    // config passes with nothing said.
+    std::fs::write(d.join("remat.toml"), config(32)).unwrap();
+    let mut old = baseline.clone();
+    old["models"]["mlp"]
+        .as_object_mut()
+        .unwrap()
+        .remove("planned_with");
+    std::fs::write(d.join("remat-baseline.json"), old.to_string()).unwrap();
+    let o = remat(d, &["gate", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let outcome: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        outcome["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| !r["note"].as_str().unwrap().contains("changed")),
+        "{outcome}"
+    );
 }
