@@ -334,3 +334,116 @@ def test_nested_regions_named_by_the_user_warn_that_the_outer_one_is_kept() -> N
     model = nn.Sequential(*[TailBlock() for _ in range(2)])
     with pytest.warns(UserWarning, match=r"region '0.fc1' is inside region '0' \(and 1 more\)"):
         assert rt.find_regions(model, ["0", "0.fc1", "1", "1.fc2"]) == ["0", "1"]
+
+
+class NormalizingBlock(nn.Module):
+    """Normalizes its input by running statistics it updates with one in-place op each
+    (`lerp_`, as an observation normalizer does), then reads; or, `counter`, advances a step
+    counter (`add_`) that sets a softmax temperature."""
+
+    def __init__(self, d: int = 32, counter: bool = False) -> None:
+        super().__init__()
+        self.counter = counter
+        self.register_buffer("mean", torch.zeros(d))
+        self.register_buffer("step", torch.zeros(()))
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean, step = self.get_buffer("mean"), self.get_buffer("step")
+        if self.counter:
+            step.add_(1)
+            tau = (2.0 - step / 4).clamp(min=0.5)
+            return x + self.fc2(torch.softmax(self.fc1(x) / tau, -1))
+        with torch.no_grad():
+            mean.lerp_(x.mean((0, 1)), 0.5)
+        return x + self.fc2(torch.tanh(self.fc1(x - mean)))
+
+
+class Schedule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.ones(()))
+
+
+class ScheduledBlock(nn.Module):
+    """Reads a schedule its model holds (not one of its own modules)."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.schedule = [schedule]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x) + self.schedule[0].get_buffer("scale"))
+
+
+class SharedScheduleNet(nn.Module):
+    """Blocks that read a schedule buffer of the model, which its forward advances in place
+    after them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.schedule = Schedule()
+        self.blocks = nn.ModuleList([ScheduledBlock(self.schedule) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        self.schedule.get_buffer("scale").add_(1)
+        return x
+
+
+class DroppingBlock(nn.Module):
+    """Its first op is dropout, so the unplanned step never saves its input."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(self.drop(x))))
+
+
+class InPlaceResidualNet(nn.Module):
+    """`x += block(x)`: the caller writes each block's input in place after the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([DroppingBlock() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * 1.0
+        for b in self.blocks:
+            x += b(x)
+        return x
+
+
+@pytest.mark.parametrize("case", ["lerp", "counter", "shared schedule", "x += block(x)"])
+def test_a_value_a_region_read_and_that_is_written_after_is_never_wrapped(case: str) -> None:
+    """A re-run reads what its inputs and buffers hold at the backward. A buffer updated by one
+    op and read after it (lerp: gradients 17% off, counter: 41%), a buffer the model's forward
+    advances after the blocks read it (16%), all silently, and `x += block(x)` (the planned
+    backward failed with autograd's version error, naming no region): marked `writes_input`,
+    never wrapped, the planned step as the unplanned one."""
+    torch.manual_seed(0)
+    model: nn.Module
+    if case in ("lerp", "counter"):
+        model = nn.Sequential(*[NormalizingBlock(counter=case == "counter") for _ in range(3)])
+    elif case == "shared schedule":
+        model = SharedScheduleNet()
+    else:
+        model = InPlaceResidualNet()
+    x = torch.randn(4, 16, 32) * 3 + 1
+    plain = copy.deepcopy(model)
+    graph = rt.capture(model, (x,), lambda out: out.pow(2).mean())
+    assert all(r.get("writes_input") for r in graph["regions"]), graph["regions"]
+    handle = rt.apply(model, rt.plan(graph, "min"), (x,))
+    assert not any(r["wrapped"] for r in handle.plan["regions"])
+    for m in (model, plain):
+        torch.manual_seed(1)
+        m(x).pow(2).mean().backward()
+    same_grads(model, plain)
+    handle.remove()

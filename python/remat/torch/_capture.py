@@ -548,6 +548,14 @@ class _Recording:
         # the forward's later in-place write left (spectral norm's power iteration).
         self.buffers: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.buffer_reads: dict[int, dict[int, int]] = defaultdict(dict)
+        # Per storage a region call read and did not make (a buffer, an input, a tensor held
+        # by a module or a closure): the first op of each such call that read it; per storage
+        # the last op of the forward that wrote it in place (its index and name). A re-run
+        # reads what the storage holds at the backward: a write after the region's first read
+        # (`x += block(x)` after the block, a buffer updated by one op and read after it:
+        # `mean.lerp_(...)`, a step counter's `add_`) gives the re-run another value.
+        self.first_reads: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.last_write: WeakIdKeyDictionary = WeakIdKeyDictionary()
         # Per region call: the storages of its module's own buffers (a re-run puts those back,
         # `remat.torch.apply`'s `_Rerun`), and every buffer slot of the model as the call began
         # (module, name, tensor): a forward that writes another module's buffer in place (a
@@ -637,8 +645,13 @@ class _Recording:
                 st = _storage(t)
                 if st is not None and st in self.buffers:
                     reads.setdefault(id(st), index)
+        written = _written(func, args, kwargs) if mutable else []
+        if region is not None:
+            self._read_after_write(region, index, func, args, kwargs, written)
         if mutable:
-            for a in _written(func, args, kwargs):
+            if self.phase == "forward":
+                self._written_after_read(region, index, name, written)
+            for a in written:
                 i = self.index_of(a)
                 if i is not None and i not in outputs:
                     self.storages[i].mutated = True
@@ -685,6 +698,66 @@ class _Recording:
         if region is not None:
             self.region_first.setdefault(region, index)
             self.region_last[region] = index
+
+    def _made_in(self, st: Any, region: int) -> bool:
+        """Whether an op of `region` (this call) made the storage `st`: its re-run makes it
+        again."""
+        i = self.known.get(st)
+        return i is not None and i >= 0 and self.ops[self.storages[i].producer].region == region
+
+    def _read_after_write(
+        self,
+        region: int,
+        index: int,
+        func: Any,
+        args: Any,
+        kwargs: Any,
+        written: list[torch.Tensor],
+    ) -> None:
+        """Records the first read, by `region`, of each storage it did not make, and marks the
+        region `writes_input` when it reads one that was written in place since its first
+        read of it (an update by one op, `lerp_` or `add_`, then a read: the re-run would
+        start from the updated value). What an op overwrites whole (`copy_`, `fill_`,
+        `zero_`) is not read by it."""
+        overwritten = (
+            {id(s) for a in written if (s := _storage(a)) is not None}
+            if getattr(func, "_overloadpacket", None) in _OVERWRITES
+            else set()
+        )
+        for t in _tensors((args, kwargs)):
+            st = _storage(t)
+            if st is None or id(st) in overwritten or self._made_in(st, region):
+                continue
+            reads = self.first_reads.get(st)
+            if reads is None:
+                reads = self.first_reads[st] = {}
+            first = reads.setdefault(region, index)
+            write = self.last_write.get(st)
+            if write is not None and first <= write[0] < index:
+                self.region_writes.setdefault(
+                    region, f"{write[1]}, then a read of what it wrote (a re-run reads it again)"
+                )
+
+    def _written_after_read(
+        self, region: int | None, index: int, name: str, written: list[torch.Tensor]
+    ) -> None:
+        """Marks `writes_input` every region call that read, before this op, a storage this op
+        writes in place (in that region, another one or outside every region: `x += block(x)`
+        writes the block's input after it; a buffer a block reads, advanced by the model's
+        forward after it): a re-run of that region would read the written value."""
+        for a in written:
+            st = _storage(a)
+            if st is None:
+                continue
+            self.last_write[st] = (index, name)
+            for r, first in (self.first_reads.get(st) or {}).items():
+                if first < index:
+                    where = self.module_stack[-1] if self.module_stack else ""
+                    self.region_writes.setdefault(
+                        r,
+                        f"{name} in {where or 'the model'} after the region read it "
+                        "(a re-run would read the written value)",
+                    )
 
     # -- saved tensors --------------------------------------------------------------------
     def pack(self, t: torch.Tensor) -> Any:
@@ -903,6 +976,10 @@ def _draws_random(func: Any, args: Any, kwargs: Any) -> bool:
         if arg.name != "train" and isinstance(value, (int, float)) and value == 0:
             return False
     return True
+
+
+# Ops that overwrite the whole of what they write: they do not read it.
+_OVERWRITES = {torch.ops.aten.copy_, torch.ops.aten.fill_, torch.ops.aten.zero_}
 
 
 def _written(func: Any, args: Any, kwargs: Any) -> list[torch.Tensor]:
