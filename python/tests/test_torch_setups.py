@@ -251,3 +251,37 @@ def test_a_micro_batch_of_an_accumulation_is_planned_with_the_gradients_held() -
             loss_of(model(x)).backward()
     assert meter.peak >= first["predicted"]["peak_bytes"] + grad_bytes // 2
     model.zero_grad(set_to_none=True)
+
+
+def test_a_memtracker_step_that_fails_leaves_no_hooks_on_the_model() -> None:
+    """MemTracker, `measure`'s second opinion, hooks each parameter's gradient after its
+    module's forward and unhooks it in the backward; its hooks change Mamba's ops, so its step
+    fails between the two (a warning, the second opinion null). The hooks stayed on the model,
+    changing every later step: the next `measure` of the least-peak plan found it over budget."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(0)
+    config = MambaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        state_size=4,
+        num_hidden_layers=3,
+        expand=2,
+        conv_kernel=4,
+        use_cache=False,
+    )
+    model = MambaForCausalLM(config).train()
+    ids = torch.randint(0, 64, (2, 16))
+    inputs = {"input_ids": ids, "labels": ids, "use_cache": False}
+    graph = rt.capture(model, inputs, lambda o: o.loss)
+    for budget in ("0.8x", "min"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            v = rt.measure(model, inputs, rt.plan(graph, budget), lambda o: o.loss, rounds=1)
+        assert v["ok"], (budget, v["problems"])
+        hooked = [
+            n
+            for n, p in model.named_parameters()
+            if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)
+        ]
+        assert not hooked, (budget, hooked)

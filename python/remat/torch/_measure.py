@@ -8,7 +8,7 @@ import statistics
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -159,7 +159,7 @@ def _peak_step(
         tracker = _StorageMeter(
             [*model.parameters(), *model.buffers(), *_tensors(inputs), *held.values()]
         )
-    with tracker:
+    with _tensor_hooks_kept(model), tracker:
         loss = loss_fn(call(model, inputs))
         check_loss(loss, MeasureError)
         loss.backward()
@@ -182,6 +182,35 @@ def _peak_step(
     }
     drop_grads(model, inputs)
     return int(peak), value, grads
+
+
+@contextlib.contextmanager
+def _tensor_hooks_kept(model: nn.Module) -> Iterator[None]:
+    """Puts back the parameters' gradient hooks as they were, whatever the step left: MemTracker
+    hooks each parameter's gradient after its module's forward and unhooks it in the backward,
+    so a step that fails between the two (its hooks change the ops of some models: Mamba,
+    DeBERTa) left hooks on the model, which changed every later step (a later `measure` found
+    the least-peak plan 8 KiB over its budget)."""
+    attrs = ("_backward_hooks", "_post_accumulate_grad_hooks")
+    before = [
+        (p, a, h, list(h) if h is not None else None)
+        for p in model.parameters()
+        for a in attrs
+        if hasattr(p, a)
+        for h in [getattr(p, a)]
+    ]
+    try:
+        yield
+    finally:
+        for p, a, hooks, keys in before:
+            now = getattr(p, a)
+            if now is hooks and (hooks is None or list(hooks) == keys):
+                continue
+            if hooks is not None and keys is not None:
+                for k in [k for k in hooks if k not in keys]:
+                    del hooks[k]
+            # Through the tensor's setter, which rewires autograd's hooks to this dict.
+            setattr(p, a, hooks)
 
 
 def _timed_step(
