@@ -285,3 +285,56 @@ def test_a_memtracker_step_that_fails_leaves_no_hooks_on_the_model() -> None:
             if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)
         ]
         assert not hooked, (budget, hooked)
+
+
+class SetsUpOnFirstCall(nn.Module):
+    """Infers a scale on its first call only, as torchvision's MultiScaleRoIAlign does (a
+    two-stage detector's box head): the model's first step runs ops no later step runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale: float | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            self.scale = 1.0 / (1.0 + float(x.detach().abs().amax()))
+        return x * self.scale
+
+
+class Alternates(nn.Module):
+    """Runs other ops every other call: data-dependent in effect."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x.exp() if self.calls % 2 else x.tanh()
+
+
+@pytest.mark.parametrize("head", [SetsUpOnFirstCall, Alternates])
+def test_a_module_that_sets_itself_up_on_its_first_call_is_captured_as_later_steps_run(
+    head: type[nn.Module],
+) -> None:
+    """A freshly built torchvision Faster R-CNN was refused ("different ops in two runs ...
+    data-dependent control flow") until one step had run: the capture's first run is the
+    model's first call. It runs its first pass again on a difference; a forward that keeps
+    changing is still refused."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Stack(), head())
+    x = torch.randn(4, 8, 32)
+    if head is Alternates:
+        with pytest.raises(rt.CaptureError, match=r"different ops in two runs .*after a first"):
+            rt.capture(model, (x,), loss_of)
+        return
+    plain = copy.deepcopy(model)
+    loss_of(plain(x)).backward()
+    for p in plain.parameters():
+        p.grad = None
+    graph = rt.capture(model, (x,), loss_of)
+    handle = rt.apply(model, rt.plan(graph, "min"), (x,))
+    assert wrapped(handle) > 0
+    for m in (model, plain):
+        loss_of(m(x)).backward()
+    same_grads(model, plain)

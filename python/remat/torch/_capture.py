@@ -1145,6 +1145,14 @@ def capture(
                 )
                 _least_times(b, again)
         sig = signature(model, inputs, region_fqns)
+        if _forward_difference(a, b) is not None:
+            # A module that sets itself up on its first call (torchvision's MultiScaleRoIAlign
+            # infers its scales then) runs other ops in pass A, the model's first step, than
+            # in every later one: pass A again, as the steps the plan will run are.
+            put_back(model, saved_buffers)
+            a = _Recording(model, region_fqns, device, forward_only=True)
+            a.register_external(externals)
+            _run(model, inputs, loss_fn, a, cost, seed, held)
         doc = _document(a, b, sig, device, cost, name or type(model).__name__)
         # Not in the fingerprint: a plan is applied to the model in any mode, and wraps a
         # region's forward when it runs in the mode it was captured in.
@@ -1253,17 +1261,26 @@ def _least_times(b: _Recording, again: _Recording) -> None:
         x.cost = min(x.cost, y.cost)
 
 
+def _forward_difference(a: _Recording, b: _Recording) -> str | None:
+    """Where the forwards of two recordings of one step first differ, or `None`."""
+    fwd_a = [(o.op, o.module) for o in a.ops[: a.forward_end]]
+    fwd_b = [(o.op, o.module) for o in b.ops[: b.forward_end]]
+    if fwd_a == fwd_b:
+        return None
+    k = first_difference(fwd_a, fwd_b)
+    where = fwd_b[k] if k < len(fwd_b) else ("(end)", "")
+    return f"op {k} {where[0]} in module {where[1]!r}"
+
+
 def _document(
     a: _Recording, b: _Recording, sig: dict, device: torch.device, cost: str, name: str
 ) -> dict:
-    fwd_a = [(o.op, o.module) for o in a.ops[: a.forward_end]]
-    fwd_b = [(o.op, o.module) for o in b.ops[: b.forward_end]]
-    if fwd_a != fwd_b:
-        k = first_difference(fwd_a, fwd_b)
-        where = fwd_b[k] if k < len(fwd_b) else ("(end)", "")
+    differs = _forward_difference(a, b)
+    if differs is not None:
         raise CaptureError(
-            f"the forward ran different ops in two runs with the same inputs and seed: op {k} "
-            f"{where[0]} in module {where[1]!r}; data-dependent control flow cannot be planned"
+            f"the forward ran different ops in two runs with the same inputs and seed (after a "
+            f"first one, where a module may set itself up): {differs}; data-dependent control "
+            "flow cannot be planned"
         )
     # Natural deaths from pass A, matched by (producer op, output slot).
     natural: dict[tuple[int, int], int | None] = {}
