@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -338,3 +339,39 @@ def test_a_module_that_sets_itself_up_on_its_first_call_is_captured_as_later_ste
     for m in (model, plain):
         loss_of(m(x)).backward()
     same_grads(model, plain)
+
+
+def test_a_model_called_twice_before_one_backward_recomputes_no_kept_op() -> None:
+    """Two calls (two views of a batch) and one backward: each call's re-run counts its ops
+    from its start. Under torch 2.5, which asks the policy in the re-run, the first call's
+    re-run carried the second's count on and recomputed the first call's kept ops."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: dict[str, int] = {}
+
+        def __torch_dispatch__(self, f: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops[str(f)] = self.ops.get(str(f), 0) + 1
+            return f(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = Stack(n=3)
+    x1, x2 = torch.randn(4, 16, 32), torch.randn(4, 16, 32)
+    graph = rt.capture(model, (x1,), loss_of)
+    plans = (rt.plan(graph, f"{f}x") for f in (0.9, 0.8, 0.7, 0.6))
+    plan = next(p for p in plans if any(r["keep"] and r["wrapped"] for r in p["regions"]))
+
+    def backward_ops(calls: int) -> dict[str, int]:
+        m = copy.deepcopy(model)
+        with rt.apply(m, plan):
+            losses = [loss_of(m(x)) for x in (x1, x2)[:calls]]
+            count = Count()
+            with count:
+                torch.autograd.backward(losses)
+        return count.ops
+
+    one, two = backward_ops(1), backward_ops(2)
+    kept = {op for r in plan["regions"] for op, _ in r["keep"]}
+    assert {op: two.get(op, 0) for op in kept} == {op: 2 * one.get(op, 0) for op in kept}

@@ -8,6 +8,7 @@ import json
 import random
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -212,8 +213,10 @@ class _Policy:
             raise OpMismatchError(
                 f"region {self.fqn!r} ran {name} as its op #{self.position}, where the captured "
                 f"step ran {expected}: the forward differs from the capture (data-dependent "
-                "control flow, other shapes, another train/eval mode, or torch.autocast on in "
-                "one and off in the other); capture again as the step runs"
+                "control flow, such as mixture-of-experts routing or an attention mask with "
+                "padding in one batch and none in the other; other shapes; another train/eval "
+                "mode; or torch.autocast on in one and off in the other); capture again as the "
+                "step runs"
             )
         self.position += 1
         return self._decide(name, self.counter)
@@ -242,7 +245,15 @@ class _Policy:
         self.counter_re: dict[str, int] = defaultdict(int)
         forward, recompute = create_selective_checkpoint_contexts(self)
         # Called as the forward starts: the re-run draws what it drew from Python's generators.
-        return forward, _Rerun(self.module, self.fqn, recompute, _host_rng_state())
+        return forward, _Rerun(
+            self.module, self.fqn, recompute, _host_rng_state(), self._rerun_starts
+        )
+
+    def _rerun_starts(self) -> None:
+        """Each re-run counts its ops from the start: a model called twice before one backward
+        re-runs the second call's region, then the first's (older torch asks the policy in
+        the re-run; a count carried over recomputed the first call's kept ops)."""
+        self.counter_re = defaultdict(int)
 
 
 class _Step:
@@ -525,8 +536,16 @@ class _Rerun:
     the forward's (a cache mutated by the first run, data-dependent control flow) is reported
     naming the region and the op."""
 
-    def __init__(self, module: nn.Module, fqn: str, inner: Any, rng: tuple[Any, Any]) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        fqn: str,
+        inner: Any,
+        rng: tuple[Any, Any],
+        starts: Callable[[], None],
+    ) -> None:
         self.module = module
+        self.starts = starts
         self.fqn = fqn
         self.inner = inner
         self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -534,6 +553,7 @@ class _Rerun:
         self.backward_rng: tuple[Any, Any] = (None, None)
 
     def __enter__(self) -> Any:
+        self.starts()
         with torch.no_grad():
             self.saved = [(b, b.clone()) for b in self.module.buffers()]
         # Python's and NumPy's generators as the forward began (torch's own are checkpoint's
