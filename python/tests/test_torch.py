@@ -774,6 +774,14 @@ def test_bad_captures_name_what_is_wrong() -> None:
         rt.capture(model, (torch.randn(2, 4, 32),), cost="joules")
     with pytest.raises(rt.CaptureError, match="one-element tensor"):
         rt.capture(model, (torch.randn(2, 4, 32),), lambda out: out)
+    # A lazy module before its first call (PyTorch's own error named no module).
+    lazy = nn.Sequential(nn.LazyLinear(32), Stack())
+    with pytest.raises(
+        rt.CaptureError, match=r"'0.weight' is not initialized yet .*run the model once"
+    ):
+        rt.capture(lazy, (torch.randn(2, 4, 16),))
+    lazy(torch.randn(2, 4, 16))
+    rt.capture(lazy, (torch.randn(2, 4, 16),))
 
 
 def test_regions_by_name_or_predicate() -> None:

@@ -361,6 +361,20 @@ def model_device(model: nn.Module, inputs: Inputs) -> torch.device:
     return devices.pop() if devices else torch.device("cpu")
 
 
+def refuse_lazy(model: nn.Module) -> None:
+    """A lazy module (`nn.LazyLinear`) has no weights until its first call: the capture cannot
+    size what it has not made (PyTorch's own error named no module)."""
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if isinstance(t, (UninitializedParameter, UninitializedBuffer)):
+            raise CaptureError(
+                f"{name!r} is not initialized yet (a lazy module, such as nn.LazyLinear, makes "
+                "its weights at its first call): run the model once on the example inputs "
+                "before capturing it"
+            )
+
+
 def refuse_compiled(model: nn.Module, error: type[Exception]) -> None:
     """Refuses a `torch.compile`d model: plans run in eager mode (PyTorch's compiler takes
     selective-checkpoint policies of another form, and fails inside its own code)."""
@@ -1087,6 +1101,7 @@ def capture(
     loss_fn = loss_fn or default_loss
     refuse_compiled(model, CaptureError)
     refuse_applied(model, CaptureError)
+    refuse_lazy(model)
     device = model_device(model, inputs)
     if autocast_caches(device):
         raise CaptureError(AUTOCAST_CACHE)
