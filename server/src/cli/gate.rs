@@ -59,14 +59,29 @@ fn append_step_summary(markdown: &str) -> Result<(), String> {
         })
 }
 
+/// Whether `file` is empty or begins (past white space) with `{`, as a baseline, a truncated one
+/// included, does: what `--update` may replace when it cannot parse it.
+fn looks_like_json(file: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(file) else {
+        return false;
+    };
+    matches!(
+        bytes.iter().find(|b| !b.is_ascii_whitespace()),
+        None | Some(b'{')
+    )
+}
+
 /// Measures the config's models, then writes them as the baseline (`--update`) or compares
 /// them with it (exit 1 on a regression).
 pub fn exec(args: GateArgs) -> Result<(), Failure> {
     let config = gate::read_config(&args.config).map_err(gate_error)?;
     let baseline = match gate::read_baseline(&args.baseline) {
         // The documented way to rewrite a baseline works on one that cannot be parsed; one that
-        // cannot be read (not a regular file, too large) is still refused.
-        Err(gate::GateError::CorruptBaseline { file, message }) if args.update => {
+        // cannot be read (not a regular file, too large) is still refused, and so is a file
+        // that is no JSON at all (a mistyped --baseline naming the config or a model).
+        Err(gate::GateError::CorruptBaseline { file, message })
+            if args.update && looks_like_json(&file) =>
+        {
             eprintln!(
                 "warning: {}: cannot be parsed ({message}); --update replaces it",
                 file.display()

@@ -599,7 +599,7 @@ fn update_replaces_a_baseline_it_cannot_parse() {
     for corrupt in [
         "{\"version\": 1, \"models\": {\"mlp\": {\"store_all_",
         "{\"version\": 7, \"models\": {}}",
-        "\u{0}\u{ff}not json",
+        "  \n",
     ] {
         std::fs::write(d.join("remat-baseline.json"), corrupt).unwrap();
         let o = remat(d, &["gate", "--update"]);
@@ -614,6 +614,23 @@ fn update_replaces_a_baseline_it_cannot_parse() {
         assert!(baseline["models"]["mlp"].is_object(), "{baseline}");
         let o = remat(d, &["gate"]);
         assert_eq!(o.status.code(), Some(0), "{corrupt}: {}", text(&o));
+    }
+    // A file that is no JSON at all is no baseline, half written or not: a mistyped
+    // --baseline naming the config (or a model) is refused, not replaced.
+    for other in ["remat.toml", "mlp.onnx"] {
+        let before = std::fs::read(d.join("remat.toml")).unwrap();
+        if other == "mlp.onnx" {
+            std::fs::copy(fixtures().join("mlp_v1.onnx"), d.join(other)).unwrap();
+        }
+        let kept = std::fs::read(d.join(other)).unwrap();
+        let o = remat(d, &["gate", "--update", "--baseline", other]);
+        assert_eq!(o.status.code(), Some(2), "{other}: {}", text(&o));
+        assert_eq!(
+            std::fs::read(d.join(other)).unwrap(),
+            kept,
+            "{other} was overwritten"
+        );
+        assert_eq!(std::fs::read(d.join("remat.toml")).unwrap(), before);
     }
 }
 
