@@ -48,7 +48,7 @@ fn unauthorized(message: &str) -> Response {
 
 /// Gives every error response the one error shape, including those axum and tower-http make
 /// themselves (404 routes, 405, 408, 413, bad path parameters).
-pub async fn error_shape(request: Request, next: Next) -> Response {
+pub async fn error_shape(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let response = next.run(request).await;
@@ -61,7 +61,8 @@ pub async fn error_shape(request: Request, next: Next) -> Response {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    if is_json {
+    // A 413's text is axum's or tower-http's, which says no limit, whoever shaped it.
+    if is_json && status != StatusCode::PAYLOAD_TOO_LARGE {
         return response;
     }
     let (mut parts, body) = response.into_parts();
@@ -74,6 +75,15 @@ pub async fn error_shape(request: Request, next: Next) -> Response {
         StatusCode::METHOD_NOT_ALLOWED => format!("method {method} is not allowed on {path}"),
         StatusCode::NOT_FOUND if text.is_empty() => format!("no route for {method} {path}"),
         StatusCode::REQUEST_TIMEOUT => "the request took too long".to_string(),
+        // axum's and tower-http's own texts ("length limit exceeded") say no limit.
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            let limit = state.inner.config.body_limit;
+            format!(
+                "the request body is over this server's limit of {limit} bytes ({:.1} MiB, \
+                 its --body-limit)",
+                limit as f64 / (1024.0 * 1024.0)
+            )
+        }
         s if s.is_server_error() => error::INTERNAL_MESSAGE.to_string(),
         _ if !text.is_empty() => text,
         s => s.canonical_reason().unwrap_or("error").to_string(),

@@ -76,7 +76,10 @@ pub fn app(state: AppState) -> Router {
         );
     }
     router
-        .layer(axum::middleware::from_fn(middleware::error_shape))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::error_shape,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::track,

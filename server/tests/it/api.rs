@@ -806,7 +806,7 @@ async fn every_error_has_the_one_shape() {
                 .unwrap(),
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
-            "",
+            "over this server's limit of 1024 bytes",
         ),
         (
             Request::get("/v1/nothing").body(Body::empty()).unwrap(),
@@ -856,7 +856,9 @@ async fn every_error_has_the_one_shape() {
         .header("content-length", "4096")
         .body(Body::from(vec![b'x'; 4096]))
         .unwrap();
-    assert_eq!(t.send(big).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let r = t.send(big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(r.text.contains("limit of 1024 bytes"), "{}", r.text);
     // At once, from the announced length alone: a body that never comes is not waited for.
     let never = Request::post("/v1/plans")
         .header("content-length", "1000000000000")
