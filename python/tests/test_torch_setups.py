@@ -375,3 +375,35 @@ def test_a_model_called_twice_before_one_backward_recomputes_no_kept_op() -> Non
     one, two = backward_ops(1), backward_ops(2)
     kept = {op for r in plan["regions"] for op, _ in r["keep"]}
     assert {op: two.get(op, 0) for op in kept} == {op: 2 * one.get(op, 0) for op in kept}
+
+
+class RoutedBlock(nn.Module):
+    """Two experts, each taking the tokens its router sends it (`nonzero`), as a mixture of
+    experts' loop over its experts does."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.router = nn.Linear(d, 2)
+        self.experts = nn.ModuleList([nn.Linear(d, d) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        choice = self.router(flat).argmax(-1)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            (rows,) = torch.nonzero(choice == e, as_tuple=True)
+            out = out.index_add(0, rows, expert(flat[rows]))
+        return x + out.reshape(x.shape)
+
+
+def test_a_region_whose_ops_depend_on_the_data_is_warned_about_at_capture() -> None:
+    """A mixture of experts' loop (transformers' eager experts) runs other ops on a batch that
+    routes otherwise, which `apply` refuses (OpMismatchError) at that batch: capture says so
+    first, naming the region and the op. A model without such an op is not warned about."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 32)
+    with pytest.warns(UserWarning, match=r"'blocks.0', runs aten\.nonzero\.default"):
+        rt.capture(Stack(n=2, block=RoutedBlock), (x,), loss_of)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rt.capture(Stack(n=2), (x,), loss_of)

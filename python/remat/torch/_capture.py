@@ -570,6 +570,9 @@ class _Recording:
         # `mean.lerp_(...)`, a step counter's `add_`) gives the re-run another value.
         self.first_reads: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.last_write: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # Per region call: the first op of its forward whose output's shape depends on the
+        # data (`nonzero`: mixture-of-experts routing), for the capture's warning.
+        self.data_shaped: dict[int, str] = {}
         # Per region call: the storages of its module's own buffers (a re-run puts those back,
         # `remat.torch.apply`'s `_Rerun`), and every buffer slot of the model as the call began
         # (module, name, tensor): a forward that writes another module's buffer in place (a
@@ -662,6 +665,8 @@ class _Recording:
         written = _written(func, args, kwargs) if mutable else []
         if region is not None:
             self._read_after_write(region, index, func, args, kwargs, written)
+            if getattr(func, "_overloadpacket", None) in _DATA_SHAPED:
+                self.data_shaped.setdefault(region, name)
         if mutable:
             if self.phase == "forward":
                 self._written_after_read(region, index, name, written)
@@ -992,6 +997,17 @@ def _draws_random(func: Any, args: Any, kwargs: Any) -> bool:
     return True
 
 
+# Ops whose output's shape depends on the values of their input: a region that runs one (the
+# experts loop of a mixture of experts selects each expert's tokens with `nonzero`) may run
+# other ops on another batch.
+_DATA_SHAPED = {
+    torch.ops.aten.nonzero,
+    torch.ops.aten.masked_select,
+    torch.ops.aten._unique2,
+    torch.ops.aten.unique_consecutive,
+    torch.ops.aten.unique_dim,
+}
+
 # Ops that overwrite the whole of what they write: they do not read it.
 _OVERWRITES = {torch.ops.aten.copy_, torch.ops.aten.fill_, torch.ops.aten.zero_}
 
@@ -1181,6 +1197,18 @@ def capture(
                 "plan is of an eval-mode step (dropout off, BatchNorm on its running "
                 "statistics) and checkpoints forwards in eval mode only; call model.train() "
                 "before the capture to plan training steps",
+                stacklevel=3,
+            )
+        if b.data_shaped:
+            r, op = next(iter(b.data_shaped.items()))
+            fqn = region_fqns[b.calls[r][0]]
+            warnings.warn(
+                f"{len(b.data_shaped)} region call(s) run an op whose output's shape depends on "
+                f"the data (the first, {fqn!r}, runs {op}; a mixture of experts' routing): a "
+                "batch that makes them run other ops than this one did is refused when the plan "
+                "is applied (OpMismatchError); capture on a batch like those it trains on, or "
+                "use an implementation without the data-dependent loop (transformers' "
+                "grouped_mm experts)",
                 stacklevel=3,
             )
         writing = [r for r in doc["regions"] if r.get("writes_input")]
