@@ -216,7 +216,8 @@ export function dimsText(dims) {
 
 /**
  * What makes two plans of one model comparable on one chart: the same dims (maximized ones at
- * their value) and the same graph inputs treated as parameters or data. `null` when the dims
+ * their value) and the same graph inputs treated as parameters or data, and the same weights
+ * frozen. `null` when the dims
  * are not known.
  */
 export function setupKey(options, maximize) {
@@ -224,7 +225,7 @@ export function setupKey(options, maximize) {
   if (dims === null) return null;
   const o = obj(options);
   const sorted = (x) => arr(x).map(String).sort();
-  return JSON.stringify([dimsText(dims), sorted(o.params), sorted(o.inputs)]);
+  return JSON.stringify([dimsText(dims), sorted(o.params), sorted(o.inputs), sorted(o.frozen)]);
 }
 
 /**

@@ -71,6 +71,9 @@ test('A4: history entries carry their dims; only plans at the same dims and inpu
   assert.equal(h[3].setup, null, 'a maximized plan is at dims not known yet');
   assert.equal(setupKey({ dims: { batch: 2 }, maximize: 'batch' }, { dim: 'batch', value: 3 }), h[1].setup);
   assert.equal(setupKey({ params: ['B', 'A'] }, null), setupKey({ params: ['A', 'B'] }, null));
+  // Frozen weights change the problem (no gradients for them); none frozen is the option absent.
+  assert.notEqual(setupKey({ frozen: ['backbone.*'] }, null), setupKey({}, null));
+  assert.equal(setupKey({ frozen: [] }, null), setupKey({}, null));
 });
 
 test('C2: the viewer’s probes are recognised in the history', () => {
