@@ -262,8 +262,9 @@ fn static_float_input_read_as_an_activation_is_data() {
     };
     let err = load(&two_towers.bytes(), &opts).expect_err("an int64 parameter");
     assert!(
-        err.to_string()
-            .contains("--param \"ids\": the input is i64; a parameter must be floating point"),
+        err.to_string().contains(
+            "--param \"ids\": the value is i64; --param names floating-point weights only"
+        ),
         "{err}"
     );
 }
