@@ -96,9 +96,12 @@ pub enum PlannerError {
     },
     /// A pattern of `--input` / `--param` / `--freeze` that matches no graph input or
     /// initializer.
-    #[error("{which} {pattern:?} matches no graph input or initializer; the model's {count} names begin {}", examples.join(", "))]
+    #[error("{which} {pattern:?} matches no {what}; the model's {count} names begin {}", examples.join(", "))]
     NoMatch {
         which: &'static str,
+        /// What the option's patterns match: every graph input and initializer for `--input`,
+        /// the floating-point ones for `--param` and `--freeze`.
+        what: &'static str,
         pattern: String,
         /// The first names of the model (graph inputs, then initializers).
         examples: Vec<String>,

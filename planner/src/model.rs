@@ -1147,6 +1147,20 @@ fn resolve_names(opts: &ImportOptions, g: &GraphProto) -> Result<ImportOptions> 
             names.push(n);
         }
     }
+    // `--param` and `--freeze` name weights: their patterns pass over integer and boolean
+    // values (a module's index buffer, the token ids), which they may not name.
+    let not_float: HashSet<&str> = g
+        .input
+        .iter()
+        .filter(|v| !declared(v).dtype.is_some_and(|t| t.is_float()))
+        .map(|v| v.name.as_str())
+        .chain(
+            g.initializer
+                .iter()
+                .filter(|t| !DType::from_onnx(i64::from(t.data_type)).is_some_and(|d| d.is_float()))
+                .map(|t| t.name.as_str()),
+        )
+        .collect();
     let exact: HashSet<&str> = lists
         .iter()
         .flat_map(|l| l.iter())
@@ -1165,14 +1179,20 @@ fn resolve_names(opts: &ImportOptions, g: &GraphProto) -> Result<ImportOptions> 
                 pattern: n.clone(),
                 reason: e.msg.to_string(),
             })?;
+            let weights_only = which != "--input";
             let matched: Vec<&str> = names
                 .iter()
                 .copied()
-                .filter(|m| pattern.matches(m))
+                .filter(|m| pattern.matches(m) && !(weights_only && not_float.contains(m)))
                 .collect();
             if matched.is_empty() {
                 return Err(PlannerError::NoMatch {
                     which,
+                    what: if weights_only {
+                        "floating-point graph input or initializer"
+                    } else {
+                        "graph input or initializer"
+                    },
                     pattern: n.clone(),
                     examples: names.iter().take(8).map(|s| s.to_string()).collect(),
                     count: names.len(),

@@ -1155,7 +1155,10 @@ fn a_pattern_named_to_freeze_freezes_every_weight_it_matches() {
         assert_eq!(params, ["backbone.l1.scale", "head.w"], "{which}");
     }
     for (pattern, wanted) in [
-        ("encoder.*", "matches no graph input or initializer"),
+        (
+            "encoder.*",
+            "matches no floating-point graph input or initializer",
+        ),
         ("backbone.[", "not a glob pattern"),
     ] {
         let mut opts = remat_planner::ImportOptions::default();
@@ -1221,4 +1224,15 @@ fn a_weight_that_is_a_graph_input_freezes_as_a_buffer() {
     opts.frozen.push("ids".into());
     let e = load(&ids.bytes(), &opts).expect_err("int").to_string();
     assert!(e.contains("--freeze \"ids\": the value is i64"), "{e}");
+    // A pattern passes over what is not a weight; one that matches nothing else is refused.
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.frozen.push("*".into());
+    let m = load(&ids.bytes(), &opts).expect("imports with --freeze '*'");
+    let kind = |name: &str| m.values.iter().find(|v| v.name == name).map(|v| v.kind);
+    assert_eq!(kind("ids"), Some(ValueKind::Data));
+    assert_eq!(kind("table"), Some(ValueKind::Buffer));
+    let mut opts = remat_planner::ImportOptions::default();
+    opts.frozen.push("id?".into());
+    let e = load(&ids.bytes(), &opts).expect_err("only ids").to_string();
+    assert!(e.contains("matches no floating-point graph input"), "{e}");
 }

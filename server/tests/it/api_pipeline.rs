@@ -302,7 +302,9 @@ async fn frozen_weights_by_pattern_keep_their_bytes_and_a_pattern_matching_nothi
     assert_eq!(e["code"], "invalid_option", "{e}");
     let message = e["message"].as_str().unwrap();
     assert!(
-        message.contains("--freeze \"backbone.*\" matches no graph input or initializer"),
+        message.contains(
+            "--freeze \"backbone.*\" matches no floating-point graph input or initializer"
+        ),
         "{e}"
     );
 }

@@ -802,7 +802,8 @@ fn frozen_weights_in_the_config_lower_the_figures_and_are_said() {
     let o = remat(d, &["gate"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("--freeze \"fc0.*\" matches no graph input or initializer"),
+        text(&o)
+            .contains("--freeze \"fc0.*\" matches no floating-point graph input or initializer"),
         "{}",
         text(&o)
     );

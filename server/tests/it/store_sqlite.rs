@@ -167,6 +167,17 @@ async fn a_second_open_of_a_store_in_use_is_refused_and_fails_nothing() {
     };
     assert!(e.contains("another process has it open"), "{e}");
     assert!(e.contains("remat.db.lock"), "{e}");
+    // Through a symbolic link to the file too: one lock for one store.
+    #[cfg(unix)]
+    {
+        let link = dir.path().join("link.db");
+        std::os::unix::fs::symlink(&db, &link).unwrap();
+        let e = match SqliteStore::open(&link) {
+            Ok(_) => panic!("a second open through a symbolic link succeeded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("another process has it open"), "{e}");
+    }
     let (_, plan) = call("GET", &format!("{}/v1/plans/{id}", server.url), None).await;
     assert_ne!(plan["status"], "failed", "{plan}");
     server.stop().await;

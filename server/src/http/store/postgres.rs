@@ -273,6 +273,22 @@ pub fn check_sqlite_path(db: &str) -> Result<(), String> {
             redact(db)
         ));
     }
+    if db.trim().is_empty() {
+        return Err(
+            "an empty path: give the SQLite store's file (the default is remat.db), or a \
+             PostgreSQL URL"
+                .to_string(),
+        );
+    }
+    // A folder or a device is no store (SQLite's own error said "unable to open database
+    // file" or "disk I/O error", after the lock file beside it was made).
+    if let Ok(meta) = std::fs::metadata(db) {
+        if !meta.is_file() {
+            return Err(format!(
+                "{db}: not a regular file (a folder or a device): give the SQLite store's file"
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -910,6 +926,14 @@ mod tests {
             "{kv}"
         );
         assert!(check_sqlite_path("remat.db").is_ok());
+        // An empty path (REMAT_DB= set but empty) and a folder or a device are no store.
+        assert!(check_sqlite_path("").unwrap_err().contains("an empty path"));
+        assert!(check_sqlite_path(".")
+            .unwrap_err()
+            .contains("not a regular file"));
+        assert!(check_sqlite_path("/dev/null")
+            .unwrap_err()
+            .contains("not a regular file"));
         assert!(check_sqlite_path("/var/lib/remat/plans v2.db").is_ok());
     }
 }

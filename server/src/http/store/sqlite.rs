@@ -89,7 +89,17 @@ impl SqliteStore {
     /// Takes the exclusive lock of the store at `path` (on `<path>.lock`, created if missing;
     /// released when the file is closed, by the process's end too, a kill included).
     fn own(path: &Path) -> Result<File, StoreError> {
-        let mut name = path.as_os_str().to_owned();
+        // Beside the file itself, through any symbolic link to it: two paths to one store take
+        // one lock (a hard link is another name for the file, which this cannot see).
+        let real = std::fs::canonicalize(path)
+            .or_else(|_| {
+                // Not made yet: its folder's real path, and its name.
+                let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+                let folder = std::fs::canonicalize(parent.unwrap_or(Path::new(".")))?;
+                Ok::<_, std::io::Error>(folder.join(path.file_name().unwrap_or_default()))
+            })
+            .unwrap_or_else(|_| path.to_path_buf());
+        let mut name = real.as_os_str().to_owned();
         name.push(".lock");
         let lock_path = std::path::PathBuf::from(name);
         let file = std::fs::OpenOptions::new()
