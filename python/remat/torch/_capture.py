@@ -722,7 +722,11 @@ class _Recording:
         """Whether an op of `region` (this call) made the storage `st`: its re-run makes it
         again."""
         i = self.known.get(st)
-        return i is not None and i >= 0 and self.ops[self.storages[i].producer].region == region
+        if i is None or i < 0:
+            return False
+        producer = self.storages[i].producer
+        # This op's own output (an `out=` it allocated) is not recorded yet: made here.
+        return producer >= len(self.ops) or self.ops[producer].region == region
 
     def _read_after_write(
         self,
