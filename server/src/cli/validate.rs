@@ -63,6 +63,29 @@ fn schedule_from_plan(loaded: &Loaded, doc: &Value, path: &Path) -> Result<Sched
             doc.get("min_feasible_budget_bytes").unwrap_or(&Value::Null),
         )));
     }
+    // Other parameters or buffers than the plan's: the model imported with other --freeze,
+    // --param or --input (the schedule's ids may all map, and the run then fails on a value
+    // that is not resident, naming no option).
+    if let Some(report) = loaded.inspect.as_ref() {
+        let planned = |field: &str| {
+            doc.pointer(&format!("/model/{field}"))
+                .and_then(Value::as_u64)
+        };
+        for (field, ours) in [
+            ("params_bytes", report.params_bytes),
+            ("buffers_bytes", report.buffers_bytes),
+        ] {
+            if let (Some(theirs), Some(ours)) = (planned(field), ours) {
+                if theirs != ours {
+                    return Err(bad(format!(
+                        "the plan was made with {field} {theirs}, which is {ours} here: the \
+                         model was imported with other --freeze, --param or --input (give the \
+                         ones the plan was made with)"
+                    )));
+                }
+            }
+        }
+    }
     // The first input the plan names whose shape here is another (the plan was made at
     // other dims, or of another model).
     let reshaped = loaded.inspect.as_ref().and_then(|report| {

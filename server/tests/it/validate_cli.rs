@@ -1006,6 +1006,17 @@ fn validate_names_why_a_plan_does_not_fit_this_model() {
     let t = text(&o);
     assert_eq!(o.status.code(), Some(2), "{t}");
     assert!(t.contains("the plan is infeasible"), "{t}");
+    // A plan made with other frozen weights: named as such (the run failed on a value that
+    // was not resident, naming no option).
+    let o = remat(&[
+        "validate", MODEL, "--dim", "batch=2", "--plan", at_2, "--freeze", "conv.*",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("the plan was made with params_bytes") && t.contains("--freeze"),
+        "{t}"
+    );
 }
 
 /// An ONNX model whose weights are in a file beside it (`onnx.save(...,

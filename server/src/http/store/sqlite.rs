@@ -6,13 +6,14 @@
 //!
 //! One process owns a store file: opening marks the jobs a previous run left in flight as
 //! failed, which is right only when no other process runs them. An exclusive lock on a file
-//! beside it (`<file>.lock`), taken before anything is read or written and held while the
-//! store is open, refuses a second `remat serve` on the same file (a double start, an
+//! beside its real path (`<file>.lock`, through symbolic links), taken before anything is read
+//! or written and held while the store is open, refuses a second `remat serve` on the same file (a double start, an
 //! overlapping restart, a blue/green rollout on a shared volume) instead of letting it fail
 //! the first one's running jobs. Replicas share PostgreSQL instead.
 
-use super::types::StoreError;
-use super::types::{interrupted_error, now, Claim, JobStatus, Kind, NewJob, Record, Reuse, Row};
+use super::types::{
+    interrupted_error, now, Claim, JobStatus, Kind, NewJob, Record, Reuse, Row, StoreError,
+};
 use crate::http::error::ErrorObject;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::fs::{File, TryLockError};
@@ -86,8 +87,8 @@ impl SqliteStore {
         Ok(Self::finish_open(writer, readers, Some(owner))?)
     }
 
-    /// Takes the exclusive lock of the store at `path` (on `<path>.lock`, created if missing;
-    /// released when the file is closed, by the process's end too, a kill included).
+    /// Takes the exclusive lock of the store at `path` (on `<real path>.lock`, created if
+    /// missing; released when the file is closed, by the process's end too, a kill included).
     fn own(path: &Path) -> Result<File, StoreError> {
         // Beside the file itself, through any symbolic link to it: two paths to one store take
         // one lock (a hard link is another name for the file, which this cannot see).
