@@ -66,26 +66,22 @@ fn schedule_from_plan(loaded: &Loaded, doc: &Value, path: &Path) -> Result<Sched
     // Other parameters or buffers than the plan's: the model imported with other --freeze,
     // --param or --input (the schedule's ids may all map, and the run then fails on a value
     // that is not resident, naming no option).
-    if let Some(report) = loaded.inspect.as_ref() {
+    let reclassified = loaded.inspect.as_ref().and_then(|report| {
         let planned = |field: &str| {
             doc.pointer(&format!("/model/{field}"))
                 .and_then(Value::as_u64)
         };
-        for (field, ours) in [
+        [
             ("params_bytes", report.params_bytes),
             ("buffers_bytes", report.buffers_bytes),
-        ] {
-            if let (Some(theirs), Some(ours)) = (planned(field), ours) {
-                if theirs != ours {
-                    return Err(bad(format!(
-                        "the plan was made with {field} {theirs}, which is {ours} here: the \
-                         model was imported with other --freeze, --param or --input (give the \
-                         ones the plan was made with)"
-                    )));
-                }
-            }
-        }
-    }
+        ]
+        .into_iter()
+        .find_map(|(field, ours)| {
+            let (theirs, ours) = (planned(field)?, ours?);
+            (theirs != ours)
+                .then(|| format!("the plan was made with {field} {theirs}, which is {ours} here"))
+        })
+    });
     // The first input the plan names whose shape here is another (the plan was made at
     // other dims, or of another model).
     let reshaped = loaded.inspect.as_ref().and_then(|report| {
@@ -116,13 +112,21 @@ fn schedule_from_plan(loaded: &Loaded, doc: &Value, path: &Path) -> Result<Sched
     // any dims, and the run would only fail its budget). Ids that do not map: another model,
     // or this one at dims that change its graph.
     match (Schedule::from_json_steps(&loaded.problem, &steps), reshaped) {
-        (Ok(schedule), None) => Ok(schedule),
         (Ok(_), Some(reshaped)) => Err(bad(format!(
             "{reshaped}: give the --dim values the plan was made with"
         ))),
+        (Ok(schedule), None) => match reclassified {
+            None => Ok(schedule),
+            Some(r) => Err(bad(format!(
+                "{r}: the model was imported with other --freeze, --param or --input (give the \
+                 ones the plan was made with)"
+            ))),
+        },
         (Err(e), reshaped) => Err(bad(format!(
-            "{e}: the id is not in this model's training graph (is the plan for another model, or other --dim values?{})",
-            reshaped.map_or_else(String::new, |r| format!(" {r}"))
+            "{e}: the id is not in this model's training graph (is the plan for another model, \
+             or other --dim, --freeze, --param or --input values?{}{})",
+            reshaped.map_or_else(String::new, |r| format!(" {r}")),
+            reclassified.map_or_else(String::new, |r| format!(" {r}"))
         ))),
     }
 }

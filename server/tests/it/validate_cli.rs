@@ -1016,7 +1016,18 @@ fn validate_names_why_a_plan_does_not_fit_this_model() {
     assert!(
         t.contains("the plan was made with params_bytes") && t.contains("--freeze"),
         "{t}"
-    );
+    ); // And the other way: a plan made with them, run without.
+    let frozen = dir.path().join("frozen.json");
+    let frozen = frozen.to_str().unwrap();
+    let o = remat(&[
+        "plan", MODEL, "--dim", "batch=2", "--budget", "0.9x", "--freeze", "conv.*", "--out",
+        frozen,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = validate("batch=2", frozen);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("imported with other --freeze"), "{t}");
 }
 
 /// An ONNX model whose weights are in a file beside it (`onnx.save(...,
