@@ -554,20 +554,19 @@ class _Recording:
         self.region_inputs: dict[int, set[int]] = defaultdict(set)
         # storage -> the regions it was passed to (parameters and the model's inputs included)
         self.input_of: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        # region -> the first in-place op of its forward that wrote one of its inputs, or a
-        # buffer that an earlier op of its forward read
+        # region -> why it is never wrapped: the first in-place op of its forward that wrote
+        # one of its inputs, or a value it read written after its read, ...
         self.region_writes: dict[int, str] = {}
-        # The model's buffers (storage -> True), and per region the first op of its forward
-        # that read each (by the storage's id): a re-run of the region would read the value
-        # the forward's later in-place write left (spectral norm's power iteration).
+        # The model's buffers (storage -> True): a region that writes one of another module
+        # in place is never wrapped.
         self.buffers: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self.buffer_reads: dict[int, dict[int, int]] = defaultdict(dict)
         # Per storage a region call read and did not make (a buffer, an input, a tensor held
         # by a module or a closure): the first op of each such call that read it; per storage
         # the last op of the forward that wrote it in place (its index and name). A re-run
         # reads what the storage holds at the backward: a write after the region's first read
-        # (`x += block(x)` after the block, a buffer updated by one op and read after it:
-        # `mean.lerp_(...)`, a step counter's `add_`) gives the re-run another value.
+        # (spectral norm's power iteration reads `u`, then updates it; `x += block(x)` after
+        # the block), or a read after a write since then (a buffer updated by one op and read
+        # after it: `mean.lerp_(...)`, a step counter's `add_`) gives the re-run another value.
         self.first_reads: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.last_write: WeakIdKeyDictionary = WeakIdKeyDictionary()
         # Per region call: the first op of its forward whose output's shape depends on the
@@ -656,12 +655,6 @@ class _Recording:
             self.known[st] = sid
             weakref.finalize(st, self._died, sid)
             outputs.append(sid)
-        if region is not None and len(self.buffers):
-            reads = self.buffer_reads[region]
-            for t in _tensors((args, kwargs)):
-                st = _storage(t)
-                if st is not None and st in self.buffers:
-                    reads.setdefault(id(st), index)
         written = _written(func, args, kwargs) if mutable else []
         if region is not None:
             self._read_after_write(region, index, func, args, kwargs, written)
@@ -686,13 +679,6 @@ class _Recording:
                     self.region_writes.setdefault(
                         region, f"{name} on a buffer of a module outside the region"
                     )
-                # A buffer an earlier op of the region read: the re-run's read would see this
-                # write (BatchNorm's running statistics are read and written by one op, whose
-                # outputs do not depend on them).
-                if region is not None and st is not None and st in self.buffers:
-                    first = self.buffer_reads[region].get(id(st))
-                    if first is not None and first < index:
-                        self.region_writes.setdefault(region, name)
         random = _draws_random(func, args, kwargs)
         if random and region is not None and kwargs.get("generator") is not None:
             # Checkpointing replays the default generators' state in the re-run, not one the
