@@ -524,27 +524,23 @@ pub fn write_baseline(path: &Path, figures: &BTreeMap<String, Figures>) -> Resul
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    // The process id keeps two gates from writing one temporary file; one left by a killed
-    // process of the same id is stale and truncated.
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    // A temporary file of a name of its own (`.remat-baseline.json.XXXXXX.tmp`), removed when
+    // it is dropped unrenamed; one a killed process left is stale.
     let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = tempfile::Builder::new()
+            .prefix(&format!(".{}.", name.to_string_lossy()))
+            .suffix(".tmp")
+            .tempfile_in(dir)?;
         // The new file keeps the old one's permissions (a rename would otherwise give it the
-        // umask's).
+        // temporary file's).
         if let Ok(meta) = std::fs::metadata(&target) {
-            f.set_permissions(meta.permissions())?;
+            f.as_file().set_permissions(meta.permissions())?;
         }
         f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, &target)
+        f.as_file().sync_all()?;
+        f.persist(&target).map(drop).map_err(|e| e.error)
     })();
     if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
         return Err(error(format!(
             "cannot write (the baseline is left as it was): {e}"
         )));
