@@ -80,7 +80,8 @@
 //!   positive steps, Split, inactive Dropout, same-type Cast, Gather of a scalar index)
 //!   share their input's storage, as in PyTorch: they get no node of their own; readers of
 //!   a view depend on the node holding its base, and each storage is counted once in
-//!   `saved_activation_bytes`. One exception, also PyTorch's: a batched MatMul whose operand
+//!   `saved_activation_bytes` (parameters and frozen weights, held all step, are not: saving
+//!   one costs nothing). One exception, also PyTorch's: a batched MatMul whose operand
 //!   is a view that cannot fold its batch dims without a copy (strides replayed through the
 //!   view ops, `layout`) keeps a copy of it, the extra value `input0_copy`/`input1_copy`,
 //!   instead of the view's base.

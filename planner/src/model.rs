@@ -98,6 +98,10 @@ pub struct Model {
     /// (buffers) by the parameter rule: a scalar `nn.Parameter` or PReLU's one slope reads
     /// like an exporter's epsilon; `--param NAME` trains one (set by [`classify_constants`]).
     pub scalar_constants: Vec<ValueId>,
+    /// Weights the training keeps frozen (`--freeze`, or `--input` on an initializer), and the
+    /// constants computed at import from them (a transposed frozen weight): buffers held all
+    /// step, which a backward may read without saving anything (set by [`classify_constants`]).
+    pub frozen: Vec<ValueId>,
 }
 
 impl OpNode {
@@ -1114,6 +1118,7 @@ pub(crate) fn read(
         onnx_nodes: g.node.len(),
         op_counts,
         scalar_constants: vec![],
+        frozen: vec![],
     };
     Ok((model, b.is_const, resolved))
 }
@@ -1389,6 +1394,14 @@ pub(crate) fn classify_constants(model: &mut Model, is_const: &[bool], opts: &Im
                     .as_ref()
                     .is_some_and(|f| f.dtype.is_float() && f.numel() == 1)
         })
+        .collect();
+    let named_frozen = |r: ValueId| {
+        let value = &model.values[r];
+        value.kind == ValueKind::Buffer
+            && (opts.frozen.contains(&value.name) || opts.inputs.contains(&value.name))
+    };
+    model.frozen = (0..n)
+        .filter(|&v| is_const[v] && roots[v].iter().any(|&r| named_frozen(r)))
         .collect();
     for v in 0..n {
         let is_root = roots[v].len() == 1 && roots[v][0] == v;

@@ -780,7 +780,11 @@ fn saved_tensors(
             };
             let Some(v) = v else { continue };
             let r = storage_root(model, info, v);
-            if matches!(model.values[r].kind, ValueKind::Param | ValueKind::Derived) {
+            // Parameters and frozen weights are held all step: saving one costs nothing (the
+            // fixtures' PyTorch figure skips every `model.parameters()` storage, trained or not).
+            if matches!(model.values[r].kind, ValueKind::Param | ValueKind::Derived)
+                || model.frozen.contains(&r)
+            {
                 continue;
             }
             match root_index.get(&r) {
