@@ -4,6 +4,7 @@ use super::common::{print_document, Bar, ExecArgs, Failure, ModelArgs};
 use clap::Args;
 use remat_server::engine::document::RunDocument;
 use remat_server::engine::PlanRequest;
+use remat_server::pipeline::reuse::MadeOtherwise;
 use remat_server::pipeline::{
     not_runnable, validate_schedule, Loaded, PlanJob, Progress, Stop, DEFAULT_TIME_LIMIT,
 };
@@ -63,43 +64,12 @@ fn schedule_from_plan(loaded: &Loaded, doc: &Value, path: &Path) -> Result<Sched
             doc.get("min_feasible_budget_bytes").unwrap_or(&Value::Null),
         )));
     }
-    // Other parameters or buffers than the plan's: the model imported with other --freeze,
-    // --param or --input (the schedule's ids may all map, and the run then fails on a value
-    // that is not resident, naming no option).
-    let reclassified = loaded.inspect.as_ref().and_then(|report| {
-        let planned = |field: &str| {
-            doc.pointer(&format!("/model/{field}"))
-                .and_then(Value::as_u64)
-        };
-        [
-            ("params_bytes", report.params_bytes),
-            ("buffers_bytes", report.buffers_bytes),
-        ]
-        .into_iter()
-        .find_map(|(field, ours)| {
-            let (theirs, ours) = (planned(field)?, ours?);
-            (theirs != ours)
-                .then(|| format!("the plan was made with {field} {theirs}, which is {ours} here"))
-        })
-    });
-    // The first input the plan names whose shape here is another (the plan was made at
-    // other dims, or of another model).
-    let reshaped = loaded.inspect.as_ref().and_then(|report| {
-        let planned = doc.pointer("/model/inputs").and_then(Value::as_array)?;
-        planned.iter().find_map(|input| {
-            let name = input.get("name").and_then(Value::as_str)?;
-            let shape: Vec<u64> = input
-                .get("shape")
-                .and_then(Value::as_array)?
-                .iter()
-                .filter_map(Value::as_u64)
-                .collect();
-            let ours = report.inputs.iter().find(|i| i.name == name)?.shape.as_ref()?;
-            (*ours != shape).then(|| {
-                format!("the plan was made with input {name:?} of shape {shape:?}, which is {ours:?} here")
-            })
-        })
-    });
+    // Other input shapes, parameters or buffers than the plan's (other --dim, --freeze,
+    // --param or --input).
+    let MadeOtherwise {
+        reshaped,
+        reclassified,
+    } = MadeOtherwise::of(loaded.inspect.as_ref(), doc);
     let steps = doc
         .get("schedule")
         .ok_or_else(|| bad("no \"schedule\" (expected a `remat plan --json` document)".into()))?;

@@ -532,14 +532,16 @@ impl<'a, P: Progress> PlanJob<'a, P> {
     ) -> Result<(Vec<remat_solver::plan::Earlier>, Vec<(String, String)>), EngineError> {
         let mut earlier = Vec::new();
         let mut skipped = Vec::new();
+        let from_document =
+            |document| reuse::from_document(&loaded.problem, loaded.inspect.as_ref(), document);
         for (name, document) in self.reuse_found {
-            match reuse::from_document(&loaded.problem, document) {
+            match from_document(document) {
                 Ok(e) => earlier.push(e),
                 Err(e) => skipped.push((name.clone(), e)),
             }
         }
         for (name, document) in self.reuse {
-            let e = reuse::from_document(&loaded.problem, document).map_err(|e| {
+            let e = from_document(document).map_err(|e| {
                 EngineError::new(
                     ErrorKind::BadInput,
                     "invalid_option",

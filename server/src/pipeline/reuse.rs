@@ -5,6 +5,7 @@
 //! (`remat_solver::plan::plan_reusing`), pruned to the budget.
 
 use crate::engine::{Fitted, History, PlanRequest};
+use remat_planner::InspectReport;
 use remat_solver::plan::Earlier;
 use remat_solver::schedule::StepJson;
 use remat_solver::{simulate, Problem, Schedule};
@@ -39,7 +40,7 @@ pub fn from_history(
         .take(MAX_REUSED)
         .filter_map(|(_, id)| {
             let document = history.document(&id)?;
-            match from_document(problem, &document) {
+            match from_document(problem, None, &document) {
                 Ok(earlier) => Some(earlier),
                 Err(e) => {
                     tracing::warn!(plan = %id, error = %e, "a stored plan of this model is not reused");
@@ -52,8 +53,14 @@ pub fn from_history(
 
 /// A plan document (`remat plan --json`, the API's `plan`) as an earlier plan of `problem`:
 /// the budget its schedule was first found at, its solver and its schedule. An error says
-/// which field is missing or why the schedule is not one of `problem`.
-pub fn from_document(problem: &Problem, document: &Value) -> Result<Earlier, String> {
+/// which field is missing or why the schedule is not one of `problem`, and then, given the
+/// model's `report`, what the document records of its model that differs
+/// ([`MadeOtherwise`]: other dims, other frozen weights).
+pub fn from_document(
+    problem: &Problem,
+    report: Option<&InspectReport>,
+    document: &Value,
+) -> Result<Earlier, String> {
     let field = |name: &str| {
         document
             .get(name)
@@ -78,15 +85,95 @@ pub fn from_document(problem: &Problem, document: &Value) -> Result<Earlier, Str
         .to_string();
     let steps: Vec<StepJson> = serde_json::from_value(field("schedule")?.clone())
         .map_err(|e| format!("the plan document's \"schedule\": {e}"))?;
-    let schedule = Schedule::from_json_steps(problem, &steps)
-        .map_err(|e| format!("its schedule is not one of this model's graph: {e}"))?;
-    simulate(problem, &schedule)
-        .map_err(|e| format!("its schedule is not one of this model's graph: {e}"))?;
+    let not_ours = |e: String| {
+        let e = format!("its schedule is not one of this model's graph: {e}");
+        match MadeOtherwise::of(report, document).hint() {
+            Some(hint) => format!("{e}: {hint}"),
+            None => e,
+        }
+    };
+    let schedule =
+        Schedule::from_json_steps(problem, &steps).map_err(|e| not_ours(e.to_string()))?;
+    simulate(problem, &schedule).map_err(|e| not_ours(e.to_string()))?;
     Ok(Earlier {
         budget_bytes: from,
         solver,
         schedule,
     })
+}
+
+/// What a plan document records of the model it was made of that differs from `report`, the
+/// loaded model's: the first input whose shape is another (`reshaped`: other `--dim`
+/// values), and parameter or buffer bytes that are others (`reclassified`: other `--freeze`,
+/// `--param` or `--input`). A figure the document lacks (a node-link graph's plan) says
+/// nothing. The schedule's ids may all map even so (most ids are the same at any dims), and
+/// a run then fails on a value that is not resident, naming no option; a schedule that does
+/// not map is explained by them.
+#[derive(Debug, Default, PartialEq)]
+pub struct MadeOtherwise {
+    pub reshaped: Option<String>,
+    pub reclassified: Option<String>,
+}
+
+impl MadeOtherwise {
+    pub fn of(report: Option<&InspectReport>, document: &Value) -> Self {
+        let Some(report) = report else {
+            return Self::default();
+        };
+        let planned = |field: &str| {
+            document
+                .pointer(&format!("/model/{field}"))
+                .and_then(Value::as_u64)
+        };
+        let reclassified = [
+            ("params_bytes", report.params_bytes),
+            ("buffers_bytes", report.buffers_bytes),
+        ]
+        .into_iter()
+        .find_map(|(field, ours)| {
+            let (theirs, ours) = (planned(field)?, ours?);
+            (theirs != ours)
+                .then(|| format!("the plan was made with {field} {theirs}, which is {ours} here"))
+        });
+        let reshaped = document
+            .pointer("/model/inputs")
+            .and_then(Value::as_array)
+            .and_then(|inputs| {
+                inputs.iter().find_map(|input| {
+                    let name = input.get("name").and_then(Value::as_str)?;
+                    let shape: Vec<u64> = input
+                        .get("shape")
+                        .and_then(Value::as_array)?
+                        .iter()
+                        .filter_map(Value::as_u64)
+                        .collect();
+                    let ours = report.inputs.iter().find(|i| i.name == name)?.shape.as_ref()?;
+                    (*ours != shape).then(|| {
+                        format!(
+                            "the plan was made with input {name:?} of shape {shape:?}, which is {ours:?} here"
+                        )
+                    })
+                })
+            });
+        Self {
+            reshaped,
+            reclassified,
+        }
+    }
+
+    /// The differences as a sentence with the options to look at, or `None`.
+    pub fn hint(&self) -> Option<String> {
+        let mut parts = vec![];
+        if let Some(r) = &self.reshaped {
+            parts.push(format!("{r} (give the --dim values it was made with)"));
+        }
+        if let Some(r) = &self.reclassified {
+            parts.push(format!(
+                "{r} (the model was imported with other --freeze, --param or --input)"
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
 }
 
 #[cfg(test)]
@@ -209,24 +296,24 @@ mod tests {
     fn a_document_that_is_not_a_schedule_of_the_problem_says_why() {
         let p = problem();
         let good = planned(&p, store_all_peak(&p), Algorithm::StoreAll);
-        assert!(from_document(&p, &good).is_ok());
+        assert!(from_document(&p, None, &good).is_ok());
         let mut unknown = good.clone();
         unknown["schedule"][0]["node"] = json!("no-such-node");
-        let e = from_document(&p, &unknown).unwrap_err();
+        let e = from_document(&p, None, &unknown).unwrap_err();
         assert!(e.contains("no-such-node"), "{e}");
         let mut short = good.clone();
         short["schedule"] = json!([good["schedule"].as_array().unwrap().last().unwrap()]);
-        let e = from_document(&p, &short).unwrap_err();
+        let e = from_document(&p, None, &short).unwrap_err();
         assert!(e.contains("not one of this model's graph"), "{e}");
         let mut no_budget = good.clone();
         no_budget.as_object_mut().unwrap().remove("budget_bytes");
         assert_eq!(
-            from_document(&p, &no_budget).unwrap_err(),
+            from_document(&p, None, &no_budget).unwrap_err(),
             "the plan document has no \"budget_bytes\""
         );
         let mut infeasible = good;
         infeasible["status"] = json!("infeasible");
-        assert!(from_document(&p, &infeasible)
+        assert!(from_document(&p, None, &infeasible)
             .unwrap_err()
             .contains("infeasible"));
     }
@@ -236,7 +323,7 @@ mod tests {
         let p = problem();
         let mut doc = planned(&p, store_all_peak(&p), Algorithm::StoreAll);
         doc["reused_from_budget_bytes"] = json!(12);
-        assert_eq!(from_document(&p, &doc).unwrap().budget_bytes, 12);
+        assert_eq!(from_document(&p, None, &doc).unwrap().budget_bytes, 12);
     }
 
     #[test]

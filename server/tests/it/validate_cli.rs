@@ -805,6 +805,41 @@ fn remat_plan_reuses_a_plan_of_a_lower_budget_given_with_reuse() {
     );
 }
 
+/// `remat plan --reuse` with a plan of the model imported otherwise (here with its first
+/// layer frozen: its schedule never computes that layer's backward) is refused, and the
+/// message says what differs (the parameter bytes) and which options to look at; it named no
+/// option. A plan at other dims whose schedule is one of this graph is reused.
+#[test]
+fn a_reused_plan_made_with_other_frozen_weights_is_refused_naming_the_options() {
+    let mlp = root().join("fixtures/gate/mlp_v1.onnx");
+    let mlp = mlp.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let frozen = dir.path().join("frozen.json");
+    let plan = |batch: &str, extra: &[&str]| {
+        let dim = format!("batch={batch}");
+        let mut args = vec!["plan", mlp, "--dim", &dim, "--budget", "1.0x", "--json"];
+        args.extend_from_slice(extra);
+        remat(&args)
+    };
+    let o = plan("32", &["--freeze", "?0", "--out", frozen.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = plan("32", &["--reuse", frozen.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = text(&o);
+    assert!(
+        err.contains("frozen.json")
+            && err.contains("never computes required node \"b:fc0\"")
+            && err.contains("the plan was made with params_bytes 71208, which is 88104 here")
+            && err.contains("other --freeze, --param or --input"),
+        "{err}"
+    );
+    let o = plan(
+        "16",
+        &["--freeze", "?0", "--reuse", frozen.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+}
+
 /// A validation whose store-all step needs more memory than the machine has is refused
 /// before anything is allocated (a failed allocation would abort the process, and the service
 /// with it), naming both figures; the service answers the plan with the validation not run
