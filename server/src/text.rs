@@ -67,6 +67,23 @@ pub fn plan_summary(doc: &PlanDocument) -> String {
                 lb.source.as_str()
             );
         }
+        if let Some(ob) = &r.order_bound {
+            let cost = r.predicted.compute_cost;
+            let _ = writeln!(
+                s,
+                "in order   {} (the graph's order only: schedules that first compute the nodes \
+                 in another order are not bounded by it)",
+                if ob.source == remat_solver::plan::BoundSource::Exact {
+                    "optimal among the schedules in the graph's order (MILP)".to_string()
+                } else {
+                    format!(
+                        "{:.2}% to the {} bound",
+                        100.0 * remat_solver::plan::gap(cost, ob.compute_cost),
+                        ob.source.as_str()
+                    )
+                }
+            );
+        }
     }
     let _ = writeln!(s, "baselines");
     for b in &r.baselines {

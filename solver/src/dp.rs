@@ -61,7 +61,8 @@
 //! by its own stage can be worth freeing and recomputing from scratch: *drop*, `e > c`), and
 //! without *delay* 2 of 4,000 five-stage chains differed (holding a stage's inputs is cheaper
 //! than holding its larger gradient while lower activations are recomputed). Beyond 6 stages
-//! optimality is not proven.
+//! ([`PROVEN_STAGES`]) optimality is not proven, and not claimed: a 12-stage chain is known
+//! where a schedule the program does not enumerate is cheaper (170 against 173).
 //!
 //! Cost: `O(N^5)` frontier merges for `N` forward nodes ([`DpMode::Exact`], the default up to 30
 //! nodes; its time on VGG19 in `docs/bench/solver-tuning.md`); [`DpMode::Restricted`] (`e = max(c, lo)`, no delayed stages,
@@ -144,6 +145,12 @@ pub fn chain_structure(p: &Problem) -> std::result::Result<Chain, String> {
             ));
         }
     }
+    if len > MAX_FORWARD {
+        return Err(format!(
+            "its forward path of {len} nodes is longer than the chain DP takes ({MAX_FORWARD}: \
+             its (N+1)·N²·8 frontiers grow as N³ in memory and time, and no clock stops it)"
+        ));
+    }
     Ok(Chain {
         forward: (0..len).collect(),
         backward: (len..n).collect(),
@@ -205,6 +212,20 @@ fn merge_envelope(a: &[Pt], b: &[Pt], out: &mut Vec<Pt>) {
         }
     }
 }
+
+/// Chains with more forward nodes than this are not taken (not a training chain to
+/// [`as_training_chain`]; `auto` plans them as any graph): the program keeps `(N+1)·N²·8`
+/// frontiers whatever the mode, so memory and time grow as `N³` and no clock stops it (600
+/// forward nodes asked for 41 GB and aborted the process; 200 took 68 s and 1.5 GB at a 5 s
+/// limit). At 100: 0.2 GB and 4.5 s (`remat plan` of a 100-stage chain at 0.7x).
+pub const MAX_FORWARD: usize = 100;
+
+/// Chains with at most this many backward stages are the ones the exhaustive comparisons
+/// cover (module documentation, "How exact"): only there is the exact program's answer called
+/// optimal. Beyond, it is the least cost of the schedules it enumerates, and not always the
+/// least of all: a 12-stage chain at one budget costs 173 by the program and 170 by the MILP
+/// and by exhaustive search (`solver/tests/it/props.rs`).
+pub const PROVEN_STAGES: usize = 6;
 
 /// Chains with more forward nodes than this use the restricted program (`e = max(c, lo)`: a
 /// checkpoint read by a stage is held until that stage), `O(N^3)` instead of `O(N^5)`.
@@ -682,8 +703,9 @@ pub struct ChainSolution {
     /// [`crate::simulate`]'s figures).
     pub peak_bytes: u64,
     pub compute_cost: f64,
-    /// Whether the exact program ran and no frontier was thinned (see the module documentation
-    /// for how far that is checked against exhaustive search).
+    /// Whether the answer is proven optimal: the exact program ran, no frontier was thinned
+    /// and the chain has at most [`PROVEN_STAGES`] backward stages (how far the program is
+    /// checked against exhaustive search: the module documentation).
     pub optimal: bool,
 }
 
@@ -735,7 +757,7 @@ pub fn solve_chain_with(p: &Problem, budget: u64, mode: DpMode) -> Result<ChainS
         });
     };
     let dp = Dp::new(p, &chain, cap, mode);
-    let optimal = dp.general && !dp.thinned;
+    let optimal = dp.general && !dp.thinned && chain.backward.len() <= PROVEN_STAGES;
     let best = eval(dp.top_front(), cap).copied();
     Ok(ChainSolution {
         schedule: best.and_then(|_| dp.schedule(p, cap)),

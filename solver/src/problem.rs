@@ -199,6 +199,25 @@ impl Problem {
                 .sum::<u64>()
     }
 
+    /// Whether the needed nodes have one topological order only: each reads the needed node
+    /// before it in natural order (a chain, a training chain). Checkmate's stage model fixes
+    /// the order in which nodes are first computed to the natural one, so its bounds and its
+    /// optimum hold for every schedule only then; where independent branches may interleave
+    /// otherwise, another order can need less memory and cost less.
+    pub fn order_is_forced(&self) -> bool {
+        let needed = self.needed();
+        let mut prev: Option<NodeId> = None;
+        for v in (0..self.len()).filter(|&v| needed[v]) {
+            if let Some(u) = prev {
+                if !self.nodes[v].deps.contains(&u) {
+                    return false;
+                }
+            }
+            prev = Some(v);
+        }
+        true
+    }
+
     /// `max_v footprint(v)` over the needed nodes: a lower bound on any schedule's peak.
     pub fn footprint_lower_bound(&self) -> u64 {
         let needed = self.needed();

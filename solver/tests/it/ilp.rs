@@ -493,3 +493,168 @@ fn explicit_ilp_starts_from_the_peak_descent_where_no_baseline_fits() {
         report.predicted.overhead
     );
 }
+
+fn options(budget: u64, algorithm: Algorithm, seconds: u64) -> PlanOptions {
+    PlanOptions {
+        budget,
+        algorithm,
+        time_limit: Duration::from_secs(seconds),
+        threads: 1,
+        bound_time: Duration::ZERO,
+        cancel: Default::default(),
+    }
+}
+
+/// The chain DP is checked against exhaustive search up to `PROVEN_STAGES` stages; on this
+/// 12-stage chain at 247 bytes it returns a schedule of cost 173 where the MILP (and
+/// exhaustive search) find 170. It called 173 optimal, and `auto` returned it at once. Now
+/// only the MILP's optimum is (a chain has one order, so the stage model's optimum is every
+/// schedule's), and `--solver dp` says feasible, with its gap.
+#[test]
+fn the_chain_dp_is_not_called_optimal_beyond_the_stages_it_is_proven_for() {
+    let fwd = [
+        (7.0, 1),
+        (1.0, 85),
+        (3.0, 99),
+        (10.0, 23),
+        (5.0, 13),
+        (7.0, 14),
+        (10.0, 24),
+        (7.0, 30),
+        (9.0, 77),
+        (6.0, 6),
+        (4.0, 16),
+        (8.0, 28),
+    ];
+    let bwd = [
+        (9.0, 86),
+        (3.0, 33),
+        (10.0, 56),
+        (9.0, 17),
+        (1.0, 22),
+        (5.0, 2),
+        (3.0, 30),
+        (6.0, 70),
+        (6.0, 21),
+        (7.0, 42),
+        (1.0, 7),
+    ];
+    let p = chain(&fwd, &bwd, 0);
+    assert!(p.order_is_forced());
+    let dp = remat_solver::dp::solve_chain_with(&p, 247, remat_solver::dp::DpMode::Auto).unwrap();
+    assert_eq!(dp.compute_cost, 173.0);
+    assert!(!dp.optimal, "12 stages: more than the DP is proven for");
+    let (_, by_dp) = plan(&p, &options(247, Algorithm::Dp, 10)).unwrap();
+    assert_eq!(by_dp.status, Status::Feasible);
+    assert!(by_dp.lower_bound.unwrap().compute_cost <= 170.0);
+    let (_, auto) = plan(&p, &options(247, Algorithm::Auto, 30)).unwrap();
+    assert_eq!(auto.predicted.compute_cost, 170.0, "{auto:?}");
+    assert_eq!(auto.status, Status::Optimal);
+    assert!(
+        auto.order_bound.is_none(),
+        "one order: the MILP's bound is every schedule's"
+    );
+}
+
+/// Checkmate's stage model fixes the order in which nodes are first computed. On this
+/// 10-node DAG at 190 bytes its MILP's optimum is 107 (+101.9%), which the plan called
+/// optimal with a lower bound of 107, while the schedule below, in another order, fits at
+/// cost 58 (found by exhaustive search). A bound of the stage model is now the report's
+/// `order_bound`, never its `lower_bound`, and proves no `optimal`.
+#[test]
+fn stage_model_bounds_do_not_bound_schedules_in_another_order() {
+    let links: Vec<serde_json::Value> = [
+        [0, 1],
+        [0, 2],
+        [1, 7],
+        [1, 9],
+        [2, 4],
+        [2, 6],
+        [2, 8],
+        [3, 4],
+        [4, 5],
+        [4, 6],
+        [4, 7],
+        [4, 9],
+        [5, 6],
+        [6, 8],
+        [7, 9],
+    ]
+    .iter()
+    .map(|[s, t]| serde_json::json!({"source": s, "target": t}))
+    .collect();
+    let graph = serde_json::json!({
+        "directed": true,
+        "nodes": [
+            {"id": 0, "cost_cpu": 5, "cost_ram": 98}, {"id": 1, "cost_cpu": 3, "cost_ram": 23},
+            {"id": 2, "cost_cpu": 9, "cost_ram": 89}, {"id": 3, "cost_cpu": 6, "cost_ram": 60},
+            {"id": 4, "cost_cpu": 9, "cost_ram": 41}, {"id": 5, "cost_cpu": 4, "cost_ram": 29},
+            {"id": 6, "cost_cpu": 4, "cost_ram": 20, "backward": true},
+            {"id": 7, "cost_cpu": 1, "cost_ram": 33}, {"id": 8, "cost_cpu": 7, "cost_ram": 22},
+            {"id": 9, "cost_cpu": 5, "cost_ram": 83}
+        ],
+        "links": links,
+    });
+    let p = remat_solver::io::parse_node_link(&graph.to_string(), "pdag0").unwrap();
+    assert!(!p.order_is_forced());
+    let steps: Vec<remat_solver::schedule::StepJson> = serde_json::from_value(serde_json::json!([
+        {"op": "compute", "node": "0"}, {"op": "compute", "node": "2"}, {"op": "free", "node": "0"},
+        {"op": "compute", "node": "3"}, {"op": "compute", "node": "4"}, {"op": "free", "node": "3"},
+        {"op": "compute", "node": "5"}, {"op": "compute", "node": "6"}, {"op": "free", "node": "5"},
+        {"op": "compute", "node": "8"}, {"op": "free", "node": "8"}, {"op": "free", "node": "2"},
+        {"op": "free", "node": "6"}, {"op": "compute", "node": "0"}, {"op": "compute", "node": "1"},
+        {"op": "free", "node": "0"}, {"op": "compute", "node": "7"}, {"op": "compute", "node": "9"}
+    ]))
+    .unwrap();
+    let other_order = simulate(&p, &Schedule::from_json_steps(&p, &steps).unwrap()).unwrap();
+    assert!(other_order.peak_bytes <= 190);
+    assert_eq!(other_order.compute_cost, 58.0);
+    for algorithm in [Algorithm::Auto, Algorithm::Ilp] {
+        let (_, r) = plan(&p, &options(190, algorithm, 5)).unwrap();
+        let cost = r.predicted.compute_cost;
+        let bound = r.lower_bound.unwrap().compute_cost;
+        assert!(
+            bound <= 58.0,
+            "{algorithm}: lower bound {bound} above a schedule of 58"
+        );
+        assert!(
+            r.status != Status::Optimal || cost <= 58.0,
+            "{algorithm}: {cost} called optimal"
+        );
+        if cost > 58.0 {
+            assert!(r.gap.unwrap() >= (cost - 58.0) / cost - 1e-9, "{algorithm}");
+        }
+        let order = r
+            .order_bound
+            .expect("the stage model's bound, reported apart");
+        assert!(order.compute_cost > 58.0, "{algorithm}: {order:?}");
+    }
+}
+
+/// A chain longer than the DP takes is planned as any graph: the program's `(N+1)·N²·8`
+/// frontiers are allocated whatever its mode (a 600-node chain asked for 41 GB and aborted
+/// the process, a service's with it). `--solver dp` says why it cannot run.
+#[test]
+fn a_chain_longer_than_the_dp_takes_is_planned_without_it() {
+    use remat_solver::dp::{as_training_chain, chain_structure, MAX_FORWARD};
+    let n = MAX_FORWARD + 1;
+    let fwd: Vec<(f64, u64)> = (0..n)
+        .map(|i| (1.0 + (i % 3) as f64, 10 + (i % 5) as u64))
+        .collect();
+    let bwd: Vec<(f64, u64)> = (0..n - 1).map(|i| (2.0, 8 + (i % 4) as u64)).collect();
+    let p = chain(&fwd, &bwd, 0);
+    assert!(as_training_chain(&p).is_none());
+    let why = chain_structure(&p).unwrap_err();
+    assert!(
+        why.contains(&format!("{n} nodes")) && why.contains("100"),
+        "{why}"
+    );
+    let e = plan(&p, &options(store_all_peak(&p), Algorithm::Dp, 5))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("longer than the chain DP takes"), "{e}");
+    let budget = budget_at(&p, 0.5);
+    let (schedule, r) = plan(&p, &options(budget, Algorithm::Auto, 2)).unwrap();
+    assert!(simulate(&p, &schedule).unwrap().peak_bytes <= budget);
+    assert_ne!(r.status, Status::Infeasible);
+}

@@ -9,6 +9,7 @@ use remat_solver::baselines::{
 use remat_solver::budget::{descend_to_budget, min_feasible_budget, prune_recomputations};
 use remat_solver::dp::{
     as_training_chain, chain_frontier, min_peak_chain, solve_chain, solve_chain_with, DpMode,
+    PROVEN_STAGES,
 };
 use remat_solver::plan::{plan, plan_reusing, sweep, Earlier, PlanOptions, Status};
 use remat_solver::{simulate, store_all_peak, Problem};
@@ -133,7 +134,10 @@ proptest! {
         let budget = budget_of(&p, frac);
         let exact = solve_chain_with(&p, budget, DpMode::Exact).unwrap();
         let fast = solve_chain_with(&p, budget, DpMode::Restricted).unwrap();
-        prop_assert!(exact.optimal);
+        // Optimal is claimed only where exhaustive search checked the program.
+        let stages = as_training_chain(&p).unwrap().backward.len();
+        prop_assert!(!exact.optimal || stages <= PROVEN_STAGES, "{stages} stages");
+        prop_assert!(!fast.optimal);
         for sol in [&exact, &fast] {
             if let Some(s) = &sol.schedule {
                 let st = simulate(&p, s).map_err(|e| TestCaseError::fail(e.to_string()))?;
