@@ -46,7 +46,7 @@ pub enum SolverError {
     #[error("schedule never computes required node {node:?}")]
     RequiredNotComputed { node: String },
     #[error(
-        "budget {budget} bytes is infeasible: the minimum feasible budget is {min_feasible} bytes"
+        "budget {budget} bytes is infeasible: no plan remat found fits it; the least peak it reaches, its minimum feasible budget, is {min_feasible} bytes"
     )]
     Infeasible { budget: u64, min_feasible: u64 },
     #[error("graph JSON: {0}")]

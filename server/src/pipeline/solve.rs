@@ -50,7 +50,8 @@ pub fn solver_error(e: SolverError) -> EngineError {
 }
 
 /// Why a plan has no schedule, as the CLI and the API say it: the budget and the least peak
-/// remat knows (each shown by `bytes`); when one `solver` was asked for and the budget is at
+/// remat knows (each shown by `bytes`; found by searches, so not a proof that nothing fits
+/// below it: a plan at a lower budget, or at a longer time limit, may find a lower one); when one `solver` was asked for and the budget is at
 /// or above that least peak, that the solver alone found none, and that `auto` tries them all.
 pub fn infeasible_message(
     budget: u64,
@@ -64,11 +65,11 @@ pub fn infeasible_message(
             bytes(min_feasible)
         ),
         Some(s) => format!(
-            "budget {budget} bytes is infeasible: the minimum feasible budget is {} (solver {s} alone may need more)",
+            "budget {budget} bytes is infeasible: no plan remat found fits it; the least peak it reaches, its minimum feasible budget, is {} (solver {s} alone may need more)",
             bytes(min_feasible)
         ),
         None => format!(
-            "budget {budget} bytes is infeasible: the minimum feasible budget is {}",
+            "budget {budget} bytes is infeasible: no plan remat found fits it; the least peak it reaches, its minimum feasible budget, is {}",
             bytes(min_feasible)
         ),
     }
