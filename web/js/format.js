@@ -17,9 +17,22 @@ export function fmtBytes(bytes) {
     v /= 1024;
     u += 1;
   }
-  if (u === 0) return `${sign}${Math.round(v)} B`;
-  const digits = v >= 100 ? 0 : v >= 10 ? 1 : 2;
-  return `${sign}${v.toFixed(digits)} ${UNITS[u]}`;
+  if (u === 0 && Math.round(v) < 1024) return `${sign}${Math.round(v)} B`;
+  // Three significant digits of the value as rounded: 1023.8 MiB rounds to 1024 and reads
+  // "1.00 GiB" (next to a budget of 1 GiB), 99.97 KiB reads "100 KiB", not "100.0".
+  let text = v.toFixed(digitsFor(v));
+  if (Number(text) >= 1024 && u < UNITS.length - 1) {
+    v /= 1024;
+    u += 1;
+    text = v.toFixed(digitsFor(v));
+  }
+  text = v.toFixed(digitsFor(Number(text)));
+  return `${sign}${text} ${UNITS[u]}`;
+}
+
+/** Decimals for three significant digits of a value in [1, 1024). */
+function digitsFor(v) {
+  return v >= 100 ? 0 : v >= 10 ? 1 : 2;
 }
 
 /** An exact integer with thousands separators: 3288334336 -> "3,288,334,336". */
