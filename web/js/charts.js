@@ -168,7 +168,7 @@ export function sweepFractions(min, storeAll, count = 8) {
  * [[budget, overhead]], history: [[budget, overhead]], withinBudget: [{name, overhead}] (this
  * plan's own baselines that fit its budget)}.
  */
-export function paretoSeries({ doc, sweep, history, planId }) {
+export function paretoSeries({ doc, sweep, history, planId, solver = null }) {
   const feasible = (p) => isNum(p.overhead) && p.status !== 'infeasible';
   const frontier = sweep ? sweep.points.filter(feasible).map((p) => [p.budgetBytes, p.overhead]) : [];
   const infeasible = sweep ? sweep.points.length - frontier.length : 0;
@@ -197,6 +197,7 @@ export function paretoSeries({ doc, sweep, history, planId }) {
     .map((e) => [e.budgetBytes, e.overhead]);
   return {
     frontier,
+    frontierLabel: frontierLabel(solver),
     infeasible,
     least: Number.isFinite(least) ? least : null,
     baselines: [...baselines.values()],
@@ -204,6 +205,15 @@ export function paretoSeries({ doc, sweep, history, planId }) {
     history: others,
     withinBudget: baselinesWithin(doc),
   };
+}
+
+/**
+ * The name of the frontier's line: the solver that swept it ("frontier (chen-sqrt)"), so that a
+ * baseline's frontier is never read as remat's; "frontier (remat)" only where no solver is named
+ * (a captured graph's torch-sac sweep, remat's own planner).
+ */
+export function frontierLabel(solver) {
+  return typeof solver === 'string' && solver !== '' ? `frontier (${solver})` : 'frontier (remat)';
 }
 
 /**
@@ -223,7 +233,7 @@ export function paretoChart(el, pts) {
   const lists = [];
   const pointsOnly = (size, fill, stroke) => ({ paths: () => null, points: { show: true, size, fill, stroke, width: 2 } });
   if (pts.frontier.length) {
-    series.push({ label: 'frontier (remat)', stroke: '#1d4ed8', width: 2, spanGaps: true, points: { show: true, size: 6, fill: '#1d4ed8' }, value: (u, v) => fmtOverhead(v) });
+    series.push({ label: pts.frontierLabel ?? frontierLabel(null), stroke: '#1d4ed8', width: 2, spanGaps: true, points: { show: true, size: 6, fill: '#1d4ed8' }, value: (u, v) => fmtOverhead(v) });
     lists.push(pts.frontier);
   }
   if (pts.history.length) {
@@ -272,7 +282,7 @@ export function frontierSentence(feasible, infeasible, least = null) {
 export function paretoText(pts) {
   const rows = [
     ...pts.plan.map(([x, y]) => ['this plan', x, y]),
-    ...pts.frontier.map(([x, y]) => ['frontier (remat)', x, y]),
+    ...pts.frontier.map(([x, y]) => [pts.frontierLabel ?? frontierLabel(null), x, y]),
     ...pts.baselines.flatMap((b) => b.points.map(([x, y]) => [b.feasible ? b.name : `${b.name} (over budget)`, x, y])),
     ...pts.history.map(([x, y]) => ['other plan', x, y]),
   ];

@@ -16,6 +16,8 @@ import { JobCancel, cancelButton } from './cancel.js';
  * The frontier of the plan `planId` of the model `hash` at `dims` (the plan's own, a maximized
  * dim at the value found: the sweep is posted and kept at them).
  *
+ * - `solver`: the solver the sweep is asked with (the plan's; null for a captured graph's): the
+ *   sweep is kept under it and its line named after it;
  * - `doc`: the plan's figures the chart shows beside the frontier (`budgetBytes`,
  *   `predicted.overhead`, `baselines`);
  * - `history()`: the model's other plans to show, read when the chart is drawn;
@@ -28,18 +30,19 @@ import { JobCancel, cancelButton } from './cancel.js';
  * above them) and `draw()`, to call once they are in the page (the chart takes its width) and
  * whenever `history()` changes.
  */
-export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], file, sweepOptions, intro, pick }) {
+export function frontierOf({ hash, dims = {}, solver = null, planId, doc, history = () => [], file, sweepOptions, intro, pick }) {
   const chartEl = h('div', { class: 'chart', 'data-testid': 'pareto' });
   const textEl = h('div');
   const status = h('span', { class: 'muted', role: 'status', 'aria-live': 'polite', tabindex: '-1', 'data-testid': 'sweep-status' });
   // The running sweep's Cancel button and, when the cancel fails, why (and the token field when
   // the server asks for one).
   const cancelBox = h('div', { class: 'job-actions' });
-  const key = sweepKey(hash, dims);
+  // Kept by solver too: the frontier of this plan's solver, labelled with it.
+  const key = sweepKey(hash, dims, solver);
   let sweep = sweepDoc(loadSweep(key));
   let chart = null;
   const draw = () => {
-    const pts = paretoSeries({ doc, sweep: sweep ? normalizeSweep(sweep) : null, history: history(), planId });
+    const pts = paretoSeries({ doc, sweep: sweep ? normalizeSweep(sweep) : null, history: history(), planId, solver });
     destroyChart(chart);
     chartEl.replaceChildren();
     chart = paretoChart(chartEl, pts);
@@ -109,7 +112,7 @@ export function frontierOf({ hash, dims = {}, planId, doc, history = () => [], f
       if (!session.model.hash) session.model.hash = theirs ?? null;
       sweep = sweepDoc(record);
       saveSweep(key, sweep);
-      const pts = paretoSeries({ doc, sweep: normalizeSweep(sweep), history: [], planId });
+      const pts = paretoSeries({ doc, sweep: normalizeSweep(sweep), history: [], planId, solver });
       mount(status, frontierSentence(pts.frontier.length, pts.infeasible, pts.least));
       draw();
     } catch (e) {

@@ -209,9 +209,12 @@ export async function renderPlan(root, id) {
   let history = [];
   const dims = planDims(rec.options, doc.maximize) ?? rec.options.dims ?? {};
   const setup = setupKey(rec.options, doc.maximize);
+  // The sweep is made with this plan's solver (auto when the plan named none).
+  const solver = planSolver(rec.options);
   const frontier = frontierOf({
     hash: rec.model.hash,
     dims,
+    solver,
     planId: rec.id,
     doc,
     history: () => history.filter((e) => e.setup === setup),
@@ -309,6 +312,12 @@ export async function renderPlan(root, id) {
   await graphDone;
   if (ctrl.signal.aborted) return;
   viewState.ready = true;
+}
+
+/** The solver a plan was asked with: its options' `solver`, `auto` (the server's default) when none. */
+export function planSolver(options) {
+  const s = options?.solver;
+  return typeof s === 'string' && s !== '' ? s : 'auto';
 }
 
 /**

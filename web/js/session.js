@@ -9,13 +9,16 @@ export const session = {
 const SWEEP_KEY = 'remat.sweep.';
 
 /**
- * The key a sweep is kept under: its model and its dims (names sorted), since one model's
- * frontier at batch 2 is not its frontier at batch 19. `null` without a hash.
+ * The key a sweep is kept under: its model, its dims (names sorted), since one model's
+ * frontier at batch 2 is not its frontier at batch 19, and the solver that swept it (a plan's
+ * page sweeps with the plan's solver: a chen-sqrt frontier is not auto's). `null` without a
+ * hash. Without a solver (a captured graph's torch-sac sweep) the key has none.
  */
-export function sweepKey(hash, dims) {
+export function sweepKey(hash, dims, solver = null) {
   if (!hash) return null;
   const d = dims ?? {};
-  return `${hash}|${Object.keys(d).sort().map((k) => `${k}=${d[k]}`).join(',')}`;
+  const key = `${hash}|${Object.keys(d).sort().map((k) => `${k}=${d[k]}`).join(',')}`;
+  return solver ? `${key}|solver=${solver}` : key;
 }
 
 export function saveSweep(key, record) {
