@@ -2,7 +2,7 @@
 // (wheel, drag, keyboard), a click shows the tensor's size, cost, decision and reason.
 
 import { h, mount } from './dom.js';
-import { fmtBytes, fmtBytesExact, fmtCost } from './format.js';
+import { fmtBytes, fmtBytesExact, fmtCostIn } from './format.js';
 import { layoutGraph, NODE_W, NODE_H, EDGE_FORWARD, EDGE_BACKWARD, EDGE_SAVED } from './layout.js';
 
 /** Fill colours per decision (text on them is white, contrast ≥ 4.5:1 except "transient"). */
@@ -40,6 +40,8 @@ export class GraphView {
     this.root = root;
     this.nodes = decisions;
     this.onSelect = opts.onSelect ?? (() => {});
+    // The plan's cost unit (`doc.costUnit`): a node's cost in its unit.
+    this.costUnit = opts.costUnit ?? null;
     this.selected = null;
     this.showSaved = true;
     this.k = 1;
@@ -274,7 +276,7 @@ export class GraphView {
         h('dt', {}, 'Size'),
         h('dd', { 'data-testid': 'node-bytes' }, `${fmtBytes(d.bytes)} (${fmtBytesExact(d.bytes)})`),
         h('dt', {}, 'Cost'),
-        h('dd', {}, fmtCost(d.cost)),
+        h('dd', { 'data-testid': 'node-cost' }, fmtCostIn(d.cost, this.costUnit)),
         h('dt', {}, 'Computed'),
         h('dd', {}, d.computes === null ? '—' : `${d.computes}×`),
         h('dt', {}, 'Kind'),

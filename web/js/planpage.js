@@ -272,6 +272,7 @@ export async function renderPlan(root, id) {
     // The table now; the graph when its layout (computed in a worker) is ready.
     mount(graphEl, h('p', { class: 'muted' }, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `Laying out ${doc.decisions.length} nodes…`));
     table = new TensorTable(tableEl, doc.decisions, {
+      costUnit: doc.costUnit,
       onSelect: (i) => {
         if (!graph) return;
         graph.select(i, { center: true, notify: false });
@@ -283,7 +284,7 @@ export async function renderPlan(root, id) {
     graphDone = layoutInWorker(doc.decisions).then((layout) => {
       if (ctrl.signal.aborted) return;
       viewState.layoutTotalMs = performance.now() - t0;
-      graph = new GraphView(graphEl, doc.decisions, { onSelect: (i) => table?.highlight(i), layout });
+      graph = new GraphView(graphEl, doc.decisions, { onSelect: (i) => table?.highlight(i), layout, costUnit: doc.costUnit });
       viewState.layoutMs = layout.ms;
       viewState.layoutWhere = layout.where;
       viewState.layoutNodes = doc.decisions.length;

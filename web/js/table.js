@@ -1,7 +1,7 @@
 // The sortable, filterable table of tensors with their decisions.
 
 import { h, mount } from './dom.js';
-import { fmtBytes, fmtCost, fmtInt } from './format.js';
+import { fmtBytes, fmtCostIn, fmtInt } from './format.js';
 
 export const COLUMNS = [
   { key: 'name', label: 'Tensor', type: 'text' },
@@ -38,9 +38,12 @@ export function filterRows(rows, { decision, text }) {
 }
 
 export class TensorTable {
-  constructor(root, decisions, { onSelect } = {}) {
+  /** `costUnit`: the plan's cost unit (`doc.costUnit`, "seconds" with a cost model), so that
+   *  costs read "12.3 µs" rather than a bare figure. */
+  constructor(root, decisions, { onSelect, costUnit = null } = {}) {
     this.root = root;
     this.rows = decisions;
+    this.costUnit = costUnit;
     this.onSelect = onSelect ?? (() => {});
     this.sortKey = 'bytes';
     this.sortDir = 'desc';
@@ -122,7 +125,7 @@ export class TensorTable {
           h('td', {}, r.kind),
           h('td', {}, h('span', { class: `badge decision-${r.decision}` }, r.decision)),
           h('td', { class: 'num', title: r.bytes === null ? '' : `${fmtInt(r.bytes)} B` }, fmtBytes(r.bytes)),
-          h('td', { class: 'num' }, fmtCost(r.cost)),
+          h('td', { class: 'num' }, fmtCostIn(r.cost, this.costUnit)),
           h('td', { class: 'num' }, r.computes === null ? '—' : `${r.computes}×`),
           h('td', { class: 'reason' }, r.reason),
         ),

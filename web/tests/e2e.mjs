@@ -210,6 +210,13 @@ async function checkPlanPage(id, label) {
   const smallest = Math.min(...doc.decisions.map((d) => d.bytes));
   assert.equal((await rowDecision(1))?.bytes, smallest, `${label}: sort by size ascending`);
   check(`${label}: tensor table sorts, a row selects the node and shows its size`);
+  if (doc.cost_model?.unit === 'seconds') {
+    // Costs in seconds read with their unit, in the table and in the node's details.
+    const cell = (await page.textContent('[data-testid="tensor-table"] tbody tr:first-child td:nth-child(5)')).trim();
+    const nodeCost = (await page.textContent('[data-testid="node-cost"]')).trim();
+    for (const t of [cell, nodeCost]) assert.match(t, /(µs|ms| s)$/, `${label}: a cost in seconds without its unit: "${t}"`);
+    check(`${label}: costs in the table and the node's details carry their unit`, `${cell}, ${nodeCost}`);
+  }
 
   // A click on the graph: a table row centres its node in the canvas; click there after
   // selecting nothing (Escape), and the details must name that node again.

@@ -152,7 +152,11 @@ function planDoc(p, budget, solver, { validate = false, model = null, timingRoun
     graph: { name: p.name, format: model ? 'onnx' : 'graph_json', nodes: p.nodes.length, fixed_bytes: p.fixed, store_all_cost: storeAllCost },
     summary: { budget_bytes: budget, peak_bytes: best.peak, overhead, status: 'feasible', solver },
   };
-  if (model) doc.model = model;
+  if (model) {
+    doc.model = model;
+    // As the service: an ONNX model is costed by the roofline, in seconds.
+    doc.cost_model = { unit: 'seconds' };
+  }
   if (validate) {
     // A deterministic "measurement": the allocator rounds every step up to 2 MiB pages.
     const page = 2 << 20;
@@ -216,6 +220,8 @@ function loadModel(body, q) {
   for (const n of nl.nodes) n.cost_ram = Math.round((n.cost_ram / 64) * batch);
   const problem = problemFromNodeLink(nl);
   problem.fixed = 45_000_000;
+  // Roofline seconds: a microsecond per unit of the generated graph's cost.
+  for (const n of problem.nodes) n.cost *= 1e-6;
   return { problem, format: 'onnx', model: { nodes: 30, training_nodes: 60, ops: { Conv: 10, Relu: 10, BatchNormalization: 10 }, params_bytes: 11_000_000, saved_activation_bytes: 1, symbolic_dims: ['batch'] } };
 }
 
