@@ -44,6 +44,11 @@ export function normalizeBaseline(b) {
   };
 }
 
+/** A `[lo, hi]` pair of numbers, or null. */
+function range(x) {
+  return Array.isArray(x) && x.length === 2 && num(x[0]) !== null && num(x[1]) !== null ? [x[0], x[1]] : null;
+}
+
 /**
  * A plan's `validation`: run by remat's executor, or measured in PyTorch by
  * `remat.torch.measure` and attached to a torch-sac plan. `null` when the plan has none.
@@ -72,6 +77,8 @@ export function normalizeValidation(raw) {
     stepSeconds: num(validation.step_seconds),
     storeAllStepSeconds: num(validation.store_all_step_seconds),
     measuredOverhead: num(validation.measured_overhead),
+    // The timing rounds' lowest and highest overhead ([lo, hi]): what the machine's noise does.
+    measuredOverheadRange: range(validation.measured_overhead_range),
     // Each step at its least over the timing rounds: steadier on a shared machine.
     measuredStepOverhead: num(validation.measured_step_overhead),
     timeline: arr(validation.timeline).map((t) => ({

@@ -82,7 +82,7 @@ export function summaryCards(doc) {
       p.overhead,
       isNum(p.computeCost) ? `cost ${fmtCostIn(p.computeCost, doc.costUnit)} vs ${fmtCostIn(doc.storeAllCost, doc.costUnit)} store-all` : null,
       v && isNum(v.measuredOverhead)
-        ? `measured ${fmtOverhead(v.measuredOverhead)}${isNum(v.measuredStepOverhead) ? ` (steps at their least ${fmtOverhead(v.measuredStepOverhead)})` : ''}`
+        ? `measured ${fmtOverhead(v.measuredOverhead)}${v.measuredOverheadRange ? ` (rounds ${fmtOverhead(v.measuredOverheadRange[0])} to ${fmtOverhead(v.measuredOverheadRange[1])})` : ''}${isNum(v.measuredStepOverhead) ? ` (steps at their least ${fmtOverhead(v.measuredStepOverhead)})` : ''}`
         : null,
     ),
     card(
@@ -92,11 +92,34 @@ export function summaryCards(doc) {
       doc.gap,
       `gap ${isNum(doc.gap) ? fmtPct(doc.gap, 2) : '—'}${isNum(doc.lowerBound) ? ` · bound ${fmtCostIn(doc.lowerBound, doc.costUnit)}${doc.boundSource ? ` (${BOUND_SOURCES[doc.boundSource] ?? doc.boundSource})` : ''}` : ''}`,
       `solved in ${fmtSeconds(doc.solveSeconds)}`,
-      isNum(doc.reusedFromBudgetBytes) ? `from the schedule found at the budget ${fmtBytes(doc.reusedFromBudgetBytes)}` : null,
+      reusedLower(doc) ? `from the schedule found at the budget ${fmtBytes(doc.reusedFromBudgetBytes)}` : null,
     ),
     verdict,
     doc.maximize ? maximizeCard(doc.maximize) : null,
   );
+}
+
+/**
+ * Whether the schedule came from a lower budget than the plan's own (a plan reused at its own
+ * budget, the same request planned again, says nothing worth a line).
+ */
+export function reusedLower(doc) {
+  return isNum(doc?.reusedFromBudgetBytes) && (!isNum(doc.budgetBytes) || doc.reusedFromBudgetBytes < doc.budgetBytes);
+}
+
+/** The seconds options the server clamped (`options.clamped`, docs/api.md), as the plan page
+ *  says them: what was applied, and what was asked (or that the default was over the cap). */
+export function clampedNotes(options) {
+  const c = options?.clamped;
+  if (!c || typeof c !== 'object') return [];
+  const names = { time_limit: 'Time limit', bound_time: 'Bound time' };
+  return Object.entries(c).map(([key, v]) => {
+    const o = v && typeof v === 'object' ? v : {};
+    const name = names[key] ?? key;
+    const asked = isNum(o.requested) ? `${o.requested} s asked` : isNum(o.default) ? `none asked, its default ${o.default} s` : null;
+    const applied = isNum(o.applied) ? `${o.applied} s applied` : 'a lower value applied';
+    return `${name} clamped: ${applied}${asked ? ` (${asked})` : ''}${typeof o.reason === 'string' && o.reason ? `; ${o.reason}` : ''}.`;
+  });
 }
 
 /** The card of a `maximize` search: the largest value that fits, the next one, every value tried. */
@@ -168,12 +191,16 @@ export async function renderPlan(root, id) {
   try {
     raw = await getPlan(id, ctrl.signal);
     if (raw?.status !== 'done' && raw?.status !== 'failed') {
+      // Since the job was posted (its record's time), so that coming back to it (Back/Forward,
+      // a reload) does not start the count again; since this page asked, without one.
+      const posted = Date.parse(raw?.created_at ?? '');
       const t0 = performance.now();
+      const elapsed = () => elapsedSeconds(posted, Date.now()) ?? (performance.now() - t0) / 1000;
       // A plan this tab submitted can be cancelled while it runs.
       if (isOurJob('plan', id)) job = offerCancel(panel, status, id, ctrl.signal);
       const wait = poll('plan', id, {
         signal: job?.signal ?? ctrl.signal,
-        onStatus: (s) => job?.stopped || mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `The plan is ${s} (${((performance.now() - t0) / 1000).toFixed(1)} s)`),
+        onStatus: (s) => job?.stopped || mount(status, h('span', { class: 'spinner', 'aria-hidden': 'true' }), `The plan is ${s} (${fmtElapsed(elapsed())} since it was posted)`),
       });
       // An answer that comes back after a Cancel is not shown: the page says "Cancelled.".
       raw = await (job ? unlessCancelled(job, wait) : wait);
@@ -249,6 +276,7 @@ export async function renderPlan(root, id) {
         h('a', { href: '/', 'data-nav': true }, 'New plan'),
       ),
       summaryCards(doc),
+      clampedNotes(rec.options).map((t) => h('p', { class: 'warn', 'data-testid': 'clamped' }, t)),
       h('p', { class: 'counts muted' }, countText),
     ),
     h(
@@ -315,6 +343,18 @@ export async function renderPlan(root, id) {
   viewState.ready = true;
 }
 
+/** Seconds from `postedMs` (a job's `created_at`, parsed) to `nowMs`; null without a time. A
+ *  server clock a little ahead of the browser's reads 0, not a negative time. */
+export function elapsedSeconds(postedMs, nowMs) {
+  if (!isNum(postedMs) || !isNum(nowMs)) return null;
+  return Math.max(0, (nowMs - postedMs) / 1000);
+}
+
+/** An elapsed time: "1.6 s" under a minute, "2 min 5 s" after. */
+export function fmtElapsed(s) {
+  return s < 60 ? `${s.toFixed(1)} s` : fmtSeconds(s);
+}
+
 /** The solver a plan was asked with: its options' `solver`, `auto` (the server's default) when none. */
 export function planSolver(options) {
   const s = options?.solver;
@@ -342,6 +382,7 @@ export function historyView(entries, currentId) {
   const toggle = h('input', { type: 'checkbox', 'data-testid': 'show-probes', onchange: () => mount(box, historyTable(entries, currentId, { showProbes: toggle.checked })) });
   return h('div', {}, h('label', { class: 'check muted' }, toggle, `Show the viewer's ${noise} failed probe${noise === 1 ? '' : 's'} (one-byte budgets asked for the minimum)`), box);
 }
+
 
 /**
  * The table of a model's plans, newest first, the current one marked; the viewer's probes

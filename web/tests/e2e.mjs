@@ -217,6 +217,11 @@ async function checkPlanPage(id, label) {
     for (const t of [cell, nodeCost]) assert.match(t, /(µs|ms| s)$/, `${label}: a cost in seconds without its unit: "${t}"`);
     check(`${label}: costs in the table and the node's details carry their unit`, `${cell}, ${nodeCost}`);
   }
+  if (Array.isArray(doc.validation?.measured_overhead_range)) {
+    const card = await cardText('card-overhead');
+    assert.ok(card.includes(`rounds ${doc.validation.measured_overhead_range[0] < 0 ? '−' : '+'}${pct2(doc.validation.measured_overhead_range[0])}`), `${label}: overhead card "${card}" lacks the measured range`);
+    check(`${label}: the overhead card shows the measured overhead's range`);
+  }
 
   // A click on the graph: a table row centres its node in the canvas; click there after
   // selecting nothing (Escape), and the details must name that node again.
@@ -647,6 +652,19 @@ try {
     await page.click('[data-testid="upload-status"] [data-testid="job-link"]');
     await page.waitForSelector('[data-testid="plan-status"] >> text=/The plan is/', { timeout: 30_000 });
     await page.waitForSelector('[data-testid="cancel-job"]', { timeout: 10_000 });
+    if (!realApi) {
+      // Back and Forward: the time counts from the job's creation, not from the page's return.
+      await page.waitForTimeout(2500);
+      await page.goBack();
+      await waitReady();
+      await page.goForward();
+      await page.waitForSelector('[data-testid="plan-status"] >> text=/since it was posted/', { timeout: 30_000 });
+      const elapsedText = await page.textContent('[data-testid="plan-status"]');
+      const secs = Number(/\(([0-9.]+) s since it was posted\)/.exec(elapsedText)?.[1]);
+      assert.ok(secs >= 2.5, `a running plan after Back/Forward: "${elapsedText}" (the count restarted)`);
+      check('a running plan after Back/Forward: the elapsed time counts from its creation', elapsedText.trim());
+      await page.waitForSelector('[data-testid="cancel-job"]', { timeout: 10_000 });
+    }
     assert.equal(await page.getAttribute('[data-testid="cancel-job"]', 'aria-label'), `Cancel plan ${pageId}`);
     // A 401 first: the page has no token field, so the error brings one.
     const pageRefused = await refuseOnce(pageId);

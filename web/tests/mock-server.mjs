@@ -6,7 +6,9 @@
 //
 //   node mock-server.mjs [port]      (MOCK_JOB_SECONDS: how long a job "solves", default 2.5;
 //                                    a request header `x-mock-job-seconds` sets it for one job;
-//                                    MOCK_TOKEN: the bearer token writes need, as --token)
+//                                    MOCK_TOKEN: the bearer token writes need, as --token;
+//                                    MOCK_MAX_TIME_LIMIT: the cap on time_limit and bound_time,
+//                                    as --max-time-limit, default 300)
 //   MOCK_PROXY=http://127.0.0.1:8080 node mock-server.mjs [port]
 //                                    (web/ from disk, the API forwarded to a real server)
 
@@ -19,6 +21,7 @@ import { makeNodeLink } from './gen-graph.mjs';
 
 const WEB = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const JOB_SECONDS = Number(process.env.MOCK_JOB_SECONDS ?? 2.5);
+const MAX_TIME_LIMIT = Number(process.env.MOCK_MAX_TIME_LIMIT ?? 300);
 const TYPES = { '.html': 'text/html; charset=utf-8', '.js': 'text/javascript; charset=utf-8', '.css': 'text/css; charset=utf-8', '.json': 'application/json', '.png': 'image/png', '.svg': 'image/svg+xml' };
 
 /** A problem from node-link JSON: nodes in id order, deps from links. */
@@ -171,6 +174,7 @@ function planDoc(p, budget, solver, { validate = false, model = null, timingRoun
       step_seconds: 0.0123 * (1 + overhead),
       store_all_step_seconds: 0.0123,
       measured_overhead: overhead * 0.9,
+      measured_overhead_range: [overhead * 0.8, overhead * 1.1],
       measured_step_overhead: overhead * 0.95,
       // As the executor: the rounds asked for (`timing_rounds`, default 2).
       timing_rounds: timingRounds,
@@ -178,6 +182,24 @@ function planDoc(p, budget, solver, { validate = false, model = null, timingRoun
     };
   }
   return doc;
+}
+
+/**
+ * As the service's options: time_limit and bound_time are numbers of seconds (positive; 0 or
+ * more), refused otherwise; above the cap they are clamped and `clamped` says so.
+ */
+export function clampTimes(q, cap = MAX_TIME_LIMIT) {
+  const out = {};
+  const clamped = {};
+  for (const [key, zeroOk] of [['time_limit', false], ['bound_time', true]]) {
+    if (!q.has(key)) continue;
+    const t = Number(q.get(key));
+    if (q.get(key).trim() === '' || !Number.isFinite(t) || !(t > 0 || (zeroOk && t === 0))) throw apiError(400, 'invalid_option', `${key} ${q.get(key)}: expected a ${zeroOk ? 'non-negative' : 'positive'} number of seconds`);
+    out[key] = Math.min(t, cap);
+    if (t > cap) clamped[key] = { requested: t, applied: cap, reason: `the server caps the solver time at ${cap} s` };
+  }
+  if (Object.keys(clamped).length) out.clamped = clamped;
+  return out;
 }
 
 function apiError(status, code, message, details = null) {
@@ -260,6 +282,7 @@ async function submit(kind, req, res, q, body) {
   const { problem, format, model } = loadModel(body, q);
   const options = Object.fromEntries([...q.entries()].filter(([k]) => !['dim', 'fraction', 'wait', 'expect_model'].includes(k)));
   options.dims = Object.fromEntries(q.getAll('dim').map((d) => d.split('=')).map(([k, v]) => [k, Number(v)]));
+  Object.assign(options, clampTimes(q));
   const job = { id: `p${String(nextId++).padStart(4, '0')}`, kind, status: 'queued', model: { hash, name: q.get('name') ?? problem.name, format }, created: new Date().toISOString(), options, deleted: false };
   let result;
   let failure = null;
