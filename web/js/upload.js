@@ -43,11 +43,18 @@ export function describeError(e) {
   return lines;
 }
 
-/** What a 413 says of the server's limit: its figure where the error gives one. */
-function bodyLimitText(e) {
+/**
+ * What a 413 says of the server's limit: `details.limit_bytes` where the error has it, else the
+ * figure its message gives ("over this server's limit of 1048576 bytes"); only an error that
+ * says neither gets the default named.
+ */
+export function bodyLimitText(e) {
   const d = e.details ?? {};
-  const limit = [d.limit_bytes, d.limit, d.body_limit].find(isNum);
+  let limit = [d.limit_bytes, d.limit, d.body_limit].find(isNum);
+  const said = /limit of ([0-9][0-9,]*) ?(?:bytes|B)\b/i.exec(e.message ?? '');
+  if (!isNum(limit) && said) limit = Number(said[1].replace(/,/g, ''));
   if (isNum(limit)) return `The server takes models up to ${fmtBytes(limit)} (${fmtBytesExact(limit)}).`;
+  if (/[0-9]/.test(e.message ?? '')) return 'The file is larger than the server takes (its --body-limit, as the message says).';
   return 'The file is larger than the server takes (its --body-limit, 512 MiB unless set otherwise; the error does not say).';
 }
 
