@@ -94,11 +94,38 @@ export function isGraphJson(bytes) {
   return false;
 }
 
+/**
+ * Is the file JSON of any kind (an array, a string or a number too, not only a graph object)?
+ * First non-blank byte (after a UTF-8 BOM) `{` or `[`, or a small text that parses as JSON. Such a
+ * body goes as JSON, so that the server says what is wrong with it instead of reading it as ONNX.
+ */
+export function isJson(bytes) {
+  const view = new Uint8Array(bytes);
+  let i = view[0] === 0xef && view[1] === 0xbb && view[2] === 0xbf ? 3 : 0;
+  while (i < view.length && (view[i] === 0x20 || view[i] === 0x0a || view[i] === 0x0d || view[i] === 0x09)) i += 1;
+  if (i === view.length) return false;
+  if (view[i] === 0x7b || view[i] === 0x5b) return true;
+  // A scalar (`"text"`, `12`, `true`, `null`): only a small file is worth decoding.
+  if (view.length > 1 << 20 || !/["\-0-9tfn]/.test(String.fromCharCode(view[i]))) return false;
+  try {
+    JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(view.subarray(i)));
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The content type a model is posted with: JSON (a graph, or JSON the server will refuse as
+ *  one, by name) or ONNX bytes. */
+export function modelContentType(bytes) {
+  return isGraphJson(bytes) || isJson(bytes) ? 'application/json' : 'application/octet-stream';
+}
+
 /** POST /v1/plans: answers {status: 200|201|202, json}. */
 export function postPlan(bytes, opts, signal) {
   return request('POST', `/v1/plans?${planQuery(opts)}`, {
     body: bytes,
-    contentType: isGraphJson(bytes) ? 'application/json' : 'application/octet-stream',
+    contentType: modelContentType(bytes),
     signal,
   });
 }
@@ -107,7 +134,7 @@ export function postPlan(bytes, opts, signal) {
 export function postSweep(bytes, opts, signal) {
   return request('POST', `/v1/sweeps?${planQuery(opts)}`, {
     body: bytes,
-    contentType: isGraphJson(bytes) ? 'application/json' : 'application/octet-stream',
+    contentType: modelContentType(bytes),
     signal,
   });
 }

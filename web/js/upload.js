@@ -1,7 +1,7 @@
 // The upload view: pick a model, bind its symbolic dims, choose a budget between the minimum
 // feasible one and the store-all peak, choose a solver, plan, and follow the job until it is done.
 
-import { ApiError, postPlan, poll, isGraphJson, isTorchGraph, listPlans, setToken } from './api.js';
+import { ApiError, postPlan, poll, isGraphJson, isJson, isTorchGraph, listPlans, setToken } from './api.js';
 import { h, mount } from './dom.js';
 import { fmtBytes, fmtBytesExact, fmtOverhead, fmtRatio, fmtTime, isNum } from './format.js';
 import { normalizeRecord, normalizeHistory } from './model.js';
@@ -65,6 +65,16 @@ export function bodyLimitText(e) {
  */
 export function mergeDimNames(shown, asked) {
   return [...new Set([...shown, ...asked])];
+}
+
+/** What a JSON file's top level is, for a file that is JSON but no graph object. */
+function jsonTopLevel(bytes) {
+  try {
+    const v = JSON.parse(new TextDecoder().decode(bytes));
+    return Array.isArray(v) ? 'an array' : v === null ? 'null' : `a ${typeof v}`;
+  } catch {
+    return 'not an object';
+  }
 }
 
 /** The token field (kept in this browser for every later write: POST, DELETE). */
@@ -328,6 +338,18 @@ export function renderUpload(root) {
     } catch (e) {
       setStatus('');
       showError(new Error(`The file could not be read: ${e?.message ?? e}`));
+      return;
+    }
+    if (isJson(state.bytes) && !isGraphJson(state.bytes)) {
+      // JSON, but not an object: no graph, and no ONNX model either (which it would be taken for).
+      const bytes = state.bytes;
+      state.bytes = null;
+      state.storeAll = null;
+      state.min = null;
+      setStatus('');
+      budgetOut.textContent = 'Pick a model first.';
+      budgetRange.textContent = '';
+      showError(new Error(`${file.name} is JSON but not a graph object (its top level is ${jsonTopLevel(bytes)}): pick an ONNX model, a node-link graph JSON (an object with nodes and links) or a captured PyTorch graph.`));
       return;
     }
     state.torch = isTorchGraph(state.bytes);

@@ -1,8 +1,10 @@
-// The upload page's error lines (the tester's item 7): a 413's limit from details.limit_bytes, else from its message.
+// The upload page (the tester's items 7, 8): a 413's limit, JSON that is no graph.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { ApiError } from '../../js/api.js';
+import { ApiError, isJson, isGraphJson, modelContentType } from '../../js/api.js';
 import { describeError } from '../../js/upload.js';
+
+const enc = (s) => new TextEncoder().encode(s).buffer;
 
 test('7: a 413 reads details.limit_bytes, else the limit its message gives', () => {
   const withDetails = describeError(new ApiError(413, 'payload_too_large', 'too big', { limit_bytes: 1048576 }));
@@ -13,4 +15,19 @@ test('7: a 413 reads details.limit_bytes, else the limit its message gives', () 
   assert.ok(!fromMessage.some((l) => /does not say/.test(l)));
   // An error that says nothing of its limit.
   assert.match(describeError(new ApiError(413, 'payload_too_large', 'length limit exceeded', null)).at(-1), /does not say/);
+});
+
+test('8: JSON that is not a graph object is sent as JSON, not as ONNX', () => {
+  assert.equal(isJson(enc('[1,2,3]')), true);
+  assert.equal(isJson(enc('  \n[1,2,3]')), true);
+  assert.equal(isJson(enc('"text"')), true);
+  assert.equal(isJson(enc('42')), true);
+  assert.equal(isJson(enc('\ufeff{"nodes": []}')), true);
+  assert.equal(isJson(enc('\x08\x07onnx')), false);
+  assert.equal(isJson(enc('')), false);
+  assert.equal(isJson(enc('12 not json')), false);
+  assert.equal(isGraphJson(enc('[1,2,3]')), false);
+  assert.equal(modelContentType(enc('[1,2,3]')), 'application/json');
+  assert.equal(modelContentType(enc('{"nodes": []}')), 'application/json');
+  assert.equal(modelContentType(enc('\x08\x07onnx')), 'application/octet-stream');
 });
