@@ -59,12 +59,74 @@ export function bodyLimitText(e) {
 }
 
 /**
+ * The dims typed on the form (`pairs`: [{name, text}]) as the request sends them: each value the
+ * digits typed (no round trip through Number, which writes 1e21 as "1e+21" and rounds 2^64),
+ * an empty field left out (the server names it again). Answers {dims, errors}: one message per
+ * dim that is not a whole number of at least 1, naming it.
+ */
+export function readDims(pairs) {
+  const dims = {};
+  const errors = [];
+  for (const { name, text } of pairs) {
+    const t = String(text ?? '').trim();
+    if (t === '') continue;
+    if (/^[0-9]+$/.test(t)) {
+      if (/^0+$/.test(t)) errors.push({ name, message: `${name} must be at least 1 (got ${t}).` });
+      else dims[name] = t;
+      continue;
+    }
+    const n = Number(t);
+    if (!Number.isFinite(n)) errors.push({ name, message: `${name} is not a whole number (got “${t}”).` });
+    else if (n <= 0) errors.push({ name, message: `${name} must be at least 1 (got ${t}).` });
+    else if (!Number.isInteger(n)) errors.push({ name, message: `${name} must be a whole number (got ${t}).` });
+    else errors.push({ name, message: `${name}: write the value in digits (got ${t}).` });
+  }
+  return { dims, errors };
+}
+
+/**
+ * A number of seconds typed in a number field (`badInput`: the browser could not read it, its
+ * value is then ""): {value} to send (undefined: none) or {error}. `positive`: the time limit
+ * (more than 0, required); else the bound time (0 or more; 0 or empty send none).
+ */
+export function readSeconds(text, { label, positive = false, badInput = false } = {}) {
+  const t = String(text ?? '').trim();
+  if (badInput) return { error: `${label}: not a number of seconds.` };
+  if (t === '') return positive ? { error: `${label}: give a number of seconds (30 is the default).` } : { value: undefined };
+  const n = Number(t);
+  if (!Number.isFinite(n)) return { error: `${label}: “${t}” is not a number of seconds.` };
+  if (positive ? n <= 0 : n < 0) return { error: `${label} must be ${positive ? 'more than 0' : '0 or more'} seconds (got ${t}).` };
+  return { value: !positive && n === 0 ? undefined : t };
+}
+
+/** The key of the dims as typed (names sorted), to tell whether they changed since the check. */
+export function dimsKey(pairs) {
+  return JSON.stringify([...pairs].map(({ name, text }) => [name, String(text ?? '').trim()]).sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)));
+}
+
+/**
  * The dims the form shows after the server asked for `asked`: every dim already on the form
  * (its typed value kept) and the newly asked ones, in the order first seen. The server names
  * only the dims still unbound, so the form would otherwise lose those just typed.
  */
 export function mergeDimNames(shown, asked) {
   return [...new Set([...shown, ...asked])];
+}
+
+/** The message of a form field, shown under it when its value is refused (markField). */
+function fieldError(id) {
+  return h('span', { class: 'field-error', id, hidden: true, 'data-testid': 'field-error' });
+}
+
+/** Marks `input` refused with `message` (its fieldError, the next element, says it), or clears it. */
+function markField(input, message) {
+  const box = input.nextElementSibling?.classList?.contains('field-error') ? input.nextElementSibling : null;
+  if (message) input.setAttribute('aria-invalid', 'true');
+  else input.removeAttribute('aria-invalid');
+  if (box) {
+    box.textContent = message ?? '';
+    box.hidden = !message;
+  }
 }
 
 /** What a JSON file's top level is, for a file that is JSON but no graph object. */
@@ -101,7 +163,8 @@ export function renderUpload(root) {
   leaveUpload();
   const view = new AbortController();
   current = view;
-  const state = { bytes: null, fileName: null, baseName: null, torch: false, dimNames: [], storeAll: null, min: null, hash: null, busy: false, abort: null };
+  // `probedDims`: the dims (as typed, dimsKey) the slider's range was found at.
+  const state = { bytes: null, fileName: null, baseName: null, torch: false, dimNames: [], storeAll: null, min: null, hash: null, busy: false, abort: null, probedDims: null };
   // Focusable (not in the tab order): a Cancel that stopped the job moves focus to what it says.
   const statusBox = h('div', { class: 'status', role: 'status', 'aria-live': 'polite', tabindex: '-1', 'data-testid': 'upload-status' });
   const cancelBox = h('div', { class: 'job-actions' });
@@ -114,8 +177,9 @@ export function renderUpload(root) {
   const budgetOut = h('output', { id: 'budget-out', for: 'budget', class: 'budget-out' }, 'Pick a model first.');
   const budgetRange = h('div', { class: 'budget-range muted' });
   const solverSel = h('select', { id: 'solver' }, SOLVERS.map(([v, l]) => h('option', { value: v }, l)));
-  const timeInput = h('input', { type: 'number', id: 'time-limit', min: '1', max: '3600', step: '1', value: '30' });
-  const boundInput = h('input', { type: 'number', id: 'bound-time', min: '0', max: '3600', step: '1', value: '0', title: 'Extra seconds after the schedule to prove how far it can be from optimal, on graphs too large for the exact MILP (0: none)' });
+  // No max: the server clamps to its cap, and the plan's page says so.
+  const timeInput = h('input', { type: 'number', id: 'time-limit', min: '1', step: '1', value: '30', 'aria-describedby': 'time-limit-error' });
+  const boundInput = h('input', { type: 'number', id: 'bound-time', min: '0', step: '1', value: '0', 'aria-describedby': 'bound-time-error', title: 'Extra seconds after the schedule to prove how far it can be from optimal, on graphs too large for the exact MILP (0: none)' });
   const validateBox = h('input', { type: 'checkbox', id: 'validate' });
   const roundsInput = h('input', { type: 'number', id: 'timing-rounds', min: '2', max: '64', step: '2', value: '2', title: 'With Validate: timing rounds at least (store-all and the plan side by side in each); more steady the measured overhead on a busy machine' });
   // The largest value of a dim that fits a device's memory (`maximize`): the plan is made at it.
@@ -143,10 +207,28 @@ export function renderUpload(root) {
     view.signal.addEventListener('abort', () => ctrl.abort());
     return ctrl;
   };
+  const dimInputs = () => [...dimsBox.querySelectorAll('input[data-dim]')];
+  const dimPairs = () => dimInputs().map((input) => ({ name: input.dataset.dim, text: input.value }));
+  /** The dims to send; a dim that is not a whole number of at least 1 is marked on its field and
+   *  throws, naming it. */
   const dims = () => {
-    const out = {};
-    for (const input of dimsBox.querySelectorAll('input[data-dim]')) if (input.value !== '') out[input.dataset.dim] = Number(input.value);
+    const { dims: out, errors } = readDims(dimPairs());
+    for (const input of dimInputs()) markField(input, errors.find((e) => e.name === input.dataset.dim)?.message ?? null);
+    if (errors.length) {
+      dimInputs().find((i) => i.getAttribute('aria-invalid') === 'true')?.focus();
+      throw new ApiError(400, 'invalid_option', errors.map((e) => e.message).join(' '));
+    }
     return out;
+  };
+  /** The seconds of a time field (see readSeconds), marked on the field when refused. */
+  const seconds = (input, label, positive) => {
+    const r = readSeconds(input.value, { label, positive, badInput: input.validity?.badInput === true });
+    markField(input, r.error ?? null);
+    if (r.error) {
+      input.focus();
+      throw new ApiError(400, 'invalid_option', r.error);
+    }
+    return r.value;
   };
   const budgetBytes = () => sliderBytes(state.min, state.storeAll, Number(slider.value));
 
@@ -160,20 +242,44 @@ export function renderUpload(root) {
     slider.setAttribute('aria-valuetext', `${fmtBytes(b)}, ${fmtRatio(b / state.storeAll)} of ${topName()}`);
   }
 
+  /** Forgets the check's figures (its dims changed, or a dim is refused): no budget from other
+   *  dims stays on the page, and Plan waits for the model to be checked again. */
+  function invalidateProbe(why) {
+    if (!isNum(state.storeAll) && state.probedDims === null) return;
+    state.storeAll = null;
+    state.min = null;
+    state.probedDims = null;
+    slider.disabled = true;
+    planBtn.disabled = true;
+    slider.removeAttribute('aria-valuetext');
+    budgetOut.textContent = why;
+    budgetRange.textContent = '';
+    checkBtn.hidden = state.dimNames.length === 0;
+    setStatus(why);
+  }
+
+  // A dim edited after the check: the budget range was found at the old dims.
+  function onDimInput() {
+    if (state.probedDims !== null && dimsKey(dimPairs()) !== state.probedDims) invalidateProbe('The dimensions changed: check the model again to find its budget range at them.');
+  }
+
   function showDims(names) {
     state.dimNames = names;
-    const prev = dims();
+    const prev = Object.fromEntries(dimPairs().map((p) => [p.name, p.text]));
     mount(
       dimsBox,
       h('legend', {}, 'Symbolic dimensions'),
       h('p', { class: 'muted' }, 'The model has dimensions without a size. Bind each to a value, then check the model again.'),
-      names.map((n) =>
+      names.map((n, i) =>
         h(
           'label',
           { class: 'field inline' },
           h('span', {}, n),
           // Enter checks the model (the form's own submit would plan, which needs the check first).
-          h('input', { type: 'number', min: '1', step: '1', required: true, 'data-dim': n, value: prev[n] ?? '', 'aria-label': `value of dimension ${n}`, onkeydown: (ev) => ev.key === 'Enter' && (ev.preventDefault(), probe()) }),
+          // Text, not a number input: the value is sent as typed (a number input reads "abc" as
+          // empty, and Number() rewrites big values), and checked by readDims.
+          h('input', { type: 'text', inputmode: 'numeric', pattern: '[0-9]+', autocomplete: 'off', required: true, 'data-dim': n, value: prev[n] ?? '', 'aria-label': `value of dimension ${n}`, 'aria-describedby': `dim-error-${i}`, oninput: onDimInput, onkeydown: (ev) => ev.key === 'Enter' && (ev.preventDefault(), probe()) }),
+          fieldError(`dim-error-${i}`),
         ),
       ),
     );
@@ -254,17 +360,28 @@ export function renderUpload(root) {
     state.abort?.abort();
     const ctrl = jobSignal();
     state.abort = ctrl;
-    state.busy = true;
     showError(null);
+    let base;
+    try {
+      base = { dims: dims(), name: nameInput.value || state.baseName, wait: 30 };
+    } catch (e) {
+      // A dim refused: nothing is posted, and no budget found at other dims stays.
+      state.busy = false;
+      invalidateProbe('Fix the dimensions, then check the model again.');
+      showError(e);
+      return;
+    }
+    const typed = dimsKey(dimPairs());
+    state.busy = true;
     slider.disabled = true;
     planBtn.disabled = true;
-    const base = { dims: dims(), name: nameInput.value || state.baseName, wait: 30 };
     try {
       let nodes = null;
       if (state.torch) await probeTorch(base, ctrl.signal);
       else nodes = await probeFree(base, ctrl.signal);
       if (ctrl.signal.aborted) return;
       state.min = Math.min(state.min, state.storeAll);
+      state.probedDims = typed;
       session.model = { bytes: state.bytes, fileName: state.fileName, name: base.name, dims: base.dims, hash: state.hash, min: state.min, storeAll: state.storeAll };
       const least = state.torch ? 'least reachable peak' : 'minimum feasible budget';
       setStatus(
@@ -277,6 +394,8 @@ export function renderUpload(root) {
       planBtn.disabled = false;
       checkBtn.hidden = state.dimNames.length === 0;
       showBudget();
+      // Dims edited while the check ran: its figures are of the dims it was posted with.
+      onDimInput();
     } catch (e) {
       if (ctrl.signal.aborted) return;
       // Cancelled (the status says so): checked again with a button, since picking the same
@@ -340,12 +459,13 @@ export function renderUpload(root) {
       showError(new Error(`The file could not be read: ${e?.message ?? e}`));
       return;
     }
+    state.storeAll = null;
+    state.min = null;
+    state.probedDims = null;
     if (isJson(state.bytes) && !isGraphJson(state.bytes)) {
       // JSON, but not an object: no graph, and no ONNX model either (which it would be taken for).
       const bytes = state.bytes;
       state.bytes = null;
-      state.storeAll = null;
-      state.min = null;
       setStatus('');
       budgetOut.textContent = 'Pick a model first.';
       budgetRange.textContent = '';
@@ -366,20 +486,32 @@ export function renderUpload(root) {
   async function onSubmit(ev) {
     ev.preventDefault();
     if (!state.bytes || !isNum(state.storeAll) || state.busy) return;
+    showError(null);
+    let fields;
+    try {
+      // The range was found at the dims checked: other dims need another check.
+      if (dimsKey(dimPairs()) !== state.probedDims) {
+        invalidateProbe('The dimensions changed: check the model again to find its budget range at them.');
+        return;
+      }
+      fields = { dims: dims(), time_limit: seconds(timeInput, 'Time limit', true), bound_time: seconds(boundInput, 'Bound time', false) };
+    } catch (e) {
+      showError(e);
+      return;
+    }
     const ctrl = jobSignal();
     state.abort = ctrl;
     state.busy = true;
     planBtn.disabled = true;
-    showError(null);
     try {
       const opts = {
         budget: String(budgetBytes()),
         solver: state.torch ? undefined : solverSel.value,
-        time_limit: timeInput.value,
-        bound_time: Number(boundInput.value) > 0 ? boundInput.value : undefined,
+        time_limit: fields.time_limit,
+        bound_time: fields.bound_time,
         validate: validateBox.checked ? 'true' : undefined,
         timing_rounds: validateBox.checked && Number(roundsInput.value) > 2 ? roundsInput.value : undefined,
-        dims: dims(),
+        dims: fields.dims,
         name: nameInput.value || state.baseName,
         wait: 2,
         ...maximizeOptions(),
@@ -419,8 +551,8 @@ export function renderUpload(root) {
           'div',
           { class: 'row' },
           h('label', { class: 'field', for: 'solver' }, h('span', {}, '3. Solver'), solverSel),
-          h('label', { class: 'field', for: 'time-limit' }, h('span', {}, 'Time limit (s)'), timeInput),
-          h('label', { class: 'field', for: 'bound-time' }, h('span', {}, 'Bound time (s)'), boundInput),
+          h('label', { class: 'field', for: 'time-limit' }, h('span', {}, 'Time limit (s)'), timeInput, fieldError('time-limit-error')),
+          h('label', { class: 'field', for: 'bound-time' }, h('span', {}, 'Bound time (s)'), boundInput, fieldError('bound-time-error')),
           h('label', { class: 'field check', for: 'validate' }, validateBox, h('span', {}, 'Validate (run the plan on the executor)')),
           h('label', { class: 'field', for: 'timing-rounds' }, h('span', {}, 'Timing rounds'), roundsInput),
         ),

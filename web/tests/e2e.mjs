@@ -12,6 +12,11 @@
 // 4. A captured PyTorch graph (fixtures/torch/gpt2.torch.json): the torch-sac plan page shows one
 //    row per region and the predicted peak; its frontier, computed from the file picked on the
 //    page, is drawn with none and full beside it; axe-core again.
+// 2b. The upload form's checks (resnet18): a dim that is not a whole number of at least 1 is
+//    refused naming it, with nothing posted and no budget left from other dims; a dim edited
+//    after the check disables Plan until the model is checked again; big dims go as typed; an
+//    empty time limit and a negative bound time are refused on their field; a time limit over
+//    the server's cap is clamped and the plan page says so.
 // 5. Cancel: a slow plan cancelled from the upload page's wait (a 401 first: the token error,
 //    and the button back for a retry), another from its plan page, and a frontier's sweep; the
 //    page says so and stays, and the server no longer has the job.
@@ -288,6 +293,96 @@ async function uploadAndPlan(file, { dims = {}, label, permille, validate = fals
   return id;
 }
 
+/** 2b: the upload form's checks on resnet18 (its `batch` dim). */
+async function formChecks() {
+  const posted = [];
+  const onRequest = (req) => req.method() === 'POST' && req.url().includes('/v1/plans?') && posted.push(new URL(req.url()).searchParams);
+  page.on('request', onRequest);
+  try {
+    await page.goto(`${BASE}/`);
+    await waitReady();
+    await page.setInputFiles('[data-testid="model-file"]', RESNET);
+    await page.waitForSelector('input[data-dim="batch"]', { timeout: 120_000 });
+    const errorText = async () => (await page.isVisible('.error-box')) ? (await page.textContent('.error-box')).trim() : '';
+    // Bound first, so that a refusal must take the budget line away.
+    await page.fill('input[data-dim="batch"]', '2');
+    await page.press('input[data-dim="batch"]', 'Enter');
+    await page.waitForSelector('#budget:not([disabled])', { timeout: 120_000 });
+    for (const [typed, said] of [['abc', 'batch is not a whole number'], ['0', 'batch must be at least 1'], ['-1', 'batch must be at least 1'], ['2.5', 'batch must be a whole number']]) {
+      const before = posted.length;
+      await page.fill('input[data-dim="batch"]', typed);
+      await page.click('[data-testid="check-model"]');
+      await page.waitForTimeout(200);
+      assert.ok((await errorText()).includes(said), `dims form, "${typed}": error box "${await errorText()}"`);
+      assert.equal(await page.getAttribute('input[data-dim="batch"]', 'aria-invalid'), 'true', `dims form, "${typed}": the field is not marked`);
+      assert.ok((await page.textContent('[data-testid="field-error"]:not([hidden])')).includes(said), `dims form, "${typed}": no message under the field`);
+      assert.equal(posted.length, before, `dims form, "${typed}": posted anyway`);
+      assert.equal(await page.$eval('#budget', (el) => el.disabled), true, `dims form, "${typed}": the slider stays enabled`);
+      assert.equal(await page.$eval('[data-testid="plan-button"]', (el) => el.disabled), true, `dims form, "${typed}": Plan stays enabled`);
+      const out = await page.textContent('#budget-out');
+      assert.ok(!/store-all peak \(/.test(out), `dims form, "${typed}": the old budget line stays: "${out}"`);
+    }
+    check('dims form: 0, −1, 2.5 and abc are refused naming the dim, nothing posted, no budget line left');
+    // Checked at batch 2, then edited: Plan waits for another check.
+    await page.fill('input[data-dim="batch"]', '2');
+    await page.press('input[data-dim="batch"]', 'Enter');
+    await page.waitForSelector('#budget:not([disabled])', { timeout: 120_000 });
+    const range2 = await page.textContent('.budget-range');
+    await page.fill('input[data-dim="batch"]', '4');
+    assert.equal(await page.$eval('[data-testid="plan-button"]', (el) => el.disabled), true, 'dims edited after the check: Plan stays enabled');
+    assert.equal(await page.$eval('#budget', (el) => el.disabled), true, 'dims edited after the check: the slider stays enabled');
+    const hint = await page.textContent('#budget-out');
+    assert.ok(/check the model again/.test(hint), `dims edited after the check: budget line "${hint}"`);
+    await page.click('[data-testid="check-model"]');
+    await page.waitForSelector('#budget:not([disabled])', { timeout: 120_000 });
+    const range4 = await page.textContent('.budget-range');
+    assert.notEqual(range4, range2, 'the check at batch 4 gives the range at batch 4');
+    const q = posted.at(-1);
+    assert.equal(q.get('dim'), 'batch=4', `the check posted ${q.toString()}`);
+    check('dims form: a dim edited after the check disables Plan until the model is checked again', `${range2} → ${range4}`);
+    // A dim too big for a JavaScript number goes as typed.
+    await page.fill('input[data-dim="batch"]', '18446744073709551616');
+    await page.click('[data-testid="check-model"]');
+    await page.waitForFunction(() => document.querySelector('[data-testid="upload-status"]')?.textContent !== '', null, { timeout: 60_000 });
+    await page.waitForFunction((n) => document.querySelector('#budget') && !document.querySelector('.spinner'), posted.length, { timeout: 120_000 });
+    assert.ok(posted.some((p) => p.get('dim') === 'batch=18446744073709551616'), `big dim: posted ${posted.map((p) => p.get('dim')).join(', ')}`);
+    check('dims form: a big dim is posted with the digits typed');
+    // Back at batch 2; the seconds fields.
+    await page.fill('input[data-dim="batch"]', '2');
+    await page.click('[data-testid="check-model"]');
+    await page.waitForSelector('#budget:not([disabled])', { timeout: 120_000 });
+    const before = posted.length;
+    await page.fill('#time-limit', '');
+    await page.click('[data-testid="plan-button"]');
+    await page.waitForTimeout(200);
+    assert.ok((await errorText()).includes('Time limit: give a number of seconds'), `empty time limit: "${await errorText()}"`);
+    assert.equal(await page.getAttribute('#time-limit', 'aria-invalid'), 'true');
+    await page.fill('#time-limit', '1000');
+    await page.fill('#bound-time', '-1');
+    await page.click('[data-testid="plan-button"]');
+    await page.waitForTimeout(200);
+    assert.ok((await errorText()).includes('Bound time must be 0 or more seconds (got -1)'), `bound time -1: "${await errorText()}"`);
+    assert.equal(await page.getAttribute('#time-limit', 'aria-invalid'), null, 'the time limit is no longer marked');
+    assert.equal(posted.length, before, 'a refused time posted anyway');
+    assert.ok(new URL(page.url()).pathname === '/', 'a refused time left the page');
+    check('upload form: an empty time limit and a bound time of −1 are refused on their field');
+    // Over the server's cap: clamped, and the plan page says what was applied.
+    await page.fill('#bound-time', '0');
+    await page.click('[data-testid="plan-button"]');
+    await page.waitForURL(/\/plans\/[^/]+$/, { timeout: 600_000 });
+    await waitReady();
+    const id = decodeURIComponent(new URL(page.url()).pathname.split('/').pop());
+    const clamped = (await apiPlan(id)).options?.clamped?.time_limit;
+    if (clamped) {
+      const said = await page.textContent('[data-testid="clamped"]');
+      assert.ok(said.includes(`Time limit clamped: ${clamped.applied} s applied (${clamped.requested} s asked)`), `clamped time limit: "${said}"`);
+      check('plan page: a clamped time limit says what was applied and what was asked', said.trim());
+    } else console.log('# skip clamped time limit: the server did not clamp 1000 s');
+  } finally {
+    page.off('request', onRequest);
+  }
+}
+
 /** The page fits a 375 px window: nothing scrolls sideways but inside its own box. */
 async function fitsNarrow(label) {
   await page.setViewportSize({ width: 375, height: 800 });
@@ -391,6 +486,7 @@ try {
     check('resnet18: the history shows dims and marks the probes', `${shownRows} rows, ${allRows} with the failed probes`);
     await page.click('.graph-toolbar button[title="Fit the whole graph"]');
     await page.screenshot({ path: path.join(OUT, 'resnet18-plan.png'), fullPage: true });
+    await formChecks();
   } else console.log(`# skip resnet18: ${path.relative(REPO, RESNET)} is not there`);
 
   // Two dims, one filled: the form keeps both, with the value typed (it used to alternate).

@@ -1,10 +1,49 @@
-// The upload page (the tester's items 7, 8): a 413's limit, JSON that is no graph.
+// The upload page (the tester's items 1, 5, 6, 7, 8): dims and seconds read as typed and refused by name, the dims the check was made at, a 413's limit, JSON that is no graph.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { ApiError, isJson, isGraphJson, modelContentType } from '../../js/api.js';
-import { describeError } from '../../js/upload.js';
+import { ApiError, isJson, isGraphJson, modelContentType, planQuery } from '../../js/api.js';
+import { describeError, readDims, readSeconds, dimsKey } from '../../js/upload.js';
 
 const enc = (s) => new TextEncoder().encode(s).buffer;
+
+test('1: a dim edited after the check changes the dims key the check was made at', () => {
+  const checked = dimsKey([{ name: 'batch', text: '2' }, { name: 'seq', text: '8' }]);
+  assert.equal(dimsKey([{ name: 'seq', text: ' 8' }, { name: 'batch', text: '2' }]), checked);
+  assert.notEqual(dimsKey([{ name: 'batch', text: '3' }, { name: 'seq', text: '8' }]), checked);
+  assert.notEqual(dimsKey([{ name: 'batch', text: '' }, { name: 'seq', text: '8' }]), checked);
+});
+
+test('5: an invalid time limit or bound time is refused, not replaced by the default', () => {
+  assert.deepEqual(readSeconds('30', { label: 'Time limit', positive: true }), { value: '30' });
+  assert.match(readSeconds('', { label: 'Time limit', positive: true }).error, /^Time limit: give a number of seconds/);
+  assert.match(readSeconds('', { label: 'Time limit', positive: true, badInput: true }).error, /Time limit: not a number/);
+  assert.match(readSeconds('abc', { label: 'Time limit', positive: true }).error, /“abc” is not a number/);
+  assert.match(readSeconds('0', { label: 'Time limit', positive: true }).error, /more than 0/);
+  assert.match(readSeconds('-1', { label: 'Bound time' }).error, /^Bound time must be 0 or more seconds \(got -1\)/);
+  assert.deepEqual(readSeconds('0', { label: 'Bound time' }), { value: undefined });
+  assert.deepEqual(readSeconds('', { label: 'Bound time' }), { value: undefined });
+  assert.deepEqual(readSeconds('20', { label: 'Bound time' }), { value: '20' });
+});
+
+test('6: dims are sent as the digits typed; others are refused naming the dim', () => {
+  const ok = readDims([{ name: 'batch', text: '18446744073709551616' }, { name: 'seq', text: ' 8 ' }, { name: 'x:0', text: '' }]);
+  assert.deepEqual(ok, { dims: { batch: '18446744073709551616', seq: '8' }, errors: [] });
+  assert.equal(planQuery({ dims: ok.dims }), 'dim=batch%3D18446744073709551616&dim=seq%3D8');
+  const bad = readDims([
+    { name: 'a', text: '0' },
+    { name: 'b', text: '-1' },
+    { name: 'c', text: '2.5' },
+    { name: 'd', text: 'abc' },
+    { name: 'e', text: '1e21' },
+  ]);
+  assert.deepEqual(bad.dims, {});
+  assert.deepEqual(bad.errors.map((e) => e.name), ['a', 'b', 'c', 'd', 'e']);
+  assert.match(bad.errors[0].message, /^a must be at least 1/);
+  assert.match(bad.errors[1].message, /^b must be at least 1/);
+  assert.match(bad.errors[2].message, /^c must be a whole number/);
+  assert.match(bad.errors[3].message, /^d is not a whole number/);
+  assert.match(bad.errors[4].message, /^e: write the value in digits/);
+});
 
 test('7: a 413 reads details.limit_bytes, else the limit its message gives', () => {
   const withDetails = describeError(new ApiError(413, 'payload_too_large', 'too big', { limit_bytes: 1048576 }));
