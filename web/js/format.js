@@ -120,3 +120,18 @@ export function parseSize(text) {
   const base = unit.includes('i') ? 1024 : 1000;
   return Math.round(v * base ** pow);
 }
+
+/**
+ * A budget as a request gave it (a plan's `options.budget`, shown where the plan has no figures:
+ * failed or still running): bytes and sizes in binary units ("114427712" -> "109 MiB"), a
+ * fraction of the store-all peak as "0.90× of store-all"; anything else as it is.
+ */
+export function fmtBudget(text) {
+  if (isNum(text)) return fmtBytes(text);
+  if (typeof text !== 'string' || text.trim() === '') return '—';
+  const bytes = /^\s*[0-9]+(?:\.[0-9]+)?e[0-9]+\s*$/i.test(text) ? Number(text) : parseSize(text);
+  if (bytes !== null) return fmtBytes(bytes);
+  const m = /^\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*$/i.exec(text);
+  if (m) return `${fmtRatio(Number(m[1]))} of store-all`;
+  return text;
+}

@@ -244,6 +244,25 @@ export function isProbe(entry) {
   return o.solver === 'store-all' && (o.budget === '1.0x' || o.budget === '1') && !o.maximize;
 }
 
+/**
+ * The switch's label for the viewer's failed probes, saying what they were: one-byte budgets
+ * (refused with the minimum feasible budget, which is what they asked) and probes refused for
+ * unbound dimensions (asked which dims the model has), and any other failure.
+ */
+export function probesLabel(failed) {
+  const n = failed.length;
+  const code = (e) => e.error?.code ?? null;
+  const oneByte = failed.filter((e) => (e.budget ?? e.options?.budget) === '1' && code(e) !== 'unbound_dims').length;
+  const unbound = failed.filter((e) => code(e) === 'unbound_dims').length;
+  const other = n - oneByte - unbound;
+  const parts = [
+    oneByte ? `${oneByte} one-byte budget${oneByte === 1 ? '' : 's'} asked for the minimum` : null,
+    unbound ? `${unbound} asked which dimensions the model has` : null,
+    other ? `${other} other` : null,
+  ].filter(Boolean);
+  return `Show the viewer's ${n} failed probe${n === 1 ? '' : 's'} (${parts.join(', ')})`;
+}
+
 /** History of a model: `{model, plans: [...]}` or a bare array; oldest first. */
 export function normalizeHistory(h) {
   const list = Array.isArray(h) ? h : arr(obj(h).plans);

@@ -3,8 +3,8 @@
 
 import { ApiError, getPlan, getHistory, poll } from './api.js';
 import { h, mount } from './dom.js';
-import { fmtBytes, fmtBytesExact, fmtCostIn, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtTime, isNum } from './format.js';
-import { normalizeRecord, normalizeHistory, decisionCounts, measuredSeries, isTorchPlan, planDims, setupKey, dimsText } from './model.js';
+import { fmtBudget, fmtBytes, fmtBytesExact, fmtCostIn, fmtOverhead, fmtPct, fmtRatio, fmtSeconds, fmtTime, isNum } from './format.js';
+import { normalizeRecord, normalizeHistory, probesLabel, decisionCounts, measuredSeries, isTorchPlan, planDims, setupKey, dimsText } from './model.js';
 import { renderTorchPlan } from './torchpage.js';
 import { timelineChart, timelineText, sweepFractions } from './charts.js';
 import { frontierOf } from './frontier.js';
@@ -376,11 +376,11 @@ function minFeasible(doc, dims, hash) {
  * only for its error's minimum feasible budget): hidden by default, they would fill the table.
  */
 export function historyView(entries, currentId) {
-  const noise = entries.filter((e) => e.probe && e.status === 'failed' && e.id !== currentId).length;
+  const noise = entries.filter((e) => e.probe && e.status === 'failed' && e.id !== currentId);
   const box = h('div', {}, historyTable(entries, currentId, { showProbes: false }));
-  if (noise === 0) return box;
+  if (noise.length === 0) return box;
   const toggle = h('input', { type: 'checkbox', 'data-testid': 'show-probes', onchange: () => mount(box, historyTable(entries, currentId, { showProbes: toggle.checked })) });
-  return h('div', {}, h('label', { class: 'check muted' }, toggle, `Show the viewer's ${noise} failed probe${noise === 1 ? '' : 's'} (one-byte budgets asked for the minimum)`), box);
+  return h('div', {}, h('label', { class: 'check muted' }, toggle, probesLabel(noise)), box);
 }
 
 
@@ -410,7 +410,7 @@ export function historyTable(entries, currentId, { showProbes = true } = {}) {
             h('td', {}, h('span', { class: `badge status-${e.status}` }, e.status), e.error ? h('span', { class: 'muted' }, ` ${e.error.code}`) : '', e.probe ? h('span', { class: 'badge probe', title: "The viewer's probe of the model (store-all at 1.0× or at one byte)" }, 'probe') : ''),
             h('td', { 'data-testid': 'history-dims' }, entryDims(e)),
             h('td', {}, e.solver ?? '—'),
-            h('td', { class: 'num' }, isNum(e.budgetBytes) ? fmtBytes(e.budgetBytes) : e.budget ?? '—'),
+            h('td', { class: 'num' }, isNum(e.budgetBytes) ? fmtBytes(e.budgetBytes) : fmtBudget(e.budget)),
             h('td', { class: 'num' }, fmtBytes(e.peakBytes)),
             h('td', { class: 'num' }, fmtOverhead(e.overhead)),
           ),

@@ -3,8 +3,8 @@
 
 import { ApiError, postPlan, poll, isGraphJson, isJson, isTorchGraph, listPlans, setToken } from './api.js';
 import { h, mount } from './dom.js';
-import { fmtBytes, fmtBytesExact, fmtOverhead, fmtRatio, fmtTime, isNum } from './format.js';
-import { normalizeRecord, normalizeHistory } from './model.js';
+import { fmtBudget, fmtBytes, fmtBytesExact, fmtOverhead, fmtRatio, fmtTime, isNum } from './format.js';
+import { normalizeRecord, normalizeHistory, isProbe, probesLabel } from './model.js';
 import { fillFigures } from './figures.js';
 import { navigate, planUrl, historyUrl } from './router.js';
 import { rememberJob, session } from './session.js';
@@ -568,6 +568,15 @@ export function renderUpload(root) {
   loadRecent(recent);
 }
 
+/**
+ * The recent plans without the viewer's failed probes (its own posts that asked the model's
+ * dims or its minimum budget, refused by design) unless `showProbes`. A probe that worked (the
+ * store-all plan) stays: it is a useful reference.
+ */
+export function recentShown(plans, { showProbes = false } = {}) {
+  return plans.filter((p) => showProbes || !(p.status === 'failed' && isProbe(p)));
+}
+
 async function loadRecent(el) {
   try {
     const json = await listPlans();
@@ -580,33 +589,46 @@ async function loadRecent(el) {
     // Figures: from the summaries, else (for the 10 newest) from the plan records.
     const figures = new Map(normalizeHistory(records).map((e) => [e.id, e]));
     await fillFigures([...figures.values()].filter((e) => plans.slice(0, 10).some((p) => p.id === e.id)), null, null);
-    mount(
-      el,
-      h(
-        'table',
-        { class: 'data table-x' },
-        h('thead', {}, h('tr', {}, ['Model', 'Created', 'Status', 'Budget', 'Peak', 'Overhead', ''].map((t) => h('th', { scope: 'col' }, t)))),
-        h(
-          'tbody',
-          {},
-          plans.map((p) => {
-            const f = figures.get(p.id) ?? {};
-            return h(
-              'tr',
-              {},
-              h('td', {}, h('a', { href: planUrl(p.id), 'data-nav': true }, p.model.name ?? p.model.hash?.slice(0, 12) ?? p.id)),
-              h('td', {}, fmtTime(p.createdAt)),
-              h('td', {}, h('span', { class: `badge status-${p.status}` }, p.status), p.error ? h('span', { class: 'muted' }, ` ${p.error.code}`) : ''),
-              h('td', { class: 'num' }, isNum(f.budgetBytes) ? fmtBytes(f.budgetBytes) : p.options.budget ?? '—'),
-              h('td', { class: 'num' }, fmtBytes(f.peakBytes)),
-              h('td', { class: 'num' }, fmtOverhead(f.overhead)),
-              h('td', {}, p.model.hash ? h('a', { href: historyUrl(p.model.hash), 'data-nav': true }, 'history') : ''),
-            );
-          }),
-        ),
-      ),
-    );
+    const box = h('div');
+    const show = (showProbes) => {
+      const shown = recentShown(plans, { showProbes });
+      mount(box, shown.length ? recentTable(shown, figures) : h('p', { class: 'muted' }, 'No plans but the viewer\u2019s failed probes.'));
+    };
+    show(false);
+    const noise = plans.filter((p) => !recentShown([p]).length).map((p) => figures.get(p.id) ?? p);
+    if (noise.length === 0) {
+      mount(el, box);
+      return;
+    }
+    const toggle = h('input', { type: 'checkbox', 'data-testid': 'recent-show-probes', onchange: () => show(toggle.checked) });
+    mount(el, h('label', { class: 'check muted' }, toggle, probesLabel(noise)), box);
   } catch (e) {
     mount(el, h('p', { class: 'muted' }, `Recent plans are not available: ${e.message}`));
   }
+}
+
+function recentTable(plans, figures) {
+  return h(
+    'table',
+    { class: 'data table-x', 'data-testid': 'recent-table' },
+    h('thead', {}, h('tr', {}, ['Model', 'Created', 'Status', 'Budget', 'Peak', 'Overhead', ''].map((t) => h('th', { scope: 'col' }, t)))),
+    h(
+      'tbody',
+      {},
+      plans.map((p) => {
+        const f = figures.get(p.id) ?? {};
+        return h(
+          'tr',
+          {},
+          h('td', {}, h('a', { href: planUrl(p.id), 'data-nav': true }, p.model.name ?? p.model.hash?.slice(0, 12) ?? p.id)),
+          h('td', {}, fmtTime(p.createdAt)),
+          h('td', {}, h('span', { class: `badge status-${p.status}` }, p.status), p.error ? h('span', { class: 'muted' }, ` ${p.error.code}`) : ''),
+          h('td', { class: 'num' }, isNum(f.budgetBytes) ? fmtBytes(f.budgetBytes) : fmtBudget(p.options.budget)),
+          h('td', { class: 'num' }, fmtBytes(f.peakBytes)),
+          h('td', { class: 'num' }, fmtOverhead(f.overhead)),
+          h('td', {}, p.model.hash ? h('a', { href: historyUrl(p.model.hash), 'data-nav': true }, 'history') : ''),
+        );
+      }),
+    ),
+  );
 }

@@ -301,6 +301,17 @@ async function formChecks() {
   try {
     await page.goto(`${BASE}/`);
     await waitReady();
+    // The recent plans: the viewer's failed probes (vgg16's and resnet18's one-byte budgets)
+    // behind a switch; budgets without figures formatted, not raw bytes.
+    await page.waitForSelector('[data-testid="recent-table"]', { timeout: 30_000 });
+    const recentRows = async () => page.$$eval('[data-testid="recent-table"] tbody tr', (trs) => trs.length);
+    const shownRecent = await recentRows();
+    await page.check('[data-testid="recent-show-probes"]');
+    const allRecent = await recentRows();
+    assert.ok(allRecent > shownRecent, `recent plans: the probes switch shows ${allRecent} rows, ${shownRecent} before`);
+    const budgets = await page.$$eval('[data-testid="recent-table"] tbody tr td:nth-child(4)', (tds) => tds.map((td) => td.textContent));
+    assert.ok(budgets.every((b) => !/^[0-9]{2,}$/.test(b)), `recent plans: raw budgets ${budgets.join(' | ')}`);
+    check('recent plans: failed probes hidden behind a switch, budgets formatted', `${shownRecent} rows, ${allRecent} with the probes`);
     await page.setInputFiles('[data-testid="model-file"]', RESNET);
     await page.waitForSelector('input[data-dim="batch"]', { timeout: 120_000 });
     const errorText = async () => (await page.isVisible('.error-box')) ? (await page.textContent('.error-box')).trim() : '';

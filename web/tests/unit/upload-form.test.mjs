@@ -1,8 +1,10 @@
-// The upload page (the tester's items 1, 5, 6, 7, 8): dims and seconds read as typed and refused by name, the dims the check was made at, a 413's limit, JSON that is no graph.
+// The upload page (the tester's items 1, 5, 6, 7, 8, 9): dims and seconds read as typed and refused by name, the check's dims, a 413's limit, JSON that is no graph, budgets and probes in the lists.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { fmtBudget } from '../../js/format.js';
+import { normalizeHistory, probesLabel } from '../../js/model.js';
 import { ApiError, isJson, isGraphJson, modelContentType, planQuery } from '../../js/api.js';
-import { describeError, readDims, readSeconds, dimsKey } from '../../js/upload.js';
+import { describeError, readDims, readSeconds, dimsKey, recentShown } from '../../js/upload.js';
 
 const enc = (s) => new TextEncoder().encode(s).buffer;
 
@@ -69,4 +71,26 @@ test('8: JSON that is not a graph object is sent as JSON, not as ONNX', () => {
   assert.equal(modelContentType(enc('[1,2,3]')), 'application/json');
   assert.equal(modelContentType(enc('{"nodes": []}')), 'application/json');
   assert.equal(modelContentType(enc('\x08\x07onnx')), 'application/octet-stream');
+});
+
+test('9: budgets without figures are formatted; the probes switch says what the probes were', () => {
+  assert.equal(fmtBudget('114427712'), '109 MiB');
+  assert.equal(fmtBudget('1'), '1 B');
+  assert.equal(fmtBudget('0.9x'), '0.90× of store-all');
+  assert.equal(fmtBudget('2GiB'), '2.00 GiB');
+  assert.equal(fmtBudget('1e9'), '954 MiB');
+  assert.equal(fmtBudget('min'), 'min');
+  assert.equal(fmtBudget(undefined), '—');
+  const probe = (id, budget, code) => ({ id, created_at: `2026-12-07T00:00:0${id}Z`, status: 'failed', options: { solver: 'store-all', budget }, error: { code, message: '' } });
+  const entries = normalizeHistory([probe('1', '1.0x', 'unbound_dims'), probe('2', '1', 'infeasible_budget'), probe('3', '1', 'infeasible_budget')]);
+  assert.equal(probesLabel(entries), "Show the viewer's 3 failed probes (2 one-byte budgets asked for the minimum, 1 asked which dimensions the model has)");
+  assert.equal(probesLabel(entries.slice(0, 1)), "Show the viewer's 1 failed probe (1 asked which dimensions the model has)");
+  // The upload page's recent plans: failed probes hidden unless asked for; a done probe stays.
+  const plans = [
+    { id: 'a', status: 'failed', options: { solver: 'store-all', budget: '1' } },
+    { id: 'b', status: 'done', options: { solver: 'store-all', budget: '1.0x' } },
+    { id: 'c', status: 'failed', options: { solver: 'auto', budget: '0.5x' } },
+  ];
+  assert.deepEqual(recentShown(plans).map((p) => p.id), ['b', 'c']);
+  assert.deepEqual(recentShown(plans, { showProbes: true }).map((p) => p.id), ['a', 'b', 'c']);
 });
