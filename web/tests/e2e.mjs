@@ -12,7 +12,7 @@
 // 4. A captured PyTorch graph (fixtures/torch/gpt2.torch.json): the torch-sac plan page shows one
 //    row per region and the predicted peak; its frontier, computed from the file picked on the
 //    page, is drawn with none and full beside it; axe-core again.
-// 2b. The upload form's checks (resnet18): a dim that is not a whole number of at least 1 is
+// 2b. The upload form's checks (resnet18): a JSON array is refused before posting; a dim that is not a whole number of at least 1 is
 //    refused naming it, with nothing posted and no budget left from other dims; a dim edited
 //    after the check disables Plan until the model is checked again; big dims go as typed; an
 //    empty time limit and a negative bound time are refused on their field; a time limit over
@@ -312,9 +312,15 @@ async function formChecks() {
     const budgets = await page.$$eval('[data-testid="recent-table"] tbody tr td:nth-child(4)', (tds) => tds.map((td) => td.textContent));
     assert.ok(budgets.every((b) => !/^[0-9]{2,}$/.test(b)), `recent plans: raw budgets ${budgets.join(' | ')}`);
     check('recent plans: failed probes hidden behind a switch, budgets formatted', `${shownRecent} rows, ${allRecent} with the probes`);
+    const errorText = async () => (await page.isVisible('.error-box')) ? (await page.textContent('.error-box')).trim() : '';
+    // JSON that is no graph object is refused before anything is posted (not taken for ONNX).
+    await page.setInputFiles('[data-testid="model-file"]', { name: 'numbers.json', mimeType: 'application/json', buffer: Buffer.from('[1, 2, 3]') });
+    await page.waitForSelector('.error-box:not([hidden])', { timeout: 30_000 });
+    assert.ok((await errorText()).includes('numbers.json is JSON but not a graph object (its top level is an array)'), `a JSON array: "${await errorText()}"`);
+    assert.equal(posted.length, 0, 'a JSON array was posted');
+    check('upload page: a JSON file that is no graph object is refused before posting');
     await page.setInputFiles('[data-testid="model-file"]', RESNET);
     await page.waitForSelector('input[data-dim="batch"]', { timeout: 120_000 });
-    const errorText = async () => (await page.isVisible('.error-box')) ? (await page.textContent('.error-box')).trim() : '';
     // Bound first, so that a refusal must take the budget line away.
     await page.fill('input[data-dim="batch"]', '2');
     await page.press('input[data-dim="batch"]', 'Enter');
