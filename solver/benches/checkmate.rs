@@ -364,7 +364,10 @@ fn order_cell(rep: &PlanReport) -> String {
         Some(ob) if ob.source == BoundSource::Exact => "optimal".into(),
         Some(ob) => format!(
             "{} ({})",
-            pct(remat_solver::plan::gap(rep.predicted.compute_cost, ob.compute_cost)),
+            pct(remat_solver::plan::gap(
+                rep.predicted.compute_cost,
+                ob.compute_cost
+            )),
             ob.source.as_str()
         ),
     }

@@ -197,10 +197,11 @@ impl Layout {
         let m = g.len();
         let cells = m
             .checked_mul(m)
-            .filter(|&c| c < (NONE as usize))
+            .filter(|&c| c < (NONE as usize) && m <= MAX_NODES)
             .ok_or_else(|| {
                 SolverError::Ilp(format!(
-                    "graph of {m} needed nodes is too large for the MILP"
+                    "graph of {m} needed nodes is too large for the MILP (at most {MAX_NODES}: \
+                     its layout alone takes 8·n² bytes, its rows far more); plan with auto"
                 ))
             })?;
         let mut r_at = vec![NONE; cells];
@@ -435,6 +436,25 @@ pub fn model_size(p: &Problem, model: Model) -> Result<ModelSize> {
     Ok(Layout::new(p, model)?.size())
 }
 
+/// Most needed nodes a MILP is laid out for: the layout's two `n × n` tables take 8·n² bytes
+/// (1 GB here) before a row is built, and the rows of a graph this large would not fit anyway.
+pub const MAX_NODES: usize = 11_000;
+
+/// Bytes a built model takes per row, at most as measured: `remat plan --solver ilp` at 0.9x
+/// of random n250's full model (661,552 rows) peaked at 2.0 GB resident, n100's (70,369
+/// rows) at 0.45 GB with the rest of the plan. A model whose rows need more than half the
+/// memory available is not built: the 96-layer GPT-2's, asked for with `--solver ilp` and a
+/// 200 s limit, grew a server to 21 GB until the kernel killed it, and a cancel does not
+/// reach the build.
+pub const BUILD_BYTES_PER_ROW: u64 = 3 * 1024;
+
+/// Whether a model of `rows` rows may be built with `available` bytes of memory (unknown:
+/// yes, the time guard still holds): at [`BUILD_BYTES_PER_ROW`], at most half of it.
+fn fits_in_memory(rows: usize, available: Option<u64>) -> bool {
+    let needs = (rows as u64).saturating_mul(BUILD_BYTES_PER_ROW);
+    available.is_none_or(|a| needs <= a / 2)
+}
+
 /// Rows of the MILP built per second, at least (1.3M measured on the 2-core development
 /// machine: 19.9M rows in 15.3 s, the random 1,000-node graph of `../shared/bench/graphs`); a
 /// model whose rows need more than the time left at this rate is not built.
@@ -531,6 +551,23 @@ fn run(p: &Problem, opts: &IlpOptions, relax: bool, model: Model) -> Result<IlpO
         );
         return Ok(IlpOutcome::unsolved(IlpStatus::NoSolution, start, size));
     }
+    let available = crate::sysmem::available_memory();
+    if !fits_in_memory(size.rows, available) {
+        tracing::warn!(
+            rows = size.rows,
+            binaries = size.binaries,
+            needs_bytes = (size.rows as u64).saturating_mul(BUILD_BYTES_PER_ROW),
+            available_bytes = available,
+            "the MILP is not built: its rows would take more than half the memory available"
+        );
+        return Ok(IlpOutcome::unsolved(IlpStatus::NoSolution, start, size));
+    }
+    tracing::debug!(
+        rows = size.rows,
+        binaries = size.binaries,
+        continuous = size.continuous,
+        "building the MILP"
+    );
     let g = &layout.g;
     let max_bytes = g.bytes.iter().copied().max().unwrap_or(1).max(1) as f64;
     let unit = (max_bytes / 1024.0).max(1.0);
@@ -999,6 +1036,28 @@ mod tests {
 
     fn training_chain(k: usize) -> Problem {
         crate::testutil::training_chain(k, |i| 1.0 + i as f64, |i| 100 + 10 * i as u64)
+    }
+
+    /// The 96-layer GPT-2's full model (94,261,275 rows) asked 290 GB at the measured rate,
+    /// with 20 GB available: it is not built (it grew a server to 21 GB until the kernel killed
+    /// it). Random n250's 661,552 rows (2 GB measured) are.
+    #[test]
+    fn a_model_whose_rows_would_not_fit_in_memory_is_not_built() {
+        let available = Some(20_014_706_688);
+        assert!(!fits_in_memory(94_261_275, available));
+        assert!(fits_in_memory(661_552, available));
+        assert!(!fits_in_memory(661_552, Some(1 << 30)));
+        assert!(
+            fits_in_memory(usize::MAX, None),
+            "unknown: the time guard decides"
+        );
+        // A graph too large to lay out is an error naming its size.
+        let big = crate::testutil::training_chain(MAX_NODES / 2 + 1, |_| 1.0, |_| 8);
+        let e = Layout::new(&big, Model::Full)
+            .err()
+            .expect("too large")
+            .to_string();
+        assert!(e.contains("too large for the MILP"), "{e}");
     }
 
     #[test]

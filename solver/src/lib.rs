@@ -61,6 +61,7 @@ pub mod error;
 pub mod io;
 pub mod problem;
 pub mod schedule;
+pub mod sysmem;
 
 pub use cancel::Cancel;
 pub use error::{Result, SolverError};

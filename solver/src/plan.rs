@@ -1193,9 +1193,11 @@ fn lp_bound(p: &Problem, opts: &PlanOptions, pool: &mut Pool) -> Result<f64> {
     }
     // The boundary model where it is small enough, otherwise the loose one (random n1000).
     use crate::ilp::{model_size, Model};
-    let model = if model_size(p, Model::Boundary)?.rows <= LP_BOUND_MAX_ROWS {
+    // A graph too large to lay out (ilp::MAX_NODES) gets no LP bound.
+    let rows = |model| model_size(p, model).map_or(usize::MAX, |s| s.rows);
+    let model = if rows(Model::Boundary) <= LP_BOUND_MAX_ROWS {
         Model::Boundary
-    } else if model_size(p, Model::Loose)?.rows <= LP_BOUND_MAX_ROWS {
+    } else if rows(Model::Loose) <= LP_BOUND_MAX_ROWS {
         Model::Loose
     } else {
         return Ok(0.0);
