@@ -82,6 +82,8 @@ page.on('console', (msg) => {
   consoleErrors.push({ text: msg.text(), url: msg.location()?.url ?? '' });
 });
 page.on('pageerror', (err) => consoleErrors.push({ text: `pageerror: ${err.message}`, url: '' }));
+// While set, a plan refused for an option (400 invalid_option: a dim too large) is expected.
+let expectBadOption = false;
 // While set, a sweep posted with another model than its expect_model (409) is expected.
 let expectMismatch = false;
 page.on('response', async (res) => {
@@ -92,7 +94,7 @@ page.on('response', async (res) => {
   }
   if (![400, 422].includes(res.status()) || !res.url().includes('/v1/plans')) return;
   // Decided when the answer arrives, before the body is read.
-  const expected = res.status() === 422 ? ['unbound_dims', 'infeasible_budget'] : expectBadModel ? ['malformed_graph', 'malformed_model'] : [];
+  const expected = res.status() === 422 ? ['unbound_dims', 'infeasible_budget'] : expectBadModel ? ['malformed_graph', 'malformed_model'] : expectBadOption ? ['invalid_option'] : [];
   try {
     const body = await res.json();
     const code = body?.error?.code;
@@ -359,9 +361,12 @@ async function formChecks() {
     check('dims form: a dim edited after the check disables Plan until the model is checked again', `${range2} → ${range4}`);
     // A dim too big for a JavaScript number goes as typed.
     await page.fill('input[data-dim="batch"]', '18446744073709551616');
+    expectBadOption = true;
     await page.click('[data-testid="check-model"]');
-    await page.waitForFunction(() => document.querySelector('[data-testid="upload-status"]')?.textContent !== '', null, { timeout: 60_000 });
+    // The mock plans it; the real server refuses a dim that large (an error box, no status).
+    await page.waitForFunction(() => document.querySelector('[data-testid="upload-status"]')?.textContent !== '' || document.querySelector('.error-box:not([hidden])'), null, { timeout: 60_000 });
     await page.waitForFunction((n) => document.querySelector('#budget') && !document.querySelector('.spinner'), posted.length, { timeout: 120_000 });
+    expectBadOption = false;
     assert.ok(posted.some((p) => p.get('dim') === 'batch=18446744073709551616'), `big dim: posted ${posted.map((p) => p.get('dim')).join(', ')}`);
     check('dims form: a big dim is posted with the digits typed');
     // Back at batch 2; the seconds fields.

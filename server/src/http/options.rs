@@ -249,9 +249,15 @@ pub fn resolve(
                 "dim {binding:?}: the dimension name is empty"
             )));
         }
-        let value = value.trim().parse::<u64>().map_err(|_| {
+        let value = value.trim().parse::<u64>().map_err(|e| {
+            let why = match e.kind() {
+                std::num::IntErrorKind::PosOverflow => {
+                    "is over the largest a dim may be (2^64 − 1)"
+                }
+                _ => "is not a non-negative integer",
+            };
             invalid(format!(
-                "dim {binding:?}: value {value:?} of `{name}` is not a non-negative integer"
+                "dim {binding:?}: value {value:?} of `{name}` {why}"
             ))
         })?;
         // The query's value wins over the envelope's; the query itself says it once.

@@ -1223,4 +1223,21 @@ async fn a_dim_given_twice_with_two_values_is_refused() {
         .post_json("/v1/plans?dim=batch=2&dim=batch=2", &graph("ok"))
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    // A value past u64 is said to be too large, not "not an integer" (the viewer sends the
+    // digits typed).
+    let r = t
+        .post_json("/v1/plans?dim=batch=18446744073709551616", &graph("ok"))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert!(
+        r.text.contains("is over the largest a dim may be"),
+        "{}",
+        r.text
+    );
+    let r = t.post_json("/v1/plans?dim=batch=-1", &graph("ok")).await;
+    assert!(
+        r.text.contains("is not a non-negative integer"),
+        "{}",
+        r.text
+    );
 }
