@@ -122,10 +122,14 @@ pub fn parse_node_link(text: &str, name: &str) -> Result<Problem> {
                 .unwrap_or(&id)
                 .to_string()
         };
-        let backward = node
-            .get("backward")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        let backward = match node.get("backward") {
+            None | Some(Value::Null) => false,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                fmt_err(format!(
+                    "node {id:?}: field \"backward\" is {v}, not true or false"
+                ))
+            })?,
+        };
         raw.push(Raw {
             id,
             name,
@@ -188,7 +192,7 @@ pub fn parse_node_link(text: &str, name: &str) -> Result<Problem> {
 
     let mut deps: Vec<Vec<usize>> = vec![Vec::new(); raw.len()];
     for (k, link) in links.iter().enumerate() {
-        let (sk, tk) = if link.get("source").is_some() {
+        let (sk, tk) = if link.get("source").is_some() || link.get("target").is_some() {
             ("source", "target")
         } else {
             ("0", "1")
@@ -250,4 +254,38 @@ pub fn read_node_link(path: &std::path::Path) -> Result<Problem> {
         .unwrap_or("graph")
         .to_string();
     parse_node_link(&text, &stem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_node_link;
+
+    fn error(text: &str) -> String {
+        parse_node_link(text, "g").expect_err(text).to_string()
+    }
+
+    /// A `backward` that is not a boolean was read as forward; a link with a target and no
+    /// source was said to miss `"0"`, the other flavour's key.
+    #[test]
+    fn a_bad_backward_flag_or_a_link_without_source_is_named() {
+        let node = |backward: &str| {
+            format!(
+                r#"{{"nodes": [{{"id": 0, "cost_cpu": 1, "cost_ram": 1}},
+                     {{"id": 1, "cost_cpu": 1, "cost_ram": 1, "backward": {backward}}}],
+                   "links": [{{"source": 0, "target": 1}}]}}"#
+            )
+        };
+        let e = error(&node("\"yes\""));
+        assert!(
+            e.contains("node \"1\": field \"backward\" is \"yes\""),
+            "{e}"
+        );
+        assert!(parse_node_link(&node("true"), "g").is_ok());
+        assert!(parse_node_link(&node("null"), "g").is_ok());
+        let e = error(
+            r#"{"nodes": [{"id": 0, "cost_cpu": 1, "cost_ram": 1}, {"id": 1, "cost_cpu": 1, "cost_ram": 1}],
+                "links": [{"target": 1}]}"#,
+        );
+        assert!(e.contains("link #0: missing \"source\""), "{e}");
+    }
 }

@@ -116,8 +116,20 @@ pub fn load<'a>(
 }
 
 /// Refuses JSON that is not an object (`null`, an array, a number): it is neither ONNX nor one
-/// of the JSON formats, and the ONNX reader's error would not say so.
+/// of the JSON formats, and the ONNX reader's error would not say so; and an empty model (no
+/// bytes, or blanks only), which the ONNX reader called a protobuf without a graph.
 pub fn not_json(model: &[u8]) -> Result<(), EngineError> {
+    if model.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(EngineError::new(
+            ErrorKind::BadInput,
+            "malformed_model",
+            format!(
+                "the model is empty ({} bytes{}): send an ONNX model, a node-link graph or a captured PyTorch graph",
+                model.len(),
+                if model.is_empty() { "" } else { ", blanks only" }
+            ),
+        ));
+    }
     let kind = match serde_json::from_slice::<serde_json::Value>(ModelFormat::without_bom(model)) {
         Ok(serde_json::Value::Object(_)) | Err(_) => return Ok(()),
         Ok(serde_json::Value::Array(_)) => "an array",

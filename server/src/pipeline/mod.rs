@@ -105,6 +105,7 @@ impl Engine for Pipeline {
 
     fn check(&self, model: &[u8], format: ModelFormat) -> Result<(), EngineError> {
         if format == ModelFormat::Onnx {
+            load::not_json(model)?;
             remat_planner::onnx::check_model_bytes(model).map_err(load::planner_error)?;
         }
         Ok(())

@@ -923,6 +923,12 @@ fn json_models_are_told_apart_from_onnx_whatever_comes_first() {
     }
     for (name, body, want) in [
         ("null.json", &b"null"[..], "JSON but null, not an object"),
+        ("empty.onnx", &b""[..], "the model is empty (0 bytes)"),
+        (
+            "blanks.json",
+            &b" \n"[..],
+            "the model is empty (2 bytes, blanks only)",
+        ),
         (
             "array.json",
             &b"[1, 2]"[..],
