@@ -160,7 +160,9 @@ impl Cluster {
             pg_ctl.display().to_string()
         };
         let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} -D '{data}' stop -m immediate >/dev/null 2>&1; rm -rf '{dir}'",
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+             pm=$(head -n 1 '{data}/postmaster.pid' 2>/dev/null); \
+             [ -n \"$pm\" ] && kill -CONT $pm $(pgrep -P $pm) 2>/dev/null; {stop} -D '{data}' stop -m immediate >/dev/null 2>&1; rm -rf '{dir}'",
             pid = std::process::id(),
             data = self.data().display(),
             dir = self.dir.path().display(),
@@ -209,6 +211,55 @@ impl Cluster {
         )
     }
 
+    /// The cluster's processes: the postmaster (its `postmaster.pid`) and its children.
+    fn processes(&self) -> Vec<i32> {
+        let Some(main) = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
+        else {
+            return vec![];
+        };
+        let mut pids = vec![main];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid ...`
+            let ppid = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if ppid == Some(main) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    fn signal(&self, signal: i32) {
+        for pid in self.processes() {
+            // SAFETY: kill only reads its integer arguments.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
+    /// Stops every process of the cluster (SIGSTOP) until the guard is dropped (SIGCONT): a
+    /// database that stops answering without closing its connections (a frozen machine, a
+    /// network cut without a reset). The guard resumes it when a test fails too.
+    pub fn freeze(&self) -> Frozen<'_> {
+        self.signal(libc::SIGSTOP);
+        // A backend forked while the postmaster was being stopped.
+        self.signal(libc::SIGSTOP);
+        Frozen(self)
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
@@ -242,8 +293,19 @@ impl Cluster {
     }
 }
 
+/// A frozen cluster ([`Cluster::freeze`]); resumed when dropped.
+pub struct Frozen<'a>(&'a Cluster);
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        self.0.signal(libc::SIGCONT);
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A stopped postmaster would not hear `pg_ctl stop`.
+        self.signal(libc::SIGCONT);
         if let Ok(data) = path_str(&self.data()) {
             let _ = self.run("pg_ctl", &["-D", data, "-m", "immediate", "-w", "stop"]);
         }

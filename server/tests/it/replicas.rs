@@ -23,8 +23,14 @@ struct Proc {
 impl Proc {
     /// Starts `remat <args>` and waits for the line it prints when it is ready.
     fn start(args: &[&str]) -> Proc {
+        Proc::start_env(args, &[])
+    }
+
+    /// [`Proc::start`] with variables set in its environment.
+    fn start_env(args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_remat"))
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -1017,4 +1023,110 @@ async fn a_second_signal_puts_the_running_job_back_and_stops_at_once() {
     assert_eq!(done["status"], "done", "{done}");
     assert_eq!(job_row(&db, &id).await, (1, "done".to_string()));
     drop(second);
+}
+
+/// GET `path` on `base`, within `limit` (a request that hangs fails the test).
+async fn get_within(
+    base: &str,
+    path: &str,
+    limit: Duration,
+    output: &Proc,
+) -> (HttpReply, Duration) {
+    let started = Instant::now();
+    let reply = tokio::time::timeout(limit, call("GET", &format!("{base}{path}"), None))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "GET {path} did not answer within {limit:?}\n{}",
+                output.output()
+            )
+        })
+        .unwrap_or_else(|| panic!("GET {path}: no answer\n{}", output.output()));
+    (reply, started.elapsed())
+}
+
+/// A 503 `database_unavailable` (or `/healthz`'s body saying `database: false`) with
+/// `Retry-After`.
+fn assert_unavailable(path: &str, reply: &HttpReply) {
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{path}: {}",
+        reply.body
+    );
+    assert!(
+        reply.headers.get("retry-after").is_some(),
+        "{path}: 503 without Retry-After: {}",
+        reply.body
+    );
+    if path == "/healthz" {
+        assert_eq!(reply.body["database"], false, "{}", reply.body);
+        assert_eq!(
+            reply.body["status"], "database_unavailable",
+            "{}",
+            reply.body
+        );
+    } else {
+        assert_eq!(
+            reply.body["error"]["code"], "database_unavailable",
+            "{path}: {}",
+            reply.body
+        );
+    }
+    assert!(
+        !reply.body.to_string().contains(pg::PASSWORD),
+        "{}",
+        reply.body
+    );
+}
+
+/// A database that stops answering without closing its connections (every process of the
+/// cluster stopped: a frozen machine, a network cut without a reset) answers 503
+/// `database_unavailable` within `REMAT_DB_TIMEOUT`, `/healthz` too: requests that got an
+/// idle pooled connection hung (a list 100 s, `/healthz` over 20 s). Once it answers again, so
+/// does the replica.
+#[tokio::test]
+async fn a_database_that_stops_answering_answers_503_within_the_bound() {
+    // A cluster of its own: freezing it must not disturb the other tests.
+    let cluster = Cluster::start().unwrap_or_else(|e| panic!("this test needs PostgreSQL: {e}"));
+    let db = cluster.database().await;
+    let replica = Proc::start_env(
+        &[
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--db",
+            &db,
+            "--workers",
+            "0",
+        ],
+        &[("REMAT_DB_TIMEOUT", "2")],
+    );
+    let base = replica.url.clone();
+    // Connections in the pool, idle.
+    for path in ["/v1/plans", "/healthz"] {
+        let (ok, _) = get_within(&base, path, Duration::from_secs(20), &replica).await;
+        assert_eq!(ok.status, StatusCode::OK, "{path}: {}", ok.body);
+    }
+    {
+        let _frozen = cluster.freeze();
+        for path in ["/v1/plans", "/healthz", "/v1/plans"] {
+            let (reply, took) = get_within(&base, path, Duration::from_secs(20), &replica).await;
+            assert_unavailable(path, &reply);
+            assert!(took < Duration::from_secs(8), "{path} took {took:?}");
+        }
+    }
+    let back = Instant::now();
+    loop {
+        let (reply, _) = get_within(&base, "/v1/plans", Duration::from_secs(20), &replica).await;
+        if reply.status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "not answering after the database did: {}",
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

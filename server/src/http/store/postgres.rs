@@ -98,6 +98,34 @@ pub struct PgStore {
     pool: Pool,
     url: Arc<str>,
     closed: Arc<AtomicBool>,
+    /// The bound on each operation ([`op_timeout`]).
+    timeout: Duration,
+}
+
+/// The environment variable that bounds each database operation, in seconds.
+pub const TIMEOUT_VAR: &str = "REMAT_DB_TIMEOUT";
+
+/// The bound on each database operation when [`TIMEOUT_VAR`] is not set.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The bound on each database operation: a query or transaction (waiting for a connection
+/// included) that the database has not answered by then fails as unreachable (the service
+/// answers 503 `database_unavailable`, a worker retries its write). [`TIMEOUT_VAR`] in seconds
+/// (fractions allowed), [`DEFAULT_TIMEOUT`] when unset.
+pub fn op_timeout() -> Result<Duration, StoreError> {
+    match std::env::var(TIMEOUT_VAR) {
+        Err(_) => Ok(DEFAULT_TIMEOUT),
+        Ok(text) => parse_timeout(&text).ok_or_else(|| {
+            StoreError::Unavailable(format!(
+                "{TIMEOUT_VAR}={text:?}: expected a positive number of seconds"
+            ))
+        }),
+    }
+}
+
+fn parse_timeout(text: &str) -> Option<Duration> {
+    let secs: f64 = text.trim().parse().ok()?;
+    (secs.is_finite() && secs > 0.0 && secs <= 86_400.0).then(|| Duration::from_secs_f64(secs))
 }
 
 /// A stored status, or the error saying the database holds one this version does not know.
@@ -293,21 +321,47 @@ pub fn check_sqlite_path(db: &str) -> Result<(), String> {
 }
 
 impl PgStore {
-    /// A pool of at most `connections` connections to `url`; nothing is connected yet.
+    /// A pool of at most `connections` connections to `url`; nothing is connected yet. Every
+    /// operation is bounded by [`op_timeout`] (`REMAT_DB_TIMEOUT`).
     pub fn new(url: &str, connections: usize) -> Result<PgStore, StoreError> {
+        PgStore::with_timeout(url, connections, op_timeout()?)
+    }
+
+    /// [`PgStore::new`] with the bound on each operation given.
+    pub fn with_timeout(
+        url: &str,
+        connections: usize,
+        timeout: Duration,
+    ) -> Result<PgStore, StoreError> {
         // URL schemes are case-insensitive; tokio-postgres reads only lowercase ones.
         let url = url.trim_start();
         let lowered = match url.split_once("://") {
             Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
             None => url.to_string(),
         };
-        let config: tokio_postgres::Config =
+        let mut config: tokio_postgres::Config =
             lowered.parse().map_err(|e: tokio_postgres::Error| {
                 StoreError::Unavailable(format!(
                     "{} is not a PostgreSQL connection URL: {e}",
                     redact(url)
                 ))
             })?;
+        // A database that stops answering without closing the connection (a frozen machine, a
+        // network cut without a reset) is noticed by the kernel too, not only by the bound on
+        // each operation, unless the URL says otherwise.
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(timeout);
+        }
+        if !lowered.contains("keepalives") {
+            config
+                .keepalives(true)
+                .keepalives_idle(Duration::from_secs(15))
+                .keepalives_interval(Duration::from_secs(5))
+                .keepalives_retries(3);
+        }
+        if !lowered.contains("tcp_user_timeout") {
+            config.tcp_user_timeout(timeout.max(Duration::from_secs(1)));
+        }
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -315,18 +369,20 @@ impl PgStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        let step = timeout.min(Duration::from_secs(5));
         let pool = Pool::builder(manager)
             .max_size(connections.max(1))
             .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(5)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .recycle_timeout(Some(Duration::from_secs(5)))
+            .wait_timeout(Some(step))
+            .create_timeout(Some(step))
+            .recycle_timeout(Some(step))
             .build()
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         Ok(PgStore {
             pool,
             url: Arc::from(url),
             closed: Arc::new(AtomicBool::new(false)),
+            timeout,
         })
     }
 
@@ -335,56 +391,81 @@ impl PgStore {
         &self.url
     }
 
+    /// The bound on each operation.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(pool_error)
+    }
+
+    /// `op`, or [`StoreError::Unavailable`] when the database has not answered it within
+    /// [`PgStore::timeout`]. A connection whose answer did not come goes back to the pool (a
+    /// transaction left open is rolled back), where it is used again once it answers, or
+    /// dropped when it is closed (TCP keepalives and `tcp_user_timeout` close a dead one).
+    async fn bounded<T>(
+        &self,
+        op: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, op).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the database did not answer within {} s ({TIMEOUT_VAR})",
+                self.timeout.as_secs_f64()
+            ))),
+        }
     }
 
     /// Applies the schema versions the database lacks (each process at start; concurrent
     /// starts wait on one advisory lock). Returns the versions applied.
     pub async fn migrate(&self) -> Result<Vec<i32>, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await?;
-        // "relation ... already exists, skipping" at every start is no news.
-        tx.batch_execute("SET LOCAL client_min_messages = warning")
-            .await?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS remat_migrations (
-                 version    INTEGER PRIMARY KEY,
-                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-        )
-        .await?;
-        let done: Vec<i32> = tx
-            .query("SELECT version FROM remat_migrations", &[])
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let mut applied = vec![];
-        for &(version, sql) in MIGRATIONS {
-            if done.contains(&version) {
-                continue;
-            }
-            tx.batch_execute(sql).await?;
-            tx.execute(
-                "INSERT INTO remat_migrations (version) VALUES ($1)",
-                &[&version],
+        self.bounded(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .await?;
+            // "relation ... already exists, skipping" at every start is no news.
+            tx.batch_execute("SET LOCAL client_min_messages = warning")
+                .await?;
+            tx.batch_execute(
+                "CREATE TABLE IF NOT EXISTS remat_migrations (
+                     version    INTEGER PRIMARY KEY,
+                     applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
             )
             .await?;
-            applied.push(version);
-        }
-        if let Some(newest) = done.iter().max() {
-            if *newest > MIGRATIONS.last().map_or(0, |m| m.0) {
-                return Err(StoreError::Corrupt(format!(
-                    "the database's schema is at version {newest}, newer than this remat knows ({}); upgrade remat",
-                    MIGRATIONS.last().map_or(0, |m| m.0)
-                )));
+            let done: Vec<i32> = tx
+                .query("SELECT version FROM remat_migrations", &[])
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let mut applied = vec![];
+            for &(version, sql) in MIGRATIONS {
+                if done.contains(&version) {
+                    continue;
+                }
+                tx.batch_execute(sql).await?;
+                tx.execute(
+                    "INSERT INTO remat_migrations (version) VALUES ($1)",
+                    &[&version],
+                )
+                .await?;
+                applied.push(version);
             }
-        }
-        check_schema(&tx).await?;
-        tx.commit().await?;
-        Ok(applied)
+            if let Some(newest) = done.iter().max() {
+                if *newest > MIGRATIONS.last().map_or(0, |m| m.0) {
+                    return Err(StoreError::Corrupt(format!(
+                        "the database's schema is at version {newest}, newer than this remat knows ({}); upgrade remat",
+                        MIGRATIONS.last().map_or(0, |m| m.0)
+                    )));
+                }
+            }
+            check_schema(&tx).await?;
+            tx.commit().await?;
+            Ok(applied)
+        })
+        .await
     }
 
     /// Refuses every later write of this process (a replica shutting down).
@@ -410,80 +491,83 @@ impl PgStore {
         validate: bool,
         queue: usize,
     ) -> Result<Option<Claim>, StoreError> {
-        if self.is_closed() {
-            return Ok(None);
-        }
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let kind = job.kind.as_str();
-        if reuse == Reuse::Any {
-            let existing = tx
-                .query_opt(
-                    "SELECT id FROM jobs WHERE cache_key = $1 AND kind = $2 AND status <> 'failed'
-                     ORDER BY seq DESC LIMIT 1",
-                    &[&job.cache_key, &kind],
-                )
-                .await?;
-            if let Some(row) = existing {
-                return Ok(Some(Claim::Existing(row.get(0))));
+        self.bounded(async {
+            if self.is_closed() {
+                return Ok(None);
             }
-        }
-        tx.execute(
-            "INSERT INTO models (hash, format, bytes) VALUES ($1, $2, $3) ON CONFLICT (hash) DO NOTHING",
-            &[&job.model_hash, &job.model_format, &model],
-        )
-        .await?;
-        // The count and the insert under one lock, held to the commit, so that posts arriving
-        // together on any replicas never pass `--queue` (they passed it by a quarter).
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&QUEUE_LOCK])
-            .await?;
-        let waiting: i64 = tx
-            .query_one("SELECT count(*) FROM jobs WHERE status = 'queued'", &[])
-            .await?
-            .get(0);
-        if waiting >= i64::try_from(queue).unwrap_or(i64::MAX) {
-            // Returning without a commit rolls the model's row back too.
-            return Ok(Some(Claim::QueueFull));
-        }
-        // In flight, one job per key: a post that may take one (`Any`, `InFlight`) follows it.
-        let active_key = (reuse != Reuse::Never).then_some(job.cache_key);
-        let inserted = tx
-            .query_opt(
-                "INSERT INTO jobs (id, kind, model_hash, model_name, model_format, options, request,
-                                   validate, cache_key, active_key, status, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'queued', $11, $11)
-                 ON CONFLICT (active_key) DO NOTHING
-                 RETURNING id",
-                &[
-                    &job.id,
-                    &kind,
-                    &job.model_hash,
-                    &job.model_name,
-                    &job.model_format,
-                    &job.options,
-                    &request,
-                    &validate,
-                    &job.cache_key,
-                    &active_key,
-                    &job.created_at,
-                ],
-            )
-            .await?;
-        let claim = match inserted {
-            Some(_) => Claim::Created,
-            None => {
-                // An identical post (another replica's) is in flight: follow it.
-                let row = tx
-                    .query_one(
-                        "SELECT id FROM jobs WHERE active_key = $1",
-                        &[&job.cache_key],
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            let kind = job.kind.as_str();
+            if reuse == Reuse::Any {
+                let existing = tx
+                    .query_opt(
+                        "SELECT id FROM jobs WHERE cache_key = $1 AND kind = $2 AND status <> 'failed'
+                         ORDER BY seq DESC LIMIT 1",
+                        &[&job.cache_key, &kind],
                     )
                     .await?;
-                Claim::Existing(row.get(0))
+                if let Some(row) = existing {
+                    return Ok(Some(Claim::Existing(row.get(0))));
+                }
             }
-        };
-        tx.commit().await?;
-        Ok(Some(claim))
+            tx.execute(
+                "INSERT INTO models (hash, format, bytes) VALUES ($1, $2, $3) ON CONFLICT (hash) DO NOTHING",
+                &[&job.model_hash, &job.model_format, &model],
+            )
+            .await?;
+            // The count and the insert under one lock, held to the commit, so that posts arriving
+            // together on any replicas never pass `--queue` (they passed it by a quarter).
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&QUEUE_LOCK])
+                .await?;
+            let waiting: i64 = tx
+                .query_one("SELECT count(*) FROM jobs WHERE status = 'queued'", &[])
+                .await?
+                .get(0);
+            if waiting >= i64::try_from(queue).unwrap_or(i64::MAX) {
+                // Returning without a commit rolls the model's row back too.
+                return Ok(Some(Claim::QueueFull));
+            }
+            // In flight, one job per key: a post that may take one (`Any`, `InFlight`) follows it.
+            let active_key = (reuse != Reuse::Never).then_some(job.cache_key);
+            let inserted = tx
+                .query_opt(
+                    "INSERT INTO jobs (id, kind, model_hash, model_name, model_format, options, request,
+                                       validate, cache_key, active_key, status, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'queued', $11, $11)
+                     ON CONFLICT (active_key) DO NOTHING
+                     RETURNING id",
+                    &[
+                        &job.id,
+                        &kind,
+                        &job.model_hash,
+                        &job.model_name,
+                        &job.model_format,
+                        &job.options,
+                        &request,
+                        &validate,
+                        &job.cache_key,
+                        &active_key,
+                        &job.created_at,
+                    ],
+                )
+                .await?;
+            let claim = match inserted {
+                Some(_) => Claim::Created,
+                None => {
+                    // An identical post (another replica's) is in flight: follow it.
+                    let row = tx
+                        .query_one(
+                            "SELECT id FROM jobs WHERE active_key = $1",
+                            &[&job.cache_key],
+                        )
+                        .await?;
+                    Claim::Existing(row.get(0))
+                }
+            };
+            tx.commit().await?;
+            Ok(Some(claim))
+        })
+        .await
     }
 
     fn row(r: &tokio_postgres::Row) -> Result<Row, StoreError> {
@@ -507,29 +591,35 @@ impl PgStore {
 
     /// One job of `kind`, with its engine document.
     pub async fn get(&self, kind: Kind, id: &str) -> Result<Option<Record>, StoreError> {
-        let client = self.client().await?;
-        let sql = format!("SELECT {ROW_COLUMNS}, result FROM jobs WHERE id = $1 AND kind = $2");
-        let stmt = client.prepare_cached(&sql).await?;
-        match client.query_opt(&stmt, &[&id, &kind.as_str()]).await? {
-            Some(r) => Ok(Some(Record {
-                row: Self::row(&r)?,
-                result: r.get(11),
-            })),
-            None => Ok(None),
-        }
+        self.bounded(async {
+            let client = self.client().await?;
+            let sql = format!("SELECT {ROW_COLUMNS}, result FROM jobs WHERE id = $1 AND kind = $2");
+            let stmt = client.prepare_cached(&sql).await?;
+            match client.query_opt(&stmt, &[&id, &kind.as_str()]).await? {
+                Some(r) => Ok(Some(Record {
+                    row: Self::row(&r)?,
+                    result: r.get(11),
+                })),
+                None => Ok(None),
+            }
+        })
+        .await
     }
 
     /// The status of one job of `kind` (`None` when there is none): what a waiting request
     /// polls.
     pub async fn status(&self, kind: Kind, id: &str) -> Result<Option<JobStatus>, StoreError> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached("SELECT status FROM jobs WHERE id = $1 AND kind = $2")
-            .await?;
-        match client.query_opt(&stmt, &[&id, &kind.as_str()]).await? {
-            Some(r) => Ok(Some(status_of(r.get(0))?)),
-            None => Ok(None),
-        }
+        self.bounded(async {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached("SELECT status FROM jobs WHERE id = $1 AND kind = $2")
+                .await?;
+            match client.query_opt(&stmt, &[&id, &kind.as_str()]).await? {
+                Some(r) => Ok(Some(status_of(r.get(0))?)),
+                None => Ok(None),
+            }
+        })
+        .await
     }
 
     /// Jobs of `kind`, newest first, optionally of one model.
@@ -539,33 +629,39 @@ impl PgStore {
         model: Option<&str>,
         limit: usize,
     ) -> Result<Vec<Row>, StoreError> {
-        let client = self.client().await?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = match model {
-            Some(hash) => {
-                let sql = format!(
-                    "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = $1 AND model_hash = $2 ORDER BY seq DESC LIMIT $3"
-                );
-                client.query(&sql, &[&kind.as_str(), &hash, &limit]).await?
-            }
-            None => {
-                let sql = format!(
-                    "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = $1 ORDER BY seq DESC LIMIT $2"
-                );
-                client.query(&sql, &[&kind.as_str(), &limit]).await?
-            }
-        };
-        rows.iter().map(Self::row).collect()
+        self.bounded(async {
+            let client = self.client().await?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = match model {
+                Some(hash) => {
+                    let sql = format!(
+                        "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = $1 AND model_hash = $2 ORDER BY seq DESC LIMIT $3"
+                    );
+                    client.query(&sql, &[&kind.as_str(), &hash, &limit]).await?
+                }
+                None => {
+                    let sql = format!(
+                        "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = $1 ORDER BY seq DESC LIMIT $2"
+                    );
+                    client.query(&sql, &[&kind.as_str(), &limit]).await?
+                }
+            };
+            rows.iter().map(Self::row).collect()
+        })
+        .await
     }
 
     /// Every plan of one model, oldest first.
     pub async fn history(&self, model_hash: &str) -> Result<Vec<Row>, StoreError> {
-        let client = self.client().await?;
-        let sql = format!(
-            "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = 'plan' AND model_hash = $1 ORDER BY seq ASC"
-        );
-        let rows = client.query(&sql, &[&model_hash]).await?;
-        rows.iter().map(Self::row).collect()
+        self.bounded(async {
+            let client = self.client().await?;
+            let sql = format!(
+                "SELECT {ROW_COLUMNS} FROM jobs WHERE kind = 'plan' AND model_hash = $1 ORDER BY seq ASC"
+            );
+            let rows = client.query(&sql, &[&model_hash]).await?;
+            rows.iter().map(Self::row).collect()
+        })
+        .await
     }
 
     /// Replaces the document of a finished job of `kind` (a validation attached to it); false
@@ -577,49 +673,55 @@ impl PgStore {
         id: &str,
         result: &str,
     ) -> Result<bool, StoreError> {
-        if self.is_closed() {
-            return Ok(false);
-        }
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let n = tx
-            .execute(
-                "UPDATE jobs SET result = $3, updated_at = $4 WHERE id = $1 AND kind = $2 AND status = 'done'",
-                &[&id, &kind.as_str(), &result, &now()],
-            )
-            .await?;
-        if n == 0 {
-            return Ok(false);
-        }
-        commit_with_notice(tx, kind, id).await?;
-        Ok(true)
+        self.bounded(async {
+            if self.is_closed() {
+                return Ok(false);
+            }
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            let n = tx
+                .execute(
+                    "UPDATE jobs SET result = $3, updated_at = $4 WHERE id = $1 AND kind = $2 AND status = 'done'",
+                    &[&id, &kind.as_str(), &result, &now()],
+                )
+                .await?;
+            if n == 0 {
+                return Ok(false);
+            }
+            commit_with_notice(tx, kind, id).await?;
+            Ok(true)
+        })
+        .await
     }
 
     /// Deletes a job of `kind` (and its model, when no other job has it); false when there is
     /// none. A worker running it finds nothing to write to.
     pub async fn delete(&self, kind: Kind, id: &str) -> Result<bool, StoreError> {
-        if self.is_closed() {
-            return Ok(false);
-        }
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let deleted = tx
-            .query_opt(
-                "DELETE FROM jobs WHERE id = $1 AND kind = $2 RETURNING model_hash",
-                &[&id, &kind.as_str()],
+        self.bounded(async {
+            if self.is_closed() {
+                return Ok(false);
+            }
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            let deleted = tx
+                .query_opt(
+                    "DELETE FROM jobs WHERE id = $1 AND kind = $2 RETURNING model_hash",
+                    &[&id, &kind.as_str()],
+                )
+                .await?;
+            let Some(row) = deleted else {
+                return Ok(false);
+            };
+            let hash: String = row.get(0);
+            tx.execute(
+                "DELETE FROM models WHERE hash = $1 AND NOT EXISTS (SELECT 1 FROM jobs WHERE model_hash = $1)",
+                &[&hash],
             )
             .await?;
-        let Some(row) = deleted else {
-            return Ok(false);
-        };
-        let hash: String = row.get(0);
-        tx.execute(
-            "DELETE FROM models WHERE hash = $1 AND NOT EXISTS (SELECT 1 FROM jobs WHERE model_hash = $1)",
-            &[&hash],
-        )
-        .await?;
-        commit_with_notice(tx, kind, id).await?;
-        Ok(true)
+            commit_with_notice(tx, kind, id).await?;
+            Ok(true)
+        })
+        .await
     }
 
     /// Fails the jobs whose lease ran out after `max_attempts` claims (their workers died
@@ -632,74 +734,80 @@ impl PgStore {
         lease: Duration,
         max_attempts: i32,
     ) -> Result<Option<Leased>, StoreError> {
-        let mut client = self.client().await?;
-        let stamp = now();
-        let exhausted = serde_json::to_string(&worker_lost_error(max_attempts))
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        client
-            .execute(
-                "WITH lost AS (
-                     UPDATE jobs SET status = 'failed', error = $1, error_status = 500, active_key = NULL,
-                                     lease_owner = NULL, lease_until = NULL, updated_at = $2
-                     WHERE status IN ('solving', 'validating') AND lease_until < now() AND attempts >= $3
-                     RETURNING kind, id)
-                 SELECT pg_notify($4, kind || '/' || id) FROM lost",
-                &[&exhausted, &stamp, &max_attempts, &FINISHED_CHANNEL],
-            )
-            .await?;
-        let tx = client.transaction().await?;
-        let seconds = lease.as_secs_f64();
-        let claimed = tx
-            .query_opt(
-                "WITH next AS (
-                     SELECT seq FROM jobs
-                     WHERE (status = 'queued' OR (status IN ('solving', 'validating') AND lease_until < now()))
-                       AND validate = ANY($1)
-                     ORDER BY seq
-                     LIMIT 1
-                     FOR UPDATE SKIP LOCKED)
-                 UPDATE jobs SET status = 'solving', lease_owner = $2, leased_at = now(),
-                                 lease_until = now() + make_interval(secs => $3),
-                                 attempts = attempts + 1, updated_at = $4
-                 FROM next WHERE jobs.seq = next.seq
-                 RETURNING jobs.id, jobs.kind, jobs.model_hash, jobs.model_format, jobs.request, jobs.attempts",
-                &[&takes.flags(), &owner, &seconds, &stamp],
-            )
-            .await?;
-        let Some(row) = claimed else {
+        self.bounded(async {
+            let mut client = self.client().await?;
+            let stamp = now();
+            let exhausted = serde_json::to_string(&worker_lost_error(max_attempts))
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            client
+                .execute(
+                    "WITH lost AS (
+                         UPDATE jobs SET status = 'failed', error = $1, error_status = 500, active_key = NULL,
+                                         lease_owner = NULL, lease_until = NULL, updated_at = $2
+                         WHERE status IN ('solving', 'validating') AND lease_until < now() AND attempts >= $3
+                         RETURNING kind, id)
+                     SELECT pg_notify($4, kind || '/' || id) FROM lost",
+                    &[&exhausted, &stamp, &max_attempts, &FINISHED_CHANNEL],
+                )
+                .await?;
+            let tx = client.transaction().await?;
+            let seconds = lease.as_secs_f64();
+            let claimed = tx
+                .query_opt(
+                    "WITH next AS (
+                         SELECT seq FROM jobs
+                         WHERE (status = 'queued' OR (status IN ('solving', 'validating') AND lease_until < now()))
+                           AND validate = ANY($1)
+                         ORDER BY seq
+                         LIMIT 1
+                         FOR UPDATE SKIP LOCKED)
+                     UPDATE jobs SET status = 'solving', lease_owner = $2, leased_at = now(),
+                                     lease_until = now() + make_interval(secs => $3),
+                                     attempts = attempts + 1, updated_at = $4
+                     FROM next WHERE jobs.seq = next.seq
+                     RETURNING jobs.id, jobs.kind, jobs.model_hash, jobs.model_format, jobs.request, jobs.attempts",
+                    &[&takes.flags(), &owner, &seconds, &stamp],
+                )
+                .await?;
+            let Some(row) = claimed else {
+                tx.commit().await?;
+                return Ok(None);
+            };
+            let hash: String = row.get(2);
+            let model = tx
+                .query_one("SELECT bytes FROM models WHERE hash = $1", &[&hash])
+                .await?;
             tx.commit().await?;
-            return Ok(None);
-        };
-        let hash: String = row.get(2);
-        let model = tx
-            .query_one("SELECT bytes FROM models WHERE hash = $1", &[&hash])
-            .await?;
-        tx.commit().await?;
-        let kind: String = row.get(1);
-        Ok(Some(Leased {
-            id: row.get(0),
-            kind: Kind::parse(&kind)
-                .ok_or_else(|| StoreError::Corrupt(format!("unknown job kind {kind:?}")))?,
-            model: model.get(0),
-            model_hash: hash,
-            model_format: row.get(3),
-            request: row.get(4),
-            attempts: row.get(5),
-        }))
+            let kind: String = row.get(1);
+            Ok(Some(Leased {
+                id: row.get(0),
+                kind: Kind::parse(&kind)
+                    .ok_or_else(|| StoreError::Corrupt(format!("unknown job kind {kind:?}")))?,
+                model: model.get(0),
+                model_hash: hash,
+                model_format: row.get(3),
+                request: row.get(4),
+                attempts: row.get(5),
+            }))
+        })
+        .await
     }
 
     /// Extends `owner`'s lease on job `id`; false when it is not `owner`'s any more (it ran
     /// out and another worker took the job, or the job was deleted).
     pub async fn renew(&self, id: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let n = client
-            .execute(
-                "UPDATE jobs SET lease_until = now() + make_interval(secs => $3)
-                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
-                &[&id, &owner, &lease.as_secs_f64()],
-            )
-            .await?;
-        Ok(n > 0)
+        self.bounded(async {
+            let client = self.client().await?;
+            let n = client
+                .execute(
+                    "UPDATE jobs SET lease_until = now() + make_interval(secs => $3)
+                     WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
+                    &[&id, &owner, &lease.as_secs_f64()],
+                )
+                .await?;
+            Ok(n > 0)
+        })
+        .await
     }
 
     /// The phase of a job `owner` holds; false when it does not hold it.
@@ -709,15 +817,18 @@ impl PgStore {
         owner: &str,
         status: JobStatus,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let n = client
-            .execute(
-                "UPDATE jobs SET status = $3, updated_at = $4
-                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
-                &[&id, &owner, &status.as_str(), &now()],
-            )
-            .await?;
-        Ok(n > 0)
+        self.bounded(async {
+            let client = self.client().await?;
+            let n = client
+                .execute(
+                    "UPDATE jobs SET status = $3, updated_at = $4
+                     WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')",
+                    &[&id, &owner, &status.as_str(), &now()],
+                )
+                .await?;
+            Ok(n > 0)
+        })
+        .await
     }
 
     /// Stores the result of a job `owner` holds, once, and notifies its end on
@@ -771,22 +882,25 @@ impl PgStore {
         third: &(dyn tokio_postgres::types::ToSql + Sync),
         fourth: &(dyn tokio_postgres::types::ToSql + Sync),
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let statement = format!(
-            "WITH ended AS (
-                 UPDATE jobs SET {set}, updated_at = $5,
-                                 active_key = NULL, lease_owner = NULL, lease_until = NULL
-                 WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')
-                 RETURNING kind, id)
-             SELECT pg_notify($6, kind || '/' || id) FROM ended"
-        );
-        let n = client
-            .execute(
-                &statement,
-                &[&id, &owner, third, fourth, &now(), &FINISHED_CHANNEL],
-            )
-            .await?;
-        Ok(n > 0)
+        self.bounded(async {
+            let client = self.client().await?;
+            let statement = format!(
+                "WITH ended AS (
+                     UPDATE jobs SET {set}, updated_at = $5,
+                                     active_key = NULL, lease_owner = NULL, lease_until = NULL
+                     WHERE id = $1 AND lease_owner = $2 AND status IN ('solving', 'validating')
+                     RETURNING kind, id)
+                 SELECT pg_notify($6, kind || '/' || id) FROM ended"
+            );
+            let n = client
+                .execute(
+                    &statement,
+                    &[&id, &owner, third, fourth, &now(), &FINISHED_CHANNEL],
+                )
+                .await?;
+            Ok(n > 0)
+        })
+        .await
     }
 
     /// Waiting and running jobs per kind, and the age of the oldest running job's claim.
@@ -795,47 +909,53 @@ impl PgStore {
     /// when its lease runs out; the claim is not counted against its attempts, as no worker
     /// died. Returns how many.
     pub async fn give_back(&self, name: &str) -> Result<u64, StoreError> {
-        let client = self.client().await?;
-        let owners = format!("{}/%", like_escape(name));
-        Ok(client
-            .execute(
-                "UPDATE jobs SET status = 'queued', lease_owner = NULL, leased_at = NULL,
-                                 lease_until = NULL, attempts = GREATEST(attempts - 1, 0),
-                                 updated_at = $2
-                 WHERE lease_owner LIKE $1 AND status IN ('solving', 'validating')",
-                &[&owners, &now()],
-            )
-            .await?)
+        self.bounded(async {
+            let client = self.client().await?;
+            let owners = format!("{}/%", like_escape(name));
+            Ok(client
+                .execute(
+                    "UPDATE jobs SET status = 'queued', lease_owner = NULL, leased_at = NULL,
+                                     lease_until = NULL, attempts = GREATEST(attempts - 1, 0),
+                                     updated_at = $2
+                     WHERE lease_owner LIKE $1 AND status IN ('solving', 'validating')",
+                    &[&owners, &now()],
+                )
+                .await?)
+        })
+        .await
     }
 
     pub async fn queue_stats(&self) -> Result<Vec<QueueStats>, StoreError> {
-        let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT kind,
-                        count(*) FILTER (WHERE status = 'queued'),
-                        count(*) FILTER (WHERE status IN ('solving', 'validating')),
-                        COALESCE(EXTRACT(EPOCH FROM now() - min(leased_at)
-                                 FILTER (WHERE status IN ('solving', 'validating')))::float8, 0),
-                        COALESCE(EXTRACT(EPOCH FROM now() - min(created_at::timestamptz)
-                                 FILTER (WHERE status = 'queued' AND NOT validate))::float8, 0),
-                        COALESCE(EXTRACT(EPOCH FROM now() - min(created_at::timestamptz)
-                                 FILTER (WHERE status = 'queued' AND validate))::float8, 0)
-                 FROM jobs WHERE status IN ('queued', 'solving', 'validating')
-                 GROUP BY kind",
-                &[],
-            )
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|r| QueueStats {
-                kind: r.get(0),
-                queued: r.get(1),
-                running: r.get(2),
-                oldest_lease_seconds: r.get(3),
-                oldest_queued_seconds: [r.get(4), r.get(5)],
-            })
-            .collect())
+        self.bounded(async {
+            let client = self.client().await?;
+            let rows = client
+                .query(
+                    "SELECT kind,
+                            count(*) FILTER (WHERE status = 'queued'),
+                            count(*) FILTER (WHERE status IN ('solving', 'validating')),
+                            COALESCE(EXTRACT(EPOCH FROM now() - min(leased_at)
+                                     FILTER (WHERE status IN ('solving', 'validating')))::float8, 0),
+                            COALESCE(EXTRACT(EPOCH FROM now() - min(created_at::timestamptz)
+                                     FILTER (WHERE status = 'queued' AND NOT validate))::float8, 0),
+                            COALESCE(EXTRACT(EPOCH FROM now() - min(created_at::timestamptz)
+                                     FILTER (WHERE status = 'queued' AND validate))::float8, 0)
+                     FROM jobs WHERE status IN ('queued', 'solving', 'validating')
+                     GROUP BY kind",
+                    &[],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| QueueStats {
+                    kind: r.get(0),
+                    queued: r.get(1),
+                    running: r.get(2),
+                    oldest_lease_seconds: r.get(3),
+                    oldest_queued_seconds: [r.get(4), r.get(5)],
+                })
+                .collect())
+        })
+        .await
     }
 }
 
