@@ -6,7 +6,9 @@
 //! that dies (SIGKILL, a crash, a lost machine) stops renewing, the lease runs out, and another
 //! worker claims the job. Every write names the lease's owner, so a worker that lost its lease
 //! writes nothing: a job's result is stored once. While the database is unreachable, a worker
-//! keeps what it computed and retries the write until its lease would have run out. A worker
+//! keeps what it computed and retries the write until its lease would have run out (as it does
+//! while the database refuses connections for a while: too many, a password rotated; see
+//! [`super::store::StoreError::is_unavailable`]). A worker
 //! whose lease is lost (the job was deleted, or taken by another worker) stops the job at the
 //! engine's next look (`remat_solver::Cancel`), at once when the job was deleted through this
 //! process ([`Workers::cancel`]).

@@ -1130,3 +1130,95 @@ async fn a_database_that_stops_answering_answers_503_within_the_bound() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Runs `sql` as the shared cluster's superuser.
+async fn admin(sql: &str) {
+    let (client, connection) =
+        tokio_postgres::connect(&pg::shared().url("postgres"), tokio_postgres::NoTls)
+            .await
+            .expect("connecting to the test cluster");
+    let task = tokio::spawn(connection);
+    client
+        .batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    drop(client);
+    let _ = task.await;
+}
+
+/// Polls `path` until it answers 503; never 500 meanwhile.
+async fn until_unavailable(base: &str, path: &str, replica: &Proc) {
+    let started = Instant::now();
+    loop {
+        let (reply, _) = get_within(base, path, Duration::from_secs(20), replica).await;
+        assert_ne!(
+            reply.status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{path}: {}\n{}",
+            reply.body,
+            replica.output()
+        );
+        if reply.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert_unavailable(path, &reply);
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{path} still answers {}: {}",
+            reply.status,
+            reply.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A database that refuses new connections for a while, for too many connections (SQLSTATE
+/// 53300) or a password rotated under the replica (28P01), is unavailable (503
+/// `database_unavailable` with `Retry-After`, `/healthz` `database: false`), not a failed query
+/// (500 `internal`).
+#[tokio::test]
+async fn too_many_connections_and_a_rotated_password_are_unavailable() {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let role = format!(
+        "r{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    admin(&format!("CREATE ROLE {role} LOGIN PASSWORD 'first'")).await;
+    // Not in one batch: CREATE DATABASE refuses to run in a transaction.
+    admin(&format!("CREATE DATABASE {role} OWNER {role}")).await;
+    let db = format!(
+        "postgres://{role}:first@127.0.0.1:{}/{role}",
+        pg::shared().port
+    );
+    let replica = Proc::serve(&db, 0, &[]);
+    let base = replica.url.clone();
+    let (ok, _) = get_within(&base, "/v1/plans", Duration::from_secs(20), &replica).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    let cut =
+        format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'");
+
+    // The password rotated: every new connection is refused (28P01).
+    admin(&format!("ALTER ROLE {role} PASSWORD 'second'; {cut}")).await;
+    until_unavailable(&base, "/v1/plans", &replica).await;
+    until_unavailable(&base, "/healthz", &replica).await;
+
+    // Too many connections for the role (53300).
+    admin(&format!(
+        "ALTER ROLE {role} PASSWORD 'first' CONNECTION LIMIT 0; {cut}"
+    ))
+    .await;
+    until_unavailable(&base, "/v1/plans", &replica).await;
+    until_unavailable(&base, "/healthz", &replica).await;
+
+    admin(&format!("ALTER ROLE {role} CONNECTION LIMIT -1")).await;
+    let back = Instant::now();
+    loop {
+        let (reply, _) = get_within(&base, "/v1/plans", Duration::from_secs(20), &replica).await;
+        if reply.status == StatusCode::OK {
+            break;
+        }
+        assert!(back.elapsed() < Duration::from_secs(30), "{}", reply.body);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -145,9 +145,10 @@ pub fn interrupted_error() -> ErrorObject {
     }
 }
 
-/// A store failure. [`StoreError::is_unavailable`] tells a database that cannot be reached
-/// (PostgreSQL down or restarting, no connection within the pool's timeout: the service answers
-/// 503 with `Retry-After`) from a query that failed (500).
+/// A store failure. [`StoreError::is_unavailable`] tells a database that cannot be reached or
+/// cannot serve now (PostgreSQL down or restarting, no answer within `REMAT_DB_TIMEOUT`, no
+/// connection within the pool's timeout, too many connections, a password refused: the service
+/// answers 503 with `Retry-After`) from a query that failed (500).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("sqlite: {0}")]
@@ -212,16 +213,28 @@ impl StoreError {
     }
 }
 
-/// Whether a PostgreSQL error says the connection is gone rather than that a query failed: a
-/// closed connection, an I/O error, or SQLSTATE class 08 (connection exception) or 57
-/// (operator intervention: the server shutting down or restarting).
+/// Whether a SQLSTATE is the database's state, not the query's, and passes with time (the
+/// service answers 503 `database_unavailable` with `Retry-After`, a worker retries its write):
+/// class 08 (connection exception), 57 (operator intervention: the server shutting down or
+/// restarting), 53 (insufficient resources: too many connections, out of memory, disk full),
+/// 28 (invalid authorization, which only a connection's start raises: a password rotated
+/// before the replica's URL), and 40001 / 40P01 (a serialization failure or a deadlock, which
+/// the same request retried passes).
+pub fn transient_sqlstate(code: &str) -> bool {
+    ["08", "57", "53", "28"].iter().any(|c| code.starts_with(c))
+        || code == "40001"
+        || code == "40P01"
+}
+
+/// Whether a PostgreSQL error says the database cannot serve now rather than that a query
+/// failed: a closed connection, an I/O error, or a SQLSTATE that passes with time:
+/// [`transient_sqlstate`].
 pub fn postgres_unreachable(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
         return true;
     }
     if let Some(db) = e.as_db_error() {
-        let code = db.code().code();
-        return code.starts_with("08") || code.starts_with("57");
+        return transient_sqlstate(db.code().code());
     }
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(s) = source {
@@ -231,4 +244,21 @@ pub fn postgres_unreachable(e: &tokio_postgres::Error) -> bool {
         source = s.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient_sqlstate;
+
+    #[test]
+    fn resource_and_authorization_errors_are_transient_a_failed_query_is_not() {
+        for code in [
+            "08006", "57P01", "57P03", "53300", "53100", "28P01", "28000", "40001", "40P01",
+        ] {
+            assert!(transient_sqlstate(code), "{code}");
+        }
+        for code in ["22021", "42703", "23505", "42P01", "XX000"] {
+            assert!(!transient_sqlstate(code), "{code}");
+        }
+    }
 }
