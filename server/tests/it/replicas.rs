@@ -1222,3 +1222,21 @@ async fn too_many_connections_and_a_rotated_password_are_unavailable() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// `--db` with its scheme in upper case (accepted in any case) follows deletions and job ends
+/// like a lower-case one: the listener connected with the URL as given, which tokio-postgres
+/// refuses, and the replica only polled.
+#[tokio::test]
+async fn an_upper_case_scheme_is_followed_by_the_listener_too() {
+    let store = remat_server::http::store::PgStore::new("POSTGRES://u:p@127.0.0.1:1/db", 1)
+        .expect("an upper-case scheme parses");
+    assert!(store.url().starts_with("postgres://"), "{}", store.url());
+    let db = pg::database().await;
+    let upper = db.replacen("postgres://", "POSTGRES://", 1);
+    let replica = Proc::serve(&upper, 0, &[]);
+    let (ok, _) = get_within(&replica.url, "/v1/plans", Duration::from_secs(20), &replica).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.body);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let out = replica.output();
+    assert!(!out.contains("cannot follow deletions"), "{out}");
+}

@@ -380,13 +380,16 @@ impl PgStore {
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         Ok(PgStore {
             pool,
-            url: Arc::from(url),
+            // The lowered URL: what connects elsewhere (the listener of `http/notices.rs`)
+            // must parse as this pool's did.
+            url: Arc::from(lowered.as_str()),
             closed: Arc::new(AtomicBool::new(false)),
             timeout,
         })
     }
 
-    /// The database's URL (with its password: never log it; [`redact`] it).
+    /// The database's URL, its scheme in lower case (with its password: never log it;
+    /// [`redact`] it).
     pub fn url(&self) -> &str {
         &self.url
     }
