@@ -229,6 +229,15 @@ pub fn resolve(
             .parse::<Algorithm>()
             .map_err(|e| invalid(format!("solver: {e}")))?;
     }
+    // A display name is stored as text: PostgreSQL's cannot hold a NUL, and no control
+    // character belongs in a name shown in lists and logs.
+    if let Some(name) = &request.name {
+        if let Some(c) = name.chars().find(|c| c.is_control()) {
+            return Err(invalid(format!(
+                "name {name:?}: a display name may not hold a control character ({c:?})"
+            )));
+        }
+    }
     if let Some(n) = request.timing_rounds {
         if !(2..=MAX_REQUEST_TIMING_ROUNDS).contains(&n) {
             return Err(invalid(format!(

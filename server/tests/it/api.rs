@@ -551,6 +551,35 @@ async fn invalid_options_are_refused_before_any_job() {
     assert_eq!(entries[0]["status"], "done", "{h}");
 }
 
+/// A display name with a NUL byte or another control character is refused, naming the field,
+/// on both stores (PostgreSQL's TEXT cannot hold a NUL: it answered 500, SQLite 201).
+#[tokio::test]
+async fn a_name_with_a_control_character_is_refused() {
+    let t = test_app().await;
+    for query in ["name=a%00b", "name=a%1Bb", "name=a%0Ab"] {
+        let r = t
+            .post_json(&format!("/v1/plans?budget=0.5x&{query}"), &graph("ok"))
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{query}: {}", r.text);
+        let e = r.error();
+        assert_eq!(e["code"], "invalid_option", "{query}: {e}");
+        assert!(e["message"].as_str().unwrap().starts_with("name"), "{e}");
+    }
+    let r = t
+        .post_json(
+            "/v1/plans",
+            &json!({"model": graph("ok"), "options": {"budget": "0.5x", "name": "x\u{0}y"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert_eq!(r.error()["code"], "invalid_option", "{}", r.text);
+    let ok = t
+        .post_json("/v1/plans?budget=0.5x&name=caf%C3%A9%20v2", &graph("ok"))
+        .await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.text);
+    assert_eq!(ok.json()["model"]["name"], "café v2");
+}
+
 /// Budgets of one value written two ways are one job; `timing_rounds` without `validate` is
 /// refused, as it would be ignored.
 #[tokio::test]
