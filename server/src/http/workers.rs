@@ -271,6 +271,7 @@ fn run_leased(shared: &Arc<Shared>, db: &Db, owner: &str, job: Leased) {
                 owner,
                 &job.id,
                 &done,
+                &recorder.running,
                 &recorder.held,
                 &cancel,
             ),
@@ -298,13 +299,17 @@ fn run_leased(shared: &Arc<Shared>, db: &Db, owner: &str, job: Leased) {
 
 /// Renews the lease every third of its length until the job is done; a lost lease (the job
 /// was deleted, or another worker took it) raises the job's `cancel`: nothing it computes
-/// could be stored.
+/// could be stored. A renewal that finds no lease once the job's outcome is known (`running`
+/// false: it is being stored, or was, which releases the lease) stops quietly: the write
+/// itself says when the lease was lost before it.
+#[allow(clippy::too_many_arguments)]
 fn renew(
     shared: &Shared,
     db: &Db,
     owner: &str,
     id: &str,
     done: &AtomicBool,
+    running: &AtomicBool,
     held: &AtomicBool,
     cancel: &Cancel,
 ) {
@@ -316,8 +321,12 @@ fn renew(
             continue;
         }
         next = Instant::now() + every;
+        if !running.load(Ordering::SeqCst) {
+            return;
+        }
         match db.run(db.store.renew(id, owner, shared.config.lease)) {
             Ok(true) => {}
+            Ok(false) if done.load(Ordering::SeqCst) || !running.load(Ordering::SeqCst) => return,
             Ok(false) => {
                 if held.swap(false, Ordering::SeqCst) {
                     tracing::warn!(job = id, "the lease was lost (the job was deleted or taken by another worker): the job stops, its outcome would not be stored here");
