@@ -30,10 +30,14 @@ pub struct Health {
     /// Worker threads of this process (0: a PostgreSQL replica that only serves).
     pub workers: usize,
     /// Jobs waiting: this process's queue on SQLite, the shared queue's (all kinds) on
-    /// PostgreSQL.
-    pub queue_depth: i64,
-    /// Jobs running: this process's on SQLite, every worker's on PostgreSQL.
-    pub jobs_running: i64,
+    /// PostgreSQL. Left out when the database cannot be read (503): the last figure read
+    /// would be stale.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<i64>,
+    /// Jobs running: this process's on SQLite, every worker's on PostgreSQL. Left out with
+    /// `queue_depth`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jobs_running: Option<i64>,
 }
 
 /// Liveness: the store answers and the workers exist. On PostgreSQL a database that cannot be
@@ -62,15 +66,15 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError
         .to_string(),
         database: true,
         workers: state.workers(),
-        queue_depth: m.queue_depth.get(),
-        jobs_running: m.jobs_running.get(),
+        queue_depth: Some(m.queue_depth.get()),
+        jobs_running: Some(m.jobs_running.get()),
     };
     match store {
         Store::Sqlite(s) => s.ping().map_err(|e| store_error(e.into()))?,
         Store::Postgres(pg) => match pg.queue_stats().await {
             Ok(stats) => {
-                health.queue_depth = stats.iter().map(|s| s.queued).sum();
-                health.jobs_running = stats.iter().map(|s| s.running).sum();
+                health.queue_depth = Some(stats.iter().map(|s| s.queued).sum());
+                health.jobs_running = Some(stats.iter().map(|s| s.running).sum());
                 m.set_shared(Some(&stats));
             }
             Err(e) if e.is_unavailable() => {
@@ -78,6 +82,10 @@ pub async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError
                 tracing::warn!(error = %e, "healthz: the database is unreachable");
                 health.status = "database_unavailable".to_string();
                 health.database = false;
+                // The shared queue's figures are the database's: the last ones read would be
+                // stale (this process's workers' jobs may have ended since).
+                health.queue_depth = None;
+                health.jobs_running = None;
                 let mut response = json_response(StatusCode::SERVICE_UNAVAILABLE, &health);
                 response
                     .headers_mut()

@@ -1066,6 +1066,9 @@ fn assert_unavailable(path: &str, reply: &HttpReply) {
             "{}",
             reply.body
         );
+        // The shared queue's last figures would be stale.
+        assert!(reply.body.get("queue_depth").is_none(), "{}", reply.body);
+        assert!(reply.body.get("jobs_running").is_none(), "{}", reply.body);
     } else {
         assert_eq!(
             reply.body["error"]["code"], "database_unavailable",
