@@ -105,6 +105,19 @@ pub struct PgStore {
 /// The environment variable that bounds each database operation, in seconds.
 pub const TIMEOUT_VAR: &str = "REMAT_DB_TIMEOUT";
 
+/// The slowest rate at which an operation's payload (a model stored or read, a result) is
+/// allowed to move on top of the bound: a 512 MiB model gets 32 s more.
+const PAYLOAD_BYTES_PER_SECOND: f64 = 16.0 * 1024.0 * 1024.0;
+
+/// The bound of an operation that moves `bytes`: `timeout` plus their time at
+/// [`PAYLOAD_BYTES_PER_SECOND`].
+fn limit_for(timeout: Duration, bytes: usize) -> Duration {
+    timeout + Duration::from_secs_f64(bytes as f64 / PAYLOAD_BYTES_PER_SECOND)
+}
+
+/// The most bytes a worker's claim may read (a model of the largest `--body-limit` default).
+const CLAIMED_MODEL_BYTES: usize = 512 << 20;
+
 /// The bound on each database operation when [`TIMEOUT_VAR`] is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -411,11 +424,28 @@ impl PgStore {
         &self,
         op: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, op).await {
+        self.bounded_for(0, op).await
+    }
+
+    /// [`PgStore::bounded`] for an operation that moves `bytes` (a model, a result): the bound
+    /// plus their time at [`PAYLOAD_BYTES_PER_SECOND`], so that a large upload is not taken
+    /// for a database that stopped answering.
+    async fn bounded_for<T>(
+        &self,
+        bytes: usize,
+        op: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let limit = limit_for(self.timeout, bytes);
+        match tokio::time::timeout(limit, op).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable(format!(
-                "the database did not answer within {} s ({TIMEOUT_VAR})",
-                self.timeout.as_secs_f64()
+                "the database did not answer within {} s ({TIMEOUT_VAR}{})",
+                limit.as_secs_f64(),
+                if bytes > 0 {
+                    format!(", with {bytes} bytes to move")
+                } else {
+                    String::new()
+                }
             ))),
         }
     }
@@ -494,7 +524,7 @@ impl PgStore {
         validate: bool,
         queue: usize,
     ) -> Result<Option<Claim>, StoreError> {
-        self.bounded(async {
+        self.bounded_for(model.len(), async {
             if self.is_closed() {
                 return Ok(None);
             }
@@ -676,7 +706,7 @@ impl PgStore {
         id: &str,
         result: &str,
     ) -> Result<bool, StoreError> {
-        self.bounded(async {
+        self.bounded_for(result.len(), async {
             if self.is_closed() {
                 return Ok(false);
             }
@@ -737,7 +767,7 @@ impl PgStore {
         lease: Duration,
         max_attempts: i32,
     ) -> Result<Option<Leased>, StoreError> {
-        self.bounded(async {
+        self.bounded_for(CLAIMED_MODEL_BYTES, async {
             let mut client = self.client().await?;
             let stamp = now();
             let exhausted = serde_json::to_string(&worker_lost_error(max_attempts))
@@ -850,6 +880,7 @@ impl PgStore {
             owner,
             &result,
             &summary,
+            result.len(),
         )
         .await
     }
@@ -870,6 +901,7 @@ impl PgStore {
             owner,
             &text,
             &i32::from(status),
+            0,
         )
         .await
     }
@@ -884,8 +916,9 @@ impl PgStore {
         owner: &str,
         third: &(dyn tokio_postgres::types::ToSql + Sync),
         fourth: &(dyn tokio_postgres::types::ToSql + Sync),
+        payload: usize,
     ) -> Result<bool, StoreError> {
-        self.bounded(async {
+        self.bounded_for(payload, async {
             let client = self.client().await?;
             let statement = format!(
                 "WITH ended AS (
@@ -998,6 +1031,16 @@ async fn commit_with_notice(
 #[cfg(test)]
 mod tests {
     use super::{check_sqlite_path, is_postgres_url, redact};
+
+    /// A large model gets time to move on top of the bound: 512 MiB at 16 MiB/s, 32 s more; an
+    /// operation without payload has the bound alone.
+    #[test]
+    fn an_operation_moving_a_model_gets_its_bytes_time_on_top_of_the_bound() {
+        use std::time::Duration;
+        let ten = Duration::from_secs(10);
+        assert_eq!(super::limit_for(ten, 0), ten);
+        assert_eq!(super::limit_for(ten, 512 << 20), Duration::from_secs(42));
+    }
 
     #[test]
     fn passwords_are_redacted_from_urls() {
