@@ -119,6 +119,10 @@ export function normalizeDoc(doc) {
     // What proved the bound: store_all, milp, lp, boundary_milp, time_points or exact (absent from older reports).
     boundSource: str(obj(o.lower_bound).source),
     gap: num(o.gap),
+    // The stage model's bound where the graph allows other orders: it holds for the schedules in
+    // the graph's order only (source exact: the MILP's optimum in that order). Absent otherwise.
+    orderBound: num(obj(o.order_bound).compute_cost),
+    orderBoundSource: str(obj(o.order_bound).source),
     solveSeconds: num(o.solve_seconds),
     baselines: arr(o.baselines).map(normalizeBaseline),
     schedule: arr(o.schedule).map((s) => ({ op: str(obj(s).op) ?? '?', node: str(obj(s).node) ?? '?' })),
