@@ -344,6 +344,19 @@ fn bound_cell(rep: &PlanReport) -> String {
     match lb.source {
         BoundSource::Lp => format!("LP, {:.1} s", rep.bound_seconds),
         BoundSource::BoundaryMilp if ran => format!("boundary MILP, {:.1} s", rep.bound_seconds),
+        // The extra time's LP or MILP solved, but bounds the graph's order only.
+        source
+            if ran
+                && rep.order_bound.is_some_and(|ob| {
+                    matches!(ob.source, BoundSource::Lp | BoundSource::BoundaryMilp)
+                }) =>
+        {
+            format!(
+                "{} ({:.1} s on the order's bound)",
+                source.as_str(),
+                rep.bound_seconds
+            )
+        }
         source if ran => format!(
             "{} (LP unsolved in {:.0} s)",
             source.as_str(),
