@@ -299,9 +299,10 @@ fn run_leased(shared: &Arc<Shared>, db: &Db, owner: &str, job: Leased) {
 
 /// Renews the lease every third of its length until the job is done; a lost lease (the job
 /// was deleted, or another worker took it) raises the job's `cancel`: nothing it computes
-/// could be stored. A renewal that finds no lease once the job's outcome is known (`running`
-/// false: it is being stored, or was, which releases the lease) stops quietly: the write
-/// itself says when the lease was lost before it.
+/// could be stored. The lease is renewed while the outcome is written too (a write retried
+/// through an outage, a large result); a renewal that finds no lease once the outcome is known
+/// (`running` false: it is being stored, or was, which releases the lease) stops quietly: the
+/// write itself says when the lease was lost before it.
 #[allow(clippy::too_many_arguments)]
 fn renew(
     shared: &Shared,
@@ -321,9 +322,6 @@ fn renew(
             continue;
         }
         next = Instant::now() + every;
-        if !running.load(Ordering::SeqCst) {
-            return;
-        }
         match db.run(db.store.renew(id, owner, shared.config.lease)) {
             Ok(true) => {}
             Ok(false) if done.load(Ordering::SeqCst) || !running.load(Ordering::SeqCst) => return,
