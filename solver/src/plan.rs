@@ -1125,10 +1125,21 @@ fn time_point_bound(
 }
 
 /// Whether the time-point bound would tell the pool anything: a schedule exists and nothing
-/// has proven it optimal.
+/// has proven it optimal for every schedule (a MILP's optimum in the graph's order settles the
+/// search, not the report: there the time-point bound may still beat store-all's, which was
+/// all a `--solver ilp` plan of fcn_8_vgg reported).
 #[cfg(feature = "highs")]
 fn wants_time_points(pool: &Pool) -> bool {
-    pool.best.is_some() && !settled_pool(pool, OPTIMAL_GAP)
+    let settled_for_all = pool.best_proven()
+        || pool
+            .best
+            .as_ref()
+            .zip(pool.lower_bound)
+            .is_some_and(|(b, (lb, _))| {
+                let cost = b.stats.compute_cost;
+                cost <= 0.0 || (cost - lb) / cost <= OPTIMAL_GAP
+            });
+    pool.best.is_some() && !settled_for_all
 }
 
 /// The time-point relaxation within the time [`time_point_bound`] gives it, from `start`.
