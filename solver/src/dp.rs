@@ -224,7 +224,8 @@ pub const MAX_FORWARD: usize = 100;
 /// cover (module documentation, "How exact"): only there is the exact program's answer called
 /// optimal. Beyond, it is the least cost of the schedules it enumerates, and not always the
 /// least of all: a 12-stage chain at one budget costs 173 by the program and 170 by the MILP
-/// and by exhaustive search (`solver/tests/it/props.rs`).
+/// and by exhaustive search (`solver/tests/it/ilp.rs`,
+/// `the_chain_dp_is_not_called_optimal_beyond_the_stages_it_is_proven_for`).
 pub const PROVEN_STAGES: usize = 6;
 
 /// Chains with more forward nodes than this use the restricted program (`e = max(c, lo)`: a

@@ -989,17 +989,25 @@ fn auto_after_dp(
     Ok(())
 }
 
-/// Whether the best schedule is proven optimal or within `gap` of the bound.
+/// Whether the best schedule is proven optimal or within `gap` of a bound, for the stage
+/// model's schedules at least (which ends the search for a cheaper one in the graph's order).
 fn settled_pool(pool: &Pool, gap: f64) -> bool {
+    within(pool, pool.stage_bound(), gap) || pool.best_proven_in_order() || settled(pool, gap)
+}
+
+/// Whether the best schedule is proven optimal or within `gap` of a bound for every schedule:
+/// what the report's status says.
+fn settled(pool: &Pool, gap: f64) -> bool {
+    pool.best_proven() || within(pool, pool.lower_bound.map(|(lb, _)| lb), gap)
+}
+
+/// Whether the best schedule's cost is within `gap` of `bound`.
+fn within(pool: &Pool, bound: Option<f64>, gap: f64) -> bool {
     let Some(best) = &pool.best else {
         return false;
     };
     let cost = best.stats.compute_cost;
-    pool.best_proven()
-        || pool.best_proven_in_order()
-        || pool
-            .stage_bound()
-            .is_some_and(|lb| cost <= 0.0 || (cost - lb) / cost <= gap)
+    bound.is_some_and(|lb| cost <= 0.0 || (cost - lb) / cost <= gap)
 }
 
 /// HiGHS options for a MILP (the full one or the boundary one) within `time`, warm-started
@@ -1130,16 +1138,7 @@ fn time_point_bound(
 /// all a `--solver ilp` plan of fcn_8_vgg reported).
 #[cfg(feature = "highs")]
 fn wants_time_points(pool: &Pool) -> bool {
-    let settled_for_all = pool.best_proven()
-        || pool
-            .best
-            .as_ref()
-            .zip(pool.lower_bound)
-            .is_some_and(|(b, (lb, _))| {
-                let cost = b.stats.compute_cost;
-                cost <= 0.0 || (cost - lb) / cost <= OPTIMAL_GAP
-            });
-    pool.best.is_some() && !settled_for_all
+    pool.best.is_some() && !settled(pool, OPTIMAL_GAP)
 }
 
 /// The time-point relaxation within the time [`time_point_bound`] gives it, from `start`.
