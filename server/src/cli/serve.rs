@@ -142,7 +142,8 @@ pub fn exec(args: ServeArgs) -> Result<(), Failure> {
                 http::ServerError::Config { .. }
                     | http::ServerError::Bind { .. }
                     | http::ServerError::OpenStore {
-                        error: remat_server::http::store::StoreError::InUse(_),
+                        error: remat_server::http::store::StoreError::InUse(_)
+                            | remat_server::http::store::StoreError::Config(_),
                         ..
                     }
             ) {

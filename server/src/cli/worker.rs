@@ -86,7 +86,18 @@ pub fn exec(args: WorkerArgs) -> Result<(), Failure> {
         .build()
         .context("starting the async runtime")?;
     let failed = |e: http::ServerError| Failure {
-        code: 1,
+        // A URL whose TLS settings cannot work is the caller's (exit 2), as for `serve`.
+        code: if matches!(
+            e,
+            http::ServerError::OpenStore {
+                error: remat_server::http::store::StoreError::Config(_),
+                ..
+            }
+        ) {
+            2
+        } else {
+            1
+        },
         error: anyhow::Error::new(e),
     };
     // Migrates the schema, as a replica does, so workers may start first.

@@ -80,8 +80,7 @@ async fn listen(
     rendered: &Rendered,
     ended: &Ended,
 ) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) =
-        tokio_postgres::connect(store.url(), tokio_postgres::NoTls).await?;
+    let (client, mut connection) = store.connect().await?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(bool, String)>();
     let driver = tokio::spawn(async move {
         loop {

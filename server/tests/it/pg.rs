@@ -26,6 +26,16 @@ pub struct Cluster {
     bin: PathBuf,
     pub port: u16,
     as_postgres: bool,
+    /// Whether it serves TLS (and only TLS over TCP): [`Cluster::start_tls`].
+    tls: bool,
+}
+
+/// The certificate authorities of a TLS cluster, as PEM files.
+pub struct Tls {
+    /// What signed the server's certificate (issued for `localhost` only, not `127.0.0.1`).
+    pub ca: PathBuf,
+    /// An authority that signed nothing of the cluster's.
+    pub other_ca: PathBuf,
 }
 
 fn bin_dir() -> Result<PathBuf, String> {
@@ -94,6 +104,7 @@ impl Cluster {
             bin,
             port: free_port(),
             as_postgres,
+            tls: false,
         };
         let data = cluster.data();
         cluster.run(
@@ -115,6 +126,70 @@ impl Cluster {
         cluster.watchdog()?;
         cluster.resume()?;
         Ok(cluster)
+    }
+
+    /// A new cluster that takes TCP connections over TLS only (`hostssl` in `pg_hba.conf`),
+    /// with a certificate for `localhost` signed by a certificate authority of the test's.
+    pub fn start_tls() -> Result<(Cluster, Tls), String> {
+        let mut cluster = Cluster::start()?;
+        cluster.pause()?;
+        let data = cluster.data();
+        let ca = |name: &str| -> Result<(rcgen::CertificateParams, rcgen::KeyPair), String> {
+            let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+            let mut params =
+                rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, name);
+            Ok((params, key))
+        };
+        let (ca_params, ca_key) = ca("remat test CA")?;
+        let ca_cert = ca_params.self_signed(&ca_key).map_err(|e| e.to_string())?;
+        let (other_params, other_key) = ca("another CA")?;
+        let other_cert = other_params
+            .self_signed(&other_key)
+            .map_err(|e| e.to_string())?;
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let server_key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+        let server_cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .and_then(|p| p.signed_by(&server_key, &issuer))
+            .map_err(|e| e.to_string())?;
+        let write = |path: &Path, text: &str| {
+            std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        write(&data.join("server.crt"), &server_cert.pem())?;
+        let key_path = data.join("server.key");
+        write(&key_path, &server_key.serialize_pem())?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| e.to_string())?;
+        write(
+            &data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 scram-sha-256\n\
+             hostssl all all ::1/128 scram-sha-256\n",
+        )?;
+        if cluster.as_postgres {
+            for f in ["server.crt", "server.key", "pg_hba.conf"] {
+                let out = Command::new("chown")
+                    .arg("postgres:postgres")
+                    .arg(data.join(f))
+                    .output()
+                    .map_err(|e| format!("chown: {e}"))?;
+                if !out.status.success() {
+                    return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+                }
+            }
+        }
+        let tls = Tls {
+            ca: cluster.dir.path().join("ca.pem"),
+            other_ca: cluster.dir.path().join("other-ca.pem"),
+        };
+        write(&tls.ca, &ca_cert.pem())?;
+        write(&tls.other_ca, &other_cert.pem())?;
+        cluster.tls = true;
+        cluster.resume()?;
+        Ok((cluster, tls))
     }
 
     fn data(&self) -> PathBuf {
@@ -181,9 +256,14 @@ impl Cluster {
     pub fn resume(&self) -> Result<(), String> {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
-             -c full_page_writes=off -c max_connections=300",
+             -c full_page_writes=off -c max_connections=300{}",
             self.port,
-            self.data().display()
+            self.data().display(),
+            if self.tls {
+                " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key"
+            } else {
+                ""
+            }
         );
         self.run(
             "pg_ctl",

@@ -214,6 +214,19 @@ async fn listen(
 }
 
 /// The replica's `/metrics` text.
+/// Waits until the replica's listener of deletions and job ends has connected.
+async fn until_following(replica: &Proc) {
+    let start = Instant::now();
+    while !replica.output().contains("following deletions") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the replica's listener did not connect: {}",
+            replica.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn metrics(base: &str) -> String {
     let reply = must("GET", &format!("{base}/metrics"), None).await;
     reply.body.as_str().unwrap().to_string()
@@ -241,15 +254,7 @@ async fn a_waiting_post_is_answered_when_its_jobs_end_is_heard() {
     // Looks at the job an hour apart while the replica hears job ends: within the post's wait
     // only the notice of the job's end can answer it.
     let a = Proc::serve(&db, 0, &["--wait-poll", "3600"]);
-    let start = Instant::now();
-    while !a.output().contains("following deletions") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the replica's listener did not connect: {}",
-            a.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_following(&a).await;
     let waits = |text: &str, by: &str| {
         counter(
             text,
@@ -1242,4 +1247,157 @@ async fn an_upper_case_scheme_is_followed_by_the_listener_too() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let out = replica.output();
     assert!(!out.contains("cannot follow deletions"), "{out}");
+}
+
+/// Whether a connection opened as the store opens its own (`PgStore::connect`: the URL's
+/// settings, TLS as its `sslmode` says) is encrypted; the error's text when it fails.
+async fn encrypted(url: &str) -> Result<bool, String> {
+    let store = remat_server::http::store::PgStore::new(url, 1).map_err(|e| e.to_string())?;
+    let (client, connection) = store.connect().await.map_err(|e| {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        text
+    })?;
+    let task = tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    drop(client);
+    let _ = task.await;
+    Ok(row.get(0))
+}
+
+/// A database reached over TLS, its certificate checked as libpq's `sslmode` says: before,
+/// every connection was plain text (`sslmode=require` failed with "TLS required but not
+/// supported", `verify-full` and `sslrootcert` were not read at all). The cluster takes TCP
+/// connections over TLS only, with a certificate for `localhost` signed by the test's CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_used_and_the_certificate_checked_as_sslmode_says() {
+    let (cluster, tls) = Cluster::start_tls()
+        .unwrap_or_else(|e| panic!("this test needs PostgreSQL, which could not be started: {e}"));
+    let url = |host: &str, query: &str| {
+        format!(
+            "postgres://{}:{}@{host}:{}/postgres?{query}",
+            pg::USER,
+            pg::PASSWORD,
+            cluster.port
+        )
+    };
+    let ca = tls.ca.display().to_string();
+    let other = tls.other_ca.display().to_string();
+    for (host, query) in [
+        ("localhost", format!("sslmode=verify-full&sslrootcert={ca}")),
+        ("127.0.0.1", format!("sslmode=verify-ca&sslrootcert={ca}")),
+        ("127.0.0.1", "sslmode=require".to_string()),
+        // libpq's default, prefer: TLS where the server offers it.
+        ("127.0.0.1", String::new()),
+    ] {
+        let url = url(host, &query);
+        assert_eq!(encrypted(&url).await, Ok(true), "{url}");
+    }
+    // The store itself (its pool: the migrations) over verify-full.
+    remat_server::http::open_store(
+        &url(
+            "localhost",
+            &format!("sslmode=verify-full&sslrootcert={ca}"),
+        ),
+        2,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("open_store over TLS: {e}"));
+    let refused = [
+        // The certificate is for localhost, not for the address connected to.
+        (
+            url(
+                "127.0.0.1",
+                &format!("sslmode=verify-full&sslrootcert={ca}"),
+            ),
+            "not valid for name",
+        ),
+        // Signed by an authority the URL does not trust.
+        (
+            url(
+                "localhost",
+                &format!("sslmode=verify-full&sslrootcert={other}"),
+            ),
+            "UnknownIssuer",
+        ),
+        (
+            url(
+                "127.0.0.1",
+                &format!("sslmode=verify-ca&sslrootcert={other}"),
+            ),
+            "UnknownIssuer",
+        ),
+        // Plain text to a server that takes TLS only.
+        (url("127.0.0.1", "sslmode=disable"), "no encryption"),
+        // TLS asked of a server that has none (the shared cluster).
+        (
+            format!("{}?sslmode=require", pg::shared().url("postgres")),
+            "TLS",
+        ),
+    ];
+    for (url, expected) in refused {
+        let e = encrypted(&url).await.expect_err(&url);
+        assert!(e.contains(expected), "{url}: {e}");
+        assert!(!e.contains(pg::PASSWORD), "{e}");
+    }
+}
+
+/// A replica and a worker on a database reached over TLS (verify-full): the pool, the
+/// listener that hears job ends (which connected in plain text on its own before) and the
+/// worker all connect; a waiting post is answered by the notice of its job's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_and_workers_work_over_tls() {
+    let (cluster, tls) = Cluster::start_tls()
+        .unwrap_or_else(|e| panic!("this test needs PostgreSQL, which could not be started: {e}"));
+    let db = format!(
+        "postgres://{}:{}@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        pg::USER,
+        pg::PASSWORD,
+        cluster.port,
+        tls.ca.display()
+    );
+    let a = Proc::serve(&db, 0, &["--wait-poll", "3600"]);
+    until_following(&a).await;
+    let _worker = Proc::worker(&db, &[]);
+    let url = format!("{}/v1/plans?budget=0.9x&time_limit=5&wait=120", a.url);
+    let posted = must("POST", &url, Some(&vgg16())).await;
+    assert_eq!(posted.status, StatusCode::CREATED, "{}", posted.body);
+    assert_eq!(posted.body["status"], "done", "{}", posted.body);
+    // A URL whose TLS settings cannot work is the caller's mistake: exit 2, naming it.
+    for (command, bad) in [
+        ("serve", format!("{db}&sslmode=allow")),
+        (
+            "worker",
+            format!(
+                "postgres://{}:{}@localhost:{}/postgres?sslmode=require&sslrootcert=system",
+                pg::USER,
+                pg::PASSWORD,
+                cluster.port
+            ),
+        ),
+    ] {
+        let mut args = vec![command, "--db", &bad];
+        if command == "serve" {
+            args.extend(["--addr", "127.0.0.1:0"]);
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_remat"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running remat");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command} {bad}: {text}");
+        assert!(text.contains("sslmode="), "{text}");
+        assert!(!text.contains(pg::PASSWORD), "{text}");
+    }
 }

@@ -3,6 +3,7 @@
 //! write through; the queue that runs jobs is [`crate::http::jobs`] for SQLite and the
 //! database itself for PostgreSQL ([`crate::http::workers`]).
 
+mod pgtls;
 mod postgres;
 mod sqlite;
 mod types;

@@ -18,7 +18,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// The schema's versions, in order: each is applied once.
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("migrations/0001_jobs.sql"))];
@@ -97,6 +97,10 @@ impl Takes {
 pub struct PgStore {
     pool: Pool,
     url: Arc<str>,
+    /// What every connection is opened with: the URL's settings, the bounds and keepalives
+    /// below, and TLS as its `sslmode` asks (`pgtls.rs`).
+    config: Arc<tokio_postgres::Config>,
+    tls: MakeRustlsConnect,
     closed: Arc<AtomicBool>,
     /// The bound on each operation ([`op_timeout`]).
     timeout: Duration,
@@ -352,8 +356,12 @@ impl PgStore {
             Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
             None => url.to_string(),
         };
+        let tls = super::pgtls::split(&lowered).map_err(|e| match e {
+            StoreError::Config(m) => StoreError::Config(format!("{}: {m}", redact(url))),
+            other => other,
+        })?;
         let mut config: tokio_postgres::Config =
-            lowered.parse().map_err(|e: tokio_postgres::Error| {
+            tls.url.parse().map_err(|e: tokio_postgres::Error| {
                 StoreError::Unavailable(format!(
                     "{} is not a PostgreSQL connection URL: {e}",
                     redact(url)
@@ -376,8 +384,8 @@ impl PgStore {
             config.tcp_user_timeout(timeout.max(Duration::from_secs(1)));
         }
         let manager = Manager::from_config(
-            config,
-            NoTls,
+            config.clone(),
+            tls.tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -396,6 +404,8 @@ impl PgStore {
             // The lowered URL: what connects elsewhere (the listener of `http/notices.rs`)
             // must parse as this pool's did.
             url: Arc::from(lowered.as_str()),
+            config: Arc::new(config),
+            tls: tls.tls,
             closed: Arc::new(AtomicBool::new(false)),
             timeout,
         })
@@ -405,6 +415,25 @@ impl PgStore {
     /// [`redact`] it).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// A connection of its own, opened as the pool's are (bounds, keepalives, TLS): the
+    /// listener of `http/notices.rs`.
+    pub async fn connect(
+        &self,
+    ) -> Result<
+        (
+            tokio_postgres::Client,
+            tokio_postgres::Connection<
+                tokio_postgres::Socket,
+                <MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
+                    tokio_postgres::Socket,
+                >>::Stream,
+            >,
+        ),
+        tokio_postgres::Error,
+    > {
+        self.config.connect(self.tls.clone()).await
     }
 
     /// The bound on each operation.

@@ -167,6 +167,10 @@ pub enum StoreError {
     /// A SQLite store that another process has open (or whose lock cannot be taken).
     #[error("{0}")]
     InUse(String),
+    /// A store's settings that cannot work (a PostgreSQL URL's TLS parameters): the message
+    /// names the setting.
+    #[error("{0}")]
+    Config(String),
 }
 
 impl From<tokio_postgres::Error> for StoreError {
