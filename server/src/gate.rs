@@ -142,6 +142,10 @@ impl ModelConfig {
     }
 }
 
+/// The statuses a baseline's `planned_status` may have: a free schedule's (`plan::Status`) or
+/// a torch-sac plan's (`fits`, `infeasible`).
+const PLANNED_STATUSES: [&str; 4] = ["optimal", "feasible", "fits", "infeasible"];
+
 /// The figures of one model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -404,6 +408,15 @@ pub fn read_config(path: &Path) -> Result<GateConfig, GateError> {
         if !names.insert(m.name.clone()) {
             return Err(field_err("name", "appears twice".into()));
         }
+        if m.name.chars().any(char::is_control) {
+            return Err(field_err(
+                "name",
+                "contains a control character (a line break, a tab): the name is printed in CI \
+                 logs, where a line break would start a line of its own (a GitHub workflow \
+                 command, say)"
+                    .into(),
+            ));
+        }
         if let Some(x) = m.max_overhead {
             if !(x.is_finite() && x >= 0.0) {
                 return Err(field_err(
@@ -461,12 +474,45 @@ pub fn read_baseline(path: &Path) -> Result<Option<BaselineFile>, GateError> {
     // less), a negative gap or one of 1 or more (a bound at or below zero) would pass or fail
     // every later run whatever it measures.
     for (name, f) in &file.models {
-        let bad = |field: &str, why: &str, value: f64| {
+        let corrupt = |message: String| {
             Err(GateError::CorruptBaseline {
                 file: path.to_path_buf(),
-                message: format!("field `models.{name}.{field}`: {value} is {why}"),
+                message,
             })
         };
+        let bad = |field: &str, why: &str, value: f64| {
+            corrupt(format!("field `models.{name}.{field}`: {value} is {why}"))
+        };
+        if name.chars().any(char::is_control) {
+            return corrupt(format!(
+                "field `models`: the model name {name:?} contains a control character, which no \
+                 config allows"
+            ));
+        }
+        if !PLANNED_STATUSES.contains(&f.planned_status.as_str()) {
+            return corrupt(format!(
+                "field `models.{name}.planned_status`: {:?} is not a plan's status ({})",
+                f.planned_status,
+                PLANNED_STATUSES.join(", ")
+            ));
+        }
+        let infeasible = f.planned_status == "infeasible";
+        if infeasible != f.planned_overhead.is_none() {
+            return corrupt(format!(
+                "field `models.{name}.planned_overhead`: {} with planned_status {:?} (an \
+                 overhead is recorded exactly when the budget is feasible)",
+                f.planned_overhead
+                    .map_or("null".to_string(), |o| o.to_string()),
+                f.planned_status
+            ));
+        }
+        if f.store_all_peak_bytes < f.min_feasible_budget_bytes {
+            return corrupt(format!(
+                "field `models.{name}.store_all_peak_bytes`: {} is below \
+                 min_feasible_budget_bytes {} (storing everything is one of the plans)",
+                f.store_all_peak_bytes, f.min_feasible_budget_bytes
+            ));
+        }
         for (field, value) in [
             ("max_overhead", Some(f.max_overhead)),
             ("planned_overhead", f.planned_overhead),
@@ -527,10 +573,18 @@ pub fn write_baseline(path: &Path, figures: &BTreeMap<String, Figures>) -> Resul
     // A temporary file of a name of its own (`.remat-baseline.json.XXXXXX.tmp`), removed when
     // it is dropped unrenamed; one a killed process left is stale.
     let written = (|| {
-        let mut f = tempfile::Builder::new()
-            .prefix(&format!(".{}.", name.to_string_lossy()))
-            .suffix(".tmp")
-            .tempfile_in(dir)?;
+        let prefix = format!(".{}.", name.to_string_lossy());
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(&prefix).suffix(".tmp");
+        // A new baseline gets what any new file gets (0666 less the umask), as a file the
+        // user's editor or `cp` made would; tempfile's own 0600 would keep it from the CI
+        // job or user that commits it.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            builder.permissions(std::fs::Permissions::from_mode(0o666));
+        }
+        let mut f = builder.tempfile_in(dir)?;
         // The new file keeps the old one's permissions (a rename would otherwise give it the
         // temporary file's).
         if let Ok(meta) = std::fs::metadata(&target) {
@@ -1006,15 +1060,16 @@ fn show_change(row: &Row) -> String {
 /// The comparison as a plain-text table.
 pub fn render_text(outcome: &Outcome) -> String {
     let mut s = String::new();
+    let w = name_width(outcome.rows.iter().map(|r| r.model.as_str()));
     let _ = writeln!(
         s,
-        "{:<20} {:<34} {:>14} {:>14} {:>10}  verdict",
+        "{:<w$} {:<34} {:>14} {:>14} {:>10}  verdict",
         "model", "figure", "baseline", "now", "change"
     );
     for r in &outcome.rows {
         let _ = writeln!(
             s,
-            "{:<20} {:<34} {:>14} {:>14} {:>10}  {}{}",
+            "{:<w$} {:<34} {:>14} {:>14} {:>10}  {}{}",
             r.model,
             r.figure,
             show(r.old, r.unit),
@@ -1037,13 +1092,19 @@ pub fn render_text(outcome: &Outcome) -> String {
     s
 }
 
+/// The width of the model column of a text table: its longest name, at least 20.
+fn name_width<'a>(names: impl Iterator<Item = &'a str>) -> usize {
+    names.map(|n| n.chars().count()).max().unwrap_or(0).max(20)
+}
+
 /// The measured figures, one row per model and figure (what `--update` records).
 pub fn render_figures(figures: &BTreeMap<String, Figures>) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{:<20} {:<34} {:>14}", "model", "figure", "value");
+    let w = name_width(figures.keys().map(String::as_str));
+    let _ = writeln!(s, "{:<w$} {:<34} {:>14}", "model", "figure", "value");
     for (name, f) in figures {
         for (figure, value) in figure_values(f) {
-            let _ = writeln!(s, "{name:<20} {figure:<34} {value:>14}");
+            let _ = writeln!(s, "{name:<w$} {figure:<34} {value:>14}");
         }
     }
     s
@@ -1067,7 +1128,7 @@ pub fn render_update_markdown(
     let _ = writeln!(s, "|---|---|---:|");
     for (name, f) in figures {
         for (figure, value) in figure_values(f) {
-            let _ = writeln!(s, "| {name} | {figure} | {value} |");
+            let _ = writeln!(s, "| {} | {figure} | {value} |", md_cell(name));
         }
     }
     if let Some(outcome) = previous {
@@ -1141,7 +1202,7 @@ fn markdown_table(outcome: &Outcome) -> String {
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {}{} |",
-            r.model,
+            md_cell(&r.model),
             r.figure,
             show(r.old, r.unit),
             show(r.new, r.unit),
@@ -1157,17 +1218,24 @@ fn markdown_table(outcome: &Outcome) -> String {
     for m in &outcome.new_models {
         let _ = writeln!(
             s,
-            "\n{m}: not in the baseline yet (`remat gate --update` records it)."
+            "\n{}: not in the baseline yet (`remat gate --update` records it).",
+            md_cell(m)
         );
     }
     for m in &outcome.dropped_models {
         let _ = writeln!(
             s,
-            "\n{m}: in the baseline but no longer in the config: it is not gated any more \
-             (`remat gate --update` drops it from the baseline)."
+            "\n{}: in the baseline but no longer in the config: it is not gated any more \
+             (`remat gate --update` drops it from the baseline).",
+            md_cell(m)
         );
     }
     s
+}
+
+/// A model name in a Markdown table cell: a `|` would end the cell.
+fn md_cell(v: &str) -> String {
+    v.replace('|', "\\|")
 }
 
 /// A value inside a workflow command's `key=value` settings, escaped as GitHub's toolkit

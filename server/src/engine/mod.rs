@@ -454,6 +454,13 @@ pub trait Engine: Send + Sync + 'static {
     ) -> Result<(), EngineError> {
         Ok(())
     }
+
+    /// Refuses, before a job is made of it, a plan request that no model could satisfy: the
+    /// real engine's plans need a budget, and `maximize` the device's memory as bytes or a
+    /// size. (A sweep has no budget of its own.)
+    fn check_plan(&self, _request: &PlanRequest) -> Result<(), EngineError> {
+        Ok(())
+    }
 }
 
 /// The summary figures of an engine document: its own `summary` object when it has one, else

@@ -40,6 +40,32 @@ pub async fn require_token(
     }
 }
 
+/// A body sent compressed (`Content-Encoding: gzip`, ...) is refused naming the encoding: the
+/// service reads bodies as they are, and a gzipped ONNX file was reported as a malformed model
+/// ("bad tag 31 at byte 1").
+pub async fn refuse_encoded_bodies(request: Request, next: Next) -> Response {
+    let encoding = request
+        .headers()
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("(not text)").split(','))
+        .map(str::trim)
+        .find(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"))
+        .map(str::to_string);
+    match encoding {
+        None => next.run(request).await,
+        Some(e) => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "Content-Encoding {e:?}: request bodies are read as sent; send the model \
+                 uncompressed (leave the Content-Encoding header out)"
+            ),
+        )
+        .into_response(),
+    }
+}
+
 fn unauthorized(message: &str) -> Response {
     ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
         .with_header(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))

@@ -58,6 +58,7 @@ pub fn app(state: AppState) -> Router {
         // A declared Content-Length over the limit is answered 413 at once, before the body
         // is read (and before `Expect: 100-continue` invites it).
         .layer(RequestBodyLimitLayer::new(state.inner.config.body_limit))
+        .layer(axum::middleware::from_fn(middleware::refuse_encoded_bodies))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::require_token,

@@ -133,7 +133,12 @@ pub fn store_error(e: StoreError) -> ApiError {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "database_unavailable",
-            "the plan store's database cannot be reached; retry later",
+            if e.is_busy() {
+                "the plan store's database file is locked by another process (a backup, an \
+                 sqlite3 shell in a transaction); retry later"
+            } else {
+                "the plan store's database cannot be reached; retry later"
+            },
         )
         .with_header(header::RETRY_AFTER, HeaderValue::from_static("5"));
     }

@@ -404,6 +404,13 @@ pub async fn submit(
         .engine
         .check_options(format, &resolved.request)
         .map_err(ApiError::from)?;
+    if kind == Kind::Plan {
+        state
+            .inner
+            .engine
+            .check_plan(&resolved.request)
+            .map_err(ApiError::from)?;
+    }
     let store = &state.inner.store;
     let cache_key = sha256_hex(
         format!(

@@ -93,6 +93,12 @@ pub fn check(req: &PlanRequest) -> Result<Limits, EngineError> {
                     .to_string(),
             ))
         }
+        Some(b) if remat_solver::plan::is_min_budget(b) => {
+            return Err(invalid(format!(
+                "maximize: budget {b:?} is the least peak of one model, which changes with \
+                 `{dim}`; give the device's memory as bytes or a size (\"24GiB\")"
+            )))
+        }
         Some(b) if b.to_ascii_lowercase().ends_with('x') => {
             return Err(invalid(format!(
                 "maximize: budget {b:?} is a fraction of the store-all peak, which changes with \

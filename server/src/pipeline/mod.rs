@@ -115,6 +115,15 @@ impl Engine for Pipeline {
         load::refuse_options(format, request)
     }
 
+    fn check_plan(&self, request: &PlanRequest) -> Result<(), EngineError> {
+        if request.maximize.is_some() {
+            maximize::check(request)?;
+        } else if request.budget.is_none() {
+            return Err(solve::no_budget());
+        }
+        Ok(())
+    }
+
     fn sweep(
         &self,
         model: &[u8],

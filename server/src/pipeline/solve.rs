@@ -94,6 +94,16 @@ pub fn seconds_text(v: f64) -> String {
     }
 }
 
+/// The error of a plan request without a budget.
+pub fn no_budget() -> EngineError {
+    EngineError::new(
+        ErrorKind::BadInput,
+        "invalid_option",
+        "budget is required: bytes (\"2147483648\"), a size (\"2GiB\", \"800MB\"), a fraction \
+         of the store-all peak (\"0.6x\") or \"min\" (the least peak remat reaches)",
+    )
+}
+
 /// The solver options of a request, resolved against the problem (fractions of store-all peak);
 /// the plan stops when `cancel` is raised (as does the search for the least peak a `"min"`
 /// budget runs here).
@@ -103,13 +113,7 @@ pub fn plan_options(
     threads: usize,
     cancel: &Cancel,
 ) -> Result<PlanOptions, EngineError> {
-    let budget_text = req.budget.as_deref().ok_or_else(|| {
-        EngineError::new(
-            ErrorKind::BadInput,
-            "invalid_option",
-            "budget is required: bytes (\"2147483648\"), a size (\"2GiB\", \"800MB\") or a fraction of the store-all peak (\"0.6x\")",
-        )
-    })?;
+    let budget_text = req.budget.as_deref().ok_or_else(no_budget)?;
     let peak = remat_solver::store_all_peak(problem);
     let min = plan::is_min_budget(budget_text);
     // The error names the budget text itself (`budget "12 parsecs": unknown unit ...`).

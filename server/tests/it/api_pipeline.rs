@@ -464,7 +464,11 @@ async fn the_pipelines_errors_reach_the_client() {
     );
 
     let bad_graph = t
-        .post("/v1/plans", "application/json", br#"{"nodes": 3}"#.to_vec())
+        .post(
+            "/v1/plans?budget=0.5x",
+            "application/json",
+            br#"{"nodes": 3}"#.to_vec(),
+        )
         .await;
     assert_eq!(
         bad_graph.status,
@@ -856,4 +860,71 @@ async fn a_measured_validation_attaches_to_its_torch_sac_plan_and_nothing_else()
         .await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
     assert_eq!(r.json()["error"]["code"], "not_a_torch_plan", "{}", r.text);
+}
+
+/// A maximize request whose budget cannot work, and a plan without a budget, are refused
+/// before a job is made: they made a failed job each (an `id`, an entry in the model's
+/// history) though docs/api.md says bad options do not. A compressed body is refused naming
+/// its encoding (a gzipped ONNX file was "bad tag 31 at byte 1", a malformed model).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maximize_and_budget_mistakes_make_no_job_and_compressed_bodies_are_refused() {
+    let t = real_app();
+    for (query, named) in [
+        (
+            "maximize=batch&budget=0.6x",
+            "fraction of the store-all peak",
+        ),
+        ("maximize=batch&budget=min", "least peak of one model"),
+        ("maximize=batch", "needs the device's memory"),
+        ("dim=batch=2", "budget is required"),
+    ] {
+        let r = t
+            .post(
+                &format!("/v1/plans?{query}&time_limit=1"),
+                "application/octet-stream",
+                resnet18(),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{query}: {}", r.text);
+        let v: Value = r.json();
+        assert_eq!(v["error"]["code"], "invalid_option", "{query}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(named),
+            "{query}: {v}"
+        );
+        assert!(v.get("id").is_none(), "{query}: {v}");
+    }
+    let envelope = serde_json::json!({
+        "model": {"directed": true, "nodes": [{"id": 0}], "links": []},
+        "budget": null,
+    });
+    let r = t
+        .post(
+            "/v1/plans",
+            "application/json",
+            serde_json::to_vec(&envelope).unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    let listed: Value = t.get("/v1/plans").await.json();
+    assert_eq!(
+        listed["plans"].as_array().map(Vec::len),
+        Some(0),
+        "{listed}"
+    );
+    let r = t
+        .send(
+            Request::post("/v1/plans?dim=batch=2&budget=0.9x")
+                .header("content-type", "application/octet-stream")
+                .header("content-encoding", "gzip")
+                .body(Body::from(resnet18()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{}", r.text);
+    assert!(
+        r.text.contains("Content-Encoding \\\"gzip\\\""),
+        "{}",
+        r.text
+    );
 }

@@ -215,6 +215,10 @@ fn corrupt_baseline_or_config_is_exit_2_naming_file_and_field() {
         ("planned_gap", serde_json::json!(1e300)),
         ("planned_overhead", serde_json::json!(-5.0)),
         ("max_overhead", serde_json::json!(-1.0)),
+        // Statuses no plan has, an overhead missing from a feasible plan or given to an
+        // infeasible one, store-all below the least peak: passed as ok before.
+        ("planned_status", serde_json::json!("bogus")),
+        ("store_all_peak_bytes", serde_json::json!(0)),
     ] {
         let mut bad = doc.clone();
         bad["models"][&name][field] = value.clone();
@@ -227,6 +231,54 @@ fn corrupt_baseline_or_config_is_exit_2_naming_file_and_field() {
             "{field} {value}: {t}"
         );
     }
+
+    // The fixture's budget is infeasible (no overhead): a feasible status without one, and an
+    // overhead with the infeasible status.
+    assert_eq!(doc["models"][&name]["planned_status"], "infeasible");
+    for (field, value) in [
+        ("planned_status", serde_json::json!("feasible")),
+        ("planned_overhead", serde_json::json!(0.1)),
+    ] {
+        let mut bad = doc.clone();
+        bad["models"][&name][field] = value;
+        std::fs::write(d.join("remat-baseline.json"), bad.to_string()).unwrap();
+        let o = remat(d, &["gate"]);
+        assert_eq!(o.status.code(), Some(2), "{field}: {}", text(&o));
+        assert!(
+            text(&o).contains(&format!("models.{name}.planned_overhead")),
+            "{field}: {}",
+            text(&o)
+        );
+    }
+
+    // A model name with a line break: it would start a line of its own in CI logs (a GitHub
+    // workflow command after `--format github`'s table).
+    std::fs::write(
+        d.join("injected.toml"),
+        format!(
+            "[[model]]\nname = \"a\\n::warning::injected\"\npath = {:?}\nbudget = \"160KiB\"\ndims = {{ batch = 32 }}\n",
+            fixtures().join("mlp_v1.onnx").display().to_string()
+        ),
+    )
+    .unwrap();
+    let o = remat(
+        d,
+        &[
+            "gate",
+            "--config",
+            "injected.toml",
+            "--format",
+            "github",
+            "--update",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("control character")
+            && !String::from_utf8_lossy(&o.stdout).contains("\n::warning"),
+        "{}",
+        text(&o)
+    );
 
     // Truncated JSON: the error says how to recover.
     std::fs::write(d.join("remat-baseline.json"), &good[..good.len() / 2]).unwrap();
@@ -868,4 +920,43 @@ fn a_change_of_dims_is_said_in_the_rows() {
             .all(|r| !r["note"].as_str().unwrap().contains("changed")),
         "{outcome}"
     );
+}
+
+/// A model named `a|b` keeps to its cell of the Markdown table (the `|` ended the cell), and a
+/// new baseline gets the permissions any new file gets (tempfile's 0600 kept it from the user
+/// or job that commits it).
+#[test]
+fn a_pipe_in_a_name_stays_in_its_cell_and_a_new_baseline_is_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("remat.toml"),
+        format!(
+            "[[model]]\nname = \"a|b\"\npath = {:?}\nbudget = \"160KiB\"\ndims = {{ batch = 32 }}\n",
+            fixtures().join("mlp_v1.onnx").display().to_string()
+        ),
+    )
+    .unwrap();
+    let o = Command::new("sh")
+        .current_dir(d)
+        .args([
+            "-c",
+            "umask 022 && exec \"$0\" gate --update --format markdown",
+            env!("CARGO_BIN_EXE_remat"),
+        ])
+        .env_remove("GITHUB_STEP_SUMMARY")
+        .output()
+        .expect("run remat");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let md = String::from_utf8_lossy(&o.stdout);
+    assert!(md.contains("| a\\|b | store_all_peak_bytes |"), "{md}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(d.join("remat-baseline.json"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o644, "{mode:o}");
+    let o = remat(d, &["gate", "--format", "markdown"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("| a\\|b |"));
 }

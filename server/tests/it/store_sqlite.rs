@@ -255,3 +255,43 @@ fn a_claim_takes_the_job_its_reuse_names() {
     store.set_status("f", JobStatus::Solving).unwrap();
     assert_eq!(claim("g", Reuse::InFlight), Claim::Existing("f".into()));
 }
+
+/// The store's file locked by another process past the busy timeout (an `sqlite3` shell in
+/// an exclusive transaction, a backup): `503 database_unavailable` with `Retry-After`, as a
+/// database out of reach is, not `500 internal` (which a CI script takes for a bug and does
+/// not retry); the post succeeds once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_locked_by_another_process_answers_503_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("remat.db");
+    let server = start(&db, Arc::new(TestEngine::default())).await;
+    let locker = rusqlite::Connection::open(&db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let url = format!("{}/v1/plans?budget=0.5x", server.url);
+    let body = graph("ok").to_string().into_bytes();
+    let r = http("POST", &url, Some(&body))
+        .await
+        .expect("an answer while locked");
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
+    assert_eq!(
+        r.body["error"]["code"], "database_unavailable",
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("locked by another process"),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        r.headers.get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"5"[..])
+    );
+    locker.execute_batch("ROLLBACK").unwrap();
+    let (status, plan) = call("POST", &url, Some(graph("ok"))).await;
+    assert_eq!(status, StatusCode::CREATED, "{plan}");
+    server.stop().await;
+}

@@ -212,8 +212,24 @@ impl StoreError {
         match self {
             StoreError::Unavailable(_) => true,
             StoreError::Postgres(e) => postgres_unreachable(e),
-            _ => false,
+            _ => self.is_busy(),
         }
+    }
+
+    /// Whether the SQLite file stayed locked by another connection past the busy timeout (a
+    /// backup, an `sqlite3` shell holding a transaction): it passes with time, as an
+    /// unreachable database does.
+    pub fn is_busy(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error {
+                    code: rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked,
+                    ..
+                },
+                _,
+            ))
+        )
     }
 }
 
