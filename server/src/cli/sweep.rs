@@ -12,11 +12,11 @@ use remat_server::text::sweep_summary;
 pub struct SweepArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Budget fractions of the store-all peak, comma separated
+    /// Budget fractions of the store-all peak, comma separated (the API's default too)
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "1.0,0.9,0.8,0.7,0.6,0.5,0.4,0.3"
+        default_value = "1.0,0.9,0.8,0.7,0.6,0.5,0.4,0.3,0.2"
     )]
     fractions: Vec<f64>,
     /// auto, ilp, dp, segment-dp, chen-sqrt, chen-greedy, every-k, revolve, store-all
@@ -63,5 +63,22 @@ pub fn exec(args: SweepArgs) -> Result<(), Failure> {
     } else {
         print!("{}", sweep_summary(&doc));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SweepArgs;
+    use clap::{Args, Command, FromArgMatches};
+
+    /// The CLI's default fractions are the service's (`DEFAULT_FRACTIONS`): the CLI swept
+    /// 1.0…0.3 while `POST /v1/sweeps` swept 1.0…0.2.
+    #[test]
+    fn the_default_fractions_are_the_services() {
+        let matches = SweepArgs::augment_args(Command::new("sweep"))
+            .try_get_matches_from(["sweep", "model.onnx"])
+            .unwrap();
+        let args = SweepArgs::from_arg_matches(&matches).unwrap();
+        assert_eq!(args.fractions, remat_solver::plan::DEFAULT_FRACTIONS);
     }
 }
