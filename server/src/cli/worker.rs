@@ -35,6 +35,11 @@ pub struct WorkerArgs {
     /// Threads each exact solve may use, at least 1 (default: the number of cores).
     #[arg(long, value_parser = at_least_one)]
     pub solver_threads: Option<usize>,
+    /// Serve this worker's Prometheus metrics (`GET /metrics`: its jobs by kind and outcome,
+    /// solve and validation times, jobs running) on this address, e.g. 0.0.0.0:9464 (port 0:
+    /// any free port, printed). Off by default: a worker serves no HTTP.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub lease: LeaseArgs,
 }
@@ -116,11 +121,27 @@ pub fn exec(args: WorkerArgs) -> Result<(), Failure> {
     let config = args.lease.worker_config(threads, args.takes());
     let config_name = config.name.clone();
     let metrics = Arc::new(Metrics::new().context("metrics registry")?);
-    let workers = Workers::start(&args.db, Arc::new(pipeline), metrics, config)
+    // Bound before the workers start, so a port in use fails the start (exit 2), not later.
+    let metrics_listener = match &args.metrics_addr {
+        None => None,
+        Some(addr) => Some(
+            runtime
+                .block_on(tokio::net::TcpListener::bind(addr.as_str()))
+                .and_then(|l| Ok((l.local_addr()?, l)))
+                .map_err(|e| {
+                    Failure::new(2, format!("--metrics-addr {addr}: cannot listen: {e}"))
+                })?,
+        ),
+    };
+    let workers = Workers::start(&args.db, Arc::new(pipeline), Arc::clone(&metrics), config)
         .map_err(|e| failed(http::ServerError::Store(e)))?;
+    let serving = metrics_listener.map(|(addr, listener)| {
+        runtime.spawn(serve_metrics(listener, Arc::clone(&metrics)));
+        format!("; metrics on http://{addr}/metrics")
+    });
     let takes = args.takes();
     println!(
-        "remat worker: {} thread(s) on {} taking {} jobs, device {}",
+        "remat worker: {} thread(s) on {} taking {} jobs, device {}{}",
         workers.count(),
         redact(&args.db),
         match (takes.solve, takes.validate) {
@@ -128,7 +149,8 @@ pub fn exec(args: WorkerArgs) -> Result<(), Failure> {
             (true, false) => "plan-only",
             _ => "validation",
         },
-        device.name()
+        device.name(),
+        serving.unwrap_or_default()
     );
     runtime.block_on(http::shutdown_signal());
     println!(
@@ -144,4 +166,27 @@ pub fn exec(args: WorkerArgs) -> Result<(), Failure> {
     ));
     super::common::exit_if_gave_back(stopped);
     Ok(())
+}
+
+/// `GET /metrics` of a worker (the Prometheus text of its registry); every other path is 404.
+async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = Arc::clone(&metrics);
+            async move {
+                match metrics.render() {
+                    Ok((content_type, text)) => {
+                        ([(header::CONTENT_TYPE, content_type)], text).into_response()
+                    }
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+                }
+            }
+        }),
+    );
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!(error = %e, "the metrics endpoint stopped");
+    }
 }

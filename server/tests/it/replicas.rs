@@ -1401,3 +1401,42 @@ async fn replicas_and_workers_work_over_tls() {
         assert!(!text.contains(pg::PASSWORD), "{text}");
     }
 }
+
+/// `remat worker --metrics-addr`: a worker's own jobs on Prometheus (`remat_jobs_total` never
+/// appeared anywhere when the replicas run no workers); an address it cannot listen on stops
+/// the start, naming the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_serves_its_metrics_when_asked() {
+    let db = pg::database().await;
+    let replica = Proc::serve(&db, 0, &[]);
+    let worker = Proc::worker(&db, &["--metrics-addr", "127.0.0.1:0"]);
+    let out = worker.output();
+    let metrics_url = out
+        .split("metrics on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no metrics address in: {out}"))
+        .to_string();
+    let url = format!("{}/v1/plans?budget=0.9x&time_limit=5&wait=120", replica.url);
+    let posted = must("POST", &url, Some(&vgg16())).await;
+    assert_eq!(posted.body["status"], "done", "{}", posted.body);
+    let r = must("GET", &metrics_url, None).await;
+    let text = r.body.as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        counter(&text, "remat_jobs_total{kind=\"plan\",outcome=\"done\"}"),
+        1,
+        "{text}"
+    );
+    let taken = metrics_url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(["worker", "--db", &db, "--metrics-addr", &taken])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running remat");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("--metrics-addr"), "{text}");
+}
