@@ -36,6 +36,10 @@ pub struct Tls {
     pub ca: PathBuf,
     /// An authority that signed nothing of the cluster's.
     pub other_ca: PathBuf,
+    /// A client certificate for [`USER`] signed by `ca`, and its key: database `certdb` takes
+    /// only that (`cert` authentication), the others a password.
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
 }
 
 fn bin_dir() -> Result<PathBuf, String> {
@@ -158,7 +162,17 @@ impl Cluster {
         let write = |path: &Path, text: &str| {
             std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
         };
+        let client_key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+        let mut client_params =
+            rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+        client_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, USER);
+        let client_cert = client_params
+            .signed_by(&client_key, &issuer)
+            .map_err(|e| e.to_string())?;
         write(&data.join("server.crt"), &server_cert.pem())?;
+        write(&data.join("root.crt"), &ca_cert.pem())?;
         let key_path = data.join("server.key");
         write(&key_path, &server_key.serialize_pem())?;
         use std::os::unix::fs::PermissionsExt;
@@ -166,11 +180,11 @@ impl Cluster {
             .map_err(|e| e.to_string())?;
         write(
             &data.join("pg_hba.conf"),
-            "local all all trust\nhostssl all all 127.0.0.1/32 scram-sha-256\n\
-             hostssl all all ::1/128 scram-sha-256\n",
+            "local all all trust\nhostssl certdb all 127.0.0.1/32 cert\n\
+             hostssl all all 127.0.0.1/32 scram-sha-256\nhostssl all all ::1/128 scram-sha-256\n",
         )?;
         if cluster.as_postgres {
-            for f in ["server.crt", "server.key", "pg_hba.conf"] {
+            for f in ["server.crt", "server.key", "root.crt", "pg_hba.conf"] {
                 let out = Command::new("chown")
                     .arg("postgres:postgres")
                     .arg(data.join(f))
@@ -184,7 +198,11 @@ impl Cluster {
         let tls = Tls {
             ca: cluster.dir.path().join("ca.pem"),
             other_ca: cluster.dir.path().join("other-ca.pem"),
+            client_cert: cluster.dir.path().join("client.pem"),
+            client_key: cluster.dir.path().join("client.key"),
         };
+        write(&tls.client_cert, &client_cert.pem())?;
+        write(&tls.client_key, &client_key.serialize_pem())?;
         write(&tls.ca, &ca_cert.pem())?;
         write(&tls.other_ca, &other_cert.pem())?;
         cluster.tls = true;
@@ -260,7 +278,8 @@ impl Cluster {
             self.port,
             self.data().display(),
             if self.tls {
-                " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key"
+                " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key \
+                 -c ssl_ca_file=root.crt"
             } else {
                 ""
             }

@@ -1350,6 +1350,35 @@ async fn tls_is_used_and_the_certificate_checked_as_sslmode_says() {
         assert!(e.contains(expected), "{url}: {e}");
         assert!(!e.contains(pg::PASSWORD), "{e}");
     }
+    // A client certificate (`cert` authentication, database certdb): refused without one,
+    // taken with sslcert and sslkey, which the server checks against its CA.
+    let store =
+        remat_server::http::store::PgStore::new(&url("127.0.0.1", "sslmode=require"), 1).unwrap();
+    let (client, connection) = store.connect().await.unwrap();
+    let task = tokio::spawn(connection);
+    client
+        .batch_execute("CREATE DATABASE certdb")
+        .await
+        .unwrap();
+    drop(client);
+    let _ = task.await;
+    let certdb = |query: String| {
+        format!(
+            "postgres://{}@localhost:{}/certdb?sslmode=verify-full&sslrootcert={ca}{query}",
+            pg::USER,
+            cluster.port
+        )
+    };
+    let without = encrypted(&certdb(String::new()))
+        .await
+        .expect_err("no client certificate");
+    assert!(without.contains("certificate"), "{without}");
+    let with = certdb(format!(
+        "&sslcert={}&sslkey={}",
+        tls.client_cert.display(),
+        tls.client_key.display()
+    ));
+    assert_eq!(encrypted(&with).await, Ok(true), "{with}");
 }
 
 /// A replica and a worker on a database reached over TLS (verify-full): the pool, the
