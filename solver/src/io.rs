@@ -21,7 +21,14 @@ fn fmt_err(what: impl Into<String>) -> SolverError {
 fn id_string(v: &Value, what: &str) -> Result<String> {
     match v {
         Value::String(s) => Ok(s.clone()),
-        Value::Number(n) => Ok(n.to_string()),
+        // An integer JSON reads exactly; any other number is a float, and two ids past 2^64
+        // (or differing past the 17th digit) would read as one: the graph's links would join
+        // other nodes than written.
+        Value::Number(n) if n.is_u64() || n.is_i64() => Ok(n.to_string()),
+        Value::Number(n) => Err(fmt_err(format!(
+            "{what}: the id {n} is not an integer of at most 64 bits, which is what a numeric \
+             id is read exactly as; give ids past that (or with a fraction) as strings"
+        ))),
         other => Err(fmt_err(format!(
             "{what}: expected a number or string id, found {other}"
         ))),
@@ -287,5 +294,25 @@ mod tests {
                 "links": [{"target": 1}]}"#,
         );
         assert!(e.contains("link #0: missing \"source\""), "{e}");
+    }
+
+    /// Ids past 2^64 were read as floats: two of them one apart became one id, "appears more
+    /// than once" (or, in a link, another node than written).
+    #[test]
+    fn a_numeric_id_that_is_no_64_bit_integer_is_refused() {
+        let e = error(
+            r#"{"nodes": [{"id": 18446744073709551616, "cost_cpu": 1, "cost_ram": 1},
+                          {"id": 18446744073709551617, "cost_cpu": 1, "cost_ram": 1}],
+                "links": [{"source": 18446744073709551616, "target": 18446744073709551617}]}"#,
+        );
+        assert!(e.contains("not an integer of at most 64 bits"), "{e}");
+        assert!(
+            error(r#"{"nodes": [{"id": 0.5, "cost_cpu": 1, "cost_ram": 1}], "links": []}"#)
+                .contains("give ids past that (or with a fraction) as strings")
+        );
+        let ok = r#"{"nodes": [{"id": -1, "cost_cpu": 1, "cost_ram": 1},
+                                {"id": 18446744073709551615, "cost_cpu": 1, "cost_ram": 1}],
+                     "links": [{"source": -1, "target": 18446744073709551615}]}"#;
+        assert!(parse_node_link(ok, "g").is_ok());
     }
 }
