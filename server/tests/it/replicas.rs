@@ -45,11 +45,12 @@ impl Proc {
             let output = Arc::clone(&output);
             std::thread::spawn(move || {
                 for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    // In the output before the start is signalled: a test reads it at once.
+                    output.lock().unwrap().push_str(&format!("{line}\n"));
                     if line.starts_with("remat serve: http://") || line.starts_with("remat worker:")
                     {
-                        let _ = ready_tx.send(line.clone());
+                        let _ = ready_tx.send(line);
                     }
-                    output.lock().unwrap().push_str(&(line + "\n"));
                 }
             });
         }
@@ -1449,13 +1450,21 @@ async fn a_worker_serves_its_metrics_when_asked() {
     let url = format!("{}/v1/plans?budget=0.9x&time_limit=5&wait=120", replica.url);
     let posted = must("POST", &url, Some(&vgg16())).await;
     assert_eq!(posted.body["status"], "done", "{}", posted.body);
-    let r = must("GET", &metrics_url, None).await;
-    let text = r.body.as_str().unwrap_or_default().to_string();
-    assert_eq!(
-        counter(&text, "remat_jobs_total{kind=\"plan\",outcome=\"done\"}"),
-        1,
-        "{text}"
-    );
+    // The worker counts the job once its result is written, which may be after the waiting
+    // post heard of it.
+    let start = Instant::now();
+    loop {
+        let r = must("GET", &metrics_url, None).await;
+        let text = r.body.as_str().unwrap_or_default().to_string();
+        if text
+            .lines()
+            .any(|l| l == "remat_jobs_total{kind=\"plan\",outcome=\"done\"} 1")
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let taken = metrics_url
         .trim_start_matches("http://")
         .trim_end_matches("/metrics")
