@@ -357,8 +357,29 @@ impl std::fmt::Display for KernelError {
 
 impl From<candle_core::Error> for KernelError {
     fn from(e: candle_core::Error) -> Self {
-        KernelError(e.to_string())
+        KernelError(candle_message(e))
     }
+}
+
+/// A candle error's message without the backtrace candle attaches when `RUST_BACKTRACE` is
+/// set (fifteen frames of candle and rayon in a user's error, or in a plan's stored
+/// validation).
+pub fn candle_message(e: candle_core::Error) -> String {
+    fn strip(e: candle_core::Error) -> candle_core::Error {
+        match e {
+            candle_core::Error::WithBacktrace { inner, .. } => strip(*inner),
+            candle_core::Error::Context { inner, context } => candle_core::Error::Context {
+                inner: Box::new(strip(*inner)),
+                context,
+            },
+            candle_core::Error::WithPath { inner, path } => candle_core::Error::WithPath {
+                inner: Box::new(strip(*inner)),
+                path,
+            },
+            other => other,
+        }
+    }
+    strip(e).to_string()
 }
 
 /// A shape-rule or attribute error seen by a kernel. The runner names the node and the op, so
@@ -433,6 +454,20 @@ impl Rng {
 mod tests {
     use super::*;
     use crate::kernels::registry;
+
+    /// Whatever RUST_BACKTRACE says, a kernel error carries candle's message, not its frames.
+    #[test]
+    fn a_candle_error_loses_its_backtrace() {
+        let e = candle_core::Error::WithBacktrace {
+            inner: Box::new(candle_core::Error::Msg(
+                "shape mismatch in broadcast_add".into(),
+            )),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        }
+        .context("node ln");
+        let seen = KernelError::from(e);
+        assert_eq!(seen.0, "node ln\nshape mismatch in broadcast_add");
+    }
 
     #[test]
     fn a_missing_device_kernel_is_recognised_by_cudarcs_error() {

@@ -144,7 +144,8 @@ pub struct Validation {
     /// Present when the loss is not the plain sum of the outputs' means: a `Softmax`'s
     /// output has a mean that does not depend on the parameters (its gradient is zero), so the
     /// loss weights its elements by fixed pseudo-random factors for the gradient check to have
-    /// gradients to compare. Names those outputs.
+    /// gradients to compare. Names those outputs. Also present when parameter gradients of
+    /// the store-all run are all zero (says how many): the check compares those as zeros.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_note: Option<String>,
     pub loss: f64,
@@ -207,19 +208,36 @@ pub fn grad_rel_err(
         let ta = a
             .get(v)
             .ok_or_else(|| err(format!("the plan's run has no gradient for value {v}")))?;
-        let fa = flat(ta)?;
-        let fb = flat(tb)?;
-        if fa.len() != fb.len() {
+        if ta.elem_count() != tb.elem_count() {
             return Err(err(format!("gradient shapes differ for value {v}")));
         }
-        let scale = fb.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-        let diff = fa.iter().zip(&fb).fold(0.0f64, |m, (x, y)| {
-            if (x - y).is_nan() {
-                f64::INFINITY
-            } else {
-                m.max((x - y).abs())
-            }
-        });
+        // In chunks: a whole gradient as f64 on the host, twice, was 4× its f32 bytes at once
+        // (a 381 MiB gradient took 1.5 GB more than the run itself).
+        let (fa, fb) = (
+            ta.flatten_all().map_err(|e| err(e.to_string()))?,
+            tb.flatten_all().map_err(|e| err(e.to_string()))?,
+        );
+        let (mut scale, mut diff) = (0.0f64, 0.0f64);
+        let n_elems = fa.elem_count();
+        let mut start = 0;
+        while start < n_elems {
+            let len = COMPARE_CHUNK.min(n_elems - start);
+            let chunk = |t: &Tensor| {
+                t.narrow(0, start, len)
+                    .map_err(|e| err(e.to_string()))
+                    .and_then(|c| flat(&c))
+            };
+            let (ca, cb) = (chunk(&fa)?, chunk(&fb)?);
+            scale = cb.iter().fold(scale, |m, x| m.max(x.abs()));
+            diff = ca.iter().zip(&cb).fold(diff, |m, (x, y)| {
+                if (x - y).is_nan() {
+                    f64::INFINITY
+                } else {
+                    m.max((x - y).abs())
+                }
+            });
+            start += len;
+        }
         let rel = if scale > 0.0 { diff / scale } else { diff };
         // Ties go to the smaller value id, so the name reported does not follow the map's order.
         if rel > worst || (rel == worst && rel > 0.0 && worst_value.is_some_and(|w| *v < w)) {
@@ -230,6 +248,25 @@ pub fn grad_rel_err(
     }
     Ok((worst, n, worst_value))
 }
+
+/// How many of `tensors` are all zero (a tensor that cannot be read counts as not zero: the
+/// comparison reports it).
+fn zero_tensors(tensors: &std::collections::HashMap<usize, Tensor>) -> usize {
+    tensors
+        .values()
+        .filter(|t| {
+            t.abs()
+                .and_then(|a| a.flatten_all())
+                .and_then(|a| a.max(0))
+                .and_then(|m| m.to_dtype(candle_core::DType::F64))
+                .and_then(|m| m.to_scalar::<f64>())
+                .is_ok_and(|m| m == 0.0)
+        })
+        .count()
+}
+
+/// Elements compared at once by [`grad_rel_err`] (8 MiB per side as f64).
+const COMPARE_CHUNK: usize = 1 << 20;
 
 /// A tensor's values as f64 on the host.
 pub fn flat(t: &Tensor) -> crate::error::Result<Vec<f64>> {
@@ -293,6 +330,14 @@ pub fn validate_with(
     let mut checked = Vec::with_capacity(schedules.len());
     for (s, _) in schedules {
         checked.push(check_schedule(&problem, s)?);
+    }
+    // The store-all run's gradients and each plan's are held while the next runs.
+    if ex.is_cpu() {
+        crate::run::fits_in_memory_holding(
+            tg,
+            crate::alloc::available_memory(),
+            1 + schedules.len() as u64,
+        )?;
     }
     let reference = store_all(&problem);
     let sa1 = ex.run(&reference, &mut |d, t| progress("store-all", d, t))?;
@@ -528,8 +573,26 @@ fn report(
             ));
         }
     }
+    // A loss that is no number compares nothing: NaN gradients equal NaN gradients.
+    if !reference.loss.is_finite() || !plan.loss.is_finite() {
+        problems.push(format!(
+            "the loss is not finite (store-all {}, plan {}): with the inputs and weights the \
+             executor seeds, an output holds NaN or infinity (an empty tensor's mean, a log of \
+             zero, a division by zero), so the gradient check compares nothing",
+            reference.loss, plan.loss
+        ));
+    }
+    let zero_grads = zero_tensors(&reference.grads);
     let weighted = ex.weighted_loss_outputs();
-    let grad_note = (!weighted.is_empty()).then(|| {
+    let zero_note = (zero_grads > 0).then(|| {
+        format!(
+            "{zero_grads} of {} parameter gradients are zero in the store-all run (a layer \
+             initialised to zero, as torchvision ViT's head, or an output the loss does not \
+             reach stops them): the check compares those as zeros",
+            reference.grads.len()
+        )
+    });
+    let softmax_note = (!weighted.is_empty()).then(|| {
         let names: Vec<&str> = weighted
             .iter()
             .map(|&v| ex.model().values[v].name.as_str())
@@ -540,6 +603,10 @@ fn report(
             if names.len() == 1 { "its" } else { "their" }
         )
     });
+    let grad_note = match (softmax_note, zero_note) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    };
     let fixed = ex.fixed_live_bytes();
     // The heap and the device are measured from the run's start: add what was held before it.
     let before = ex.held_before_run_bytes();

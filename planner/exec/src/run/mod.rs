@@ -203,15 +203,35 @@ struct State {
 /// included; the executor's own measurement stays within a few percent of it
 /// (docs/bench/executor.md).
 pub fn fits_in_memory(tg: &TrainingGraph, available: Option<u64>) -> crate::error::Result<()> {
+    fits_in_memory_holding(tg, available, 0)
+}
+
+/// [`fits_in_memory`] while `gradient_sets` finished runs' parameter gradients are held
+/// besides the run (a validation keeps the store-all run's and each plan's to compare them).
+pub fn fits_in_memory_holding(
+    tg: &TrainingGraph,
+    available: Option<u64>,
+    gradient_sets: u64,
+) -> crate::error::Result<()> {
     let Some(available) = available else {
         return Ok(());
     };
-    let needed = remat_solver::store_all_peak(&tg.to_problem());
+    let step = remat_solver::store_all_peak(&tg.to_problem());
+    let held = gradient_sets.saturating_mul(tg.params_bytes);
+    let needed = step.saturating_add(held);
     if needed > available {
+        let what = if held == 0 {
+            "the store-all step needs".to_string()
+        } else {
+            format!(
+                "the store-all step ({step} bytes) and the {gradient_sets} sets of parameter \
+                 gradients a validation compares ({held} bytes) need"
+            )
+        };
         return Err(ExecError::new(
             ExecFault::Memory,
             format!(
-                "the store-all step needs about {needed} bytes ({:.1} GiB) and this machine has {available} bytes ({:.1} GiB) available: run it on a larger machine or with smaller dims",
+                "{what} about {needed} bytes ({:.1} GiB) and this machine has {available} bytes ({:.1} GiB) available: run it on a larger machine or with smaller dims",
                 needed as f64 / GIB,
                 available as f64 / GIB
             ),
@@ -223,6 +243,11 @@ pub fn fits_in_memory(tg: &TrainingGraph, available: Option<u64>) -> crate::erro
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 impl<'m> Executor<'m> {
+    /// Whether it runs on the CPU (where a failed allocation aborts the process).
+    pub fn is_cpu(&self) -> bool {
+        self.device.is_cpu()
+    }
+
     /// Loads constants (from `bytes`, the model file, where it stores them), generates inputs
     /// and runs the folded nodes that compute derived constants.
     pub fn new(

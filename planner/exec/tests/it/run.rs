@@ -944,3 +944,99 @@ fn a_buffer_computed_in_graph_from_constants_has_its_computed_value() {
         );
     }
 }
+
+/// A validation holds the store-all run's gradients and each plan's besides the run: its
+/// memory check counts them (it counted the store-all step alone, and comparing two 381 MiB
+/// gradients as f64 took 1.5 GB more: a 300-byte model with a [30000, 30000] constant passed
+/// the check at 6.7 GiB and grew past 20 GB).
+#[test]
+fn the_memory_check_counts_the_gradients_a_validation_holds() {
+    let bytes = std::fs::read(fixtures_dir().join("gate/mlp_v1.onnx")).unwrap();
+    let (_, tg) = import(&bytes, &[("batch", 32)]);
+    let step = store_all_peak(&tg.to_problem());
+    let grads = tg.params_bytes;
+    assert!(grads > 0);
+    let fits = |available: u64, sets: u64| {
+        remat_exec::run::fits_in_memory_holding(&tg, Some(available), sets)
+    };
+    assert!(fits(step, 0).is_ok());
+    assert!(fits(step + 2 * grads, 2).is_ok());
+    let e = fits(step + 2 * grads - 1, 2).expect_err("one byte short");
+    assert!(
+        e.to_string()
+            .contains("2 sets of parameter gradients a validation compares"),
+        "{e}"
+    );
+    assert!(fits(step - 1, 0).is_err());
+}
+
+/// A validation whose loss is not finite compares nothing (NaN gradients equal NaN
+/// gradients): it fails, saying so (it passed: "store-all loss NaN, plan loss NaN"). One
+/// whose gradients are zero (a zero-initialised head) says how many the check compared as
+/// zeros.
+#[test]
+fn a_loss_that_is_no_number_fails_and_zero_gradients_are_said() {
+    use onnx_protobuf::{GraphProto, Message, TensorProto};
+    let f32_tensor = |name: &str, dims: &[i64], values: &[f32]| {
+        let mut t = TensorProto::new();
+        t.name = name.into();
+        t.dims = dims.to_vec();
+        t.data_type = 1;
+        t.raw_data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        t
+    };
+    let w1: Vec<f32> = (0..16).map(|i| ((i * 5 % 7) as f32 - 3.0) * 0.2).collect();
+    let check = |nodes: Vec<onnx_protobuf::NodeProto>, w2: &[f32]| {
+        let mut g = GraphProto::new();
+        g.input.push(f32_input("x", &[2, 4]));
+        g.initializer.push(f32_tensor("w1", &[4, 4], &w1));
+        g.initializer.push(f32_tensor("w2", &[4, 4], w2));
+        g.node.extend(nodes);
+        let bytes = model_of(g).write_to_bytes().expect("encodes");
+        let (model, tg) = import(&bytes, &[]);
+        let schedule = store_all(&tg.to_problem());
+        validate(
+            &model,
+            &tg,
+            &bytes,
+            &schedule,
+            &ValidateOptions::default(),
+            &mut |_, _, _| {},
+        )
+        .expect("the validation runs")
+    };
+    let node = one_node;
+    // log(h - h) = log(0) = -inf.
+    let v = check(
+        vec![
+            node("MatMul", "mm", &["x", "w1"], "h"),
+            node("Sub", "zero", &["h", "h"], "z"),
+            node("Log", "log", &["z"], "l"),
+            node("MatMul", "mm2", &["l", "w2"], "y"),
+        ],
+        &w1,
+    );
+    assert!(!v.ok, "{v:?}");
+    assert!(
+        v.problems
+            .iter()
+            .any(|p| p.contains("the loss is not finite")),
+        "{:?}",
+        v.problems
+    );
+    // A zero second layer: w1's gradient is zero, w2's is not.
+    let v = check(
+        vec![
+            node("MatMul", "mm", &["x", "w1"], "h"),
+            node("Relu", "relu", &["h"], "r"),
+            node("MatMul", "mm2", &["r", "w2"], "y"),
+        ],
+        &[0.0; 16],
+    );
+    assert!(v.ok, "{:?}", v.problems);
+    let note = v.grad_note.expect("a note on zero gradients");
+    assert!(
+        note.contains("1 of 2 parameter gradients are zero"),
+        "{note}"
+    );
+}
