@@ -778,6 +778,16 @@ fn f32_input(name: &str, dims: &[i64]) -> onnx_protobuf::ValueInfoProto {
     x
 }
 
+/// A float32 initializer.
+fn f32_tensor(name: &str, dims: &[i64], values: &[f32]) -> onnx_protobuf::TensorProto {
+    let mut t = onnx_protobuf::TensorProto::new();
+    t.name = name.into();
+    t.dims = dims.to_vec();
+    t.data_type = 1;
+    t.raw_data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    t
+}
+
 /// A one-output node named `name`.
 fn one_node(op: &str, name: &str, ins: &[&str], out: &str) -> onnx_protobuf::NodeProto {
     let mut n = onnx_protobuf::NodeProto::new();
@@ -810,15 +820,7 @@ fn model_of(mut g: onnx_protobuf::GraphProto) -> onnx_protobuf::ModelProto {
 #[test]
 fn the_backward_of_a_folded_layer_norm_of_a_parameter_matches_finite_differences() {
     use onnx_protobuf::attribute_proto::AttributeType;
-    use onnx_protobuf::{AttributeProto, GraphProto, Message, TensorProto};
-    let f32_tensor = |name: &str, dims: &[i64], values: &[f32]| {
-        let mut t = TensorProto::new();
-        t.name = name.into();
-        t.dims = dims.to_vec();
-        t.data_type = 1;
-        t.raw_data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        t
-    };
+    use onnx_protobuf::{AttributeProto, GraphProto, Message};
     let pos: Vec<f32> = (0..32).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect();
     let w: Vec<f32> = (0..32).map(|i| ((i * 5 % 13) as f32 - 6.0) * 0.1).collect();
     let model_bytes = |pos: &[f32]| {
@@ -976,15 +978,7 @@ fn the_memory_check_counts_the_gradients_a_validation_holds() {
 /// zeros.
 #[test]
 fn a_loss_that_is_no_number_fails_and_zero_gradients_are_said() {
-    use onnx_protobuf::{GraphProto, Message, TensorProto};
-    let f32_tensor = |name: &str, dims: &[i64], values: &[f32]| {
-        let mut t = TensorProto::new();
-        t.name = name.into();
-        t.dims = dims.to_vec();
-        t.data_type = 1;
-        t.raw_data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        t
-    };
+    use onnx_protobuf::{GraphProto, Message};
     let w1: Vec<f32> = (0..16).map(|i| ((i * 5 % 7) as f32 - 3.0) * 0.2).collect();
     let check = |nodes: Vec<onnx_protobuf::NodeProto>, w2: &[f32]| {
         let mut g = GraphProto::new();
