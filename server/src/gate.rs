@@ -441,6 +441,19 @@ pub fn read_config(path: &Path) -> Result<GateConfig, GateError> {
                 ));
             }
         }
+        // A budget of no bytes (`0`, `"0x"`) fits no plan: `planned_overhead` would say
+        // "infeasible before and after" on every run and gate nothing.
+        let budget = m.budget.trim();
+        if !remat_solver::plan::is_min_budget(budget)
+            && remat_solver::plan::parse_budget(budget, 1 << 40).is_ok_and(|b| b == 0)
+        {
+            return Err(field_err(
+                "budget",
+                format!(
+                    "{budget:?} is no bytes, which no plan fits: give the device's memory (\"14GiB\")"
+                ),
+            ));
+        }
         if let Some((k, _)) = m.dims.iter().find(|(_, v)| **v == 0) {
             return Err(field_err("dims", format!("{k} must be at least 1")));
         }

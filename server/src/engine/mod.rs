@@ -59,8 +59,9 @@ pub struct PlanRequest {
     #[param(rename = "input")]
     pub inputs: Vec<String>,
     /// Weights the training keeps frozen (graph inputs or initializers: held, no gradient);
-    /// glob patterns too; in a query `freeze`, repeatable.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// glob patterns too; in a query `freeze`, repeatable. An envelope may name it `freeze`
+    /// too, as the query, the CLI (`--freeze`) and the gate's config do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", alias = "freeze")]
     #[param(rename = "freeze")]
     pub frozen: Vec<String>,
     /// Budget fractions of the store-all peak for a sweep (default: 1.0 down to 0.2); in a

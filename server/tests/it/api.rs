@@ -221,6 +221,19 @@ async fn envelopes_carry_graphs_or_base64_onnx_and_the_query_wins() {
         .await;
     assert_eq!(raw.status, StatusCode::OK, "{}", raw.text);
     assert_eq!(raw.json()["id"], r.json()["id"]);
+
+    // `freeze`, as the query, the CLI and the gate name it, is the envelope's `frozen` (it was
+    // "unknown field `freeze`").
+    for key in ["freeze", "frozen"] {
+        let r = t
+            .post_json(
+                "/v1/plans",
+                &json!({"model": graph("ok"), "options": {"budget": "0.5x", key: ["w*"]}}),
+            )
+            .await;
+        assert!(r.status.is_success(), "{key}: {}", r.text);
+        assert_eq!(r.json()["plan"]["echo"]["frozen"], json!(["w*"]), "{key}");
+    }
 }
 
 #[tokio::test]

@@ -308,6 +308,15 @@ fn corrupt_baseline_or_config_is_exit_2_naming_file_and_field() {
             "[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"1GiB\"\nmax_overhead = -1.0\n",
             "max_overhead",
         ),
+        // No bytes: planned_overhead would be "infeasible before and after" and gate nothing.
+        (
+            "[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = 0\n",
+            "no bytes, which no plan fits",
+        ),
+        (
+            "[[model]]\nname = \"m\"\npath = \"x.onnx\"\nbudget = \"0x\"\n",
+            "no bytes, which no plan fits",
+        ),
     ] {
         std::fs::write(d.join("remat.toml"), config).unwrap();
         let o = remat(d, &["gate"]);
