@@ -447,3 +447,70 @@ def test_a_value_a_region_read_and_that_is_written_after_is_never_wrapped(case: 
         m(x).pow(2).mean().backward()
     same_grads(model, plain)
     handle.remove()
+
+
+class MaskedBlock(nn.Module):
+    """Attention over a mask buffer the model shares with every block (`torch.where` saves the
+    mask for its backward), with a BatchNorm of its own in training mode (a re-run writes its
+    statistics)."""
+
+    def __init__(self, mask: torch.Tensor, d: int = 16) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.norm = nn.BatchNorm1d(d)
+        self.mask: torch.Tensor
+        self.register_buffer("mask", mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.fc(x).transpose(1, 2)).transpose(1, 2)
+        att = torch.where(self.mask, h @ h.transpose(1, 2), float("-inf")).softmax(-1)
+        return x + att @ h
+
+
+def test_a_buffer_shared_with_an_unwrapped_region_is_left_alone_after_a_re_run() -> None:
+    """A re-run put every buffer of its region back with `copy_`, written or not: the mask the
+    unwrapped blocks saved had its version moved, and their backward failed ("modified by an
+    inplace operation") in every plan wrapping some blocks and not others (a shared rotary
+    module's cos and sin, a looped block's frozen BatchNorm statistics alike). What the re-run
+    wrote (the wrapped block's running statistics) is still put back."""
+    torch.manual_seed(0)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    model = nn.Sequential(*[MaskedBlock(mask) for _ in range(3)])
+    plain = copy.deepcopy(model)
+    x = torch.randn(4, 8, 16)
+    plan = rt.baseline(rt.capture(model, (x,), lambda o: o.pow(2).mean()), "full")
+    for r in plan["regions"]:
+        r["wrapped"] = r["fqn"] == "1"
+    handle = rt.apply(model, plan, (x,))
+    for m in (model, plain):
+        m(x).pow(2).mean().backward()
+    same_grads(model, plain)
+    for (n, a), b in zip(model.named_buffers(), plain.buffers(), strict=True):
+        assert torch.equal(a, b), n
+    handle.remove()
+
+
+class ScaledBlock(nn.Module):
+    """Scales its input by a buffer that is an expanded view (one row, broadcast)."""
+
+    def __init__(self, t: int = 8, d: int = 16) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+        self.scale: torch.Tensor
+        self.register_buffer("scale", torch.full((1, d), 0.5).expand(t, d), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.tanh(self.fc1(x * self.scale)))
+
+
+def test_a_buffer_that_is_an_expanded_view_is_captured_applied_and_measured() -> None:
+    """Capture, measure and a re-run wrote every buffer back with `copy_`, which an expanded
+    view refuses: capture failed with PyTorch's own error, naming no buffer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[ScaledBlock() for _ in range(3)])
+    x = torch.randn(4, 8, 16)
+    graph = rt.capture(model, (x,), lambda o: o.pow(2).mean())
+    plan = rt.baseline(graph, "full")
+    v = rt.measure(model, (x,), plan, lambda o: o.pow(2).mean(), rounds=1, op_rounds=0)
+    assert v["ok"], v["problems"]

@@ -31,6 +31,8 @@ from ._capture import (
     fingerprint,
     parametrize_cached,
     refuse_compiled,
+    rerun_buffers,
+    same_values,
     signature,
 )
 from ._errors import AppliedError, OpMismatchError, PlanMismatchError
@@ -531,10 +533,10 @@ class _WrappedForward:
 class _Rerun:
     """The recompute context of a region. Checkpointing re-runs the region's forward during
     backward, which would update BatchNorm's running statistics a second time: the region's
-    buffers are put back as the first run left them once the re-run ends (entered outside the
-    SAC recompute mode, so the copies are not ops of the region). A re-run whose ops differ from
-    the forward's (a cache mutated by the first run, data-dependent control flow) is reported
-    naming the region and the op."""
+    buffers that the re-run changed are put back as the first run left them once it ends
+    (entered outside the SAC recompute mode, so the copies are not ops of the region). A re-run
+    whose ops differ from the forward's (a cache mutated by the first run, data-dependent
+    control flow) is reported naming the region and the op."""
 
     def __init__(
         self,
@@ -548,14 +550,14 @@ class _Rerun:
         self.starts = starts
         self.fqn = fqn
         self.inner = inner
-        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.saved: list[tuple[torch.Tensor, int, torch.Tensor]] = []
         self.forward_rng = rng
         self.backward_rng: tuple[Any, Any] = (None, None)
 
     def __enter__(self) -> Any:
         self.starts()
         with torch.no_grad():
-            self.saved = [(b, b.clone()) for b in self.module.buffers()]
+            self.saved = [(b, b._version, b.clone()) for b in rerun_buffers(self.module)]
         # Python's and NumPy's generators as the forward began (torch's own are checkpoint's
         # preserve_rng_state), and put back as the backward had them after the re-run.
         self.backward_rng = _host_rng_state()
@@ -578,9 +580,17 @@ class _Rerun:
             return False
         finally:
             _set_host_rng_state(self.backward_rng)
+            # Only what the re-run changed (its version moved, or its values: BatchNorm's
+            # kernel writes its statistics without moving their version): a buffer it only
+            # read may be saved by a region that was not wrapped (a rotary module's cos and
+            # sin, a mask, shared by every block; a looped block's frozen BatchNorm
+            # statistics), and a write, even of the same values, moves its version, which
+            # autograd then refuses in that region's backward ("modified by an inplace
+            # operation").
             with torch.no_grad():
-                for b, s in self.saved:
-                    b.copy_(s)
+                for b, version, s in self.saved:
+                    if b._version != version or not same_values(b, s):
+                        b.copy_(s)
             self.saved = []
 
 

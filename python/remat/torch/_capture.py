@@ -1228,11 +1228,52 @@ def host_copies(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: b.detach().to("cpu", copy=True) for n, b in model.named_buffers()}
 
 
-def put_back(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
-    """Writes `host_copies` back into the model's buffers, in place."""
+def put_back(
+    model: nn.Module, buffers: dict[str, torch.Tensor], error: type[Exception] = CaptureError
+) -> None:
+    """Writes `host_copies` back into the model's buffers, in place: those that changed only
+    (a write moves a buffer's version, which autograd checks where a graph saved it, and a
+    buffer that is an expanded view, `torch.full((1, d), 0.5).expand(t, d)`, cannot be written
+    in place at all). One that changed and cannot be written back raises `error`, naming it."""
     with torch.no_grad():
         for n, b in model.named_buffers():
-            b.copy_(buffers[n])
+            saved = buffers[n]
+            if same_values(b, saved):
+                continue
+            try:
+                b.copy_(saved)
+            except RuntimeError as e:
+                raise error(
+                    f"buffer {n!r} changed in the step and cannot be put back in place ({e}); "
+                    "register a tensor of its own (a clone) instead of a view"
+                ) from None
+
+
+def same_values(t: torch.Tensor, copy: torch.Tensor) -> bool:
+    """Whether `t` holds what `copy` (taken before, on any device) does, NaNs in the same
+    places."""
+    if t.shape != copy.shape or t.dtype != copy.dtype:
+        return False
+    now = t.detach().to(copy.device)
+    if torch.equal(now, copy):
+        return True
+    if not (now.is_floating_point() or now.is_complex()):
+        return False
+    return bool(((now == copy) | (now.isnan() & copy.isnan())).all())
+
+
+def rerun_buffers(module: nn.Module) -> list[torch.Tensor]:
+    """The buffers of a region `apply` copies before a re-run, to put back those the re-run
+    writes: every buffer but one whose elements overlap (an expanded view), which no op
+    writes in place."""
+    return [b for b in module.buffers() if not _overlaps(b)]
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether elements of `t` share memory (a stride 0 along a dimension of size > 1)."""
+    if t.layout != torch.strided:
+        return False
+    return any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
 def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -1361,7 +1402,9 @@ def _document(
                 "inputs": sorted(b.region_inputs[r]),
                 # remat.torch.apply copies the region's buffers while it re-runs (BatchNorm's
                 # running statistics are put back after it).
-                "rerun_extra_bytes": sum(x.untyped_storage().nbytes() for x in module.buffers()),
+                "rerun_extra_bytes": sum(
+                    x.numel() * x.element_size() for x in rerun_buffers(module)
+                ),
                 # A re-run would write the checkpoint's saved input again: never wrapped.
                 "writes_input": b.region_writes.get(r),
             }

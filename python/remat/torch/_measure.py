@@ -445,7 +445,7 @@ def measure(
     buffers = host_copies(model)
 
     def restore_buffers() -> None:
-        put_back(model, buffers)
+        put_back(model, buffers, MeasureError)
 
     # A plan of a micro-batch after the first of an accumulation: its steps begin with the
     # gradients held (`capture(accumulate=True)`).
