@@ -1057,6 +1057,64 @@ def test_a_gradient_off_by_more_than_its_own_runs_differ_is_named() -> None:
     assert gone.problems == ["gradients of b differ in presence"]
 
 
+class CountingBlock(nn.Module):
+    """A complex weight whose imaginary part's gradient scales with a per-step call count: 1 in
+    the forward, 2 in checkpointing's re-run (state remat cannot see, which `measure` must)."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d, dtype=torch.cfloat))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        z = x * self.w
+        return z.real + z.imag * torch.full((), float(self.calls))
+
+
+class ParallelCounting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([CountingBlock() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            cast(CountingBlock, b).calls = 0
+        return sum((b(x) for b in self.blocks), torch.zeros(()))
+
+
+def test_complex_gradients_are_compared_as_complex_and_each_by_its_dtype() -> None:
+    """`.double()` kept a complex gradient's real part alone: a plan whose gradients were wrong
+    in their imaginary parts only (relative error 1.0 there) measured ok with error 0. The
+    tolerance was float32's only where every parameter was float32, else 1e-3 for all."""
+    from remat.torch._measure import grad_check
+
+    ref = {"w": torch.tensor([1 + 1j, 2 - 1j]), "d": torch.tensor([1.0], dtype=torch.float64)}
+    imag = grad_check({**ref, "w": torch.tensor([1 + 2j, 2 - 1j])}, ref, ref, 1e-6)
+    assert imag.worst_param == "w" and imag.worst == pytest.approx(1 / abs(2 - 1j)), imag
+    close = {**ref, "d": torch.tensor([1 + 1e-9], dtype=torch.float64)}
+    assert grad_check(close, ref, ref, 1e-6).problems == []
+    per_dtype = grad_check(close, ref, ref, {"w": 1e-6, "d": 1e-12})
+    assert per_dtype.worst_param == "d" and "> 1e-12" in per_dtype.problems[0], per_dtype
+
+    torch.manual_seed(0)
+    model = ParallelCounting()
+    x = torch.randn(4, 8)
+    graph = rt.capture(model, (x,), lambda o: o.pow(2).mean())
+    full = rt.baseline(graph, "full")
+    v = rt.measure(model, (x,), full, lambda o: o.pow(2).mean(), rounds=1, op_rounds=0)
+    assert not v["ok"] and v["grad_max_rel_err"] > 0.5, v
+    assert "gradient of blocks.0.w differs" in v["problems"][0], v["problems"]
+    assert v["grad_tolerance"] == 1e-6
+
+    double = Stack(d=16, n=3).double()
+    xd = torch.randn(4, 8, 16, dtype=torch.float64)
+    graph = rt.capture(double, (xd,), lambda o: o.pow(2).mean())
+    plan = rt.plan(graph, "min")
+    v = rt.measure(double, (xd,), plan, lambda o: o.pow(2).mean(), rounds=1, op_rounds=0)
+    assert v["ok"] and v["grad_tolerance"] == 1e-12, v
+
+
 def test_capture_and_measure_leave_the_users_random_state_and_gradients_as_they_were() -> None:
     """Both seed the generators for their steps and compute gradients: a user's next dropout
     mask or shuffle, and gradients accumulated before the call, must not change because of it

@@ -8,7 +8,7 @@ import statistics
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -346,10 +346,37 @@ def _rel_errs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[st
         if not ref.numel():
             out[n] = 0.0
             continue
-        scale = float(ref.abs().max())
-        diff = float((a[n].double() - ref.double()).abs().max())
+        # Complex as complex: `.double()` of a complex tensor keeps its real part alone, and a
+        # gradient wrong only in its imaginary part passed.
+        wide = torch.complex128 if ref.is_complex() or a[n].is_complex() else torch.float64
+        scale = float(ref.to(wide).abs().max())
+        diff = float((a[n].to(wide) - ref.to(wide)).abs().max())
         out[n] = diff / scale if scale > 0 else diff
     return out
+
+
+# What a gradient (or a buffer) may differ from the unplanned step's by, relative to its largest
+# element, by its dtype: a few units in the last place of float32 (8 x its epsilon, 1.2e-7),
+# stricter in float64, looser in the half-precision types.
+TOLERANCES = {
+    torch.float64: 1e-12,
+    torch.complex128: 1e-12,
+    torch.float32: 1e-6,
+    torch.complex64: 1e-6,
+    torch.float16: 1e-3,
+    torch.bfloat16: 1e-2,
+}
+
+
+def tolerance_of(dtype: torch.dtype) -> float:
+    """The tolerance of a tensor of `dtype` (`TOLERANCES`; another floating type: 8 times its
+    epsilon, at least float32's)."""
+    if dtype in TOLERANCES:
+        return TOLERANCES[dtype]
+    try:
+        return max(TOLERANCES[torch.float32], 8 * torch.finfo(dtype).eps)
+    except TypeError:  # not a floating type: exact
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -372,22 +399,24 @@ def grad_check(
     planned: dict[str, torch.Tensor],
     reference: dict[str, torch.Tensor],
     again: dict[str, torch.Tensor],
-    tolerance: float,
+    tolerance: float | Mapping[str, float],
 ) -> GradCheck:
     """Each parameter's gradient may differ from the reference's by `tolerance` (relative to the
-    reference's largest element) or by `SPREAD_FACTOR` times what the reference differs from
-    itself there, whichever is more. Where the unplanned step repeats itself exactly the check is
-    the tolerance alone; under nondeterministic kernels (CUDA's atomic sums) a gradient that is
-    rounding noise (a key projection's bias, which softmax cannot see) differs from run to run
-    by as much as the reference's scale, and is judged by that, while every other parameter
-    still has to agree to the rounding its own runs show."""
+    reference's largest element; one for all, or per parameter by name) or by `SPREAD_FACTOR`
+    times what the reference differs from itself there, whichever is more. Where the unplanned
+    step repeats itself exactly the check is the tolerance alone; under nondeterministic kernels
+    (CUDA's atomic sums) a gradient that is rounding noise (a key projection's bias, which
+    softmax cannot see) differs from run to run by as much as the reference's scale, and is
+    judged by that, while every other parameter still has to agree to the rounding its own runs
+    show."""
     problems = []
     missing = sorted(set(reference) ^ set(planned))
     if missing:
         problems.append(f"gradients of {', '.join(missing[:5])} differ in presence")
     errs = _rel_errs(planned, reference)
     spreads = _rel_errs(again, reference)
-    allowed = {n: max(tolerance, SPREAD_FACTOR * spreads.get(n, 0.0)) for n in errs}
+    tol = {n: tolerance.get(n, 0.0) if isinstance(tolerance, Mapping) else tolerance for n in errs}
+    allowed = {n: max(tol[n], SPREAD_FACTOR * spreads.get(n, 0.0)) for n in errs}
 
     def share(n: str) -> float:
         """The parameter's error over what it is allowed (a NaN above every other)."""
@@ -401,8 +430,8 @@ def grad_check(
             + (
                 f"{allowed[n]:.3g} ({SPREAD_FACTOR:g}x the {spread:.3g} by which the unplanned "
                 "run differs from itself there)"
-                if allowed[n] > tolerance
-                else f"{tolerance:g}"
+                if allowed[n] > tol[n]
+                else f"{tol[n]:g}"
             )
         )
     if len(over) > 3:
@@ -503,28 +532,39 @@ def measure(
     finally:
         restore_buffers()
 
+    def inexact(t: torch.Tensor) -> bool:
+        return t.is_floating_point() or t.is_complex()
+
     buf_errs = _rel_errs(
-        {k: v for k, v in plan_buffers.items() if v.is_floating_point()},
-        {k: v for k, v in base_buffers.items() if v.is_floating_point()},
+        {k: v for k, v in plan_buffers.items() if inexact(v)},
+        {k: v for k, v in base_buffers.items() if inexact(v)},
     )
     buf_err = max(buf_errs.values(), default=0.0)
     predicted = plan["predicted"]
     budget = plan.get("budget_bytes")
-    tolerance = 1e-6 if all(p.dtype == torch.float32 for p in model.parameters()) else 1e-3
-    check = grad_check(grads, base_grads, again_grads, tolerance)
+    # Each gradient by its own dtype (a float64 model's to float64's, a float16 head's to its
+    # own), where one tolerance for the whole model was float32's only if every parameter was
+    # float32, else 1e-3 for every parameter.
+    tolerances = {n: tolerance_of(g.dtype) for n, g in base_grads.items()}
+    tolerance = max(tolerances.values(), default=TOLERANCES[torch.float32])
+    check = grad_check(grads, base_grads, again_grads, tolerances)
     problems = list(check.problems)
     # The forward runs the same ops with and without the plan, so the buffers it updates
     # (BatchNorm's running statistics, counters) end the same; a region's re-run that updated
     # them again would not.
-    for name, err in sorted(buf_errs.items(), key=lambda kv: -kv[1])[:1]:
-        if err > tolerance:
-            problems.append(
-                f"buffer {name} differs from the unplanned run's by {err:.3g} (relative): "
-                "a re-run updated it again"
-            )
+    over = [
+        (name, err)
+        for name, err in buf_errs.items()
+        if err > tolerance_of(base_buffers[name].dtype)
+    ]
+    for name, err in sorted(over, key=lambda kv: -kv[1])[:1]:
+        problems.append(
+            f"buffer {name} differs from the unplanned run's by {err:.3g} (relative): "
+            "a re-run updated it again"
+        )
     for name, ref in base_buffers.items():
         got = plan_buffers.get(name)
-        if not ref.is_floating_point() and (got is None or not torch.equal(got, ref)):
+        if not inexact(ref) and (got is None or not torch.equal(got, ref)):
             problems.append(
                 f"buffer {name} is {_short(got)} after the planned step, "
                 f"{_short(ref)} after the unplanned one: a re-run updated it again"
