@@ -1326,3 +1326,49 @@ def test_apply_refuses_an_edited_plan_that_wraps_a_region_writing_its_input() ->
     writing[0]["wrapped"] = True
     with pytest.raises(rt.PlanMismatchError, match=r"regions\[1\] \(1\).*aten\.relu_"):
         rt.apply(layers, plan)
+
+
+class SkipBlock(Block):
+    """Returns its input as it is where `skip` is set (a layer disabled by its config)."""
+
+    def __init__(self, d: int, skip: bool) -> None:
+        super().__init__(d)
+        self.skip = skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.skip else super().forward(x)
+
+
+class FirstLayers(nn.Module):
+    """Runs its first `use` blocks (an early exit, layerdrop skipping the rest)."""
+
+    def __init__(self, use: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([SkipBlock(16, skip=i == 1) for i in range(4)])
+        self.use = use
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks[: self.use]:
+            x = b(x)
+        return x
+
+
+def test_default_regions_not_called_or_running_no_op_are_left_out_with_a_warning() -> None:
+    """A block the forward never called (an unused fourth layer, BART's layerdrop) or one that
+    returned its input made the whole capture fail: "region 'blocks.3' ran no op in the step"."""
+    torch.manual_seed(0)
+    model = FirstLayers()
+    x = torch.randn(4, 8, 16)
+    with pytest.warns(UserWarning) as caught:
+        graph = rt.capture(model, (x,))
+    said = " ".join(str(w.message) for w in caught)
+    assert "'blocks.3' was not called in the captured step" in said, said
+    assert "'blocks.1' ran no op" in said, said
+    assert [r["fqn"] for r in graph["regions"]] == ["blocks.0", "blocks.2"]
+    assert graph["signature"]["regions"] == ["blocks.0", "blocks.2"]
+    v = rt.measure(model, (x,), rt.plan(graph, "min"), rounds=1, op_rounds=0)
+    assert v["ok"], v["problems"]
+    with pytest.raises(rt.CaptureError, match="region 'blocks.3' was not called in the captured"):
+        rt.capture(model, (x,), regions=["blocks.0", "blocks.3"])
+    with pytest.raises(rt.CaptureError, match="region 'blocks.1' ran no op in the captured step"):
+        rt.capture(model, (x,), regions=["blocks.1"])

@@ -1143,6 +1143,31 @@ def capture(
         a = _Recording(model, region_fqns, device, forward_only=True)
         a.register_external(externals)
         _run(model, inputs, loss_fn, a, cost, seed, held)
+        idle = _idle_regions(a)
+        if idle and regions is not None and not callable(regions):
+            fqn, why = next(iter(idle.items()))
+            raise CaptureError(
+                f"region {fqn!r} {why}: it cannot be checkpointed; name modules the step runs"
+            )
+        if idle:
+            # A block the forward skips (a stack run to its k-th layer, layerdrop) or that
+            # returns its input as it is: nothing to checkpoint there, and the others are.
+            unused = [f for f, why in idle.items() if why.startswith("was not called")]
+            empty = [f for f in idle if f not in unused]
+            said = [
+                f"{_names(unused)} {'was' if len(unused) == 1 else 'were'} not called in the "
+                "captured step"
+                if unused
+                else "",
+                f"{_names(empty)} ran no op" if empty else "",
+            ]
+            warnings.warn(
+                f"remat.torch: region{'s' if len(idle) > 1 else ''} "
+                + " and ".join(x for x in said if x)
+                + ": left out of the plan (a step that runs them runs them unwrapped)",
+                stacklevel=3,
+            )
+            region_fqns = [f for f in region_fqns if f not in idle]
         if not region_fqns and regions is None:
             # No repeated blocks: the blocks that run more than once instead (ALBERT's one
             # shared layer group), each call a region.
@@ -1221,6 +1246,28 @@ def capture(
     finally:
         put_back(model, saved_buffers)
     return doc
+
+
+def _idle_regions(rec: _Recording) -> dict[str, str]:
+    """The regions of a recorded step that were not called or that ran no op in a call, each
+    with what it did (`was not called in the captured step`, `ran no op in the captured step`,
+    with the call where the module ran more than once)."""
+    idle: dict[str, str] = {}
+    for fqn, m in rec.region_index.items():
+        n = rec.region_calls[m]
+        if not n:
+            idle[fqn] = "was not called in the captured step"
+            continue
+        calls = [k for r, (mm, k) in enumerate(rec.calls) if mm == m and r not in rec.region_first]
+        if calls:
+            which = f" (call {calls[0] + 1} of {n})" if n > 1 else ""
+            idle[fqn] = f"ran no op in the captured step{which}"
+    return idle
+
+
+def _names(fqns: list[str]) -> str:
+    shown = ", ".join(repr(f) for f in fqns[:5])
+    return shown + (f" (and {len(fqns) - 5} more)" if len(fqns) > 5 else "")
 
 
 def host_copies(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -1378,14 +1425,12 @@ def _document(
         )
     regions = []
     modules = dict(b.model.named_modules())
-    for fqn, m in b.region_index.items():
-        if not b.region_calls[m]:
-            raise CaptureError(f"region {fqn!r} ran no op in the step")
+    idle = _idle_regions(b)
+    if idle:
+        fqn, why = next(iter(idle.items()))
+        raise CaptureError(f"region {fqn!r} {why}: it cannot be checkpointed")
     for r, (m, k) in enumerate(b.calls):
         fqn = b.region_fqns[m]
-        if r not in b.region_first:
-            which = f" (call {k + 1} of {b.region_calls[m]})" if b.region_calls[m] > 1 else ""
-            raise CaptureError(f"region {fqn!r}{which} ran no op in the step")
         module = modules[fqn]
         regions.append(
             {
