@@ -7,6 +7,7 @@ gradient, an error blaming the user, a crash, a plan silently not applied) befor
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from typing import Any
 
@@ -167,6 +168,46 @@ def test_inputs_taking_a_gradient_come_out_of_capture_and_measure_as_they_went_i
     assert encoder.weight.grad is None and x.grad is None
     loss_of(model(h)).backward()  # the encoder's graph is still there
     assert encoder.weight.grad is not None
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    scale: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    hidden: torch.Tensor
+    extra: torch.Tensor
+
+
+class BatchStack(Stack):
+    """Takes its batch as a dataclass of tensors and returns another."""
+
+    def forward(self, batch: Batch) -> Output:  # type: ignore[override]
+        h = super().forward(batch.x * batch.scale)
+        return Output(hidden=h, extra=h.mean(-1))
+
+
+def test_dataclass_inputs_and_outputs_are_seen_through() -> None:
+    """pytree takes a dataclass for a leaf: its tensors were in no signature (a plan applied at
+    other shapes unrefused), capture wrote the input's .grad, and the default loss found "no
+    floating-point tensor that requires grad" in a dataclass output."""
+    torch.manual_seed(0)
+    model = BatchStack()
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    graph = rt.capture(model, (Batch(x),))
+    assert graph["signature"]["inputs"] == [[[4, 8, 32], "float32"]]
+    assert x.grad is None
+    plan = rt.plan(graph, "min")
+    with pytest.raises(rt.PlanMismatchError, match=r"input 0 is \[2, 8, 32\] float32"):
+        rt.apply(model, plan, (Batch(torch.randn(2, 8, 32)),))
+    v = rt.measure(model, (Batch(x),), plan, rounds=1, op_rounds=0)
+    assert v["ok"], v["problems"]
+    assert x.grad is None
+    out = model(Batch(x))
+    assert torch.equal(rt.default_loss(out), out.hidden.mean() + out.extra.mean())
 
 
 class SparseNet(nn.Module):

@@ -17,6 +17,8 @@ execution model reads. Nothing here computes a plan figure: the trace is data.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import hashlib
 import json
@@ -77,10 +79,8 @@ def own_leaves(inputs: Inputs) -> Inputs:
     data, detached): the steps capture and measure run backpropagate into the model and stop
     at its inputs, so an input's `.grad`, and the graph that computed an input outside the
     model (an encoder's, which a second backward could not go through), stay as they were."""
-    own = tree_map(
-        lambda x: (
-            x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.requires_grad else x
-        ),
+    own = map_tensors(
+        lambda x: x.detach().requires_grad_() if x.requires_grad else x,
         (inputs.args, inputs.kwargs),
     )
     return Inputs(*own)
@@ -132,11 +132,7 @@ def check_loss(loss: Any, error: type[Exception]) -> None:
 
 def default_loss(output: Any) -> torch.Tensor:
     """The ONNX path's loss rule: the sum of the means of the floating-point outputs."""
-    leaves = [
-        t
-        for t in tree_leaves(output)
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
-    ]
+    leaves = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
     if not leaves:
         raise CaptureError(
             "the model's output has no floating-point tensor that requires grad; pass loss_fn"
@@ -192,8 +188,45 @@ def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
         return None
 
 
-def _tensors(x: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+def _tensors(x: Any, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors in `x`: its pytree's leaves, and the fields of the dataclass instances among
+    them (a `Batch` dataclass of tensors, which pytree takes for a leaf), recursively."""
+    out: list[torch.Tensor] = []
+    for leaf in tree_flatten(x)[0]:
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif _is_dataclass_instance(leaf) and depth < _DEPTH:
+            out += _tensors([getattr(leaf, f.name) for f in dataclasses.fields(leaf)], depth + 1)
+    return out
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], x: Any, depth: int = 0) -> Any:
+    """`x` with `fn` applied to each of `_tensors(x)`: its containers rebuilt (a dataclass
+    instance copied, its fields set on the copy), the rest as it is."""
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return fn(v)
+        if not _is_dataclass_instance(v) or depth >= _DEPTH:
+            return v
+        fields = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
+        mapped = {k: map_tensors(fn, w, depth + 1) for k, w in fields.items()}
+        if all(mapped[k] is fields[k] for k in fields):
+            return v
+        new = copy.copy(v)
+        for k, w in mapped.items():
+            object.__setattr__(new, k, w)  # a frozen dataclass's too
+        return new
+
+    return tree_map(leaf, x)
+
+
+# How deep `_tensors` looks into dataclasses within dataclasses.
+_DEPTH = 16
+
+
+def _is_dataclass_instance(x: Any) -> bool:
+    return dataclasses.is_dataclass(x) and not isinstance(x, type)
 
 
 def find_regions(model: nn.Module, regions: RegionSpec = None) -> list[str]:
@@ -1296,17 +1329,17 @@ def put_back(
                 ) from None
 
 
-def same_values(t: torch.Tensor, copy: torch.Tensor) -> bool:
-    """Whether `t` holds what `copy` (taken before, on any device) does, NaNs in the same
+def same_values(t: torch.Tensor, before: torch.Tensor) -> bool:
+    """Whether `t` holds what `before` (its copy, on any device) does, NaNs in the same
     places."""
-    if t.shape != copy.shape or t.dtype != copy.dtype:
+    if t.shape != before.shape or t.dtype != before.dtype:
         return False
-    now = t.detach().to(copy.device)
-    if torch.equal(now, copy):
+    now = t.detach().to(before.device)
+    if torch.equal(now, before):
         return True
     if not (now.is_floating_point() or now.is_complex()):
         return False
-    return bool(((now == copy) | (now.isnan() & copy.isnan())).all())
+    return bool(((now == before) | (now.isnan() & before.isnan())).all())
 
 
 def rerun_buffers(module: nn.Module) -> list[torch.Tensor]:
