@@ -448,3 +448,43 @@ def test_a_region_whose_ops_depend_on_the_data_is_warned_about_at_capture() -> N
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rt.capture(Stack(n=2), (x,), loss_of)
+
+
+class MaxNormBlock(nn.Module):
+    """Looks its ids up in an embedding that renormalizes the rows it reads in place."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, d, max_norm=1.0)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x + self.emb(ids)))
+
+
+class MaxNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([MaxNormBlock() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x, ids)
+        return x
+
+
+def test_parameters_a_forward_writes_in_place_come_out_of_capture_and_measure_as_found() -> None:
+    """`nn.Embedding(max_norm=...)` renormalizes its weight's rows in the forward: capture and
+    measure put back gradients and buffers, and left those weights changed."""
+    torch.manual_seed(0)
+    model = MaxNormNet()
+    x, ids = torch.randn(4, 8, 16), torch.randint(0, 20, (4, 8))
+    before = copy.deepcopy(model.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # every region writes a weight it read: none wrapped
+        graph = rt.capture(model, (x, ids), loss_of)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    rt.measure(model, (x, ids), rt.plan(graph, "min"), loss_of, rounds=1, op_rounds=0)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k

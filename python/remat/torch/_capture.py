@@ -1166,16 +1166,19 @@ def capture(
     # buffer a step updates) go back to what they were, as the gradients do (the decorator
     # `leaves_the_model_as_it_was` puts those back).
     saved_buffers = host_copies(model)
+    params = ParamsWritten(model)
     drop_grads(model, inputs)
     if not isinstance(accumulate, bool):
         raise CaptureError(f"accumulate must be True or False, got {accumulate!r}")
     held = held_grads(model) if accumulate else {}
     externals = [*model.parameters(), *model.buffers(), *_tensors(inputs), *held.values()]
     try:
-        # Pass A: natural lifetimes (autograd keeps nothing).
+        # Pass A: natural lifetimes (autograd keeps nothing). The first step: a parameter
+        # its forward writes in place (`nn.Embedding(max_norm=...)`) is copied as it was.
         a = _Recording(model, region_fqns, device, forward_only=True)
         a.register_external(externals)
-        _run(model, inputs, loss_fn, a, cost, seed, held)
+        with params:
+            _run(model, inputs, loss_fn, a, cost, seed, held)
         idle = _idle_regions(a)
         if idle and regions is not None and not callable(regions):
             fqn, why = next(iter(idle.items()))
@@ -1278,7 +1281,40 @@ def capture(
             )
     finally:
         put_back(model, saved_buffers)
+        params.put_back()
     return doc
+
+
+class ParamsWritten(TorchDispatchMode):
+    """While on, copies to the host each parameter of `model` an op is about to write in place
+    (`nn.Embedding(max_norm=...)` renormalizes rows of its weight in the forward), once;
+    `put_back()` writes those copies back where the parameter differs from them. Run the first
+    step remat runs under it: the parameters as the caller left them."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.by_storage: dict[int, list[torch.Tensor]] = defaultdict(list)
+        for p in model.parameters():
+            st = _storage(p)
+            if st is not None:
+                self.by_storage[st.data_ptr()].append(p)
+        self.copies: dict[torch.Tensor, torch.Tensor] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func._schema.is_mutable:
+            for t in _written(func, args, kwargs):
+                st = _storage(t)
+                for p in self.by_storage.get(st.data_ptr(), []) if st is not None else []:
+                    if p not in self.copies:
+                        self.copies[p] = p.detach().to("cpu", copy=True)
+        return func(*args, **kwargs)
+
+    def put_back(self) -> None:
+        with torch.no_grad():
+            for p, host in self.copies.items():
+                if not same_values(p, host):
+                    p.copy_(host)
 
 
 def _idle_regions(rec: _Recording) -> dict[str, str]:

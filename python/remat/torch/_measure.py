@@ -22,6 +22,7 @@ from ._capture import (
     ExampleInputs,
     Inputs,
     LossFn,
+    ParamsWritten,
     _tensors,
     as_inputs,
     call,
@@ -473,15 +474,20 @@ def measure(
     device = model_device(model, inputs)
     buffers = host_copies(model)
 
+    # The parameters the first step writes in place (`nn.Embedding(max_norm=...)`), as found.
+    params = ParamsWritten(model)
+
     def restore_buffers() -> None:
         put_back(model, buffers, MeasureError)
+        params.put_back()
 
     # A plan of a micro-batch after the first of an accumulation: its steps begin with the
     # gradients held (`capture(accumulate=True)`).
     acc = bool((plan.get("signature") or {}).get("accumulate"))
-    base_peak, base_loss, base_grads = _peak_step(
-        model, inputs, loss_fn, seed, device, accumulate=acc
-    )
+    with params:
+        base_peak, base_loss, base_grads = _peak_step(
+            model, inputs, loss_fn, seed, device, accumulate=acc
+        )
     base_buffers = host_copies(model)
     restore_buffers()
     # The unplanned step once more: what it differs from itself by (nothing where its kernels
