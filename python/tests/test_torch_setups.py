@@ -488,3 +488,65 @@ def test_parameters_a_forward_writes_in_place_come_out_of_capture_and_measure_as
     rt.measure(model, (x, ids), rt.plan(graph, "min"), loss_of, rounds=1, op_rounds=0)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+class TanhMM(torch.autograd.Function):
+    """Keeps its output on ctx (`ctx.y = y`, which PyTorch allows) rather than saving it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(x @ w)
+        ctx.save_for_backward(x, w)
+        ctx.y = y
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        gy = g * (1 - ctx.y**2)
+        return gy @ w.t(), x.reshape(-1, x.shape[-1]).t() @ gy.reshape(-1, gy.shape[-1])
+
+
+class CtxBlock(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d, 4 * d) / 8)
+        self.fc = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(TanhMM.apply(x, self.w))
+
+
+class StashBlock(Block):
+    """Keeps its hidden activation on itself, as attention-map tools keep `last_attn`."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__(d)
+        self.last: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.fc1(self.ln(x)))
+        self.last = h.detach()
+        return x + self.fc2(h)
+
+
+def test_values_held_past_the_saved_tensor_hooks_are_warned_about_at_capture() -> None:
+    """A custom Function's `ctx.y = y` (measured 25% over the predicted peak at "min") and a
+    block's `self.last = h.detach()` (+9%) keep values checkpointing cannot drop, and a re-run
+    makes them again: capture said nothing."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 16)
+    with pytest.warns(UserWarning, match="") as caught:
+        rt.capture(Stack(block=CtxBlock), (x,), loss_of)
+    said = " ".join(str(w.message) for w in caught)
+    assert (
+        "autograd.Function TanhMM keeps a tensor on its ctx (ctx.y, made by aten.tanh.default in "
+        "module 'blocks.0', a value of region 'blocks.0') (and 3 more)" in said
+    ), said
+    with pytest.warns(UserWarning, match="") as caught:
+        rt.capture(Stack(block=StashBlock), (torch.randn(4, 8, 32),), loss_of)
+    said = " ".join(str(w.message) for w in caught)
+    assert "module 'blocks.0' keeps a value of region 'blocks.0' as its attribute 'last'" in said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rt.capture(Stack(), (torch.randn(4, 8, 32),), loss_of)

@@ -623,6 +623,9 @@ class _Recording:
         # A saved value written in place after it was saved (the op that saved it, its
         # module, and the versions): what PyTorch's own step refuses at its backward.
         self.modified_saved: tuple[str, str, int, int] | None = None
+        # Values of region calls a custom autograd.Function keeps on its ctx: (the Function,
+        # the attribute, the op that made the value, its module, the region call).
+        self.ctx_held: list[tuple[str, str, str, str, int]] = []
 
     # -- storages -------------------------------------------------------------------------
     def register_external(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -846,6 +849,66 @@ class _Recording:
         for r in holder.regions:
             self.region_trigger.setdefault(r, position)
         return holder.tensor
+
+    # -- what holds values past the saved-tensor hooks -------------------------------------
+    def _made_by(self, t: torch.Tensor) -> tuple[str, str, int] | None:
+        """The op and module that made `t` in the step's forward and its region call, where it
+        is a value of a region call: made in one, or passed to one."""
+        i = self.index_of(t)
+        if i is None or self.storages[i].producer >= self.forward_end:
+            return None
+        op = self.ops[self.storages[i].producer]
+        st = _storage(t)
+        region = op.region
+        if region is None and st is not None and self.input_of.get(st):
+            region = min(self.input_of[st])
+        return None if region is None else (op.op, op.module, region)
+
+    def region_name(self, r: int) -> str:
+        m, k = self.calls[r]
+        n = self.region_calls[m]
+        return self.region_fqns[m] + (f" (call {k + 1} of {n})" if n > 1 else "")
+
+    def find_ctx_held(self, loss: torch.Tensor) -> None:
+        """The tensors a custom `autograd.Function` keeps as attributes of its ctx (`ctx.y = y`,
+        which PyTorch allows) where they are values of a region: no saved-tensor hook sees them,
+        so checkpointing cannot drop them, and a re-run makes them again (`ctx_held`)."""
+        from torch.autograd.function import BackwardCFunction
+
+        # By id, the nodes kept: a node's Python object may be made on each access (torch
+        # 2.5), and a dropped one's id given to the next.
+        seen: dict[int, Any] = {}
+        todo = [loss.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen[id(node)] = node
+            todo += [n for n, _ in node.next_functions]
+            if not isinstance(node, BackwardCFunction):
+                continue
+            for attr, value in vars(node).items():
+                for t in _tensors(value):
+                    made = self._made_by(t)
+                    if made is not None:
+                        fn = getattr(getattr(node, "_forward_cls", None), "__name__", None)
+                        self.ctx_held.append((fn or type(node).__name__, attr, *made))
+
+    def module_held(self) -> list[tuple[str, str, str, str, int]]:
+        """The tensors of region calls that the model's modules keep as attributes after the
+        step (`self.last_attn = att.detach()`): (module, attribute, op, op's module, region).
+        A re-run stores its own value there, which outlives the step too."""
+        held = []
+        for fqn, m in self.model.named_modules():
+            for attr, value in vars(m).items():
+                if attr.startswith("_") or isinstance(value, nn.Module):
+                    continue
+                for t in _tensors(value):
+                    made = self._made_by(t)
+                    if made is not None:
+                        held.append((fqn, attr, *made))
+                        break
+        return held
 
     # -- modules --------------------------------------------------------------------------
     def hooks(self) -> list[Any]:
@@ -1091,6 +1154,7 @@ def _run(
                 del loss
                 return None
             rec.forward_end = len(rec.ops)
+            rec.find_ctx_held(loss)
             rec.phase = "backward"
             loss.backward()
     finally:
@@ -1220,6 +1284,7 @@ def capture(
         # `timing_rounds` times, keeping its least time (a kernel's first call may pay for its
         # setup, a page fault or a busy machine slows a single run).
         b = _pass_b(model, inputs, loss_fn, region_fqns, device, externals, cost, seed, held)
+        _warn_held(b)
         if cost == "measured":
             for _ in range(timing_rounds - 1):
                 again = _pass_b(
@@ -1315,6 +1380,36 @@ class ParamsWritten(TorchDispatchMode):
             for p, host in self.copies.items():
                 if not same_values(p, host):
                     p.copy_(host)
+
+
+def _warn_held(b: _Recording) -> None:
+    """Warns of the values of region calls that something other than autograd's saved-tensor
+    hooks keeps (a custom Function's ctx attribute, a module's attribute): checkpointing does
+    not drop them, a re-run makes them again, and the plans' predicted peaks leave that out."""
+    if b.ctx_held:
+        fn, attr, op, module, r = min(b.ctx_held, key=lambda h: h[4])
+        more = f" (and {len(b.ctx_held) - 1} more)" if len(b.ctx_held) > 1 else ""
+        warnings.warn(
+            f"remat.torch: autograd.Function {fn} keeps a tensor on its ctx (ctx.{attr}, made "
+            f"by {op} in module {module or '(top level)'!r}, a value of region "
+            f"{b.region_name(r)!r}){more}, where no saved-tensor hook sees it: checkpointing "
+            "cannot drop it and a re-run makes it again, so a plan that wraps the region peaks "
+            "above its prediction; keep it with ctx.save_for_backward instead",
+            stacklevel=4,
+        )
+    held = b.module_held()
+    if held:
+        fqn, attr, op, module, r = held[0]
+        more = f" (and {len(held) - 1} more)" if len(held) > 1 else ""
+        warnings.warn(
+            f"remat.torch: module {fqn or '(top level)'!r} keeps a value of region "
+            f"{b.region_name(r)!r} as its attribute {attr!r} (made by {op} in module "
+            f"{module or '(top level)'!r}){more} past the step: a re-run of the region stores "
+            "its own value there, which outlives the step too, and the plans' predicted peaks "
+            "leave it out (measure reports the peak over it); keep it only when not training, "
+            "or take it from a forward hook on the region",
+            stacklevel=4,
+        )
 
 
 def _idle_regions(rec: _Recording) -> dict[str, str]:
