@@ -484,40 +484,41 @@ def measure(
     # A plan of a micro-batch after the first of an accumulation: its steps begin with the
     # gradients held (`capture(accumulate=True)`).
     acc = bool((plan.get("signature") or {}).get("accumulate"))
-    with params:
-        base_peak, base_loss, base_grads = _peak_step(
-            model, inputs, loss_fn, seed, device, accumulate=acc
-        )
-    base_buffers = host_copies(model)
-    restore_buffers()
-    # The unplanned step once more: what it differs from itself by (nothing where its kernels
-    # are deterministic, as on the CPU) is the gradient check's noise floor.
-    _, _, again_grads = _peak_step(model, inputs, loss_fn, seed, device, accumulate=acc)
-    restore_buffers()
-    with apply(model, plan, inputs):
-        peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device, accumulate=acc)
-        plan_buffers = host_copies(model)
-        restore_buffers()
-        # PyTorch's MemTracker on the planned step, a second opinion from another meter; its
-        # hooks change the step it measures, so it is reported, not judged.
-        memtracker_peak = None
-        if memtracker_runs(model, device):
-            try:
-                memtracker_peak, _, _ = _peak_step(
-                    model, inputs, loss_fn, seed, device, "MemTracker", accumulate=acc
-                )
-            except Exception as e:  # noqa: BLE001 - a second opinion that cannot run is none
-                # Its hooks can change the ops a region runs (a parametrized weight is computed
-                # in the module's pre-hook: `weight_norm`), which the plan's policy refuses.
-                warnings.warn(
-                    f"remat.torch.measure: PyTorch's MemTracker could not measure the planned "
-                    f"step ({type(e).__name__}: {e}); memtracker_peak_bytes is null",
-                    stacklevel=2,
-                )
-            restore_buffers()
-
-    least = {"base": _LeastOps("unplanned"), "plan": _LeastOps("planned")}
+    # Whatever fails, the model's buffers and parameters are put back as they were found.
     try:
+        with params:
+            base_peak, base_loss, base_grads = _peak_step(
+                model, inputs, loss_fn, seed, device, accumulate=acc
+            )
+        base_buffers = host_copies(model)
+        restore_buffers()
+        # The unplanned step once more: what it differs from itself by (nothing where its kernels
+        # are deterministic, as on the CPU) is the gradient check's noise floor.
+        _, _, again_grads = _peak_step(model, inputs, loss_fn, seed, device, accumulate=acc)
+        restore_buffers()
+        with apply(model, plan, inputs):
+            peak, value, grads = _peak_step(model, inputs, loss_fn, seed, device, accumulate=acc)
+            plan_buffers = host_copies(model)
+            restore_buffers()
+            # PyTorch's MemTracker on the planned step, a second opinion from another meter; its
+            # hooks change the step it measures, so it is reported, not judged.
+            memtracker_peak = None
+            if memtracker_runs(model, device):
+                try:
+                    memtracker_peak, _, _ = _peak_step(
+                        model, inputs, loss_fn, seed, device, "MemTracker", accumulate=acc
+                    )
+                except Exception as e:  # noqa: BLE001 - a second opinion that cannot run is none
+                    # Its hooks can change the ops a region runs (a parametrized weight is computed
+                    # in the module's pre-hook: `weight_norm`), which the plan's policy refuses.
+                    warnings.warn(
+                        f"remat.torch.measure: PyTorch's MemTracker could not measure the planned "
+                        f"step ({type(e).__name__}: {e}); memtracker_peak_bytes is null",
+                        stacklevel=2,
+                    )
+                restore_buffers()
+
+        least = {"base": _LeastOps("unplanned"), "plan": _LeastOps("planned")}
         times = alternating(
             model, plan, inputs, rounds, lambda: _timed_step(model, inputs, loss_fn, seed, device)
         )
