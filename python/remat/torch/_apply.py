@@ -32,7 +32,6 @@ from ._capture import (
     parametrize_cached,
     refuse_compiled,
     rerun_buffers,
-    same_values,
     signature,
 )
 from ._errors import AppliedError, OpMismatchError, PlanMismatchError
@@ -589,7 +588,9 @@ class _Rerun:
             # operation").
             with torch.no_grad():
                 for b, version, s in self.saved:
-                    if b._version != version or not same_values(b, s):
+                    # torch.equal, not a NaN-aware comparison, which would allocate within
+                    # the planned step (a NaN read as a change costs one copy).
+                    if b._version != version or not torch.equal(b, s):
                         b.copy_(s)
             self.saved = []
 

@@ -1367,7 +1367,8 @@ class ParamsWritten(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if func._schema.is_mutable:
+        schema = getattr(func, "_schema", None)
+        if schema is not None and schema.is_mutable:
             for t in _written(func, args, kwargs):
                 st = _storage(t)
                 for p in self.by_storage.get(st.data_ptr(), []) if st is not None else []:
