@@ -550,3 +550,30 @@ def test_values_held_past_the_saved_tensor_hooks_are_warned_about_at_capture() -
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rt.capture(Stack(), (torch.randn(4, 8, 32),), loss_of)
+    # A module's own state the blocks read and the step writes is no value of a region.
+    model = StateNet()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        rt.capture(model, (torch.randn(4, 8, 32),), loss_of)
+    assert not [w for w in seen if "keeps" in str(w.message)], [str(w.message) for w in seen]
+
+
+class StateBlock(Block):
+    def forward(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x + state)
+
+
+class StateNet(nn.Module):
+    """Holds a plain tensor, passed to its blocks, that its forward writes in place after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([StateBlock() for _ in range(3)])
+        self.state = torch.ones(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x, self.state)
+        with torch.no_grad():
+            self.state.mul_(1.5)
+        return x

@@ -852,17 +852,17 @@ class _Recording:
 
     # -- what holds values past the saved-tensor hooks -------------------------------------
     def _made_by(self, t: torch.Tensor) -> tuple[str, str, int] | None:
-        """The op and module that made `t` in the step's forward and its region call, where it
-        is a value of a region call: made in one, or passed to one."""
+        """The op and module that made `t` in the step's forward and its region call, where an
+        op of a region call made it (not an in-place op: a tensor from before the step, such
+        as a module's state, counts from the first op that wrote it)."""
         i = self.index_of(t)
         if i is None or self.storages[i].producer >= self.forward_end:
             return None
         op = self.ops[self.storages[i].producer]
-        st = _storage(t)
-        region = op.region
-        if region is None and st is not None and self.input_of.get(st):
-            region = min(self.input_of[st])
-        return None if region is None else (op.op, op.module, region)
+        name = op.op.split(".")
+        if op.region is None or (len(name) > 1 and name[1].endswith("_")):
+            return None
+        return op.op, op.module, op.region
 
     def region_name(self, r: int) -> str:
         m, k = self.calls[r]
@@ -871,7 +871,7 @@ class _Recording:
 
     def find_ctx_held(self, loss: torch.Tensor) -> None:
         """The tensors a custom `autograd.Function` keeps as attributes of its ctx (`ctx.y = y`,
-        which PyTorch allows) where they are values of a region: no saved-tensor hook sees them,
+        which PyTorch allows) where an op of a region made them: no saved-tensor hook sees them,
         so checkpointing cannot drop them, and a re-run makes them again (`ctx_held`)."""
         from torch.autograd.function import BackwardCFunction
 
