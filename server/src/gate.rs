@@ -192,11 +192,18 @@ pub struct PlannedWith {
     /// The plan's time limit in seconds, the default included; absent for a captured graph.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit: Option<f64>,
+    /// The SHA-256 of the model file measured (hex; absent from baselines written before
+    /// 8 Dec 2026): a row says whether the model changed, so a figure that moved with the
+    /// same file points at remat or the options instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_sha256: Option<String>,
 }
 
 impl PlannedWith {
-    fn of(model: &ModelConfig, torch: bool) -> PlannedWith {
+    fn of(model: &ModelConfig, torch: bool, bytes: &[u8]) -> PlannedWith {
+        use sha2::Digest;
         PlannedWith {
+            model_sha256: Some(format!("{:x}", sha2::Sha256::digest(bytes))),
             dims: model.dims.clone(),
             params: model.params.clone(),
             inputs: model.inputs.clone(),
@@ -210,6 +217,15 @@ impl PlannedWith {
     /// inputs), then those that touch only the planned overhead (solver, time limit).
     fn changes_from(&self, old: &PlannedWith) -> (Vec<String>, Vec<String>) {
         let mut all = Vec::new();
+        if let (Some(o), Some(n)) = (&old.model_sha256, &self.model_sha256) {
+            if o != n {
+                all.push(format!(
+                    "model file changed (sha256 {} → {})",
+                    &o[..o.len().min(12)],
+                    &n[..n.len().min(12)]
+                ));
+            }
+        }
         if self.dims != old.dims {
             let keys: std::collections::BTreeSet<&String> =
                 old.dims.keys().chain(self.dims.keys()).collect();
@@ -729,7 +745,7 @@ pub fn measure(model: &ModelConfig, base_dir: &Path) -> Result<Figures, GateErro
         } else {
             report.gap
         },
-        planned_with: Some(PlannedWith::of(model, false)),
+        planned_with: Some(PlannedWith::of(model, false, &bytes)),
     })
 }
 
@@ -788,7 +804,7 @@ fn measure_torch(model: &ModelConfig, bytes: &[u8]) -> Result<Figures, String> {
         planned_status: report.status.to_string(),
         planned_solver: "torch-sac".to_string(),
         planned_gap: None,
-        planned_with: Some(PlannedWith::of(model, true)),
+        planned_with: Some(PlannedWith::of(model, true, bytes)),
     })
 }
 
@@ -968,6 +984,17 @@ pub fn compare(
                 for change in &all {
                     add_note(&mut row.note, change);
                 }
+            }
+        }
+        // A regression of the same file, with the same options: remat's doing (a new version)
+        // or the machine's (a time limit that ran out elsewhere), not the model's.
+        let same_file = matches!(
+            (&old.planned_with, &new.planned_with),
+            (Some(o), Some(n)) if o.model_sha256.is_some() && o.model_sha256 == n.model_sha256
+        );
+        if same_file && all.is_empty() {
+            for row in rows[first..].iter_mut().filter(|r| r.regression) {
+                add_note(&mut row.note, "the model file is unchanged");
             }
         }
     }
@@ -1481,6 +1508,60 @@ mod tests {
             outcome.rows.iter().all(|r| r.note.is_empty()),
             "{outcome:?}"
         );
+    }
+
+    /// The rows say whether the model file changed: a regression of the same file is not the
+    /// model's doing.
+    #[test]
+    fn the_rows_say_whether_the_model_file_changed() {
+        let with = |hash: &str| PlannedWith {
+            model_sha256: Some(hash.to_string()),
+            ..PlannedWith::default()
+        };
+        let one = |overhead: f64, hash: &str| -> BTreeMap<String, Figures> {
+            [(
+                "m".to_string(),
+                Figures {
+                    planned_with: Some(with(hash)),
+                    ..figures(overhead, 0.0)
+                },
+            )]
+            .into()
+        };
+        let baseline = BaselineFile {
+            version: 1,
+            models: one(0.1, "aaaaaaaaaaaaaaaa"),
+        };
+        let changed = compare(
+            &config(0.01),
+            &one(0.1, "bbbbbbbbbbbbbbbb"),
+            Some(&baseline),
+        );
+        assert!(
+            changed.rows.iter().all(|r| r
+                .note
+                .contains("model file changed (sha256 aaaaaaaaaaaa → bbbbbbbbbbbb)")),
+            "{changed:?}"
+        );
+        let same = compare(
+            &config(0.01),
+            &one(0.2, "aaaaaaaaaaaaaaaa"),
+            Some(&baseline),
+        );
+        let row = same
+            .rows
+            .iter()
+            .find(|r| r.figure == "planned_overhead")
+            .unwrap();
+        assert!(
+            row.regression && row.note.contains("the model file is unchanged"),
+            "{row:?}"
+        );
+        assert!(same
+            .rows
+            .iter()
+            .filter(|r| !r.regression)
+            .all(|r| !r.note.contains("unchanged")));
     }
 
     /// A model name with a comma, `::` or a newline stays inside its annotation's title, and
