@@ -401,8 +401,8 @@ impl PgStore {
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         Ok(PgStore {
             pool,
-            // The lowered URL: what connects elsewhere (the listener of `http/notices.rs`)
-            // must parse as this pool's did.
+            // The lowered URL, TLS parameters included: what a worker started from it
+            // (`Workers::start`) opens must connect as this pool does.
             url: Arc::from(lowered.as_str()),
             config: Arc::new(config),
             tls: tls.tls,
