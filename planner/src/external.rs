@@ -213,6 +213,21 @@ fn read_into(t: &mut TensorProto, dir: &Path, done: &mut Inlined) -> Result<()> 
         return Ok(());
     }
     let path = dir.join(rel);
+    // A link inside the folder may lead out of it: where the path resolves is what must be
+    // inside (a file that cannot be resolved is left to `open` to report).
+    if let (Ok(real), Ok(real_dir)) = (path.canonicalize(), dir.canonicalize()) {
+        if !real.starts_with(&real_dir) {
+            return Err(err(
+                t,
+                &location,
+                format!(
+                    "the location must be inside the model's folder; it resolves to {}, outside {}",
+                    real.display(),
+                    real_dir.display()
+                ),
+            ));
+        }
+    }
     let mut file = std::fs::File::open(&path)
         .map_err(|e| err(t, &location, format!("cannot open {}: {e}", path.display())))?;
     let size = file

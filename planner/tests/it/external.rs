@@ -143,6 +143,26 @@ fn external_data_that_cannot_be_read_is_an_error_naming_the_tensor_and_the_file(
             "{bad}: {e}"
         );
     }
+    // A link inside the folder to a file outside it: refused where it resolves, not read.
+    let outside = Dir::new("outside");
+    let mut f = vec![];
+    let b = model("link.bin", &mut f).bytes();
+    std::fs::write(outside.0.join("weights.bin"), &f).expect("write");
+    std::os::unix::fs::symlink(outside.0.join("weights.bin"), dir.0.join("link.bin"))
+        .expect("link");
+    let e = inline_external_data(&b, &dir.0)
+        .expect_err("link out")
+        .to_string();
+    assert!(
+        e.contains("tensor \"shape\", external data \"link.bin\"")
+            && e.contains("must be inside the model's folder; it resolves to"),
+        "{e}"
+    );
+    // A link that stays inside the folder is read.
+    std::fs::remove_file(dir.0.join("link.bin")).expect("unlink");
+    std::fs::write(dir.0.join("weights.bin"), &f).expect("write");
+    std::os::unix::fs::symlink("weights.bin", dir.0.join("link.bin")).expect("link");
+    inline_external_data(&b, &dir.0).expect("a link inside the folder");
 }
 
 #[test]
