@@ -189,6 +189,38 @@ fn declared(v: &ValueInfoProto) -> Declared {
     }
 }
 
+/// Checks that graph input `v`, which has an initializer of fact `f`, declares no other
+/// element type, rank or fixed dim than the initializer's.
+fn declared_like(v: &ValueInfoProto, f: &Fact) -> Result<()> {
+    let d = declared(v);
+    let dims_differ = d.dims.as_ref().is_some_and(|dims| {
+        dims.len() != f.shape.len()
+            || dims
+                .iter()
+                .zip(&f.shape)
+                .any(|(d, &s)| matches!(d, Ok(x) if *x >= 0 && *x as u64 != s))
+    });
+    if d.dtype.is_some_and(|t| t != f.dtype) || dims_differ {
+        let shown: Vec<String> = d
+            .dims
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| d.map_or_else(|s| s, |x| x.to_string()))
+            .collect();
+        let dtype = d
+            .dtype
+            .map_or_else(|| "untyped".into(), |t| format!("{t:?}"));
+        return Err(malformed(format!(
+            "graph input {:?} is declared {dtype} [{}] but its initializer is {:?} {:?}",
+            v.name,
+            shown.join(", "),
+            f.dtype,
+            f.shape
+        )));
+    }
+    Ok(())
+}
+
 /// Names of every value a graph (and its subgraphs, recursively) reads.
 fn names_read(g: &GraphProto, out: &mut HashSet<String>) {
     for n in &g.node {
@@ -545,9 +577,16 @@ impl Builder {
     }
 
     fn add_initializers(&mut self, g: &GraphProto) -> Result<()> {
+        let mut seen = HashSet::new();
         for t in &g.initializer {
             if t.name.is_empty() {
                 return Err(malformed("an initializer has no name"));
+            }
+            if !seen.insert(t.name.as_str()) {
+                return Err(malformed(format!(
+                    "two initializers are named {:?} (which one the graph reads is not defined)",
+                    t.name
+                )));
             }
             let d = decode_tensor(t, &t.name)?;
             let fact = match d.value {
@@ -598,6 +637,9 @@ impl Builder {
 
     fn run_node(&mut self, n: &NodeProto, index: usize, prefix: &str) -> Result<()> {
         let name = self.unique_name(format!("{prefix}{}", display_name(n, index)));
+        if n.op_type.is_empty() {
+            return Err(malformed(format!("node {name:?} has no op_type")));
+        }
         let inputs: Vec<Option<ValueId>> = n
             .input
             .iter()
@@ -709,6 +751,7 @@ impl Builder {
             inputs: &facts,
             n_outputs: n.output.len(),
         };
+        crate::ops::schema::check(&cx)?;
         let out_facts = (spec.infer)(&cx)?;
         for (k, o) in n.output.iter().enumerate() {
             if !o.is_empty() && k >= out_facts.len() {
@@ -947,6 +990,12 @@ pub(crate) fn read(
         }
     }
     let graph_inputs: Vec<&ValueInfoProto> = g.input.iter().collect();
+    for (what, list) in [("graph input", &g.input), ("graph output", &g.output)] {
+        let mut seen = HashSet::new();
+        if let Some(v) = list.iter().find(|v| !seen.insert(v.name.as_str())) {
+            return Err(malformed(format!("{what} {:?} is declared twice", v.name)));
+        }
+    }
     let is_param = classify_inputs(
         &graph_inputs,
         &init_names,
@@ -1037,7 +1086,11 @@ pub(crate) fn read(
     for v in &graph_inputs {
         let param = is_param.get(&v.name).copied().unwrap_or(false);
         if let Some(id) = b.lookup(&v.name) {
-            // An input with an initializer: the initializer gives its shape.
+            // An input with an initializer: the initializer gives its shape, which the
+            // input's declaration must not contradict.
+            if let Some(f) = &b.values[id].fact {
+                declared_like(v, f)?;
+            }
             if !param {
                 b.values[id].kind = ValueKind::Data;
                 b.is_const[id] = false;

@@ -203,15 +203,8 @@ fn rms_axis(cx: &Ctx) -> Result<usize> {
 fn rms_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = cx.input(0)?;
     let axis = rms_axis(cx)?;
-    let scale = cx.input(1)?;
-    if crate::tensor::broadcast(&x.shape[axis..], &scale.shape).as_deref() != Some(&x.shape[axis..])
-    {
-        return Err(cx.err(format!(
-            "scale of shape {:?} does not broadcast to the normalized dims {:?}",
-            scale.shape,
-            &x.shape[axis..]
-        )));
-    }
+    cx.input(1)?;
+    cx.expect_broadcast_to(1, "scale", &x.shape[axis..], "the normalized dims")?;
     Ok(vec![Fact::new(x.dtype, x.shape.clone())])
 }
 

@@ -5,7 +5,8 @@
 //! windows, mel matrix), `attention` (opset 23 Attention, RMSNormalization, RotaryEmbedding),
 //! `spatial/{pool, roi, grid, loss}` (Lp pooling, MaxUnpool, RoiAlign, Col2Im, CenterCropPad,
 //! AffineGrid, GridSample, in-graph losses), `random`, `quant`, `linalg`. The executor's kernels
-//! (`remat-exec`, `kernels/`) sit at the same relative paths.
+//! (`remat-exec`, `kernels/`) sit at the same relative paths. `schema` checks a node against
+//! its op's ONNX schema (input count, attribute types, enumerated values) before its rule runs.
 
 use std::sync::OnceLock;
 
@@ -19,6 +20,7 @@ pub mod random;
 pub mod reduce;
 pub mod rnn;
 pub mod rule;
+pub mod schema;
 pub mod signal;
 pub mod spatial;
 

@@ -78,8 +78,39 @@ fn dims(cx: &Ctx) -> Result<Dims> {
     })
 }
 
+/// R, B, sequence_lens, the initial states and LSTM's peepholes P, where given, have the
+/// shapes the directions, gates, hidden size and batch make.
+fn check_inputs(cx: &Ctx, d: &Dims) -> Result<()> {
+    let (g, h) = (gates(cx.op), d.hidden);
+    let because = format!(
+        "{} direction(s), {g} gate(s), hidden size {h}, batch {}",
+        d.dirs, d.batch
+    );
+    let state = if d.layout == 0 {
+        [d.dirs, d.batch, h]
+    } else {
+        [d.batch, d.dirs, h]
+    };
+    cx.input(2)?;
+    let mut want = vec![
+        (2, "R", vec![d.dirs, g.saturating_mul(h), h]),
+        (3, "B", vec![d.dirs, g.saturating_mul(h).saturating_mul(2)]),
+        (4, "sequence_lens", vec![d.batch]),
+        (5, "initial_h", state.to_vec()),
+    ];
+    if cx.op == "LSTM" {
+        want.push((6, "initial_c", state.to_vec()));
+        want.push((7, "P", vec![d.dirs, h.saturating_mul(3)]));
+    }
+    for (i, name, shape) in want {
+        cx.expect_shape(i, name, &shape, &because)?;
+    }
+    Ok(())
+}
+
 fn rnn_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let d = dims(cx)?;
+    check_inputs(cx, &d)?;
     let dtype = cx.input(0)?.dtype;
     let (y, h) = if d.layout == 0 {
         (

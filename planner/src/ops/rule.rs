@@ -64,6 +64,38 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// Checks that input `i`, when present, has shape `want`; `because` says why, as in "X
+    /// [2, 3, 8, 8] has 3 channels" (a bias, a per-channel scale, a recurrent weight).
+    pub fn expect_shape(&self, i: usize, name: &str, want: &[u64], because: &str) -> Result<()> {
+        match self.opt(i) {
+            Some(f) if f.shape != want => Err(self.err(format!(
+                "input {name} has shape {:?}; {because}, so it must be {want:?}",
+                f.shape
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that input `i`, when present, broadcasts to `target` (`what`, as in "the
+    /// normalized dims") without growing it.
+    pub fn expect_broadcast_to(
+        &self,
+        i: usize,
+        name: &str,
+        target: &[u64],
+        what: &str,
+    ) -> Result<()> {
+        match self.opt(i) {
+            Some(f) if broadcast(target, &f.shape).as_deref() != Some(target) => {
+                Err(self.err(format!(
+                    "input {name} of shape {:?} does not broadcast to {what} {target:?}",
+                    f.shape
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub fn const_ints(&self, i: usize) -> Result<Option<Vec<i64>>> {
         Ok(self.const_input(i)?.map(|t| t.as_i64()))
     }

@@ -14,15 +14,7 @@ fn gather_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     shape.extend(&ind.shape);
     shape.extend(&x.shape[axis + 1..]);
     let d = x.shape[axis] as i64;
-    // Indices known at import (a constant) are checked whatever the data: the executor
-    // would fail on them.
-    if let Some(iv) = &ind.value {
-        if let Some(bad) = iv.as_i64().iter().find(|&&i| i < -d || i >= d) {
-            return Err(cx.err(format!(
-                "index {bad} out of range for axis {axis} of size {d}"
-            )));
-        }
-    }
+    indices_in_range(cx, ind, axis, d)?;
     if let (Some(v), Some(iv), true) = (&x.value, &ind.value, small(x.dtype, &shape)) {
         let idx: Vec<i64> = iv.as_i64();
         let idx: Vec<u64> = idx
@@ -42,6 +34,93 @@ fn gather_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         }
     }
     Ok(vec![cx.fact(x.dtype, shape)?])
+}
+
+/// Indices known at import (a constant) are checked whatever the data: the executor would
+/// fail on them.
+fn indices_in_range(cx: &Ctx, ind: &Fact, axis: usize, d: i64) -> Result<()> {
+    if let Some(iv) = &ind.value {
+        if let Some(bad) = iv.as_i64().iter().find(|&&i| i < -d || i >= d) {
+            return Err(cx.err(format!(
+                "index {bad} out of range for axis {axis} of size {d}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// GatherElements, ScatterElements and Scatter: indices of the data's rank along `axis`.
+fn elements_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+    let x = cx.input(0)?;
+    let ind = cx.input(1)?;
+    let axis = cx.axis(cx.attrs.int_or("axis", 0)?, x.rank())?;
+    if ind.rank() != x.rank() {
+        return Err(cx.err(format!(
+            "indices {:?} and data {:?} differ in rank",
+            ind.shape, x.shape
+        )));
+    }
+    indices_in_range(cx, ind, axis, x.shape[axis] as i64)?;
+    if cx.op == "GatherElements" {
+        return Ok(vec![Fact::new(x.dtype, ind.shape.clone())]);
+    }
+    if let Some(u) = cx.opt(2).filter(|u| u.shape != ind.shape) {
+        return Err(cx.err(format!(
+            "updates {:?} differ in shape from indices {:?}",
+            u.shape, ind.shape
+        )));
+    }
+    same_as_input(cx)
+}
+
+/// ScatterND: each row of indices (its last dim) addresses a slice of the data; constant rows
+/// are checked against the data's dims.
+fn scatter_nd_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+    let x = cx.input(0)?;
+    let ind = cx.input(1)?;
+    let k = *ind
+        .shape
+        .last()
+        .ok_or_else(|| cx.err("indices must have rank >= 1"))? as usize;
+    if k == 0 || k > x.rank() {
+        return Err(cx.err(format!(
+            "indices {:?} address {k} dims of data {:?}",
+            ind.shape, x.shape
+        )));
+    }
+    if let Some(iv) = &ind.value {
+        for (j, &i) in iv.as_i64().iter().enumerate() {
+            let d = x.shape[j % k] as i64;
+            if i < -d || i >= d {
+                return Err(cx.err(format!(
+                    "index {i} out of range for axis {} of size {d}",
+                    j % k
+                )));
+            }
+        }
+    }
+    same_as_input(cx)
+}
+
+/// CumSum: the axis is a one-element integer tensor within the data's rank.
+fn cumsum_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+    let x = cx.input(0)?;
+    let a = cx.input(1)?;
+    if !matches!(a.dtype, DType::I32 | DType::I64) || a.numel() != 1 {
+        return Err(cx.err(format!(
+            "input axis must be one int32 or int64 value, got {:?} of shape {:?}",
+            a.dtype, a.shape
+        )));
+    }
+    if let Some(&axis) = a
+        .value
+        .as_ref()
+        .and_then(|v| v.as_i64().first().copied())
+        .as_ref()
+    {
+        cx.axis(axis, x.rank())?;
+    }
+    same_as_input(cx)
 }
 
 fn gather_nd_infer(cx: &Ctx) -> Result<Vec<Fact>> {
@@ -122,10 +201,7 @@ pub(super) fn register(r: &mut Registry) {
     r.insert(
         "GatherElements",
         OpSpec {
-            infer: |cx| {
-                let i = cx.input(1)?;
-                Ok(vec![Fact::new(cx.input(0)?.dtype, i.shape.clone())])
-            },
+            infer: elements_infer,
             diff_in: first,
             grad: save_indices,
             ..OpSpec::DEFAULT
@@ -136,7 +212,11 @@ pub(super) fn register(r: &mut Registry) {
         r.insert(
             op,
             OpSpec {
-                infer: same_as_input,
+                infer: if op == "ScatterND" {
+                    scatter_nd_infer
+                } else {
+                    elements_infer
+                },
                 diff_in: |_, i| i != 1,
                 grad: scatter_grad,
                 ..OpSpec::DEFAULT
@@ -146,7 +226,7 @@ pub(super) fn register(r: &mut Registry) {
     r.insert(
         "CumSum",
         OpSpec {
-            infer: same_as_input,
+            infer: cumsum_infer,
             diff_in: first,
             ..OpSpec::DEFAULT
         },

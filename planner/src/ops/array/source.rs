@@ -88,6 +88,12 @@ fn constant_of_shape_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let fill = match cx.attrs.tensor("value")? {
         Some(t) => {
             let d = decode_tensor(t, cx.node)?;
+            if numel(&d.shape) != Some(1) {
+                return Err(cx.attrs.err(
+                    "value",
+                    format!("has shape {:?}; it must hold one value", d.shape),
+                ));
+            }
             let v = d
                 .value
                 .as_ref()

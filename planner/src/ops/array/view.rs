@@ -9,6 +9,9 @@ use crate::tensor::{numel, prod_sat, strides, DType, Data, Fact, Tensor};
 
 fn reshape_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = cx.input(0)?;
+    if let Some(s) = cx.opt(1).filter(|s| s.dtype != DType::I64) {
+        return Err(cx.err(format!("input shape is {:?}; it must be int64", s.dtype)));
+    }
     let spec = cx
         .const_ints(1)?
         .ok_or_else(|| cx.err("shape input is missing"))?;
@@ -224,6 +227,24 @@ fn split_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         Some(s) => nonneg(cx, "split", &s)?,
         None => {
             let d = x.shape[axis];
+            if let Some(k) = cx.attrs.int("num_outputs")? {
+                if k < 1 || k as u64 != n {
+                    return Err(cx
+                        .attrs
+                        .err("num_outputs", format!("is {k}; the node has {n} output(s)")));
+                }
+            }
+            // Equal parts (opset 18: the last one may be smaller), none empty.
+            if n > d || (cx.opset < 18 && !d.is_multiple_of(n)) {
+                return Err(cx.err(format!(
+                    "axis {axis} of size {d} does not split into {n} {}parts",
+                    if cx.opset < 18 {
+                        "equal "
+                    } else {
+                        "non-empty "
+                    }
+                )));
+            }
             let chunk = d.div_ceil(n);
             (0..n)
                 .map(|i| chunk.min(d.saturating_sub(i * chunk)))
@@ -400,7 +421,14 @@ fn cast_target(cx: &Ctx) -> Result<DType> {
         .attrs
         .int("to")?
         .ok_or_else(|| cx.attrs.err("to", "required attribute is missing"))?;
-    DType::from_onnx(to).ok_or_else(|| cx.attrs.err("to", format!("unknown data type {to}")))
+    match DType::from_onnx(to) {
+        Some(DType::String) => Err(cx.attrs.err(
+            "to",
+            "STRING is not supported: remat plans numeric tensors only",
+        )),
+        Some(d) => Ok(d),
+        None => Err(cx.attrs.err("to", format!("unknown data type {to}"))),
+    }
 }
 
 fn cast_to(cx: &Ctx, dtype: DType) -> Result<Vec<Fact>> {

@@ -101,6 +101,10 @@ fn where_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     if cx.inputs.len() != 3 || cx.inputs.iter().any(|f| f.is_none()) {
         return Err(cx.err("expects three inputs: condition, X, Y"));
     }
+    let cond = cx.input(0)?.dtype;
+    if cond != DType::Bool {
+        return Err(cx.err(format!("input condition is {cond:?}; it must be bool")));
+    }
     let dtype = cx.input(1)?.dtype;
     let shape = cx.broadcast_all()?;
     if dtype.is_int() {

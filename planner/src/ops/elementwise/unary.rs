@@ -43,6 +43,14 @@ fn unary_rounding(op: &str) -> fn(&Ctx) -> Result<Vec<Fact>> {
 /// inputs after).
 fn clip_fold(cx: &Ctx) -> Result<Option<Fact>> {
     let x = cx.input(0)?;
+    for (i, name) in [(1, "min"), (2, "max")] {
+        if let Some(b) = cx.opt(i).filter(|b| b.numel() != 1) {
+            return Err(cx.err(format!(
+                "input {name} has shape {:?}; it must be a scalar",
+                b.shape
+            )));
+        }
+    }
     let Some(v) = &x.value else { return Ok(None) };
     let (lo, hi) = if cx.opset < 11 {
         (

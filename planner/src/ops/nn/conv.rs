@@ -24,6 +24,12 @@ fn kernel_of(cx: &Ctx, weight: &[u64]) -> Result<Vec<u64>> {
     }
 }
 
+/// The optional bias `B` (input 2) holds one value per output channel.
+fn bias_per_channel(cx: &Ctx, channels: u64, weight: &[u64]) -> Result<()> {
+    let because = format!("the weight {weight:?} gives {channels} output channels");
+    cx.expect_shape(2, "B", &[channels], &because)
+}
+
 fn conv_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = nchw(cx)?;
     let w = cx.input(1)?;
@@ -50,6 +56,7 @@ fn conv_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             w.shape[1].saturating_mul(group)
         )));
     }
+    bias_per_channel(cx, w.shape[0], &w.shape)?;
     let win = Window::read(cx, kernel)?;
     let mut shape = vec![x.shape[0], w.shape[0]];
     shape.extend(win.out_spatial(cx, &x.shape[2..])?);
@@ -100,6 +107,7 @@ fn conv_transpose_infer(cx: &Ctx) -> Result<Vec<Fact>> {
         Some(p) => nonneg(cx, "output_padding", p)?,
         None => vec![0; n],
     };
+    bias_per_channel(cx, w.shape[1].saturating_mul(group), &w.shape)?;
     let mut shape = vec![x.shape[0], w.shape[1].saturating_mul(group)];
     if let Some(os) = cx.attrs.ints("output_shape")? {
         let os = nonneg(cx, "output_shape", os)?;

@@ -27,16 +27,22 @@ fn batch_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             cx.inputs.len()
         )));
     }
+    per_channel_infer(cx, &["scale", "B", "input_mean", "input_var"])
+}
+
+/// InstanceNormalization: X, scale and B, the last two of shape `[C]`.
+fn instance_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+    per_channel_infer(cx, &["scale", "B"])
+}
+
+/// X and the required inputs after it, named `names`, each of shape `[C]`.
+fn per_channel_infer(cx: &Ctx, names: &[&str]) -> Result<Vec<Fact>> {
     let x = cx.input(0)?;
     let c = x.shape.get(1).copied().unwrap_or(1);
-    for (i, name) in [(1, "scale"), (2, "B"), (3, "input_mean"), (4, "input_var")] {
-        let p = cx.input(i)?;
-        if p.shape != [c] {
-            return Err(cx.err(format!(
-                "input {name} has shape {:?}; X {:?} has {c} channels, so it must be [{c}]",
-                p.shape, x.shape
-            )));
-        }
+    let because = format!("X {:?} has {c} channels", x.shape);
+    for (i, name) in names.iter().enumerate().map(|(k, n)| (k + 1, n)) {
+        cx.input(i)?;
+        cx.expect_shape(i, name, &[c], &because)?;
     }
     norm_infer(cx)
 }
@@ -51,6 +57,18 @@ fn group_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             "num_groups",
             format!("must be at least 1 and divide the {c} channels of X, got {g}"),
         ));
+    }
+    // Scale and bias are per channel (opset 21) or per group (opset 18).
+    for (i, name) in [(1, "scale"), (2, "bias")] {
+        if let Some(p) = cx
+            .opt(i)
+            .filter(|p| p.shape != [c] && p.shape != [g as u64])
+        {
+            return Err(cx.err(format!(
+                "input {name} has shape {:?}; X {:?} has {c} channels in {g} groups, so it must be [{c}], or [{g}] as opset 18 had it",
+                p.shape, x.shape
+            )));
+        }
     }
     norm_infer(cx).map(|mut v| {
         v.truncate(1);
@@ -111,6 +129,10 @@ fn layer_norm_axis(cx: &Ctx) -> Result<usize> {
 fn layer_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = cx.input(0)?;
     let axis = layer_norm_axis(cx)?;
+    cx.input(1)?;
+    for (i, name) in [(1, "Scale"), (2, "B")] {
+        cx.expect_broadcast_to(i, name, &x.shape[axis..], "the normalized dims")?;
+    }
     let mut stat = x.shape[..axis].to_vec();
     stat.extend(std::iter::repeat_n(1, x.rank() - axis));
     let mut out = vec![Fact::new(x.dtype, x.shape.clone())];
@@ -158,6 +180,11 @@ fn group_norm_grad(cx: &Ctx, _: &[Fact], _: &[bool]) -> GradRule {
 }
 fn lrn_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = nchw(cx)?;
+    match cx.attrs.int("size")? {
+        Some(s) if s >= 1 => {}
+        Some(s) => return Err(cx.attrs.err("size", format!("must be positive, got {s}"))),
+        None => return Err(cx.attrs.err("size", "required attribute is missing")),
+    }
     Ok(vec![Fact::new(x.dtype, x.shape.clone())])
 }
 
@@ -176,7 +203,7 @@ pub(super) fn register(r: &mut Registry) {
     r.insert(
         "InstanceNormalization",
         OpSpec {
-            infer: norm_infer,
+            infer: instance_norm_infer,
             flops: |cx, _| 5.0 * cx.in_numel(0),
             grad: instance_norm_grad,
             ..OpSpec::DEFAULT
@@ -216,7 +243,13 @@ pub(super) fn register(r: &mut Registry) {
         r.insert(
             op,
             OpSpec {
-                infer: same_as_input,
+                infer: |cx| {
+                    let p = cx.attrs.int_or("p", 2)?;
+                    if cx.op == "LpNormalization" && p != 1 && p != 2 {
+                        return Err(cx.attrs.err("p", format!("must be 1 or 2, got {p}")));
+                    }
+                    same_as_input(cx)
+                },
                 flops: |cx, _| 4.0 * cx.in_numel(0),
                 grad: |_, _, _| GradRule::saves(vec![Saved::Input(0), Saved::Output(0)], 2.0),
                 ..OpSpec::DEFAULT

@@ -57,11 +57,24 @@ fn max_unpool_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     Ok(vec![cx.fact(x.dtype, shape)?])
 }
 
+/// LpPool and GlobalLpPool: the norm's order `p` is at least 1.
+fn lp_pool_infer(cx: &Ctx) -> Result<Vec<Fact>> {
+    let p = cx.attrs.int_or("p", 2)?;
+    if p < 1 {
+        return Err(cx.attrs.err("p", format!("must be at least 1, got {p}")));
+    }
+    if cx.op == "LpPool" {
+        pool_infer(cx)
+    } else {
+        global_pool_infer(cx)
+    }
+}
+
 pub(super) fn register(r: &mut Registry) {
     r.insert(
         "LpPool",
         OpSpec {
-            infer: pool_infer,
+            infer: lp_pool_infer,
             flops: pool_flops,
             grad: save_x_and_y,
             ..OpSpec::DEFAULT
@@ -70,7 +83,7 @@ pub(super) fn register(r: &mut Registry) {
     r.insert(
         "GlobalLpPool",
         OpSpec {
-            infer: global_pool_infer,
+            infer: lp_pool_infer,
             flops: |cx, _| 2.0 * cx.in_numel(0),
             grad: save_x_and_y,
             ..OpSpec::DEFAULT
