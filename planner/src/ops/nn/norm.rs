@@ -58,14 +58,15 @@ fn group_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             format!("must be at least 1 and divide the {c} channels of X, got {g}"),
         ));
     }
-    // Scale and bias are per channel (opset 21) or per group (opset 18).
+    // Scale and bias are per channel (opset 21; `[C, 1, 1]` as the fused decomposition has
+    // it) or per group (opset 18): C or G values.
     for (i, name) in [(1, "scale"), (2, "bias")] {
         if let Some(p) = cx
             .opt(i)
-            .filter(|p| p.shape != [c] && p.shape != [g as u64])
+            .filter(|p| p.numel() != c && p.numel() != g as u64)
         {
             return Err(cx.err(format!(
-                "input {name} has shape {:?}; X {:?} has {c} channels in {g} groups, so it must be [{c}], or [{g}] as opset 18 had it",
+                "input {name} has shape {:?}; X {:?} has {c} channels in {g} groups, so it must hold {c} values, or {g} as opset 18 had it",
                 p.shape, x.shape
             )));
         }
@@ -129,7 +130,6 @@ fn layer_norm_axis(cx: &Ctx) -> Result<usize> {
 fn layer_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
     let x = cx.input(0)?;
     let axis = layer_norm_axis(cx)?;
-    cx.input(1)?;
     for (i, name) in [(1, "Scale"), (2, "B")] {
         cx.expect_broadcast_to(i, name, &x.shape[axis..], "the normalized dims")?;
     }
