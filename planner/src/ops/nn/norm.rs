@@ -65,8 +65,13 @@ fn group_norm_infer(cx: &Ctx) -> Result<Vec<Fact>> {
             .opt(i)
             .filter(|p| p.numel() != c && p.numel() != g as u64)
         {
+            let or = if g as u64 == c {
+                String::new()
+            } else {
+                format!(", or {g} as opset 18 had it")
+            };
             return Err(cx.err(format!(
-                "input {name} has shape {:?}; X {:?} has {c} channels in {g} groups, so it must hold {c} values, or {g} as opset 18 had it",
+                "input {name} has shape {:?}; X {:?} has {c} channels in {g} groups, so it must hold {c} values{or}",
                 p.shape, x.shape
             )));
         }
