@@ -992,7 +992,7 @@ pub fn compare(
             (&old.planned_with, &new.planned_with),
             (Some(o), Some(n)) if o.model_sha256.is_some() && o.model_sha256 == n.model_sha256
         );
-        if same_file && all.is_empty() {
+        if same_file && all.is_empty() && planned.is_empty() {
             for row in rows[first..].iter_mut().filter(|r| r.regression) {
                 add_note(&mut row.note, "the model file is unchanged");
             }
